@@ -1,0 +1,1 @@
+"""Command line interface: ``sinklab measure | fetch | list | train | sweep | report``."""

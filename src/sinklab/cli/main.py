@@ -1,0 +1,81 @@
+"""Entry point of the ``sinklab`` command.
+
+Each sub-command lives in its own module and registers itself on :data:`cli`;
+``list`` dispatches to the listers in :data:`LISTERS`. A :class:`SinklabError`
+(bad input) prints its message and exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import typer
+
+from sinklab.errors import SinklabError
+from sinklab.registry import Registry
+
+cli = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="sinklab: measure attention sinks in language models and watch them emerge in pre-training.",
+)
+
+@cli.callback()
+def _root() -> None:
+    """sinklab: measure attention sinks in language models and watch them emerge in pre-training."""
+
+
+#: ``sinklab list WHAT``: each lister returns (name, description) pairs.
+LISTERS: Registry[Callable[[], list[tuple[str, str]]]] = Registry("list topic")
+
+
+@cli.command("list")
+def list_cmd(what: str = typer.Argument(..., help="models | corpora | attention | positional | ffn | presets")) -> None:
+    """Print the registered names of WHAT, one per line (description after a tab)."""
+    _load_commands()
+    for name, desc in LISTERS.get(what)():
+        print(f"{name}\t{desc}" if desc else name)
+
+
+_COMMAND_MODULES = [
+    "sinklab.cli.measure_cmd",
+    "sinklab.cli.zoo_cmd",
+    "sinklab.cli.train_cmd",
+    "sinklab.cli.sweep_cmd",
+]
+_loaded = False
+
+
+def _load_commands() -> None:
+    """Import the command modules (each registers its commands and listers)."""
+    global _loaded
+    if _loaded:
+        return
+    import importlib
+
+    for mod in _COMMAND_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:  # a real import error inside an existing module
+                raise
+    _loaded = True
+
+
+def app(argv: list[str] | None = None) -> None:
+    """Run the CLI; bad input exits 2 with a one-line message."""
+    _load_commands()
+    try:
+        cli(args=argv, prog_name="sinklab")
+    except SinklabError as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.secho("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    app()
