@@ -1,0 +1,17 @@
+"""Capture of attention and hidden-state statistics from a model's forward pass.
+
+* :mod:`~sinklab.capture.stats` -- :class:`ProbeStats`, the raw statistics of a probe set.
+* :mod:`~sinklab.capture.collectors` -- registry of attention collectors: functions that
+  compute a layer's attention output *and* the column sums of its attention matrix
+  (``eager`` materialises one layer's T x T matrix at a time).
+* :mod:`~sinklab.capture.recorder` -- per-batch accumulation of layer statistics.
+* :mod:`~sinklab.capture.hf` -- the seam into ``transformers`` models (AttentionInterface).
+* :mod:`~sinklab.capture.native` -- the seam into sinklab's own :class:`~sinklab.nn.SinkLM`.
+* :func:`collect` -- run a probe set through any supported model.
+"""
+
+from sinklab.capture.collect import collect
+from sinklab.capture.collectors import COLLECTORS
+from sinklab.capture.stats import ProbeStats
+
+__all__ = ["collect", "COLLECTORS", "ProbeStats"]

@@ -1,0 +1,53 @@
+"""Run a probe set through a model and gather :class:`ProbeStats`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from sinklab.capture.hf import forward_hf
+from sinklab.capture.native import forward_native, is_native
+from sinklab.capture.stats import ProbeStats
+from sinklab.errors import InputError
+
+
+def collect(
+    model: nn.Module,
+    input_ids: Tensor,
+    *,
+    batch_size: int = 16,
+    collector: str = "eager",
+    progress: bool = False,
+) -> ProbeStats:
+    """Attention mass, hidden-state norms and key/value norms of every probe sequence.
+
+    Works for ``transformers`` models whose attention goes through
+    ``AttentionInterface`` (LLaMA, Gemma 3, GPT-2, GPT-NeoX, BERT, ...; others fall back
+    to ``output_attentions``) and for sinklab's :class:`~sinklab.nn.SinkLM`. The model
+    is left exactly as it was.
+
+    Args:
+        model: the model, in eval mode.
+        input_ids: (N, T) int64 token ids, no padding; position 0 is the first token.
+        batch_size: sequences per forward pass.
+        collector: name in :data:`sinklab.capture.COLLECTORS` (HF models only).
+        progress: show a progress bar over batches.
+
+    Returns:
+        :class:`ProbeStats` with ``N`` samples.
+
+    Raises:
+        InputError: ``input_ids`` is not a non-empty 2-D integer tensor.
+        CaptureError: the model exposes no attention weights.
+    """
+    if input_ids.dim() != 2 or input_ids.numel() == 0 or input_ids.dtype not in (torch.int64, torch.int32):
+        raise InputError(f"input_ids must be a non-empty (N, T) integer tensor, got {tuple(input_ids.shape)} {input_ids.dtype}")
+    device = next(model.parameters()).device
+    parts = []
+    starts = range(0, input_ids.shape[0], batch_size)
+    for s in tqdm(starts, desc="probe", unit="batch", disable=not progress, leave=False):
+        batch = input_ids[s : s + batch_size].to(device)
+        rec = forward_native(model, batch) if is_native(model) else forward_hf(model, batch, collector)
+        parts.append(rec.finish())
+    return ProbeStats.concat(parts)

@@ -1,0 +1,102 @@
+"""Attention collectors: compute a layer's attention output and the column sums of
+its attention matrix in one pass.
+
+A collector has the signature::
+
+    collector(query, key, value, *, scaling, attention_mask, is_causal,
+              softcap=None, sinks=None, sliding_window=None) -> (output, column_sums)
+
+with ``query`` (B, H_q, T_q, D), ``key``/``value`` (B, H_kv, T_k, D) (grouped-query
+heads not repeated), ``attention_mask`` None, a boolean mask (True = may attend) or
+an additive float mask broadcastable to (B, H_q, T_q, T_k); ``output`` (B, T_q, H_q, D)
+in ``value``'s dtype, and ``sliding_window`` the layer's window (informational: the mask
+already applies it whenever it matters; ``transformers`` passes None as the mask when
+the sequence fits in the window), and ``column_sums`` (B, H_q, T_k) float64:
+``sum_i A[b, h, i, j]``. Registered collectors are interchangeable: ``eager`` builds
+one layer's T x T matrix at a time, others may never build it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from sinklab.registry import Registry
+
+COLLECTORS: Registry = Registry("attention collector")
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, H_kv, T, D) -> (B, H_kv * n_rep, T, D), each KV head repeated for its query group."""
+    if n_rep == 1:
+        return x
+    B, H, T, D = x.shape
+    return x[:, :, None].expand(B, H, n_rep, T, D).reshape(B, H * n_rep, T, D)
+
+
+def build_mask(
+    attention_mask: Tensor | None, is_causal: bool, t_q: int, t_k: int, device
+) -> Tensor | None:
+    """Boolean mask (True = may attend) broadcastable to (B, H, T_q, T_k), or None for full attention.
+
+    A given mask wins; float masks are converted (0 -> allowed, large negative ->
+    masked). With no mask, a causal layer gets the lower-triangular mask aligned to
+    the last query (query i sees keys j <= i + T_k - T_q).
+    """
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            return attention_mask
+        return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    if not is_causal:
+        return None
+    i = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
+    j = torch.arange(t_k, device=device)[None, :]
+    return j <= i
+
+
+@COLLECTORS.register("eager", description="one layer's full T x T attention matrix at a time (reference)")
+def eager_collector(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    scaling: float | None,
+    attention_mask: Tensor | None,
+    is_causal: bool,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    sliding_window: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Plain matmul-mask-softmax attention that also returns the column sums.
+
+    Scores are ``scaling * q k^T`` (``scaling`` defaults to ``1/sqrt(D)``), optionally
+    soft-capped (``softcap * tanh(s / softcap)``, Gemma 2), masked, and normalised with
+    a softmax in float32; ``sinks`` (H_q,) are per-head sink logits added to the
+    softmax denominator (gpt-oss) and receive no output. Memory: O(B H T_q T_k) for
+    this one layer.
+
+    Returns:
+        output (B, T_q, H_q, D) in value's dtype, column sums (B, H_q, T_k) float64.
+    """
+    B, Hq, Tq, D = query.shape
+    Tk = key.shape[2]
+    n_rep = Hq // key.shape[1]
+    k = repeat_kv(key, n_rep)  # (B, Hq, Tk, D)
+    v = repeat_kv(value, n_rep)  # (B, Hq, Tk, D)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(D)
+    scores = torch.matmul(query.float(), k.float().transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    mask = build_mask(attention_mask, is_causal, Tq, Tk, query.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink_col = sinks.float().reshape(1, Hq, 1, 1).expand(B, Hq, Tq, 1)
+        probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :Tk]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    probs = torch.nan_to_num(probs)  # fully masked rows (padding) contribute nothing
+    out = torch.matmul(probs.to(v.dtype), v)  # (B, Hq, Tq, D)
+    return out.transpose(1, 2).contiguous(), probs.sum(dim=-2, dtype=torch.float64)

@@ -1,0 +1,157 @@
+"""The seam into ``transformers`` models: a registered attention function.
+
+``transformers`` (>= 5) looks up each layer's attention function by name in
+``AttentionInterface`` on every forward. :func:`capturing` switches a model to
+``"sinklab_capture"``, whose function runs the active collector (which returns
+both the attention output and the column sums of the attention matrix) and
+records per-layer statistics; on exit the model's previous implementation is
+restored, even on error. Masks come from the SDPA mask builder registered under
+the same name (see ``shared/notes/hf-attention-interface.md``): without it padding
+and sliding windows would be silently lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from sinklab.capture.collectors import COLLECTORS
+from sinklab.capture.recorder import BatchRecorder
+from sinklab.errors import CaptureError
+
+ATTN_NAME = "sinklab_capture"
+_state = threading.local()
+
+
+def _active() -> tuple[BatchRecorder, str] | None:
+    return getattr(_state, "active", None)
+
+
+def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **kwargs):
+    """AttentionInterface function: (out (B, T, H, D), None), recording statistics on the side."""
+    active = _active()
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    if active is None:  # used outside a capture: behave like SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    recorder, collector_name = active
+    collector = COLLECTORS.get(collector_name)
+    layer = recorder.next_layer()
+    out, col = collector(
+        query,
+        key,
+        value,
+        scaling=scaling,
+        attention_mask=attention_mask,
+        is_causal=bool(is_causal) and query.shape[2] > 1,
+        softcap=kwargs.get("softcap"),
+        sinks=kwargs.get("s_aux"),
+        sliding_window=kwargs.get("sliding_window"),
+    )
+    recorder.add_attention(layer, col, causal=bool(is_causal), key=key, value=value)
+    return out, None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if ATTN_NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTN_NAME, _capture_attention)
+        AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+def find_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's list of transformer blocks: the ModuleList of length ``num_hidden_layers``.
+
+    Raises:
+        CaptureError: if no such list exists.
+    """
+    n = getattr(model.config, "num_hidden_layers", None)
+    best = None
+    for _, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) == n:
+            best = mod
+            break
+    if best is None:
+        raise CaptureError(f"cannot find the {n} transformer blocks of {type(model).__name__}")
+    return best
+
+
+@contextlib.contextmanager
+def capturing(model: nn.Module, recorder: BatchRecorder, collector: str = "eager") -> Iterator[BatchRecorder]:
+    """Within the block, forward passes of ``model`` record into ``recorder``.
+
+    The model is restored exactly (attention implementation, hooks) on exit.
+
+    Raises:
+        UnknownNameError: unknown collector name.
+    """
+    COLLECTORS.get(collector)
+    _register()
+    layers = find_layers(model)
+    previous = model.config._attn_implementation
+    handles = []
+
+    def hook(idx: int):
+        def fn(_mod, _inp, out):
+            recorder.add_hidden(idx, out[0] if isinstance(out, (tuple, list)) else out)
+
+        return fn
+
+    try:
+        model.set_attn_implementation(ATTN_NAME)
+        for i, layer in enumerate(layers):
+            handles.append(layer.register_forward_hook(hook(i)))
+        _state.active = (recorder, collector)
+        yield recorder
+    finally:
+        _state.active = None
+        for h in handles:
+            h.remove()
+        model.set_attn_implementation(previous)
+
+
+def forward_hf(model: nn.Module, input_ids: torch.Tensor, collector: str) -> BatchRecorder:
+    """One forward pass of ``input_ids`` (B, T) with statistics recorded.
+
+    Falls back to ``output_attentions=True`` (eager, all layers at once) when the
+    model does not route attention through ``AttentionInterface``, noting it.
+
+    Raises:
+        CaptureError: the model exposes no attention weights at all.
+    """
+    L = model.config.num_hidden_layers
+    recorder = BatchRecorder(L, collector)
+    with capturing(model, recorder, collector), torch.no_grad():
+        model(input_ids=input_ids, use_cache=False)
+    if recorder.attn_calls == L:
+        return recorder
+    # Fallback: the model's code does not use the AttentionInterface.
+    recorder = BatchRecorder(L, "output_attentions")
+    recorder.notes.append("attention not interceptable: fell back to eager output_attentions")
+    layers = find_layers(model)
+    handles = [
+        layer.register_forward_hook(lambda _m, _i, o, i=i: recorder.add_hidden(i, o[0] if isinstance(o, tuple) else o))
+        for i, layer in enumerate(layers)
+    ]
+    try:
+        with torch.no_grad():
+            out = model(input_ids=input_ids, output_attentions=True, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    attns = getattr(out, "attentions", None)
+    if not attns or any(a is None for a in attns):
+        raise CaptureError(f"{type(model).__name__} exposes no attention weights; cannot measure sinks")
+    causal = bool(getattr(model.config, "is_decoder", True)) or "CausalLM" in type(model).__name__
+    for i, a in enumerate(attns):
+        recorder.add_attention(i, a.sum(dim=-2, dtype=torch.float64), causal=causal)
+    return recorder

@@ -1,0 +1,116 @@
+"""Accumulates one batch's per-layer statistics as the forward pass runs.
+
+Attention seams call :meth:`BatchRecorder.add_attention` once per layer in
+execution order; hidden-state hooks call :meth:`BatchRecorder.add_hidden`. Each
+layer is reduced immediately, so no layer's T x T matrix outlives its own call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from sinklab.capture.stats import ProbeStats
+from sinklab.errors import CaptureError
+from sinklab.metrics.sink import attention_mass_from_column_sums
+
+
+class BatchRecorder:
+    """Per-layer statistics of one batch of ``B`` sequences of ``T`` tokens."""
+
+    def __init__(self, num_layers: int, collector: str) -> None:
+        self.num_layers = num_layers
+        self.collector = collector
+        self.attn_calls = 0
+        self.mass: list[Tensor | None] = [None] * num_layers
+        self.extra: list[Tensor | None] = [None] * num_layers
+        self.key_norms: list[Tensor | None] = [None] * num_layers
+        self.value_norms: list[Tensor | None] = [None] * num_layers
+        self.hidden: list[tuple[Tensor, ...] | None] = [None] * num_layers
+        self.causal = True
+        self.renormalised = False
+        self.notes: list[str] = []
+
+    def next_layer(self) -> int:
+        """Index (0-based) of the attention layer being called, in execution order."""
+        idx = self.attn_calls
+        self.attn_calls += 1
+        if idx >= self.num_layers:
+            raise CaptureError(f"attention was called {idx + 1} times for a model with {self.num_layers} layers")
+        return idx
+
+    def add_attention(
+        self,
+        layer: int,
+        column_sums: Tensor,
+        *,
+        causal: bool,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        extra: Tensor | None = None,
+        renormalised: bool = False,
+    ) -> None:
+        """Record a layer's attention.
+
+        Args:
+            layer: 0-based layer index.
+            column_sums: (B, H, T) sums over queries of the attention on each key.
+            causal: whether the layer is causal (sets the attention-mass denominator).
+            key, value: (B, H_kv, T, D) keys (after RoPE) and values, or None.
+            extra: (B, H, T_q) attention on a virtual key (sink token / bias / sink logit), or None.
+            renormalised: rows were renormalised to sum to 1 before the column sums.
+        """
+        self.causal = causal
+        self.renormalised = self.renormalised or renormalised
+        self.mass[layer] = attention_mass_from_column_sums(column_sums, causal=causal).cpu()
+        if extra is not None:
+            self.extra[layer] = extra.to(torch.float64).mean(dim=-1).cpu()
+        if key is not None:
+            self.key_norms[layer] = key.float().norm(dim=-1).cpu()
+        if value is not None:
+            self.value_norms[layer] = value.float().norm(dim=-1).cpu()
+
+    def add_hidden(self, layer: int, hidden: Tensor) -> None:
+        """Record a layer's output hidden state ``hidden`` (B, T, d)."""
+        h = hidden.detach().float()
+        B, T, d = h.shape
+        a = h.abs().reshape(B, T * d)
+        max_abs, flat = a.max(dim=1)
+        self.hidden[layer] = (
+            h.norm(dim=-1).cpu(),  # (B, T)
+            max_abs.cpu(),
+            a.median(dim=1).values.cpu(),
+            (flat // d).cpu(),
+            (flat % d).cpu(),
+        )
+
+    def finish(self) -> ProbeStats:
+        """Stack the layers into a :class:`ProbeStats`; raise if a layer was never seen."""
+        missing = [i for i, m in enumerate(self.mass) if m is None]
+        if missing:
+            raise CaptureError(
+                f"no attention statistics were captured for layers {missing}: "
+                "this model's attention could not be intercepted"
+            )
+        if any(h is None for h in self.hidden):
+            raise CaptureError("hidden states of some layers were not captured")
+
+        def stack(items: list, dim: int = 1) -> Tensor | None:
+            return None if any(x is None for x in items) else torch.stack(items, dim=dim)
+
+        hid = list(zip(*self.hidden))  # 5 lists of per-layer tensors
+        return ProbeStats(
+            mass=torch.stack(self.mass, dim=1),  # (B, L, H, T)
+            hidden_norms=torch.stack(hid[0], dim=1),  # (B, L, T)
+            max_abs=torch.stack(hid[1], dim=1),
+            median_abs=torch.stack(hid[2], dim=1),
+            max_position=torch.stack(hid[3], dim=1),
+            max_channel=torch.stack(hid[4], dim=1),
+            key_norms=stack(self.key_norms),
+            value_norms=stack(self.value_norms),
+            extra_mass=stack(self.extra),
+            causal=self.causal,
+            renormalised=self.renormalised,
+            collector=self.collector,
+            notes=list(self.notes),
+        )

@@ -1,0 +1,93 @@
+"""Raw statistics of a probe set, the input of every sink metric."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class ProbeStats:
+    """Statistics of ``N`` probe sequences of ``T`` tokens through ``L`` layers.
+
+    All positions are 0-based (position 0 is the paper's token 1).
+
+    Attributes:
+        mass: (N, L, H, T) float64 attention mass ``alpha`` on every key position
+            (Gu et al. 2025, Eq. 2); for causal layers the mean over the ``T - j``
+            queries that see key ``j``, for bidirectional layers over all ``T``.
+        hidden_norms: (N, L, T) float32 l2 norm of each layer's output hidden state.
+        max_abs: (N, L) largest ``|h|`` entry of each layer's output.
+        median_abs: (N, L) median ``|h|`` entry of each layer's output.
+        max_position: (N, L) int64 token position of that largest entry.
+        max_channel: (N, L) int64 hidden channel of that largest entry.
+        key_norms: (N, L, H_kv, T) l2 norms of the keys (after RoPE), or None.
+        value_norms: (N, L, H_kv, T) l2 norms of the values, or None.
+        extra_mass: (N, L, H) mass on a virtual key (learned sink token, key bias,
+            sink logit) for models that have one, else None.
+        causal: whether the layers were causal (False for an encoder).
+        renormalised: True when the attention rows were not normalised by the
+            operation itself and were renormalised to sum to 1 before the metric.
+        collector: name of the collector that produced ``mass``.
+        notes: free-form remarks (e.g. a fallback that was taken).
+    """
+
+    mass: Tensor
+    hidden_norms: Tensor
+    max_abs: Tensor
+    median_abs: Tensor
+    max_position: Tensor
+    max_channel: Tensor
+    key_norms: Tensor | None = None
+    value_norms: Tensor | None = None
+    extra_mass: Tensor | None = None
+    causal: bool = True
+    renormalised: bool = False
+    collector: str = "eager"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_samples(self) -> int:
+        return self.mass.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.mass.shape[1]
+
+    @property
+    def num_heads(self) -> int:
+        return self.mass.shape[2]
+
+    @property
+    def seq_len(self) -> int:
+        return self.mass.shape[3]
+
+    @staticmethod
+    def concat(parts: list["ProbeStats"]) -> "ProbeStats":
+        """Join the statistics of several batches along the sample axis."""
+        first = parts[0]
+
+        def cat(name: str) -> Tensor | None:
+            vals = [getattr(p, name) for p in parts]
+            return None if vals[0] is None else torch.cat(vals, dim=0)
+
+        notes: list[str] = []
+        for p in parts:
+            notes.extend(n for n in p.notes if n not in notes)
+        return ProbeStats(
+            mass=cat("mass"),
+            hidden_norms=cat("hidden_norms"),
+            max_abs=cat("max_abs"),
+            median_abs=cat("median_abs"),
+            max_position=cat("max_position"),
+            max_channel=cat("max_channel"),
+            key_norms=cat("key_norms"),
+            value_norms=cat("value_norms"),
+            extra_mass=cat("extra_mass"),
+            causal=first.causal,
+            renormalised=first.renormalised,
+            collector=first.collector,
+            notes=notes,
+        )

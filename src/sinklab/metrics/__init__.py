@@ -1,0 +1,34 @@
+"""Pure sink metrics: tensors in, tensors out, no hooks and no module state.
+
+See :mod:`sinklab.metrics.sink` for the definitions (Gu et al., ICLR 2025) and
+:func:`sinklab.metrics.summary.summarize` for the bundle reported by ``sinklab measure``
+and the training tracker.
+"""
+
+from sinklab.metrics.sink import (
+    attention_mass,
+    attention_mass_from_column_sums,
+    bootstrap_sink_rate_ci,
+    key_counts,
+    massive_activation_ratio,
+    norm_ratio,
+    sink_rate,
+    sink_rate_per_head,
+    sink_rate_per_layer,
+    sink_rate_per_sample,
+)
+from sinklab.metrics.summary import summarize
+
+__all__ = [
+    "attention_mass",
+    "attention_mass_from_column_sums",
+    "bootstrap_sink_rate_ci",
+    "key_counts",
+    "massive_activation_ratio",
+    "norm_ratio",
+    "sink_rate",
+    "sink_rate_per_head",
+    "sink_rate_per_layer",
+    "sink_rate_per_sample",
+    "summarize",
+]

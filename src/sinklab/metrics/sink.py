@@ -1,0 +1,203 @@
+"""Attention-sink metrics of Gu et al., *When Attention Sink Emerges in Language
+Models: An Empirical View* (ICLR 2025), Sec. 3.
+
+Notation: ``A[l, h, i, j]`` is the attention of head ``h`` in layer ``l`` from query
+``i`` to key ``j``. **Positions are 0-based in code** (position 0 is the paper's
+token 1). ``N`` samples, ``L`` layers, ``H`` heads, ``T`` tokens, ``K`` leading
+key positions kept for the sink rate.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from sinklab.errors import InputError
+
+
+def _check_eps(eps: float) -> None:
+    if not 0.0 < eps < 1.0:
+        raise InputError(f"eps must lie in (0, 1), got {eps}")
+
+
+def key_counts(seq_len: int, *, causal: bool = True, device=None) -> Tensor:
+    """Number of queries that can see each key: ``T - j`` (causal) or ``T`` (bidirectional).
+
+    Returns: (T,) float64, key position ``j`` 0-based.
+    """
+    j = torch.arange(seq_len, device=device, dtype=torch.float64)
+    return (seq_len - j) if causal else torch.full_like(j, float(seq_len))
+
+
+def attention_mass_from_column_sums(column_sums: Tensor, *, causal: bool = True) -> Tensor:
+    """Attention mass from the column sums ``sum_i A[..., i, j]``.
+
+    ``alpha[..., j] = column_sums[..., j] / (#queries that see key j)``: the mean over
+    queries ``i >= j`` (causal; ``T - j`` of them, 0-based ``j``) or over all ``T``
+    queries (bidirectional encoder). Used by collectors that never build ``A``.
+
+    Args:
+        column_sums: (..., T) sums over queries of the attention on each key.
+        causal: causal decoder (True) or bidirectional encoder (False).
+
+    Returns:
+        (..., T) float64 attention mass per key position (0-based).
+    """
+    T = column_sums.shape[-1]
+    return column_sums.to(torch.float64) / key_counts(T, causal=causal, device=column_sums.device)
+
+
+def attention_mass(attn: Tensor, *, causal: bool = True) -> Tensor:
+    """Attention mass on every key: ``alpha[..., j] = mean_{i >= j} A[..., i, j]``.
+
+    Gu et al. (2025), Eq. 2 (the per-head quantity thresholded by the sink rate).
+    For a causal model the mean runs over the ``T - j`` queries that can see key ``j``
+    (0-based); for a bidirectional encoder (``causal=False``) over all ``T`` queries.
+
+    Args:
+        attn: (..., T, T) attention weights, query axis then key axis, rows summing to 1
+            for softmax attention (masked entries must be 0).
+        causal: see above.
+
+    Returns:
+        (..., T) float64.
+
+    Raises:
+        InputError: if ``attn`` is not square in its last two dimensions.
+    """
+    if attn.dim() < 2 or attn.shape[-1] != attn.shape[-2]:
+        raise InputError(f"attention must be (..., T, T), got shape {tuple(attn.shape)}")
+    return attention_mass_from_column_sums(attn.to(torch.float64).sum(dim=-2), causal=causal)
+
+
+def sink_rate_per_sample(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> Tensor:
+    """Per-sample sink rate: percentage of (layer, head) pairs with ``alpha > eps``.
+
+    Args:
+        mass: (N, L, H, T') attention mass, key positions 0-based.
+        eps: threshold in (0, 1); the paper's default is 0.3.
+        positions: keep only the first ``K`` key positions (default: all ``T'``).
+
+    Returns:
+        (N, K) float64 percentages in [0, 100].
+
+    Raises:
+        InputError: eps outside (0, 1) or ``mass`` not 4-D.
+    """
+    _check_eps(eps)
+    if mass.dim() != 4:
+        raise InputError(f"mass must be (N, L, H, T), got shape {tuple(mass.shape)}")
+    m = mass if positions is None else mass[..., :positions]
+    return (m > eps).to(torch.float64).mean(dim=(1, 2)) * 100.0
+
+
+def sink_rate(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> Tensor:
+    """Sink rate ``Sink_k^eps`` of Gu et al. (2025), Eq. 2, for every key position k.
+
+    The threshold ``alpha[n, l, h, k] > eps`` is applied per sample, then averaged over
+    samples, layers and heads, and expressed in percent.
+
+    Args:
+        mass: (N, L, H, T') attention mass (see :func:`attention_mass`), 0-based keys.
+        eps: threshold in (0, 1), default 0.3.
+        positions: keep the first ``K`` positions (default all).
+
+    Returns:
+        (K,) float64 percentages; index 0 is the paper's ``Sink_1``.
+
+    Raises:
+        InputError: eps outside (0, 1) or ``mass`` not 4-D.
+    """
+    return sink_rate_per_sample(mass, eps, positions).mean(dim=0)
+
+
+def sink_rate_per_layer(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> Tensor:
+    """Sink rate per layer: (L, K) percentages over samples and heads. Same args as :func:`sink_rate`."""
+    _check_eps(eps)
+    m = mass if positions is None else mass[..., :positions]
+    return (m > eps).to(torch.float64).mean(dim=(0, 2)) * 100.0
+
+
+def sink_rate_per_head(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> Tensor:
+    """Sink rate per (layer, head): (L, H, K) percentages over samples. Same args as :func:`sink_rate`."""
+    _check_eps(eps)
+    m = mass if positions is None else mass[..., :positions]
+    return (m > eps).to(torch.float64).mean(dim=0) * 100.0
+
+
+def bootstrap_sink_rate_ci(
+    mass: Tensor,
+    eps: float = 0.3,
+    positions: int | None = None,
+    *,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Tensor:
+    """Percentile bootstrap confidence interval of the sink rate, resampling samples.
+
+    Samples (sequences) are the independent units: each bootstrap replicate draws
+    ``N`` of them with replacement and recomputes :func:`sink_rate`.
+
+    Args:
+        mass: (N, L, H, T') attention mass.
+        eps, positions: as in :func:`sink_rate`.
+        n_boot: number of bootstrap replicates.
+        level: two-sided coverage, e.g. 0.95.
+        seed: seed of the resampling generator (results are reproducible).
+
+    Returns:
+        (K, 2) float64: lower and upper bounds in percent.
+    """
+    per_sample = sink_rate_per_sample(mass, eps, positions)  # (N, K)
+    N = per_sample.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, N, (n_boot, N), generator=gen)
+    reps = per_sample.cpu()[idx].mean(dim=1)  # (n_boot, K)
+    alpha = (1.0 - level) / 2.0
+    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
+    return torch.quantile(reps, q, dim=0).T.contiguous()
+
+
+def norm_ratio(hidden_norms: Tensor, reduce: str = "mean") -> Tensor:
+    """Norm-ratio sink score ``Sink'_k`` for every position k.
+
+    ``Sink'_k = mean_l ||h_k^l|| / mean_t ||h_t^l||`` (or ``median_t`` with
+    ``reduce="median"``): how much larger token k's hidden state is than a typical
+    token's, averaged over layers. Values far above 1 mark a sink token (massive
+    activations, Sun et al. 2024).
+
+    Args:
+        hidden_norms: (N, L, T) l2 norms of the hidden states (layer outputs).
+        reduce: "mean" or "median" over token positions in the denominator.
+
+    Returns:
+        (N, T) float64 ratios per sample and position (0-based).
+
+    Raises:
+        InputError: unknown ``reduce``.
+    """
+    h = hidden_norms.to(torch.float64)
+    if reduce == "mean":
+        denom = h.mean(dim=-1, keepdim=True)
+    elif reduce == "median":
+        denom = h.median(dim=-1, keepdim=True).values
+    else:
+        raise InputError(f"reduce must be 'mean' or 'median', got {reduce!r}")
+    return (h / denom).mean(dim=1)
+
+
+def massive_activation_ratio(max_abs: Tensor, median_abs: Tensor) -> Tensor:
+    """Ratio of the largest hidden-state entry magnitude to the layer's median magnitude.
+
+    Sun et al. (2024), *Massive Activations in Large Language Models*, flag entries
+    around 1000x the median.
+
+    Args:
+        max_abs: (N, L) largest ``|h|`` entry per sample and layer.
+        median_abs: (N, L) median ``|h|`` entry per sample and layer.
+
+    Returns:
+        (N, L) float64 ratios.
+    """
+    return max_abs.to(torch.float64) / median_abs.to(torch.float64).clamp_min(1e-30)

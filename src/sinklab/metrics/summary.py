@@ -1,0 +1,105 @@
+"""The bundle of sink metrics reported by ``sinklab measure`` and the training tracker."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sinklab.errors import InputError
+from sinklab.metrics.sink import (
+    bootstrap_sink_rate_ci,
+    massive_activation_ratio,
+    norm_ratio,
+    sink_rate,
+    sink_rate_per_head,
+    sink_rate_per_layer,
+)
+
+if TYPE_CHECKING:
+    from sinklab.capture.stats import ProbeStats
+
+
+def _r(x: torch.Tensor, nd: int = 6) -> Any:
+    """Tensor -> nested lists of floats rounded to ``nd`` decimals (JSON friendly)."""
+    if x.dim() == 0:
+        return round(float(x), nd)
+    return [_r(v, nd) for v in x]
+
+
+def summarize(
+    stats: "ProbeStats",
+    eps: float = 0.3,
+    positions: int = 8,
+    *,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every sink metric of a probe set, as plain JSON-serialisable values.
+
+    Positions in the output lists are 0-based indices (index 0 = the paper's token 1).
+
+    Keys:
+        ``sink_rate`` (K,) percent, ``sink_rate_ci`` (K, 2) bootstrap CI in percent,
+        ``sink_rate_curve`` (T,) sink rate at every position, ``sink_rate_per_layer`` (L, K),
+        ``sink_rate_per_head`` (L, H, K), ``attention_mass`` (L, H, K) mean over samples,
+        ``attention_mass_first`` mean mass on position 0, ``norm_ratio`` / ``norm_ratio_median``
+        (K,) ``Sink'_k`` mean over samples, ``max_norm_ratio`` and ``max_norm_ratio_position``,
+        ``top_sink_position`` (argmax of the sink rate curve) with ``top_sink_rate`` and
+        ``top_sink_head_share`` (share of (layer, head) pairs whose mean mass there exceeds
+        eps), ``strongest_layers`` (layers sorted by sink rate at position 0, top 3),
+        ``hidden_norm_sink`` / ``hidden_norm_others`` (L,) mean l2 norm of the top sink
+        token vs the other tokens, ``massive_activation_ratio`` (L,) mean max/median
+        ``|h|``, ``key_norm`` / ``value_norm`` (L, H_kv, K) when captured, ``extra_mass``
+        (L, H) when the model has a virtual sink key, plus ``eps``, ``positions``,
+        ``num_samples``, ``seq_len``, ``causal``, ``renormalised``, ``collector``.
+
+    Raises:
+        InputError: eps outside (0, 1) or ``positions`` < 1.
+    """
+    if positions < 1:
+        raise InputError(f"positions must be >= 1, got {positions}")
+    K = min(positions, stats.seq_len)
+    mass = stats.mass
+    curve = sink_rate(mass, eps)  # (T,)
+    top = int(curve.argmax())
+    ratio = norm_ratio(stats.hidden_norms, "mean").mean(dim=0)  # (T,)
+    ratio_med = norm_ratio(stats.hidden_norms, "median").mean(dim=0)
+    per_layer = sink_rate_per_layer(mass, eps, K)
+    hn = stats.hidden_norms.to(torch.float64).mean(dim=0)  # (L, T)
+    others = torch.cat([hn[:, :top], hn[:, top + 1 :]], dim=1)
+    out: dict[str, Any] = {
+        "eps": eps,
+        "positions": K,
+        "num_samples": stats.num_samples,
+        "seq_len": stats.seq_len,
+        "causal": stats.causal,
+        "renormalised": stats.renormalised,
+        "collector": stats.collector,
+        "sink_rate": _r(curve[:K], 4),
+        "sink_rate_ci": _r(bootstrap_sink_rate_ci(mass, eps, K, n_boot=n_boot, level=level, seed=seed), 4),
+        "sink_rate_curve": _r(curve, 4),
+        "sink_rate_per_layer": _r(per_layer, 4),
+        "sink_rate_per_head": _r(sink_rate_per_head(mass, eps, K), 2),
+        "attention_mass": _r(mass[..., :K].mean(dim=0)),
+        "attention_mass_first": round(float(mass[..., 0].mean()), 6),
+        "norm_ratio": _r(ratio[:K], 4),
+        "norm_ratio_median": _r(ratio_med[:K], 4),
+        "max_norm_ratio": round(float(ratio.max()), 4),
+        "max_norm_ratio_position": int(ratio.argmax()),
+        "top_sink_position": top,
+        "top_sink_rate": round(float(curve[top]), 4),
+        "top_sink_head_share": round(float((mass[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4),
+        "strongest_layers": [int(i) for i in per_layer[:, 0].argsort(descending=True, stable=True)[:3]],
+        "hidden_norm_sink": _r(hn[:, top], 4),
+        "hidden_norm_others": _r(others.mean(dim=1) if others.numel() else hn[:, top] * 0, 4),
+        "massive_activation_ratio": _r(massive_activation_ratio(stats.max_abs, stats.median_abs).mean(dim=0), 2),
+    }
+    if stats.key_norms is not None:
+        out["key_norm"] = _r(stats.key_norms[..., :K].to(torch.float64).mean(dim=0), 4)
+    if stats.value_norms is not None:
+        out["value_norm"] = _r(stats.value_norms[..., :K].to(torch.float64).mean(dim=0), 4)
+    if stats.extra_mass is not None:
+        out["extra_mass"] = _r(stats.extra_mass.mean(dim=0))
+    return out
