@@ -1,0 +1,280 @@
+"""Tokenize a corpus once into memory-mapped token files, split into train/validation by document.
+
+Layout of a token folder (cached under ``$SINKLAB_HOME/tokens/<key>/`` or a chosen folder)::
+
+    tokenizer.json          the HF tokenizer (trained on the training split only)
+    train.bin, val.bin      1-D token ids, uint16 when the vocabulary fits, else uint32
+    train.idx.npy, val.idx.npy
+                            int64 document offsets, length n_docs + 1: document d is
+                            tokens[offsets[d]:offsets[d+1]] (0-based, no EOS/BOS stored)
+    meta.json               key inputs, dtype, counts, document indices of each split
+
+The key is a sha256 of the document texts and every setting that changes the tokens, so a
+changed corpus or tokenizer never reuses a stale cache. The folder is written to a temporary
+name and renamed into place, so an interrupted run never leaves a half-written cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from sinklab.data.tokenizer import build_tokenizer, special_ids
+from sinklab.errors import InputError
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class TokenSplit:
+    """One split: a flat memmapped token array plus document offsets (0-based)."""
+
+    tokens: np.ndarray  # (n_tokens,) uint16 | uint32
+    offsets: np.ndarray  # (n_docs + 1,) int64
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def doc(self, d: int) -> np.ndarray:
+        """Token ids of document ``d`` (0-based), shape (len_d,)."""
+        return self.tokens[self.offsets[d] : self.offsets[d + 1]]
+
+
+@dataclass
+class TokenizedCorpus:
+    """A tokenized corpus: tokenizer, train and validation splits, and metadata."""
+
+    folder: Path
+    tokenizer: Tokenizer
+    train: TokenSplit
+    val: TokenSplit
+    meta: dict
+
+    @property
+    def eos_id(self) -> int:
+        return special_ids(self.tokenizer)[0]
+
+    @property
+    def bos_id(self) -> int:
+        return special_ids(self.tokenizer)[1]
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer can emit (ids are < this)."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def split_documents(n_docs: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of document indices (0-based) into (train, validation), by whole document.
+
+    ``round(n_docs * val_fraction)`` documents (at least 1) go to validation; both arrays keep the
+    seeded permutation order, so a token cap on the training split takes a random subset of
+    documents rather than the oldest ones.
+
+    Raises:
+        InputError: fewer than 2 documents, or ``val_fraction`` outside (0, 1).
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise InputError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if n_docs < 2:
+        raise InputError(
+            f"the corpus has {n_docs} document(s); a train/validation split by document needs at least 2 "
+            "(give a folder of .txt files or a corpus with several documents)"
+        )
+    perm = np.random.default_rng(seed).permutation(n_docs)
+    n_val = min(n_docs - 1, max(1, int(round(n_docs * val_fraction))))
+    return perm[n_val:].copy(), perm[:n_val].copy()
+
+
+def _digest(documents: Sequence[str], settings: dict) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    for d in documents:
+        b = d.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()[:20]
+
+
+def _write_split(folder: Path, name: str, ids: list[list[int]], dtype: np.dtype) -> None:
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate([np.asarray(x, dtype=dtype) for x in ids]) if ids else np.zeros(0, dtype=dtype)
+    flat.tofile(folder / f"{name}.bin")
+    np.save(folder / f"{name}.idx.npy", offsets)
+
+
+def _read_split(folder: Path, name: str, dtype: str) -> TokenSplit:
+    offsets = np.load(folder / f"{name}.idx.npy")
+    n = int(offsets[-1])
+    if n == 0:
+        tokens = np.zeros(0, dtype=dtype)
+    else:
+        tokens = np.memmap(folder / f"{name}.bin", dtype=dtype, mode="r", shape=(n,))
+    return TokenSplit(tokens=tokens, offsets=offsets)
+
+
+def load_token_folder(folder: str | Path) -> TokenizedCorpus:
+    """Open a token folder written by :func:`tokenize_documents` (memmapped, read-only).
+
+    Raises:
+        InputError: the folder is missing or incomplete.
+    """
+    folder = Path(folder)
+    if not (folder / "meta.json").exists():
+        raise InputError(f"{folder} is not a sinklab token folder (no meta.json)")
+    meta = json.loads((folder / "meta.json").read_text())
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return TokenizedCorpus(
+        folder=folder,
+        tokenizer=tok,
+        train=_read_split(folder, "train", meta["dtype"]),
+        val=_read_split(folder, "val", meta["dtype"]),
+        meta=meta,
+    )
+
+
+def tokenize_documents(
+    documents: Sequence[str],
+    *,
+    tokenizer: str = "bpe",
+    vocab_size: int = 8192,
+    val_fraction: float = 0.05,
+    split_seed: int = 0,
+    cache_root: str | Path | None = None,
+    source: dict | None = None,
+) -> TokenizedCorpus:
+    """Tokenize ``documents`` once (cached) and return memmapped train/validation splits.
+
+    The split is by whole document (:func:`split_documents`); a BPE tokenizer is trained on the
+    training documents only.
+
+    Args:
+        documents: the corpus, one string per document.
+        tokenizer: "bpe" (train a byte-level BPE of ``vocab_size``) or "gpt2".
+        vocab_size: BPE vocabulary size (ignored for gpt2).
+        val_fraction: share of documents held out for validation and the probe set.
+        split_seed: seed of the document permutation.
+        cache_root: folder holding token folders; default ``$SINKLAB_HOME/tokens``.
+        source: provenance recorded in meta.json (corpus names, versions...).
+
+    Raises:
+        InputError: empty documents list or too few documents to split.
+    """
+    from sinklab.paths import cache_dir
+
+    docs = [d for d in documents if d and d.strip()]
+    if not docs:
+        raise InputError("the corpus has no non-empty documents")
+    settings = {
+        "format": FORMAT_VERSION,
+        "tokenizer": tokenizer,
+        "vocab_size": vocab_size if tokenizer == "bpe" else None,
+        "val_fraction": val_fraction,
+        "split_seed": split_seed,
+    }
+    key = _digest(docs, settings)
+    root = Path(cache_root) if cache_root else cache_dir("tokens")
+    folder = root / key
+    if (folder / "meta.json").exists():
+        return load_token_folder(folder)
+
+    train_idx, val_idx = split_documents(len(docs), val_fraction, split_seed)
+    train_docs = [docs[i] for i in train_idx]
+    val_docs = [docs[i] for i in val_idx]
+    tok = build_tokenizer(tokenizer, train_docs, vocab_size)
+    n_vocab = tok.get_vocab_size(with_added_tokens=True)
+    dtype = np.dtype(np.uint16 if n_vocab <= 1 << 16 else np.uint32)
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}.tmp"))
+    try:
+        for name, split_docs in (("train", train_docs), ("val", val_docs)):
+            ids = [e.ids for e in tok.encode_batch(split_docs, add_special_tokens=False)]
+            _write_split(tmp, name, ids, dtype)
+        tok.save(str(tmp / "tokenizer.json"))
+        meta = {
+            **settings,
+            "key": key,
+            "dtype": dtype.name,
+            "tokenizer_vocab_size": n_vocab,
+            "n_docs": len(docs),
+            "train_docs": train_idx.tolist(),
+            "val_docs": val_idx.tolist(),
+            "source": source or {},
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process won the race: use its folder
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load_token_folder(folder)
+
+
+def load_documents(corpus: str | Sequence[str]) -> tuple[list[str], dict]:
+    """Documents of one corpus or a mix (list of names/paths) from :mod:`sinklab.zoo.corpora`.
+
+    Returns (documents, source) where ``source`` maps each corpus name to its recorded provenance.
+
+    Raises:
+        UnknownNameError / InputError / FetchError: from ``load_corpus``.
+    """
+    from sinklab.zoo.corpora import load_corpus
+
+    names = [corpus] if isinstance(corpus, str) else list(corpus)
+    if not names:
+        raise InputError("data.corpus is empty; give a corpus name, a path, or a list of them")
+    docs: list[str] = []
+    source: dict = {}
+    for n in names:
+        c = load_corpus(n)
+        docs.extend(c.documents)
+        source[str(n)] = {"name": c.name, "n_docs": len(c.documents), **_jsonable(c.source)}
+    return docs, source
+
+
+def _jsonable(d) -> dict:
+    try:
+        return json.loads(json.dumps(d, default=str)) if isinstance(d, dict) else {"source": str(d)}
+    except (TypeError, ValueError):
+        return {"source": str(d)}
+
+
+def prepare_corpus(
+    corpus: str | Sequence[str],
+    *,
+    tokenizer: str = "bpe",
+    vocab_size: int = 8192,
+    val_fraction: float = 0.05,
+    split_seed: int = 0,
+    cache_root: str | Path | None = None,
+) -> TokenizedCorpus:
+    """:func:`load_documents` followed by :func:`tokenize_documents` (see both)."""
+    docs, source = load_documents(corpus)
+    return tokenize_documents(
+        docs,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
+        split_seed=split_seed,
+        cache_root=cache_root,
+        source=source,
+    )

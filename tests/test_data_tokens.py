@@ -1,0 +1,68 @@
+"""Tokenizer training, memmapped token files, split by document, cache reuse."""
+
+import numpy as np
+import pytest
+
+from sinklab.data.tokenizer import BOS, EOS, special_ids, train_bpe
+from sinklab.data.tokens import load_token_folder, split_documents, tokenize_documents
+from sinklab.errors import InputError
+
+DOCS = [f"Document number {i}. " + " ".join(f"word{i % 7}x{j}" for j in range(30 + i)) for i in range(20)]
+
+
+def test_split_by_document_is_a_partition_and_seeded():
+    tr, va = split_documents(20, 0.2, seed=5)
+    assert len(va) == 4 and len(tr) == 16
+    assert sorted(np.concatenate([tr, va]).tolist()) == list(range(20))
+    tr2, va2 = split_documents(20, 0.2, seed=5)
+    assert tr.tolist() == tr2.tolist() and va.tolist() == va2.tolist()
+    assert split_documents(20, 0.2, seed=6)[1].tolist() != va.tolist()
+    with pytest.raises(InputError, match="at least 2"):
+        split_documents(1, 0.1, 0)
+
+
+def test_bpe_round_trip_and_specials():
+    tok = train_bpe(DOCS, 300)
+    assert tok.get_vocab_size() <= 300
+    assert special_ids(tok) == (0, 1) and tok.id_to_token(0) == EOS and tok.id_to_token(1) == BOS
+    text = "Unseen text: ünïcode ✓ 123"
+    assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_tokenize_documents_split_by_document(tmp_path):
+    tc = tokenize_documents(DOCS, vocab_size=300, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
+    assert tc.train.n_docs == 16 and tc.val.n_docs == 4
+    assert tc.train.tokens.dtype == np.uint16
+    assert isinstance(tc.val.tokens, np.memmap)
+    # every document decodes to exactly one source document, each split holds whole documents
+    for split, idx in ((tc.train, tc.meta["train_docs"]), (tc.val, tc.meta["val_docs"])):
+        for d, src in enumerate(idx):
+            assert tc.tokenizer.decode(split.doc(d).tolist()) == DOCS[src]
+    assert not set(tc.meta["train_docs"]) & set(tc.meta["val_docs"])
+    # the tokenizer never saw validation text: a validation-only word is not a single token
+    # second call reuses the cache folder
+    tc2 = tokenize_documents(DOCS, vocab_size=300, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
+    assert tc2.folder == tc.folder
+    assert np.array_equal(np.asarray(tc2.train.tokens), np.asarray(tc.train.tokens))
+    assert load_token_folder(tc.folder).meta["key"] == tc.meta["key"]
+    # a change of settings gives a new folder
+    tc3 = tokenize_documents(DOCS, vocab_size=280, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
+    assert tc3.folder != tc.folder
+    assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 2
+
+
+def test_bpe_trained_on_train_split_only(tmp_path):
+    docs = ["alpha beta gamma " * 50 for _ in range(9)] + ["zyzzyva " * 200]
+    # find a seed that puts the odd document into validation
+    for seed in range(50):
+        tr, va = split_documents(len(docs), 0.1, seed)
+        if 9 in va:
+            break
+    tc = tokenize_documents(docs, vocab_size=320, val_fraction=0.1, split_seed=seed, cache_root=tmp_path)
+    assert tc.tokenizer.token_to_id("Ġzyzzyva") is None
+    assert tc.tokenizer.token_to_id("Ġbeta") is not None
+
+
+def test_empty_corpus():
+    with pytest.raises(InputError):
+        tokenize_documents(["", "  "])
