@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.hf import forward_hf
 from sinklab.capture.native import forward_native, is_native
 from sinklab.capture.stats import ProbeStats
@@ -17,7 +18,7 @@ def collect(
     input_ids: Tensor,
     *,
     batch_size: int = 16,
-    collector: str = "eager",
+    collector: str = "auto",
     progress: bool = False,
 ) -> ProbeStats:
     """Attention mass, hidden-state norms and key/value norms of every probe sequence.
@@ -31,7 +32,8 @@ def collect(
         model: the model, in eval mode.
         input_ids: (N, T) int64 token ids, no padding; position 0 is the first token.
         batch_size: sequences per forward pass.
-        collector: name in :data:`sinklab.capture.COLLECTORS` (HF models only).
+        collector: name in :data:`sinklab.capture.COLLECTORS` (HF models only), or
+            ``auto`` (see :func:`resolve_collector`).
         progress: show a progress bar over batches.
 
     Returns:
@@ -43,6 +45,7 @@ def collect(
     """
     if input_ids.dim() != 2 or input_ids.numel() == 0 or input_ids.dtype not in (torch.int64, torch.int32):
         raise InputError(f"input_ids must be a non-empty (N, T) integer tensor, got {tuple(input_ids.shape)} {input_ids.dtype}")
+    collector = resolve_collector(collector)
     device = next(model.parameters()).device
     parts = []
     starts = range(0, input_ids.shape[0], batch_size)
@@ -51,3 +54,15 @@ def collect(
         rec = forward_native(model, batch) if is_native(model) else forward_hf(model, batch, collector)
         parts.append(rec.finish())
     return ProbeStats.concat(parts)
+
+
+def resolve_collector(name: str) -> str:
+    """``auto`` -> ``blockwise`` when registered (never builds T x T), else ``eager``; other names are checked.
+
+    Raises:
+        UnknownNameError: unknown collector.
+    """
+    if name == "auto":
+        return "blockwise" if "blockwise" in COLLECTORS else "eager"
+    COLLECTORS.get(name)
+    return name

@@ -1,0 +1,43 @@
+"""``sinklab measure``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sinklab.cli.main import cli
+
+
+@cli.command("measure")
+def measure_cmd(
+    model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run's final/ folder, or hub id"),
+    corpus: str = typer.Option("sotu", help="corpus zoo name or a .txt file / folder (natural input only)"),
+    input: str = typer.Option("natural", "--input", help="natural | random | repeated | text"),
+    num_samples: int = typer.Option(100, "--num-samples", "-n", help="number of probe sequences N"),
+    seq_len: int = typer.Option(64, "--seq-len", "-t", help="tokens per sequence T (special tokens included)"),
+    eps: float = typer.Option(0.3, help="sink threshold on attention mass, in (0, 1)"),
+    positions: int = typer.Option(8, "--positions", "-k", help="report the sink rate at the first K positions"),
+    bos: str = typer.Option("auto", help="auto (tokenizer's choice) | always | never"),
+    seed: int = typer.Option(0, help="seed of the probe draw and the bootstrap"),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16"),
+    out: Path = typer.Option(Path("runs/measure"), help="output folder"),
+    batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
+    collector: str = typer.Option("auto", help="attention collector: auto | eager | blockwise"),
+    token: int | None = typer.Option(None, help="token id for --input repeated (default: random per sample)"),
+    text: str | None = typer.Option(None, help="text for --input text"),
+    accept_license: bool = typer.Option(False, "--accept-license", help="accept a model's licence terms (gemma3-270m)"),
+    allow_long_context: bool = typer.Option(False, "--allow-long-context", help="allow T past the model's context"),
+) -> None:
+    """Measure the attention sink of a model: sink rate per position, layer and head, norms, plots."""
+    from sinklab.measure import MeasureConfig, measure
+    from sinklab.measure.report import print_summary
+
+    cfg = MeasureConfig(
+        model=model, corpus=corpus, input=input, num_samples=num_samples, seq_len=seq_len, eps=eps,
+        positions=positions, bos=bos, seed=seed, dtype=dtype, batch_size=batch_size, collector=collector,
+        token=token, text=text, accept_license=accept_license, allow_long_context=allow_long_context,
+    )
+    result = measure(cfg, out=out)
+    print_summary(result)
+    typer.echo(f"wrote {out}/results.json, attention.csv, sink_rate.csv and 3 PNG plots ({result.wall_time_s:.1f} s)")

@@ -1,0 +1,150 @@
+"""Files, plots and the console table of a measurement."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sinklab.measure.run import MeasureResult
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_outputs(result: "MeasureResult", out: Path) -> Path:
+    """Write ``results.json``, ``attention.csv``, ``sink_rate.csv`` and the PNG plots into ``out``.
+
+    Returns ``out``.
+    """
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=1))
+    result.table().to_csv(out / "attention.csv", index=False)
+    s = result.summary
+    ci = s["sink_rate_ci"]
+    pd.DataFrame({
+        "position": range(len(s["sink_rate"])),
+        "token_position": range(1, len(s["sink_rate"]) + 1),
+        "sink_rate": s["sink_rate"],
+        "ci_low": [c[0] for c in ci],
+        "ci_high": [c[1] for c in ci],
+        "norm_ratio": s["norm_ratio"],
+        "norm_ratio_median": s["norm_ratio_median"],
+    }).to_csv(out / "sink_rate.csv", index=False)
+    plot_all(result, out)
+    return out
+
+
+def plot_all(result: "MeasureResult", out: Path) -> list[Path]:
+    """Three plots: attention mass heat map (layers x heads) on the top sink position,
+    sink rate over positions, hidden-state norm by layer (sink token vs others)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    s = result.summary
+    name = result.model.get("name", "model")
+    title = f"{name} · {result.config.input} · N={s['num_samples']} T={s['seq_len']} eps={s['eps']}"
+    top = s["top_sink_position"]
+    paths = []
+
+    # 1. Heat map of attention mass on the top sink position.
+    import torch
+
+    mass = result.stats.mass[..., top].mean(dim=0).numpy()  # (L, H)
+    fig, ax = plt.subplots(figsize=(max(4, 0.5 * mass.shape[1] + 2), max(3, 0.22 * mass.shape[0] + 1.5)))
+    im = ax.imshow(mass, aspect="auto", cmap="viridis", vmin=0, vmax=1, origin="lower")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"attention mass on position {top} (token {top + 1})\n{title}", fontsize=9)
+    fig.colorbar(im, ax=ax, label="mean attention mass")
+    fig.tight_layout()
+    p = out / "attention_mass_heatmap.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+
+    # 2. Sink rate over positions (first K with CI, plus the full curve).
+    rate = np.array(s["sink_rate"])
+    ci = np.array(s["sink_rate_ci"])
+    curve = np.array(s["sink_rate_curve"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    xs = np.arange(1, len(rate) + 1)
+    axes[0].bar(xs, rate, color="tab:blue")
+    axes[0].errorbar(xs, rate, yerr=[rate - ci[:, 0], ci[:, 1] - rate], fmt="none", ecolor="k", capsize=3)
+    axes[0].set_xlabel("token position k (1-based)")
+    axes[0].set_ylabel(f"sink rate Sink_k^{s['eps']} (%)")
+    axes[0].set_ylim(0, 100)
+    axes[0].set_xticks(xs)
+    axes[1].plot(np.arange(1, len(curve) + 1), curve, lw=1)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("token position k (1-based, log)")
+    axes[1].set_ylabel("sink rate (%)")
+    axes[1].set_ylim(0, 100)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    p = out / "sink_rate_positions.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+
+    # 3. Hidden-state norm by layer: sink token vs the rest.
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    layers = np.arange(len(s["hidden_norm_sink"]))
+    ax.plot(layers, s["hidden_norm_sink"], "o-", label=f"position {top} (top sink)")
+    ax.plot(layers, s["hidden_norm_others"], "s-", label="other positions (mean)")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("hidden-state l2 norm")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    p = out / "hidden_norms.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+    del torch
+    return paths
+
+
+def print_summary(result: "MeasureResult", console=None) -> None:
+    """A short console report: sink rate at the first positions with CI, strongest layers, norm ratio."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    s = result.summary
+    t = Table(title=f"sink rate · {result.model.get('name')} · {result.config.input} · N={s['num_samples']} T={s['seq_len']} eps={s['eps']}")
+    t.add_column("token k", justify="right")
+    t.add_column("Sink_k (%)", justify="right")
+    t.add_column("95% CI", justify="right")
+    t.add_column("norm ratio Sink'_k", justify="right")
+    for k, (r, ci, nr) in enumerate(zip(s["sink_rate"], s["sink_rate_ci"], s["norm_ratio"])):
+        t.add_row(str(k + 1), f"{r:.1f}", f"[{ci[0]:.1f}, {ci[1]:.1f}]", f"{nr:.2f}")
+    console.print(t)
+    per_layer = s["sink_rate_per_layer"]
+    strongest = ", ".join(f"layer {l} ({per_layer[l][0]:.0f}%)" for l in s["strongest_layers"])
+    console.print(f"strongest sink layers (token 1): {strongest}")
+    console.print(
+        f"top sink position: token {s['top_sink_position'] + 1} (sink rate {s['top_sink_rate']:.1f}%, "
+        f"{100 * s['top_sink_head_share']:.0f}% of heads above eps on average)"
+    )
+    console.print(
+        f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
+        f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}"
+    )
+    if result.stats.renormalised:
+        console.print("note: attention rows were renormalised before the metric")
+    for n in result.stats.notes:
+        console.print(f"note: {n}")
