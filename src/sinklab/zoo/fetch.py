@@ -77,18 +77,31 @@ def _fetch(kind: str, spec: str, sha256: str | None, download) -> Path:
     return final
 
 
-def pip_download(package: str, version: str, sha256: str | None = None) -> Path:
+def pip_download(package: str, version: str, sha256: str | None = None, *,
+                 wheel_tags: tuple[str, str, str] | None = None) -> Path:
     """Download ``package==version`` from PyPI (wheel or sdist, no dependencies).
+
+    Args:
+        wheel_tags: ``(python_version, abi, platform)``, e.g. ``("3.11", "cp311",
+            "manylinux_2_24_x86_64")``, to pin one exact platform wheel whatever the
+            local interpreter (so a recorded sha256 holds on every machine); the
+            wheel's contents are only unzipped, never installed.
 
     Returns the path of the cached archive. Raises FetchError / ChecksumError.
     """
     spec = f"{package}=={version}"
+    extra: list[str] = []
+    key = spec
+    if wheel_tags is not None:
+        py, abi, plat = wheel_tags
+        extra = ["--only-binary", ":all:", "--python-version", py, "--abi", abi, "--platform", plat]
+        key = f"{spec}-{abi}-{plat}"
 
     def dl(tmp: Path) -> None:
         _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
-              "-q", "-d", str(tmp), spec], what=f"PyPI package {spec}")
+              "-q", *extra, "-d", str(tmp), spec], what=f"PyPI package {spec}")
 
-    return _fetch("pypi", spec, sha256, dl)
+    return _fetch("pypi", key, sha256, dl)
 
 
 def pip_download_sdist(package: str, version: str, sha256: str | None = None) -> Path:
