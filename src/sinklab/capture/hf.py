@@ -142,12 +142,18 @@ def forward_hf(model: nn.Module, input_ids: torch.Tensor, collector: str) -> Bat
         layer.register_forward_hook(lambda _m, _i, o, i=i: recorder.add_hidden(i, o[0] if isinstance(o, tuple) else o))
         for i, layer in enumerate(layers)
     ]
+    previous = model.config._attn_implementation
     try:
+        try:
+            model.set_attn_implementation("eager")
+        except (ValueError, ImportError):
+            pass
         with torch.no_grad():
             out = model(input_ids=input_ids, output_attentions=True, use_cache=False)
     finally:
         for h in handles:
             h.remove()
+        model.set_attn_implementation(previous)
     attns = getattr(out, "attentions", None)
     if not attns or any(a is None for a in attns):
         raise CaptureError(f"{type(model).__name__} exposes no attention weights; cannot measure sinks")

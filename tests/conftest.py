@@ -1,0 +1,102 @@
+"""Shared fixtures: tiny tokenizers and random-weight models that the tests build themselves."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+WORDS = [f"w{i}" for i in range(60)] + ["the", "a", "sink", "token", ".", ","]
+
+
+def make_tokenizer(add_bos: bool = True):
+    """A word-level PreTrainedTokenizerFast with <pad>=0, <s>=1, </s>=2, <unk>=3 (+ BOS post-processor if add_bos)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for w in WORDS:
+        vocab[w] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+
+
+@pytest.fixture
+def tokenizer():
+    return make_tokenizer(add_bos=True)
+
+
+@pytest.fixture
+def tokenizer_nobos():
+    return make_tokenizer(add_bos=False)
+
+
+def tiny_llama(vocab_size: int = 80, **kw):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **kw,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def tiny_gpt2(vocab_size: int = 80):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128)).eval()
+
+
+def tiny_neox(vocab_size: int = 80):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=128)
+    return GPTNeoXForCausalLM(cfg).eval()
+
+
+def tiny_bert(vocab_size: int = 80):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, max_position_embeddings=128)
+    return BertModel(cfg, add_pooling_layer=False).eval()
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path: Path, tokenizer) -> Path:
+    """A saved tiny random LLaMA + tokenizer folder that `load_model` accepts as a path."""
+    d = tmp_path / "tiny-llama"
+    tiny_llama(vocab_size=len(tokenizer)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture
+def text_corpus_dir(tmp_path: Path) -> Path:
+    """A folder of 4 .txt documents of 200 words each."""
+    d = tmp_path / "corpus"
+    d.mkdir()
+    g = torch.Generator().manual_seed(1)
+    for i in range(4):
+        idx = torch.randint(0, len(WORDS), (200,), generator=g).tolist()
+        (d / f"doc{i}.txt").write_text(" ".join(WORDS[j] for j in idx))
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory, monkeypatch):
+    """Unit tests use a private cache unless SINKLAB_HOME is set by the caller (slow tests share it)."""
+    if "SINKLAB_HOME" not in os.environ:
+        monkeypatch.setenv("SINKLAB_HOME", str(tmp_path_factory.mktemp("sinklab_home")))

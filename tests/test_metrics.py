@@ -1,0 +1,153 @@
+"""Sink metrics against naive float64 loops and hand-worked cases."""
+
+import math
+
+import pytest
+import torch
+
+from sinklab.errors import InputError
+from sinklab.metrics import (
+    attention_mass,
+    attention_mass_from_column_sums,
+    bootstrap_sink_rate_ci,
+    norm_ratio,
+    sink_rate,
+    sink_rate_per_head,
+    sink_rate_per_layer,
+)
+
+
+def random_causal_attention(*shape, T, seed=0, sharpen=3.0):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(*shape, T, T, generator=g, dtype=torch.float64) * sharpen
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+def naive_mass(A, causal=True):
+    T = A.shape[-1]
+    out = torch.zeros(A.shape[:-2] + (T,), dtype=torch.float64)
+    for idx in torch.cartesian_prod(*[torch.arange(s) for s in A.shape[:-2]]).reshape(-1, A.dim() - 2):
+        a = A[tuple(idx.tolist())]
+        for j in range(T):
+            qs = range(j, T) if causal else range(T)
+            out[tuple(idx.tolist()) + (j,)] = sum(float(a[i, j]) for i in qs) / len(qs)
+    return out
+
+
+def naive_sink_rate(mass, eps, K):
+    N, L, H, _ = mass.shape
+    rates = []
+    for k in range(K):
+        per_sample = []
+        for n in range(N):
+            hits = sum(1 for l in range(L) for h in range(H) if mass[n, l, h, k] > eps)
+            per_sample.append(100.0 * hits / (L * H))
+        rates.append(sum(per_sample) / N)
+    return torch.tensor(rates, dtype=torch.float64)
+
+
+def test_attention_mass_matches_naive_causal():
+    A = random_causal_attention(2, 3, T=7)
+    torch.testing.assert_close(attention_mass(A), naive_mass(A), rtol=0, atol=1e-12)
+
+
+def test_attention_mass_bidirectional():
+    g = torch.Generator().manual_seed(3)
+    A = torch.softmax(torch.randn(2, 6, 6, generator=g, dtype=torch.float64), -1)
+    torch.testing.assert_close(attention_mass(A, causal=False), naive_mass(A, causal=False), rtol=0, atol=1e-12)
+
+
+def test_uniform_causal_attention_closed_form():
+    # A[i, j] = 1/(i+1) for j <= i (0-based) => alpha_j = (H_T - H_j) / (T - j), H_n harmonic numbers.
+    T = 64
+    i = torch.arange(T, dtype=torch.float64)
+    A = torch.ones(T, T, dtype=torch.float64).tril() / (i[:, None] + 1)
+    harmonic = lambda n: sum(1.0 / m for m in range(1, n + 1))
+    expected = torch.tensor([(harmonic(T) - harmonic(j)) / (T - j) for j in range(T)], dtype=torch.float64)
+    torch.testing.assert_close(attention_mass(A), expected, rtol=0, atol=1e-12)
+    assert math.isclose(float(attention_mass(A)[0]), 0.0741, abs_tol=1e-4)  # DESIGN.md's "about 0.074"
+    # the largest mass is on token 1 and still far below eps = 0.3: no sink anywhere
+    assert int(attention_mass(A).argmax()) == 0
+    rate = sink_rate(attention_mass(A).reshape(1, 1, 1, T), 0.3)
+    assert float(rate.max()) == 0.0
+
+
+def test_head_always_on_first_token_has_sink_rate_100():
+    T = 10
+    A = torch.zeros(T, T, dtype=torch.float64)
+    A[:, 0] = 1.0
+    mass = attention_mass(A).reshape(1, 1, 1, T).expand(3, 2, 4, T)
+    rate = sink_rate(mass, 0.3, positions=4)
+    torch.testing.assert_close(rate, torch.tensor([100.0, 0.0, 0.0, 0.0], dtype=torch.float64))
+
+
+def test_sink_rate_matches_naive_and_breakdowns():
+    A = random_causal_attention(5, 3, 4, T=9, seed=1)  # (N, L, H, T, T)
+    mass = attention_mass(A)
+    for eps in (0.1, 0.3, 0.5):
+        torch.testing.assert_close(sink_rate(mass, eps, 6), naive_sink_rate(mass, eps, 6))
+    per_layer = sink_rate_per_layer(mass, 0.3, 6)
+    per_head = sink_rate_per_head(mass, 0.3, 6)
+    assert per_layer.shape == (3, 6) and per_head.shape == (3, 4, 6)
+    # averaging the breakdowns recovers the overall rate
+    torch.testing.assert_close(per_layer.mean(0), sink_rate(mass, 0.3, 6))
+    torch.testing.assert_close(per_head.mean((0, 1)), sink_rate(mass, 0.3, 6))
+    # a hand-checked entry
+    l, h, k = 1, 2, 0
+    expected = 100.0 * sum(float(mass[n, l, h, k]) > 0.3 for n in range(5)) / 5
+    assert per_head[l, h, k].item() == pytest.approx(expected)
+
+
+def test_threshold_is_strict_and_per_sample():
+    # sample 0 has mass exactly eps (not counted), sample 1 above
+    mass = torch.tensor([0.3, 0.31], dtype=torch.float64).reshape(2, 1, 1, 1)
+    assert sink_rate(mass, 0.3).tolist() == [50.0]
+
+
+def test_column_sums_route_equals_attention_mass():
+    A = random_causal_attention(2, 2, T=8, seed=4)
+    torch.testing.assert_close(attention_mass_from_column_sums(A.sum(-2)), attention_mass(A))
+
+
+def test_bootstrap_ci():
+    A = random_causal_attention(40, 2, 3, T=6, seed=5, sharpen=2.0)
+    mass = attention_mass(A)
+    ci = bootstrap_sink_rate_ci(mass, 0.3, 4, n_boot=500, seed=0)
+    rate = sink_rate(mass, 0.3, 4)
+    assert ci.shape == (4, 2)
+    assert torch.all(ci[:, 0] <= rate + 1e-9) and torch.all(rate <= ci[:, 1] + 1e-9)
+    assert torch.equal(ci, bootstrap_sink_rate_ci(mass, 0.3, 4, n_boot=500, seed=0))  # reproducible
+    # identical samples: the interval collapses to the point estimate
+    same = mass[:1].expand(10, -1, -1, -1)
+    ci_same = bootstrap_sink_rate_ci(same, 0.3, 4, n_boot=100)
+    torch.testing.assert_close(ci_same[:, 0], sink_rate(same, 0.3, 4))
+    torch.testing.assert_close(ci_same[:, 1], sink_rate(same, 0.3, 4))
+
+
+def test_norm_ratio_naive():
+    g = torch.Generator().manual_seed(2)
+    h = torch.rand(3, 4, 5, generator=g, dtype=torch.float64) + 0.1
+    ref = torch.zeros(3, 5, dtype=torch.float64)
+    ref_med = torch.zeros(3, 5, dtype=torch.float64)
+    for n in range(3):
+        for t in range(5):
+            ref[n, t] = sum(h[n, l, t] / (sum(h[n, l]) / 5) for l in range(4)) / 4
+            ref_med[n, t] = sum(h[n, l, t] / sorted(h[n, l].tolist())[2] for l in range(4)) / 4
+    torch.testing.assert_close(norm_ratio(h, "mean"), ref)
+    torch.testing.assert_close(norm_ratio(h, "median"), ref_med)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1.0, -0.1, 1.5])
+def test_eps_outside_unit_interval(eps):
+    with pytest.raises(InputError, match="eps"):
+        sink_rate(torch.zeros(1, 1, 1, 4), eps)
+
+
+def test_bad_shapes():
+    with pytest.raises(InputError):
+        attention_mass(torch.zeros(3, 4))
+    with pytest.raises(InputError):
+        sink_rate(torch.zeros(3, 4), 0.3)
+    with pytest.raises(InputError):
+        norm_ratio(torch.ones(1, 1, 2), "max")
