@@ -1,0 +1,364 @@
+"""The one attention module, its masks, and its three paths.
+
+:class:`Attention` owns the projections, positions, the optional output gate and the
+output projection; *how* logits become weights is the operation ``self.op``, chosen
+by name from :data:`ATTENTION` (see :mod:`sinklab.nn.ops` for the list).
+
+Three paths compute the same thing (tests check they agree):
+
+* **fast**: ``F.scaled_dot_product_attention`` for operations it expresses exactly
+  (``op.sdpa``): softmax, scaled softmax, and every softmax with a virtual key
+  (sink token, key/value biases: an extra key/value column; off-by-one and the sink
+  logit: an extra column whose logit is a constant, via one extra head dimension).
+* **chunked** (memory-frugal): queries in chunks of at most ``chunk_elems`` logits,
+  only the key range a chunk can see, each chunk under activation checkpointing when
+  gradients are needed, so no layer keeps a T x T matrix for the backward pass.
+* **reference**: :func:`reference_attention`, plain matmul-mask-normalise over the full
+  T x T, used when an observer asks for the weights.
+
+Masks (0-based positions): query i sees key j iff ``(j <= i or j < prefix_len)`` and,
+with a sliding window w, ``|i - j| < w``. The prefix is bidirectional (prefix LM).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from sinklab.nn.ops import ATTENTION, AttentionOp
+from sinklab.nn.positional import Positional
+
+__all__ = ["ATTENTION", "Attention", "AttnContext", "visible", "build_mask", "reference_attention", "attend_block"]
+
+#: Observer signature: observer(layer_idx, weights (B, H, T, T), *, renormalised, extra (B, H, T) | None,
+#: key (B, H_kv, T, d_h), value (B, H_kv, T, d_h)).
+Observer = Callable[..., None]
+
+
+# ================================================================ masks
+def visible(qpos: Tensor, kpos: Tensor, *, prefix_len: int = 0, window: int | None = None) -> Tensor:
+    """Which keys each query may attend.
+
+    Args:
+        qpos: (C,) 0-based query positions. kpos: (Tk,) 0-based key positions.
+        prefix_len: length p of the bidirectional prefix (prefix LM); 0 = causal.
+        window: sliding-window width w (|i - j| < w), or None.
+
+    Returns:
+        (C, Tk) bool, True where query i sees key j: ``(j <= i or j < p) and |i - j| < w``.
+    """
+    i, j = qpos[:, None], kpos[None, :]
+    m = (j <= i) | (j < prefix_len)
+    if window is not None:
+        m = m & ((i - j).abs() < window)
+    return m
+
+
+def build_mask(T: int, *, prefix_len: int = 0, window: int | None = None, device=None) -> Tensor:
+    """(T, T) bool mask of :func:`visible` for positions 0..T-1."""
+    pos = torch.arange(T, device=device)
+    return visible(pos, pos, prefix_len=prefix_len, window=window)
+
+
+@dataclass
+class AttnContext:
+    """What every layer of one forward pass shares: length, mask settings, positions.
+
+    ``mask`` is None for plain causal attention (SDPA's ``is_causal``). ``full_bias()``
+    is the (H, T, T) positional logit bias, computed once and shared by all layers.
+    """
+
+    T: int
+    device: torch.device
+    positional: Positional
+    prefix_len: int = 0
+    window: int | None = None
+    pos_state: Any = None
+    _mask: Tensor | None = field(default=None, repr=False)
+    _bias: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def plain_causal(self) -> bool:
+        return self.prefix_len <= 1 and (self.window is None or self.window >= self.T)
+
+    def mask(self) -> Tensor:
+        """(T, T) bool visibility mask (built once)."""
+        if self._mask is None:
+            self._mask = build_mask(self.T, prefix_len=self.prefix_len, window=self.window, device=self.device)
+        return self._mask
+
+    def full_bias(self) -> Tensor | None:
+        """(H, T, T) float32 positional logit bias, or None (built once per forward)."""
+        if self._bias is None and self.positional.logit_bias_kind:
+            pos = torch.arange(self.T, device=self.device)
+            self._bias = self.positional.logit_bias(pos, pos)
+        return self._bias
+
+
+# ====================================================== reference math
+def attend_block(
+    op: AttentionOp,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    scale: float,
+    *,
+    bias: Tensor | None = None,
+    vk: Tensor | None = None,
+    vv: Tensor | None = None,
+    vlogit: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Matmul-mask-normalise for a block of queries (the reference formula).
+
+    Args:
+        op: the attention operation.
+        q: (B, H, C, d_h) queries (after positions). k, v: (B, H, Tk, d_h), kv heads
+            already repeated to H.
+        mask: (C, Tk) bool, True = visible.
+        scale: logit scale (1 / sqrt(d_h)).
+        bias: (H, C, Tk) positional logit bias or None.
+        vk, vv: (1, H, 1, d_h) virtual key / value, or None.
+        vlogit: (H,) logit of a virtual key with value 0, or None.
+
+    Returns:
+        out (B, H, C, d_h) in v's dtype; weights (B, H, C, Tk) float32 (raw, as the
+        operation defines them); weight on the virtual key (B, H, C, 1) or None.
+    """
+    B, H, C, _ = q.shape
+    logits = torch.matmul(op.feature_map(q), op.feature_map(k).transpose(-2, -1)).float() * scale  # (B, H, C, Tk)
+    if bias is not None:
+        logits = logits + bias
+    extra = None
+    if vk is not None:
+        extra = torch.matmul(q, vk.transpose(-2, -1)).float() * scale  # (B, H, C, 1)
+    elif vlogit is not None:
+        extra = vlogit.float().view(1, H, 1, 1).expand(B, H, C, 1)  # (B, H, C, 1)
+    w, w_extra = op.normalise(logits, mask, extra)
+    out = torch.matmul(w.to(v.dtype), v)  # (B, H, C, d_h)
+    if w_extra is not None and vv is not None:
+        out = out + w_extra.to(v.dtype) * vv
+    return out, w, w_extra
+
+
+def reference_attention(
+    op: AttentionOp,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float | None = None,
+    prefix_len: int = 0,
+    window: int | None = None,
+    bias: Tensor | None = None,
+    vk: Tensor | None = None,
+    vv: Tensor | None = None,
+    vlogit: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Raw (not renormalised) attention of one operation over a whole sequence.
+
+    Args:
+        q: (B, H, T, d_h); k, v: (B, H_kv, T, d_h) (repeated here to H heads).
+        scale: defaults to 1 / sqrt(d_h). prefix_len, window: see :func:`visible`.
+        bias: (H, T, T) positional logit bias. vk, vv: (H_kv, d_h) virtual key/value.
+        vlogit: (H,) virtual logit with zero value.
+
+    Returns:
+        out (B, H, T, d_h), weights (B, H, T, T) float32, virtual-key weight (B, H, T, 1) or None.
+    """
+    B, H, T, dh = q.shape
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    k, v = repeat_kv(k, H), repeat_kv(v, H)  # (B, H, T, d_h)
+    if vk is not None:
+        vk = repeat_kv(vk[None, :, None, :], H)  # (H_kv, d_h) -> (1, H, 1, d_h)
+        vv = repeat_kv(vv[None, :, None, :], H)
+    mask = build_mask(T, prefix_len=prefix_len, window=window, device=q.device)
+    return attend_block(op, q, k, v, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)
+
+
+def repeat_kv(x: Tensor, H: int) -> Tensor:
+    """(B, H_kv, T, d_h) -> (B, H, T, d_h), each kv head repeated H / H_kv times (GQA)."""
+    Hkv = x.shape[1]
+    return x if Hkv == H else x.repeat_interleave(H // Hkv, dim=1)
+
+
+# ============================================================ the module
+class Attention(nn.Module):
+    """Multi-head (grouped-query) self-attention with a pluggable operation.
+
+    Args:
+        config: :class:`sinklab.nn.ModelConfig`. layer_idx: 0-based layer index.
+
+    Attributes:
+        chunk_elems: logits per query chunk on the chunked path (memory bound).
+        checkpoint_chunks: recompute chunks in the backward pass instead of storing them.
+    """
+
+    chunk_elems: int = 1 << 23
+    checkpoint_chunks: bool = True
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
+        d, H, Hkv, dh = config.d_model, self.n_heads, self.n_kv_heads, self.head_dim
+        self.scale = 1.0 / math.sqrt(dh)
+        self.window = config.sliding_window
+        self.q_proj = nn.Linear(d, H * dh, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(H * dh, d, bias=False)
+        self.op: AttentionOp = ATTENTION.get(config.attention)(config.op_context(), **config.attention_options)
+        self.gate_proj = None
+        if self.op.gate == "headwise":
+            self.gate_proj = nn.Linear(d, H, bias=False)
+        elif self.op.gate == "elementwise":
+            self.gate_proj = nn.Linear(d, H * dh, bias=False)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Key and value of a single model-space vector x (d,) -> (H_kv, d_h) each, no position."""
+        return (self.k_proj(x).view(self.n_kv_heads, self.head_dim),
+                self.v_proj(x).view(self.n_kv_heads, self.head_dim))
+
+    def forward(self, x: Tensor, ctx: AttnContext, observer: Observer | None = None) -> Tensor:
+        """x (B, T, d) -> (B, T, d). With an observer, uses the reference path and reports weights."""
+        B, T, _ = x.shape
+        H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, dh).transpose(1, 2)  # (B, H, T, d_h)
+        k = self.k_proj(x).view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
+        v = self.v_proj(x).view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
+        q, k = ctx.positional.apply_qk(q, k, ctx.pos_state)
+        if observer is not None:
+            y = self._reference(q, k, v, ctx, observer)
+        elif self.op.sdpa:
+            y = self._fast(q, k, v, ctx)
+        else:
+            y = self._chunked(q, k, v, ctx)
+        # y: (B, H, T, d_h)
+        if self.gate_proj is not None:
+            g = torch.sigmoid(self.gate_proj(x))  # (B, T, H) or (B, T, H*d_h)
+            g = g.view(B, T, H, -1).transpose(1, 2)  # (B, H, T, 1 | d_h)
+            y = y * g.to(y.dtype)
+        y = y.transpose(1, 2).reshape(B, T, H * dh)  # (B, T, H*d_h)
+        return self.o_proj(y)
+
+    # ---------------------------------------------------------- virtual key
+    def _virtual(self, dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """(vk, vv) (H_kv, d_h) each or None; vlogit (H,) or None."""
+        kv = self.op.virtual_kv(self)
+        vlogit = self.op.virtual_logit()
+        vk = vv = None
+        if kv is not None:
+            vk, vv = kv[0].to(dtype), kv[1].to(dtype)
+        if vlogit is not None:
+            vlogit = vlogit.to(self.q_proj.weight.device)
+        return vk, vv, vlogit
+
+    # ---------------------------------------------------------------- paths
+    def _fast(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
+        """SDPA path (softmax family). q (B, H, T, d_h); k, v (B, H_kv, T, d_h) -> (B, H, T, d_h)."""
+        B, H, T, dh = q.shape
+        Hkv = k.shape[1]
+        vk, vv, vlogit = self._virtual(q.dtype)
+        bias = ctx.full_bias()  # (H, T, T) or None
+        gqa = Hkv != H
+        if vk is None and vlogit is None and bias is None:
+            if ctx.plain_causal:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask(), scale=self.scale, enable_gqa=gqa)
+            return y * self.op.output_scale if self.op.output_scale != 1.0 else y
+        mask = ctx.mask()  # (T, T) bool
+        if bias is not None:
+            attn_mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))[None]  # (1, H, T, T)
+            first = torch.zeros(1, H, T, 1, dtype=q.dtype, device=q.device)  # virtual column: bias 0
+        else:
+            attn_mask = mask  # (T, T) bool
+            first = torch.ones(T, 1, dtype=torch.bool, device=q.device)  # virtual column: visible
+        if vk is None and vlogit is None:
+            pass  # only the positional bias
+        elif vk is not None:
+            k = torch.cat([vk[None, :, None, :].expand(B, Hkv, 1, dh), k], dim=2)  # (B, H_kv, 1+T, d_h)
+            v = torch.cat([vv[None, :, None, :].expand(B, Hkv, 1, dh), v], dim=2)  # (B, H_kv, 1+T, d_h)
+        else:
+            # Virtual logit b_h with zero value: append a dimension, q' = [q, 1], k' = [k, 0],
+            # k*' = [0, b_h / scale], so scale * q'.k*' = b_h exactly and q'.k' = q.k.
+            k, v = repeat_kv(k, H), repeat_kv(v, H)  # (B, H, T, d_h): per-query-head logit
+            gqa = False
+            q = torch.cat([q, q.new_ones(B, H, T, 1)], dim=-1)  # (B, H, T, d_h+1)
+            k = torch.cat([k, k.new_zeros(B, H, T, 1)], dim=-1)  # (B, H, T, d_h+1)
+            kstar = torch.cat([q.new_zeros(H, dh), (vlogit.float() / self.scale).to(q.dtype)[:, None]], dim=-1)
+            k = torch.cat([kstar[None, :, None, :].expand(B, H, 1, dh + 1), k], dim=2)  # (B, H, 1+T, d_h+1)
+            v = torch.cat([v.new_zeros(B, H, 1, dh), v], dim=2)  # (B, H, 1+T, d_h)
+        if vk is not None or vlogit is not None:
+            attn_mask = torch.cat([first, attn_mask], dim=-1)  # (T, 1+T) or (1, H, T, 1+T)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
+        return y * self.op.output_scale if self.op.output_scale != 1.0 else y
+
+    def _key_range(self, i0: int, i1: int, ctx: AttnContext) -> tuple[int, int]:
+        """Keys [j0, j1) that queries [i0, i1) can see."""
+        j1 = min(ctx.T, max(i1, ctx.prefix_len))
+        j0 = 0 if ctx.window is None else max(0, i0 - ctx.window + 1)
+        return j0, j1
+
+    def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
+        """Memory-frugal path: query chunks, each under checkpointing. Shapes as in :meth:`_fast`."""
+        B, H, T, dh = q.shape
+        k, v = repeat_kv(k, H), repeat_kv(v, H)  # (B, H, T, d_h)
+        vk, vv, vlogit = self._virtual(q.dtype)
+        if vk is not None:
+            vk = repeat_kv(vk[None, :, None, :], H)  # (1, H, 1, d_h)
+            vv = repeat_kv(vv[None, :, None, :], H)
+        C = max(1, min(T, self.chunk_elems // max(1, B * H * T)))
+        use_ckpt = self.checkpoint_chunks and torch.is_grad_enabled()
+        op, scale, positional = self.op, self.scale, ctx.positional
+        prefix_len, window = ctx.prefix_len, ctx.window
+
+        def block(qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
+            qpos = torch.arange(i0, i0 + qc.shape[2], device=qc.device)
+            kpos = torch.arange(j0, j0 + kc.shape[2], device=qc.device)
+            mask = visible(qpos, kpos, prefix_len=prefix_len, window=window)  # (C, Tk)
+            bias = positional.logit_bias(qpos, kpos)  # (H, C, Tk) or None
+            return attend_block(op, qc, kc, vc, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
+
+        outs = []
+        for i0 in range(0, T, C):
+            i1 = min(T, i0 + C)
+            j0, j1 = self._key_range(i0, i1, ctx)
+            args = (q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], i0, j0, vk, vv, vlogit)
+            outs.append(checkpoint(block, *args, use_reentrant=False) if use_ckpt else block(*args))
+        return torch.cat(outs, dim=2)  # (B, H, T, d_h)
+
+    def _reference(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, observer: Observer) -> Tensor:
+        """Full matmul-mask-normalise path; reports this layer's weights to the observer.
+
+        The observer gets ``weights`` (B, H, T, T) over the T real keys. For operations
+        whose rows do not sum to 1 (sigmoid or ReLU without normalisation, kernels,
+        scaled or p-normalised softmax, softpick) the rows, virtual key included, are
+        renormalised to sum to 1 (all-zero rows stay 0) and ``renormalised=True``, as
+        the paper's own code does. ``extra`` (B, H, T) is the weight on the virtual key
+        (sink token, key bias, sink logit, off-by-one's implicit zero logit) or None.
+        """
+        vk, vv, vlogit = self._virtual(q.dtype)
+        out, w, w_extra = reference_attention(
+            self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
+            bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit,
+        )
+        renorm = not self.op.normalised
+        if renorm:
+            total = w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
+            if w_extra is not None:
+                total = total + w_extra
+            total = torch.where(total > 0, total, torch.ones_like(total))
+            w = w / total
+            w_extra = None if w_extra is None else w_extra / total
+        observer(self.layer_idx, w.detach(), renormalised=renorm,
+                 extra=None if w_extra is None else w_extra.squeeze(-1).detach(),
+                 key=k.detach(), value=v.detach())
+        return out

@@ -1,0 +1,238 @@
+"""SinkLM: one decoder-only LLaMA-style language model with registry-chosen parts.
+
+Reads top to bottom: block, model, save/load. The parts come from the registries
+named in :class:`~sinklab.nn.config.ModelConfig`: attention operation
+(:mod:`sinklab.nn.ops`), positional encoding (:mod:`sinklab.nn.positional`), FFN
+(:mod:`sinklab.nn.ffn`), norm (:mod:`sinklab.nn.norm`). Module names are stable:
+``embed``, ``layers.{l}.attn_norm``, ``layers.{l}.attn.{q,k,v,o}_proj``,
+``layers.{l}.attn.op``, ``layers.{l}.ffn_norm``, ``layers.{l}.ffn.{gate,up,down}_proj``,
+``final_norm``, ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from sinklab.errors import ConfigError, InputError
+from sinklab.nn.attention import Attention, AttnContext, Observer
+from sinklab.nn.config import ModelConfig
+from sinklab.nn.ffn import FFN
+from sinklab.nn.norm import NORM
+from sinklab.nn.positional import POSITIONAL
+
+CONFIG_FILE = "sinklab_model.json"
+WEIGHTS_FILE = "model.safetensors"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class LMOutput:
+    """Output of :meth:`SinkLM.forward`.
+
+    logits: (B, T, V) next-token logits at every position.
+    hidden_states: None, or a tuple of n_layers + 1 tensors (B, T, d): the embedding
+        output (absolute positions included) and the residual stream after each block,
+        *before* the final norm (unlike HF, whose last entry is normed).
+    """
+
+    logits: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+
+
+class Block(nn.Module):
+    """One transformer block.
+
+    pre-norm (LLaMA):  x = x + attn(norm(x)); x = x + ffn(norm(x))
+    post-norm (Vaswani et al. 2017): x = norm(x + attn(x)); x = norm(x + ffn(x))
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.pre = config.norm_position == "pre"
+        norm = NORM.get(config.norm)
+        self.attn_norm = norm(config.d_model, config.norm_eps)
+        self.attn = Attention(config, layer_idx)
+        self.ffn_norm = norm(config.d_model, config.norm_eps)
+        self.ffn = FFN.get(config.ffn)(config.d_model, config.d_ff)
+
+    def forward(self, x: Tensor, ctx: AttnContext, observer: Observer | None = None) -> Tensor:
+        """x (B, T, d) -> (B, T, d)."""
+        if self.pre:
+            x = x + self.attn(self.attn_norm(x), ctx, observer)
+            return x + self.ffn(self.ffn_norm(x))
+        x = self.attn_norm(x + self.attn(x, ctx, observer))
+        return self.ffn_norm(x + self.ffn(x))
+
+
+class SinkLM(nn.Module):
+    """Decoder-only LM: embeddings, ``n_layers`` blocks, (final norm), output head.
+
+    Args:
+        config: a validated :class:`ModelConfig`.
+
+    Raises:
+        ConfigError / UnknownNameError: from the config (validated again here).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ConfigError(f"SinkLM needs a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.positional = POSITIONAL.get(config.positional)(config)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.final_norm = NORM.get(config.norm)(config.d_model, config.norm_eps) if config.norm_position == "pre" else None
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.reset_parameters()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) for every Linear/Embedding weight, init_std / sqrt(2 L) for
+        the residual output projections (o_proj, down_proj), zeros for biases, ones for
+        norm weights. Operation parameters keep their own init (see :mod:`sinklab.nn.ops`)."""
+        std = self.config.init_std
+        for name, m in self.named_modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                s = std / math.sqrt(2 * self.config.n_layers) if name.endswith(("o_proj", "down_proj")) else std
+                nn.init.normal_(m.weight, 0.0, s)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Number of distinct parameters (tied weights counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.embed.weight.numel()
+        return n
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        prefix_len: int = 0,
+        observer: Observer | None = None,
+        output_hidden_states: bool = False,
+    ) -> LMOutput:
+        """Logits for every position.
+
+        Args:
+            input_ids: (B, T) token ids, int64, 0 <= id < vocab_size.
+            prefix_len: length p of a bidirectional prefix (prefix LM): positions < p
+                see each other; 0 (default) is plain causal. 0 <= p <= T.
+            observer: if given, called once per layer as ``observer(layer_idx, weights
+                (B, H, T, T), *, renormalised, extra (B, H, T) | None, key (B, H_kv, T, d_h),
+                value (B, H_kv, T, d_h))`` with 0-based layer index and positions. For
+                operations whose rows do not sum to 1 (sigmoid/ReLU without
+                normalisation, kernels, scaled or p-normalised softmax, softpick) the
+                weights are renormalised to rows summing to 1 (virtual key included)
+                and ``renormalised=True``, as the paper's own code does. ``extra`` is the
+                weight on the virtual key (sink token, key bias, sink logit,
+                softmax-off-by-one's implicit zero logit) or None. Keys are after RoPE.
+                Every layer then uses its reference path (full T x T, one layer at a
+                time); weights are not kept.
+            output_hidden_states: also return the n_layers + 1 residual-stream states.
+
+        Returns:
+            :class:`LMOutput`.
+
+        Raises:
+            InputError: bad ids, shape, prefix length, or T past the positional table.
+        """
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+            raise InputError(f"input_ids must be an integer tensor (B, T), got {input_ids.dtype} {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if T == 0 or B == 0:
+            raise InputError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
+        if not 0 <= prefix_len <= T:
+            raise InputError(f"prefix_len must be in [0, T={T}], got {prefix_len}")
+        self.positional.check_length(T)
+        device = input_ids.device
+        x = self.embed(input_ids)  # (B, T, d)
+        absolute = self.positional.absolute(T, device)
+        if absolute is not None:
+            x = x + absolute.to(x.dtype)  # (T, d) broadcast over B
+        ctx = AttnContext(T=T, device=device, positional=self.positional, prefix_len=prefix_len,
+                          window=self.config.sliding_window, pos_state=self.positional.prepare(T, device))
+        hidden = [x] if output_hidden_states else None
+        for block in self.layers:
+            x = block(x, ctx, observer)
+            if hidden is not None:
+                hidden.append(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        logits = self.lm_head(x)  # (B, T, V)
+        return LMOutput(logits=logits, hidden_states=tuple(hidden) if hidden is not None else None)
+
+    # ------------------------------------------------------------ save / load
+    def save_pretrained(self, folder: str | os.PathLike) -> Path:
+        """Write ``sinklab_model.json`` (config) and ``model.safetensors`` into ``folder``.
+
+        Each file is written to a temporary name in the folder and renamed into place,
+        so an interrupted save leaves either the old file or the new one. Tied
+        embeddings are stored once. Returns the folder.
+        """
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        if self.config.tie_embeddings:
+            state.pop("lm_head.weight", None)
+        meta = {"format": "sinklab", "format_version": str(FORMAT_VERSION)}
+        _atomic_write(folder / WEIGHTS_FILE, lambda p: save_file(state, str(p), metadata=meta))
+        cfg = {"format_version": FORMAT_VERSION, "model_type": "sinklab", "config": self.config.to_dict()}
+        _atomic_write(folder / CONFIG_FILE, lambda p: p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n"))
+        return folder
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> "SinkLM":
+        """Load a folder written by :meth:`save_pretrained`.
+
+        Raises:
+            InputError: the folder or a file is missing, or the weights do not match the config.
+            ConfigError: the stored config is invalid.
+        """
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        cfg_path, w_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+        for p in (cfg_path, w_path):
+            if not p.is_file():
+                raise InputError(f"{p} not found: not a sinklab model folder (expected {CONFIG_FILE} and {WEIGHTS_FILE})")
+        try:
+            data = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
+        if data.get("format_version") != FORMAT_VERSION:
+            raise InputError(f"{cfg_path}: unsupported format_version {data.get('format_version')!r} (expected {FORMAT_VERSION})")
+        model = cls(ModelConfig.from_dict(data["config"]))
+        state = load_file(str(w_path), device=str(map_location))
+        if model.config.tie_embeddings:
+            state["lm_head.weight"] = state["embed.weight"]
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise InputError(f"{w_path} does not match its config: missing {missing}, unexpected {unexpected}")
+        return model
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp_path)`` then rename tmp_path to ``path`` (same folder)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,458 @@
+"""Attention operations: how the logits ``s_ij = q_i . k_j / sqrt(d_h)`` become weights.
+
+Every operation is one small :class:`AttentionOp` subclass registered by name in
+:data:`ATTENTION`. The shared machinery (projections, positions, masks, SDPA fast
+path, query-chunked memory-frugal path, observer) lives in
+:mod:`sinklab.nn.attention`; an operation only says
+
+* ``normalise(logits, mask, extra)``: weights from a block of logits (the one
+  place an operation's formula lives, used by the reference and chunked paths);
+* optionally a *virtual key* visible to every query and carrying no position:
+  a learned key/value pair (``virtual_kv``: sink token, key/value biases) or a
+  fixed or learned logit with a zero value (``virtual_logit``: softmax-off-by-one,
+  gpt-oss sink logit);
+* optionally a feature map ``phi`` applied to q and k (linear-attention kernels);
+* whether SDPA computes it exactly (``sdpa = True``).
+
+Notation (Gu et al., ICLR 2025, Sec. 7 / Table 6): ``v_i' = sum_j sim(phi(q_i),
+phi(k_j)) v_j / Z_i`` over visible keys j; positions are 0-based. All weights are
+computed in float32.
+
+Names (``sinklab list attention``)::
+
+    softmax              exp(s) / sum exp(s)                            (SDPA)
+    softmax_scaled       alpha * softmax, rows sum to alpha (option alpha, default 0.8)   (SDPA)
+    softmax_pnorm        exp(s) / (sum exp(s)^p)^(1/p) = softmax(p s)^(1/p) (option p, default 0.5)
+    softmax_off_by_one   exp(s) / (1 + sum exp(s)) (Miller 2023): virtual logit 0, value 0   (SDPA)
+    sink_logit           exp(s) / (exp(b_h) + sum exp(s)), learned b_h per head (gpt-oss)   (SDPA)
+    sink_token           learned token x* (per layer) whose k* = W_k x*, v* = W_v x* are
+                         prepended to the keys/values (no query, no position)   (SDPA)
+    kv_bias              learned k*, v* per kv head prepended (option shared: one for all heads)   (SDPA)
+    k_bias               learned k*, v* = 0 (Gu et al. Table 4 "k bias, v = 0")   (SDPA)
+    v_bias               k* = 0 (logit 0), learned v*   (SDPA)
+    gated_headwise       softmax, output of each head times sigmoid(x W_g) (one gate per head; Qiu et al. 2025)   (SDPA)
+    gated_elementwise    softmax, output times sigmoid(x W_g) elementwise (one gate per head dim)   (SDPA)
+    sigmoid              sigmoid(s + b), no normalisation (option bias, default 0)
+    sigmoid_logn         sigmoid(s - log n), n = max_seq_len (Ramapuram et al. 2024; option n)
+    sigmoid_norm         sigmoid(s) / sum sigmoid(s)
+    sigmoid_pnorm        sigmoid(s) / (sum sigmoid(s)^p)^(1/p) (option p, default 2)
+    relu                 relu(s), no normalisation
+    relu_norm            relu(s) / max(sum relu(s), 1e-6)
+    elu1                 (elu(q)+1).(elu(k)+1) / sqrt(d_h), no normalisation
+    elu1_norm            the same / max(row sum, 1e-6) (Katharopoulos et al. 2020 linear attention)
+    linear               q.k / sqrt(d_h) (identity kernel), no normalisation
+    linear_relu          relu(q).relu(k) / sqrt(d_h), no normalisation
+    linear_relu_norm     the same / max(row sum, 1e-6)
+    softpick             relu(exp(s) - 1) / (sum |exp(s) - 1| + 1e-6) (Zuhri et al. 2025)
+
+Every operation also takes the option ``gate`` (None, "headwise", "elementwise").
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sinklab.errors import ConfigError
+from sinklab.registry import Registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sinklab.nn.attention import Attention
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """Shapes an operation is built with (from :meth:`ModelConfig.op_context`)."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_model: int
+    max_seq_len: int
+    init_std: float = 0.02
+
+
+#: name -> :class:`AttentionOp` subclass.
+ATTENTION: Registry[type["AttentionOp"]] = Registry("attention operation")
+
+_EPS = 1e-6  # floor of row sums for operations whose sums can reach 0
+
+
+class AttentionOp(nn.Module):
+    """Base class: plain softmax over the visible keys.
+
+    Class attributes a subclass may change:
+        sdpa: SDPA computes this operation exactly (fast path).
+        normalised: each row's weights, virtual key included, sum to 1.
+        accepts_logit_bias: additive positional biases (ALiBi, T5) make sense (False
+            for feature-map kernels, which have no logits).
+        gate_default: default of the ``gate`` option.
+    """
+
+    sdpa: ClassVar[bool] = True
+    normalised: bool = True
+    accepts_logit_bias: ClassVar[bool] = True
+    gate_default: ClassVar[str | None] = None
+
+    def __init__(self, ctx: OpContext, *, gate: str | None = "default") -> None:
+        super().__init__()
+        self.ctx = ctx
+        gate = self.gate_default if gate == "default" else gate
+        if gate not in (None, "headwise", "elementwise"):
+            raise ConfigError(f"attention_options.gate must be null, 'headwise' or 'elementwise', got {gate!r}")
+        self.gate = gate
+        self.output_scale = 1.0  # factor on the output (softmax_scaled's alpha)
+
+    @classmethod
+    def option_names(cls) -> set[str]:
+        """Names of the ``attention_options`` this operation accepts."""
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            if "__init__" in vars(klass) and issubclass(klass, AttentionOp):
+                sig = inspect.signature(klass.__init__)
+                names |= {p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY}
+        return names
+
+    # ------------------------------------------------------------ hooks
+    def feature_map(self, x: Tensor) -> Tensor:
+        """phi applied to queries and keys (B, H, T, d_h) -> same shape; identity by default."""
+        return x
+
+    def virtual_kv(self, attn: "Attention") -> tuple[Tensor, Tensor] | None:
+        """Virtual key and value (H_kv, d_h) each, visible to every query; None if none."""
+        return None
+
+    def virtual_logit(self) -> Tensor | None:
+        """Logit (H,) of a virtual key whose value is 0; None if none."""
+        return None
+
+    def normalise(self, logits: Tensor, mask: Tensor, extra: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Attention weights from logits.
+
+        Args:
+            logits: (B, H, C, Tk) float32, ``q.k * scale`` (+ positional bias).
+            mask: (C, Tk) bool, True where query i may attend key j. Every row has at
+                least one True (the diagonal).
+            extra: (B, H, C, 1) float32 logit of the virtual key, or None.
+
+        Returns:
+            weights (B, H, C, Tk), zero where masked; weight on the virtual key
+            (B, H, C, 1) or None.
+        """
+        logits = logits.masked_fill(~mask, float("-inf"))
+        if extra is None:
+            return torch.softmax(logits, dim=-1), None
+        w = torch.softmax(torch.cat([extra, logits], dim=-1), dim=-1)  # (B, H, C, 1 + Tk)
+        return w[..., 1:], w[..., :1]
+
+
+def register(name: str):
+    """Class decorator: register an :class:`AttentionOp` under ``name``."""
+
+    def deco(cls: type[AttentionOp]) -> type[AttentionOp]:
+        ATTENTION.register(name, cls, description=(cls.__doc__ or "").strip().split("\n")[0])
+        return cls
+
+    return deco
+
+
+# ============================================================ softmax family
+@register("softmax")
+class Softmax(AttentionOp):
+    """Softmax attention exp(s) / sum_j exp(s) (LLaMA default)."""
+
+
+@register("softmax_scaled")
+class SoftmaxScaled(AttentionOp):
+    """Scaled normalisation: alpha * softmax(s), rows sum to alpha (Gu et al. Table 14; option alpha)."""
+
+    def __init__(self, ctx: OpContext, *, alpha: float = 0.8, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+            raise ConfigError(f"attention_options.alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = float(alpha)
+        self.output_scale = self.alpha
+        self.normalised = self.alpha == 1.0
+
+    def normalise(self, logits, mask, extra):
+        w, _ = super().normalise(logits, mask, None)
+        return w * self.alpha, None
+
+
+@register("softmax_off_by_one")
+class SoftmaxOffByOne(AttentionOp):
+    """Softmax-off-by-one exp(s) / (1 + sum exp(s)): a virtual key with logit 0 and value 0 (Miller 2023)."""
+
+    def virtual_logit(self) -> Tensor:
+        return torch.zeros(self.ctx.n_heads)
+
+
+@register("sink_logit")
+class SinkLogit(AttentionOp):
+    """Learned per-head sink logit b_h in the denominator: exp(s) / (exp(b_h) + sum exp(s)) (gpt-oss)."""
+
+    def __init__(self, ctx: OpContext, *, init: float = 0.0, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        self.sink_logit = nn.Parameter(torch.full((ctx.n_heads,), float(init)))  # (H,)
+
+    def virtual_logit(self) -> Tensor:
+        return self.sink_logit
+
+
+@register("sink_token")
+class SinkToken(AttentionOp):
+    """Learnable sink token x* (per layer): k* = W_k x*, v* = W_v x* prepended to keys/values, no position."""
+
+    def __init__(self, ctx: OpContext, *, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        self.sink_token = nn.Parameter(torch.randn(ctx.d_model) * ctx.init_std)  # (d,)
+
+    def virtual_kv(self, attn: "Attention") -> tuple[Tensor, Tensor]:
+        return attn.project_kv(self.sink_token)  # (H_kv, d_h) each
+
+
+@register("kv_bias")
+class KVBias(AttentionOp):
+    """Learned key and value biases k*, v* (per kv head, or shared) prepended as a virtual key (Gu et al. Table 4)."""
+
+    learn_key: ClassVar[bool] = True
+    learn_value: ClassVar[bool] = True
+
+    def __init__(self, ctx: OpContext, *, shared: bool = False, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        if not isinstance(shared, bool):
+            raise ConfigError(f"attention_options.shared must be true or false, got {shared!r}")
+        self.shared = shared
+        rows = 1 if shared else ctx.n_kv_heads
+        shape = (rows, ctx.head_dim)
+        if self.learn_key:
+            self.k_bias = nn.Parameter(torch.randn(shape) * ctx.init_std)  # (H_kv | 1, d_h)
+        else:
+            self.register_buffer("k_bias", torch.zeros(shape), persistent=False)
+        if self.learn_value:
+            self.v_bias = nn.Parameter(torch.randn(shape) * ctx.init_std)  # (H_kv | 1, d_h)
+        else:
+            self.register_buffer("v_bias", torch.zeros(shape), persistent=False)
+
+    def virtual_kv(self, attn: "Attention") -> tuple[Tensor, Tensor]:
+        Hkv = self.ctx.n_kv_heads
+        return self.k_bias.expand(Hkv, -1), self.v_bias.expand(Hkv, -1)  # (H_kv, d_h) each
+
+
+@register("k_bias")
+class KBias(KVBias):
+    """Learned key bias k* with value bias fixed at 0 (Gu et al. Table 4: 'k bias, v = 0')."""
+
+    learn_value = False
+
+
+@register("v_bias")
+class VBias(KVBias):
+    """Learned value bias v* with key bias fixed at 0 (virtual logit 0)."""
+
+    learn_key = False
+
+
+@register("gated_headwise")
+class GatedHeadwise(AttentionOp):
+    """Softmax with a head-wise sigmoid gate on each head's output (Qiu et al. 2025, Qwen)."""
+
+    gate_default = "headwise"
+
+
+@register("gated_elementwise")
+class GatedElementwise(AttentionOp):
+    """Softmax with an element-wise sigmoid gate on the head outputs (Qiu et al. 2025, Qwen)."""
+
+    gate_default = "elementwise"
+
+
+@register("softmax_pnorm")
+class SoftmaxPNorm(AttentionOp):
+    """p-normalised softmax exp(s) / (sum exp(s)^p)^(1/p) = softmax(p*s)^(1/p) (Gu et al. rebuttal; option p)."""
+
+    sdpa = False
+
+    def __init__(self, ctx: OpContext, *, p: float = 0.5, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        self.p = _positive("p", p)
+        self.normalised = self.p == 1.0
+
+    def normalise(self, logits, mask, extra):
+        logits = logits.masked_fill(~mask, float("-inf"))
+        m = logits.amax(dim=-1, keepdim=True)  # (B, H, C, 1), finite: every row has a visible key
+        e = torch.exp(logits - m)  # (B, H, C, Tk)
+        if self.p == 1.0:
+            return e / e.sum(dim=-1, keepdim=True), None
+        z = e.pow(self.p).sum(dim=-1, keepdim=True).pow(1.0 / self.p)
+        return e / z, None
+
+
+# ====================================================== element-wise families
+class _Elementwise(AttentionOp):
+    """sim(s) for an element-wise function of the logit, then a normaliser Z_i."""
+
+    sdpa = False
+    normalised = False
+    norm: ClassVar[str] = "none"  # "none" | "sum" | "pnorm"
+
+    def __init__(self, ctx: OpContext, *, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        self.p = 1.0
+        self.normalised = self.norm == "sum"
+
+    def similarity(self, logits: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def normalise(self, logits, mask, extra):
+        w = self.similarity(logits).masked_fill(~mask, 0.0)  # (B, H, C, Tk)
+        if self.norm == "sum":
+            w = w / w.sum(dim=-1, keepdim=True).clamp_min(_EPS)
+        elif self.norm == "pnorm":
+            w = w / w.pow(self.p).sum(dim=-1, keepdim=True).pow(1.0 / self.p).clamp_min(_EPS)
+        return w, None
+
+
+@register("sigmoid")
+class Sigmoid(_Elementwise):
+    """Sigmoid attention sigmoid(s + b) without normalisation (Gu et al. Table 6; option bias, default 0)."""
+
+    def __init__(self, ctx: OpContext, *, bias: float = 0.0, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise ConfigError(f"attention_options.bias must be a finite number, got {bias!r}")
+        self.bias = float(bias)
+
+    def similarity(self, logits):
+        return torch.sigmoid(logits + self.bias)
+
+
+@register("sigmoid_logn")
+class SigmoidLogN(_Elementwise):
+    """Sigmoid attention with bias -log n, n = max_seq_len, no normalisation (Ramapuram et al. 2024, Apple; option n)."""
+
+    def __init__(self, ctx: OpContext, *, n: int | None = None, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        n = ctx.max_seq_len if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"attention_options.n must be a positive integer, got {n!r}")
+        self.bias = -math.log(n)
+
+    def similarity(self, logits):
+        return torch.sigmoid(logits + self.bias)
+
+
+@register("sigmoid_norm")
+class SigmoidNorm(_Elementwise):
+    """Sigmoid attention normalised: sigmoid(s) / sum_j sigmoid(s) (Gu et al. Table 6)."""
+
+    norm = "sum"
+
+    def similarity(self, logits):
+        return torch.sigmoid(logits)
+
+
+@register("sigmoid_pnorm")
+class SigmoidPNorm(_Elementwise):
+    """p-normalised sigmoid: sigmoid(s) / (sum sigmoid(s)^p)^(1/p) (Gu et al. rebuttal; option p, default 2)."""
+
+    norm = "pnorm"
+
+    def __init__(self, ctx: OpContext, *, p: float = 2.0, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        self.p = _positive("p", p)
+        self.normalised = self.p == 1.0
+
+    def similarity(self, logits):
+        return torch.sigmoid(logits)
+
+
+@register("relu")
+class ReLU(_Elementwise):
+    """ReLU attention relu(s) without normalisation (Gu et al. Table 6)."""
+
+    def similarity(self, logits):
+        return torch.relu(logits)
+
+
+@register("relu_norm")
+class ReLUNorm(_Elementwise):
+    """ReLU attention normalised: relu(s) / max(sum_j relu(s), 1e-6)."""
+
+    norm = "sum"
+
+    def similarity(self, logits):
+        return torch.relu(logits)
+
+
+# ===================================================== feature-map kernels
+class _Kernel(_Elementwise):
+    """Linear-attention kernel: sim = phi(q).phi(k) / sqrt(d_h); no logits to bias."""
+
+    accepts_logit_bias = False
+
+    def similarity(self, logits):
+        return logits  # logits are already phi(q).phi(k) * scale
+
+
+@register("elu1")
+class Elu1(_Kernel):
+    """elu+1 kernel (elu(q)+1).(elu(k)+1)/sqrt(d_h) without normalisation (Gu et al. Table 6)."""
+
+    def feature_map(self, x):
+        return F.elu(x) + 1.0
+
+
+@register("elu1_norm")
+class Elu1Norm(Elu1):
+    """elu+1 kernel normalised by the row sum: linear attention (Katharopoulos et al. 2020)."""
+
+    norm = "sum"
+
+
+@register("linear")
+class Linear(_Kernel):
+    """Identity kernel q.k/sqrt(d_h) without normalisation (plain linear attention, Gu et al. Table 6)."""
+
+
+@register("linear_relu")
+class LinearReLU(_Kernel):
+    """ReLU feature-map kernel relu(q).relu(k)/sqrt(d_h) without normalisation."""
+
+    def feature_map(self, x):
+        return torch.relu(x)
+
+
+@register("linear_relu_norm")
+class LinearReLUNorm(LinearReLU):
+    """ReLU feature-map kernel normalised by max(row sum, 1e-6)."""
+
+    norm = "sum"
+
+
+@register("softpick")
+class Softpick(AttentionOp):
+    """Softpick relu(exp(s) - 1) / (sum_j |exp(s) - 1| + 1e-6): rows sum to <= 1 (Zuhri et al. 2025)."""
+
+    sdpa = False
+    normalised = False
+
+    def normalise(self, logits, mask, extra):
+        # Multiply numerator and denominator by exp(-m), m = max(0, max_j s_ij): no overflow.
+        logits = logits.masked_fill(~mask, float("-inf"))  # exp -> 0 there, with zero gradient
+        m = logits.amax(dim=-1, keepdim=True).clamp_min(0.0)  # (B, H, C, 1)
+        em = torch.exp(-m)
+        d = (torch.exp(logits - m) - em).masked_fill(~mask, 0.0)  # exp(-m) (exp(s) - 1)
+        return torch.relu(d) / (d.abs().sum(dim=-1, keepdim=True) + _EPS * em), None
+
+
+def _positive(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(f"attention_options.{name} must be a positive number, got {v!r}")
+    return float(v)
