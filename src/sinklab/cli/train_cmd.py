@@ -1,0 +1,60 @@
+"""``sinklab train CONFIG_OR_PRESET [--set key=value ...] [--steps N] [--resume] --out DIR``.
+
+Also registers ``sinklab list presets``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sinklab.cli.main import LISTERS, cli
+
+
+def _list_presets() -> list[tuple[str, str]]:
+    from sinklab.train.config import preset_description, presets
+
+    return [(name, preset_description(name)) for name in sorted(presets())]
+
+
+LISTERS.register("presets", _list_presets)
+
+
+@cli.command("train")
+def train_cmd(
+    config: str = typer.Argument(..., help="a TOML config file or a preset name (sinklab list presets)"),
+    out: Path = typer.Option(..., "--out", help="run folder: config.toml, metrics.jsonl, tb/, checkpoint.pt, final/"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override section.key=value (value parsed as TOML); repeatable"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="number of optimizer steps (sets train.steps)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its checkpoint"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+) -> None:
+    """Pre-train a model from scratch and track its attention sinks on a fixed probe set."""
+    from sinklab.train.config import load_config
+    from sinklab.train.loop import train
+
+    overrides = list(set_ or [])
+    if steps is not None:
+        overrides.append(f"train.steps={steps}")
+    cfg = load_config(config, overrides)
+    typer.echo(f"run folder {out}; {cfg.train.steps} steps x {cfg.tokens_per_step} tokens; "
+               f"attention={cfg.model.attention}, packing={cfg.data.packing}, weight decay {cfg.optim.weight_decay} "
+               f"on {cfg.optim.decay}", err=True)
+    res = train(cfg, out, resume=resume, progress=not no_progress)
+    summary_path = Path(out) / "summary.json"
+    if summary_path.exists():
+        s = json.loads(summary_path.read_text())
+        fin = s.get("final") or {}
+        lvl = s["emerge_level"]
+        emerged = (f"Sink_1 first reached {lvl}% at step {s['emergence_step']}" if s["emergence_step"] is not None
+                   else f"Sink_1 never reached {lvl}%")
+        typer.echo(
+            f"done: {s['steps']} steps, {s['tokens']:,} tokens, {s['tokens_per_s']:,.0f} tokens/s; "
+            f"final loss {s['final_loss']:.4f}, val loss {fin.get('val_loss')}, "
+            f"Sink_1 {fin.get('sink_rate', [None])[0]}%; {emerged}; model in {Path(out) / 'final'}"
+        )
+    else:
+        typer.echo(f"stopped at step {max(res.losses) if res.losses else 0}; resume with --resume")

@@ -1,0 +1,527 @@
+"""Run configs: TOML files mapped onto one flat dataclass per concern.
+
+A run config has five sections::
+
+    [model]  -> sinklab.nn.ModelConfig (vocab_size defaults to the tokenizer's, max_seq_len to
+                the longer of data.seq_len and track.probe_len)
+    [data]   -> DataConfig   corpus, tokenizer, packing, token cap, split
+    [optim]  -> OptimConfig  AdamW, weight decay, schedule, clipping
+    [train]  -> TrainConfig  steps, batch, seed, device, precision, prefix LM, checkpoints
+    [track]  -> TrackConfig  sink tracking on the probe set
+
+A file may start from a shipped preset with a top-level ``preset = "tiny-cpu"`` and change only
+some keys. Unknown keys are errors naming the nearest valid key; ``--set section.key=value``
+overrides parse the value as TOML (a bare word is taken as a string). Incompatible choices are
+rejected with the reason. :func:`to_toml` writes the fully resolved config (saved as
+``DIR/config.toml``), which :func:`load_config` reads back to an equal config.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sinklab.errors import ConfigError
+from sinklab.registry import nearest
+
+GPT2_VOCAB = 50258  # 50257 GPT-2 ids + the added <|bos|>
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """What the model reads.
+
+    Fields:
+        corpus: corpus zoo name, a path to a .txt file/folder, or a list of them (a mix).
+        tokenizer: "bpe" (byte-level BPE trained on the training split) or "gpt2".
+        vocab_size: BPE vocabulary size (ignored for gpt2).
+        seq_len: T, tokens per training window (model inputs).
+        packing: name in :data:`sinklab.data.packing.PACKING`.
+        packing_position: 0-based position p of the inserted token (``fixed_token``).
+        packing_token: the inserted token as a string (``fixed_token``), default BOS.
+        max_train_tokens: keep only this many training tokens (0 = all) and repeat them.
+        val_fraction: share of documents held out (validation loss and probe set).
+        split_seed: seed of the document split.
+        cache_dir: token cache folder; "" = ``$SINKLAB_HOME/tokens``, "run" = ``DIR/tokens``.
+    """
+
+    corpus: str | list[str] = "sotu"
+    tokenizer: str = "bpe"
+    vocab_size: int = 8192
+    seq_len: int = 256
+    packing: str = "concat"
+    packing_position: int = 0
+    packing_token: str = "<|bos|>"
+    max_train_tokens: int = 0
+    val_fraction: float = 0.05
+    split_seed: int = 0
+    cache_dir: str = ""
+
+    def __post_init__(self) -> None:
+        _check_types(self, "data")
+        if self.tokenizer not in ("bpe", "gpt2"):
+            raise ConfigError(f"data.tokenizer must be 'bpe' or 'gpt2', got {self.tokenizer!r}")
+        _positive("data.seq_len", self.seq_len)
+        _positive("data.vocab_size", self.vocab_size)
+        if self.max_train_tokens < 0 or self.packing_position < 0:
+            raise ConfigError("data.max_train_tokens and data.packing_position must be >= 0")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
+        from sinklab.data.packing import PACKING
+
+        PACKING.get(self.packing)
+
+    @property
+    def tokenizer_vocab_size(self) -> int:
+        """Largest number of ids the tokenizer can emit."""
+        return GPT2_VOCAB if self.tokenizer == "gpt2" else self.vocab_size
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW and the learning-rate schedule.
+
+    Fields:
+        lr: peak learning rate.
+        beta1, beta2, eps: AdamW moments.
+        weight_decay: decoupled weight decay.
+        decay: "matrices" (weight matrices and embeddings only; norms and biases not decayed)
+            or "all" (every parameter, as the paper's code does).
+        schedule: "cosine" (to ``min_lr_ratio * lr`` at the last step) or "constant".
+        warmup_steps: linear warm-up steps.
+        min_lr_ratio: floor of the cosine schedule as a fraction of ``lr``.
+        grad_clip: clip the global gradient l2 norm to this (0 = no clipping).
+    """
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay: str = "matrices"
+    schedule: str = "cosine"
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_types(self, "optim")
+        _positive("optim.lr", self.lr)
+        if self.decay not in ("matrices", "all"):
+            raise ConfigError(f"optim.decay must be 'matrices' or 'all', got {self.decay!r}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ConfigError(f"optim.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        for k in ("weight_decay", "grad_clip", "warmup_steps", "eps"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"optim.{k} must be >= 0, got {getattr(self, k)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for k in ("beta1", "beta2"):
+            if not 0 <= getattr(self, k) < 1:
+                raise ConfigError(f"optim.{k} must be in [0, 1), got {getattr(self, k)}")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The loop.
+
+    Fields:
+        steps: optimizer steps.
+        batch_size: windows per micro-batch; tokens per step = batch_size * grad_accum * seq_len.
+        grad_accum: micro-batches per optimizer step.
+        seed: seed of the model init, the window order and the random-first tokens.
+        device: "auto" (CUDA when available), "cpu", "cuda", "cuda:N" or "mps".
+        precision: "bf16" (autocast on CPU and GPU) or "fp32".
+        compile: apply ``torch.compile`` to the model (from outside the model).
+        prefix_len: bidirectional prefix length p of a prefix LM (0 = causal LM).
+        log_every: steps between metrics.jsonl lines.
+        checkpoint_every: steps between checkpoints (always one at the end; 0 = end only).
+        tensorboard: also log to ``DIR/tb``.
+    """
+
+    steps: int = 1000
+    batch_size: int = 16
+    grad_accum: int = 1
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "bf16"
+    compile: bool = False
+    prefix_len: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 200
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        _check_types(self, "train")
+        for k in ("steps", "batch_size", "grad_accum", "log_every"):
+            _positive(f"train.{k}", getattr(self, k))
+        if self.prefix_len < 0 or self.checkpoint_every < 0:
+            raise ConfigError("train.prefix_len and train.checkpoint_every must be >= 0")
+        if self.precision not in ("bf16", "fp32"):
+            raise ConfigError(f"train.precision must be 'bf16' or 'fp32', got {self.precision!r}")
+        if not (self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")):
+            raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+
+
+@dataclass(kw_only=True)
+class TrackConfig:
+    """Sink tracking on a fixed held-out probe set (paper probe: 100 x 64 tokens, eps 0.3).
+
+    Fields:
+        every: steps between tracker evaluations (always one at the final step; 0 = final only).
+        n_probe: probe windows N.
+        probe_len: probe window length T (tokens).
+        eps: sink threshold on the attention mass.
+        positions: report Sink_k for the first ``positions`` positions.
+        emerge_level: Sink_1 level (percent) whose first crossing is reported.
+        val_windows: validation windows for the validation loss.
+        seed: seed of the probe windows.
+        batch_size: probe sequences per forward pass.
+    """
+
+    every: int = 100
+    n_probe: int = 100
+    probe_len: int = 64
+    eps: float = 0.3
+    positions: int = 8
+    emerge_level: float = 10.0
+    val_windows: int = 64
+    seed: int = 0
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        _check_types(self, "track")
+        for k in ("n_probe", "probe_len", "positions", "val_windows", "batch_size"):
+            _positive(f"track.{k}", getattr(self, k))
+        if self.every < 0:
+            raise ConfigError("track.every must be >= 0")
+        if not 0 < self.eps < 1:
+            raise ConfigError(f"track.eps must be in (0, 1), got {self.eps}")
+        if self.positions > self.probe_len:
+            raise ConfigError(f"track.positions={self.positions} exceeds track.probe_len={self.probe_len}")
+
+
+#: attention operations that cannot be combined with a bidirectional prefix (prefix LM).
+PREFIX_INCOMPATIBLE = {
+    "sink_token": "a learnable sink token is prepended at position 0 and a bidirectional prefix would let "
+    "it attend to the text, so it no longer acts as a fixed sink",
+}
+
+
+@dataclass
+class RunConfig:
+    """A whole run: model, data, optimizer, loop and tracker configs."""
+
+    model: Any  # sinklab.nn.ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
+
+    def __post_init__(self) -> None:
+        m, d, t, k = self.model, self.data, self.train, self.track
+        if m.vocab_size < d.tokenizer_vocab_size:
+            raise ConfigError(
+                f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's "
+                f"{d.tokenizer_vocab_size} ids (data.tokenizer={d.tokenizer!r})"
+            )
+        for name, T in (("data.seq_len", d.seq_len), ("track.probe_len", k.probe_len)):
+            if T > m.max_seq_len:
+                raise ConfigError(f"{name}={T} is past model.max_seq_len={m.max_seq_len} (the positional encoding's limit)")
+        if t.prefix_len:
+            if t.prefix_len >= d.seq_len:
+                raise ConfigError(f"train.prefix_len={t.prefix_len} must be below data.seq_len={d.seq_len}")
+            if m.attention in PREFIX_INCOMPATIBLE:
+                raise ConfigError(
+                    f"train.prefix_len > 0 (prefix LM) cannot be combined with model.attention={m.attention!r}: "
+                    + PREFIX_INCOMPATIBLE[m.attention]
+                )
+            if m.sliding_window is not None and m.sliding_window < t.prefix_len:
+                raise ConfigError(
+                    f"model.sliding_window={m.sliding_window} is narrower than train.prefix_len={t.prefix_len}: "
+                    "the bidirectional prefix would not fit in the window"
+                )
+        if d.packing == "fixed_token" and d.packing_position >= d.seq_len:
+            raise ConfigError(f"data.packing_position={d.packing_position} must be below data.seq_len={d.seq_len}")
+        if d.packing == "fixed_token" and d.packing_position >= k.probe_len:
+            raise ConfigError(f"data.packing_position={d.packing_position} must be below track.probe_len={k.probe_len}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain dict (every field, resolved)."""
+        return {
+            "model": self.model.to_dict(),
+            "data": dataclasses.asdict(self.data),
+            "optim": dataclasses.asdict(self.optim),
+            "train": dataclasses.asdict(self.train),
+            "track": dataclasses.asdict(self.track),
+        }
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.train.grad_accum * self.data.seq_len
+
+
+SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "track": TrackConfig}
+TOP_KEYS = ["preset", "model", *SECTIONS]
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _positive(name: str, v: Any) -> None:
+    if v <= 0:
+        raise ConfigError(f"{name} must be > 0, got {v}")
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if origin is list:
+        (a,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_type_ok(x, a) for x in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _check_types(obj: Any, section: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if not _type_ok(v, hints[f.name]):
+            raise ConfigError(f"{section}.{f.name} must be of type {hints[f.name]}, got {v!r}")
+        if hints[f.name] is float and isinstance(v, int):
+            setattr(obj, f.name, float(v))
+
+
+def _unknown(key: str, valid: list[str], where: str) -> ConfigError:
+    hint = nearest(key, valid)
+    return ConfigError(
+        f"unknown key {where}{key!r}" + (f" (did you mean {hint!r}?)" if hint else "") + f"; valid keys: {', '.join(valid)}"
+    )
+
+
+def _build_section(cls: type, name: str, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{name}] must be a table, got {raw!r}")
+    valid = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in valid:
+            raise _unknown(key, valid, f"in [{name}]: ")
+    return cls(**raw)
+
+
+def _build_model(raw: Any, data: DataConfig, track: TrackConfig):
+    from sinklab.nn.config import ModelConfig
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[model] must be a table, got {raw!r}")
+    raw = dict(raw)
+    raw.setdefault("vocab_size", data.tokenizer_vocab_size)
+    raw.setdefault("max_seq_len", max(data.seq_len, track.probe_len))
+    valid = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key in raw:
+        if key not in valid:
+            raise _unknown(key, valid, "in [model]: ")
+    try:
+        return ModelConfig.from_dict(raw)
+    except TypeError as e:  # e.g. a wrong type that the model config did not catch
+        raise ConfigError(f"[model]: {e}") from None
+
+
+def from_dict(raw: dict[str, Any]) -> RunConfig:
+    """Build a :class:`RunConfig` from a nested dict (a parsed TOML file).
+
+    Raises:
+        ConfigError: unknown section or key (names the nearest valid one), bad value, or an
+            incompatible combination (says which and why).
+    """
+    raw = copy.deepcopy(raw)
+    if "preset" in raw:
+        base = preset_dict(raw.pop("preset"))
+        raw = merge(base, raw)
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise _unknown(key, TOP_KEYS, "section ")
+    data = _build_section(DataConfig, "data", raw.get("data", {}))
+    track = _build_section(TrackConfig, "track", raw.get("track", {}))
+    if "model" not in raw:
+        raise ConfigError("the config has no [model] section")
+    return RunConfig(
+        model=_build_model(raw["model"], data, track),
+        data=data,
+        optim=_build_section(OptimConfig, "optim", raw.get("optim", {})),
+        train=_build_section(TrainConfig, "train", raw.get("train", {})),
+        track=track,
+    )
+
+
+def merge(base: dict, over: dict) -> dict:
+    """Deep merge of two nested dicts (``over`` wins), new dict."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "attention_options":
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+# ----------------------------------------------------------------------------- presets, files, overrides
+
+
+def presets() -> dict[str, Path]:
+    """Shipped presets: name -> path of its TOML file (``src/sinklab/presets/*.toml``)."""
+    root = resources.files("sinklab") / "presets"
+    return {Path(p.name).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".toml")}
+
+
+def preset_description(name: str) -> str:
+    """First comment line of a preset file."""
+    for line in presets()[name].read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def preset_dict(name: str) -> dict:
+    """The raw dict of preset ``name``. Raises ConfigError listing the presets."""
+    p = presets()
+    if name not in p:
+        hint = nearest(name, sorted(p))
+        raise ConfigError(
+            f"unknown preset {name!r}" + (f" (did you mean {hint!r}?)" if hint else "") + f"; presets: {', '.join(sorted(p))}"
+        )
+    return _read_toml(p[name])
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` -> (["section", "key"], value); value parsed as TOML, else a string.
+
+    Raises:
+        ConfigError: no ``=`` or no dotted key.
+    """
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    key, value = text.split("=", 1)
+    parts = [p.strip() for p in key.strip().split(".")]
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(f"override key {key!r} must be section.key (e.g. optim.lr=3e-4)")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return parts, parsed
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``--set`` overrides to a raw config dict (new dict)."""
+    out = copy.deepcopy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        d = out
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+            if not isinstance(d, dict):
+                raise ConfigError(f"override {text!r}: {p!r} is not a table")
+        d[parts[-1]] = value
+    return out
+
+
+def load_raw(config_or_preset: str | Path) -> dict:
+    """Raw dict of a TOML file path or a preset name. Raises ConfigError when neither exists."""
+    path = Path(config_or_preset)
+    if path.suffix == ".toml" or path.exists():
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        return _read_toml(path)
+    return {"preset": str(config_or_preset)}
+
+
+def load_config(config_or_preset: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Load a config file or preset, apply ``--set`` overrides, validate. Raises ConfigError."""
+    return from_dict(apply_overrides(load_raw(config_or_preset), overrides or []))
+
+
+# ----------------------------------------------------------------------------- writing and diffing
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        import json
+
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    raise ConfigError(f"cannot write {v!r} ({type(v).__name__}) to TOML")
+
+
+def _toml_key(k: str) -> str:
+    import re
+
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
+
+
+def to_toml(cfg: RunConfig | dict) -> str:
+    """The resolved config as TOML text (None values are omitted: they are the defaults)."""
+    d = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
+    lines = ["# sinklab run config (fully resolved)"]
+    for section, values in d.items():
+        lines.append(f"\n[{section}]")
+        for k, v in values.items():
+            if v is None:
+                continue
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k != "attention_options":
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def diff_keys(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts."""
+    fa, fb = flatten(a), flatten(b)
+    return sorted(k for k in set(fa) | set(fb) if k not in ignore and fa.get(k) != fb.get(k))

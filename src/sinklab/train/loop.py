@@ -1,0 +1,393 @@
+"""The pre-training loop: AdamW, warm-up + schedule, clipping, bf16 autocast, checkpoints, sink tracking.
+
+Run folder ``DIR``::
+
+    config.toml      the fully resolved config
+    metrics.jsonl    one JSON object per logged step: step, loss, lr, grad_norm, tokens, tokens_per_s,
+                     and at tracker steps val_loss, sink_rate (list, position 1 first, percent),
+                     attention_mass_first, norm_ratio, max_norm_ratio
+    tb/              TensorBoard events
+    checkpoint.pt    latest checkpoint (model, optimizer, RNG, step), replaced atomically
+    final/           SinkLM.save_pretrained + HF tokenizer: ``sinklab measure --model DIR/final``
+    summary.json     emergence step of Sink_1, final metrics, weight-decay mode, throughput
+
+The batch of a step is a pure function of (seed, step) and every RNG state is checkpointed, so
+``resume=True`` continues a killed run with the same losses as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sinklab.data.packing import IGNORE_INDEX, PackedData, PackingContext, make_packer
+from sinklab.data.probe import probe_set
+from sinklab.data.tokens import TokenizedCorpus, prepare_corpus
+from sinklab.errors import ConfigError, InputError, SinklabError
+from sinklab.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from sinklab.train.config import RunConfig, diff_keys, flatten, to_toml
+from sinklab.train.schedule import lr_at
+from sinklab.train.tracker import SinkTracker
+
+#: config keys that may change between a run and its resume without changing the losses
+RESUME_MAY_DIFFER = {
+    "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard",
+    "track.every", "track.batch_size", "track.emerge_level",
+}
+
+
+class TrainingDiverged(SinklabError):
+    """The loss or the gradient norm became NaN or infinite."""
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns (also written to ``DIR/summary.json``)."""
+
+    out: Path
+    steps: int
+    losses: dict[int, float] = field(default_factory=dict)  # step (1-based) -> training loss of that step
+    history: list[dict[str, Any]] = field(default_factory=list)  # tracker records
+    emergence_step: int | None = None
+    tokens_per_s: float = 0.0
+    seconds_per_step: float = 0.0
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) over unmasked targets.
+
+    Args:
+        logits: (B, T, V) any float dtype (computed in float32).
+        targets: (B, T) int64; -100 marks positions excluded from the loss.
+    """
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU. Raises InputError when CUDA is asked for but absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"train.device={name!r} but CUDA is not available here; use device = \"cpu\" or \"auto\"")
+    return torch.device(name)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, decay: str) -> list[dict[str, Any]]:
+    """AdamW parameter groups.
+
+    ``decay="matrices"``: parameters with 2 or more dimensions (weight matrices, embeddings, per-head
+    bias tables) are decayed; vectors (norm gains, biases, per-head scalars) are not.
+    ``decay="all"``: every parameter is decayed (the paper's code).
+    """
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if decay == "all":
+        return [{"params": [p for _, p in params], "weight_decay": weight_decay, "names": [n for n, _ in params]}]
+    dec = [(n, p) for n, p in params if p.dim() >= 2]
+    nodec = [(n, p) for n, p in params if p.dim() < 2]
+    return [
+        {"params": [p for _, p in dec], "weight_decay": weight_decay, "names": [n for n, _ in dec]},
+        {"params": [p for _, p in nodec], "weight_decay": 0.0, "names": [n for n, _ in nodec]},
+    ]
+
+
+def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups` (fused on CUDA)."""
+    o = cfg.optim
+    groups = param_groups(model, o.weight_decay, o.decay)
+    for g in groups:
+        g.pop("names")
+    kw = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **kw)
+
+
+def prepare_data(cfg: RunConfig, out: Path) -> TokenizedCorpus:
+    """Tokenize (or reuse the cached tokens of) the configured corpus."""
+    d = cfg.data
+    cache = None if d.cache_dir == "" else (out / "tokens" if d.cache_dir == "run" else Path(d.cache_dir))
+    return prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=d.vocab_size, val_fraction=d.val_fraction,
+                          split_seed=d.split_seed, cache_root=cache)
+
+
+def _packing_context(cfg: RunConfig, tc: TokenizedCorpus) -> PackingContext:
+    tok_id = None
+    if cfg.data.packing == "fixed_token":
+        tok_id = tc.tokenizer.token_to_id(cfg.data.packing_token)
+        if tok_id is None:
+            raise ConfigError(f"data.packing_token={cfg.data.packing_token!r} is not a single token of the tokenizer")
+    return PackingContext(eos_id=tc.eos_id, bos_id=tc.bos_id, vocab_size=tc.vocab_size,
+                          position=cfg.data.packing_position, token_id=tok_id, seed=cfg.train.seed)
+
+
+class _MetricsLog:
+    """Appends JSON lines to ``metrics.jsonl`` and scalars to TensorBoard."""
+
+    def __init__(self, out: Path, tensorboard: bool) -> None:
+        self.path = out / "metrics.jsonl"
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tb"))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines past ``step`` (a killed run may have logged beyond its last checkpoint)."""
+        if not self.path.exists():
+            return
+        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        self.path.write_text("".join(ln + "\n" for ln in keep))
+
+    def write(self, rec: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.tb is not None:
+            step = rec["step"]
+            for k, v in rec.items():
+                if k == "step" or isinstance(v, bool):
+                    continue
+                if isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, step)
+                elif k == "sink_rate" and v:
+                    self.tb.add_scalar("sink_rate_1", v[0], step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _save_final(model: torch.nn.Module, tc: TokenizedCorpus, out: Path) -> Path:
+    """``DIR/final``: the model (SinkLM.save_pretrained) and the HF tokenizer, written atomically."""
+    from sinklab.data.tokenizer import save_hf
+
+    final = out / "final"
+    tmp = out / "final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    save_hf(tc.tokenizer, tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def train(
+    cfg: RunConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Pre-train a :class:`~sinklab.nn.SinkLM` as configured and track its sinks.
+
+    Args:
+        cfg: the resolved run config.
+        out: run folder DIR (created).
+        resume: continue from ``DIR/checkpoint.pt``; its config must equal ``cfg`` except the keys in
+            :data:`RESUME_MAY_DIFFER` (``train.steps`` only with a constant schedule).
+        progress: show a progress bar (loss, tokens/s, ETA).
+        stop_after: stop (with a checkpoint) after this many steps, as if killed there; for tests
+            and time-boxed runs.
+
+    Returns:
+        :class:`TrainResult`.
+
+    Raises:
+        InputError: corpus too small for one batch, DIR already holds a run without ``resume``,
+            no checkpoint to resume.
+        ConfigError: resume with a differing config (names the keys).
+        TrainingDiverged: non-finite loss or gradient (names the step; the last checkpoint is kept).
+        CheckpointError: a checkpoint write failed (the previous one is intact).
+    """
+    from sinklab.nn.model import SinkLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / CHECKPOINT_NAME
+    t_cfg = cfg.train
+    if not resume and ckpt_path.exists():
+        raise InputError(f"{out} already holds a run ({ckpt_path.name}); pass --resume to continue it or choose a new --out")
+
+    ckpt = None
+    if resume:
+        ckpt = load_checkpoint(ckpt_path)
+        ignore = set(RESUME_MAY_DIFFER)
+        if cfg.optim.schedule == "constant":
+            ignore.add("train.steps")
+        differ = diff_keys(ckpt["config"], cfg.to_dict(), ignore)
+        if differ:
+            flat_old, flat_new = flatten(ckpt["config"]), flatten(cfg.to_dict())
+            detail = "; ".join(f"{k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in differ)
+            raise ConfigError(f"cannot resume {out}: the config differs from the checkpoint's in {', '.join(differ)} ({detail})")
+
+    device = resolve_device(t_cfg.device)
+
+    # ---- data
+    tc = prepare_data(cfg, out)
+    packer = make_packer(cfg.data.packing, _packing_context(cfg, tc))
+    T, B, p = cfg.data.seq_len, t_cfg.batch_size, t_cfg.prefix_len
+    train_data = PackedData(tc.train, packer, T, max_tokens=cfg.data.max_train_tokens, seed=t_cfg.seed)
+    if train_data.n_windows < B:
+        raise InputError(
+            f"the training data has {train_data.n_windows} windows of {T} tokens, fewer than one batch of {B}; "
+            "use a larger corpus, a smaller train.batch_size or data.seq_len, or a larger data.max_train_tokens"
+        )
+    try:
+        val_data = PackedData(tc.val, packer, T, seed=t_cfg.seed)
+    except InputError as e:
+        raise InputError(f"validation split too small: {e}; raise data.val_fraction") from None
+    val_x, val_y = val_data.sequential(cfg.track.val_windows, prefix_len=p)
+    probe = probe_set(tc.val, packer, cfg.track.n_probe, cfg.track.probe_len, seed=cfg.track.seed)
+    tracker = SinkTracker(probe, val_x, val_y, cfg.track, prefix_len=p)
+
+    # ---- model and optimizer (seeded init)
+    torch.manual_seed(t_cfg.seed)
+    np.random.seed(t_cfg.seed)
+    model = SinkLM(cfg.model).to(device)
+    if tc.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < tokenizer vocabulary {tc.vocab_size}")
+    opt = build_optimizer(model, cfg, device)
+    start = 0
+    log = _MetricsLog(out, t_cfg.tensorboard)
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        set_rng_state(ckpt["rng"])
+        start = int(ckpt["step"])
+        tracker.history = list(ckpt.get("tracker", []))
+        log.truncate_after(start)
+    else:
+        log.truncate_after(-1)
+    (out / "config.toml").write_text(to_toml(cfg))
+
+    # compile and autocast are applied from outside the model (the model stays plain PyTorch)
+    fwd = torch.compile(model) if t_cfg.compile else model
+    bf16 = t_cfg.precision == "bf16"
+
+    def autocast():
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    last_ckpt = start if ckpt is not None else None
+    result = TrainResult(out=out, steps=t_cfg.steps, history=tracker.history)
+
+    def checkpoint(step: int) -> None:
+        nonlocal last_ckpt
+        save_checkpoint(ckpt_path, {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "rng": rng_state(),
+            "data_position": {"samples": step * t_cfg.grad_accum * B, "seed": t_cfg.seed},
+            "config": cfg.to_dict(),
+            "tracker": tracker.history,
+        })
+        last_ckpt = step
+
+    end = t_cfg.steps if stop_after is None else min(t_cfg.steps, stop_after)
+    tokens_per_step = cfg.tokens_per_step
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=t_cfg.steps, initial=start, unit="step", dynamic_ncols=True, desc="train")
+    model.train()
+    t_log, tok_log, t_first = time.perf_counter(), 0, time.perf_counter()
+    train_time = 0.0
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    try:
+        for step in range(start, end):
+            t0 = time.perf_counter()
+            lr = lr_at(step, cfg.optim, t_cfg.steps)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss_sum = 0.0
+            for micro in range(t_cfg.grad_accum):
+                x, y = train_data.batch(step * t_cfg.grad_accum + micro, B, prefix_len=p)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with autocast():
+                    logits = fwd(x, prefix_len=p).logits
+                loss = lm_loss(logits, y) / t_cfg.grad_accum
+                lv = float(loss.detach())
+                if not math.isfinite(lv):
+                    _diverged("loss", lv, step + 1, last_ckpt, ckpt_path)
+                loss.backward()
+                loss_sum += lv
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            gnv = float(gn)
+            if not math.isfinite(gnv):
+                _diverged("gradient norm", gnv, step + 1, last_ckpt, ckpt_path)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            done = step + 1
+            dt = time.perf_counter() - t0
+            train_time += dt
+            tok_log += tokens_per_step
+            result.losses[done] = loss_sum
+
+            track_now = done == t_cfg.steps or (cfg.track.every and done % cfg.track.every == 0)
+            if done % t_cfg.log_every == 0 or track_now or done == end:
+                now = time.perf_counter()
+                tps = tok_log / max(now - t_log, 1e-9)
+                rec = {"step": done, "loss": round(loss_sum, 6), "lr": lr, "grad_norm": round(gnv, 6),
+                       "tokens": done * tokens_per_step, "tokens_per_s": round(tps, 1),
+                       "elapsed_s": round(now - t_first, 2)}
+                if track_now:
+                    rec.update({k: v for k, v in tracker.evaluate(model, done, device, autocast).items() if k != "step"})
+                log.write(rec)
+                t_log, tok_log = time.perf_counter(), 0
+                if bar is not None:
+                    post = {"loss": f"{loss_sum:.3f}", "tok/s": f"{tps:,.0f}"}
+                    if "sink_rate" in rec:
+                        post["sink1"] = f"{rec['sink_rate'][0]:.1f}%"
+                    bar.set_postfix(post, refresh=False)
+            if bar is not None:
+                bar.update(1)
+            if done == end or (t_cfg.checkpoint_every and done % t_cfg.checkpoint_every == 0):
+                checkpoint(done)
+    finally:
+        if bar is not None:
+            bar.close()
+        log.close()
+
+    n_steps = end - start
+    result.seconds_per_step = train_time / max(n_steps, 1)
+    result.tokens_per_s = tokens_per_step / max(result.seconds_per_step, 1e-9)
+    result.emergence_step = tracker.emergence_step()
+    if end == t_cfg.steps:
+        _save_final(model, tc, out)
+        summary = {
+            "steps": t_cfg.steps,
+            "tokens": t_cfg.steps * tokens_per_step,
+            "train_tokens_available": train_data.n_tokens,
+            "epochs": round(t_cfg.steps * tokens_per_step / max(train_data.n_tokens, 1), 3),
+            "final_loss": result.losses.get(t_cfg.steps),
+            "final": tracker.history[-1] if tracker.history else None,
+            "emerge_level": cfg.track.emerge_level,
+            "emergence_step": result.emergence_step,
+            "weight_decay": {"value": cfg.optim.weight_decay, "applied_to": cfg.optim.decay},
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "seconds_per_step": round(result.seconds_per_step, 4),
+            "tokens_per_s": round(result.tokens_per_s, 1),
+            "device": str(device),
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return result
+
+
+def _diverged(what: str, value: float, step: int, last_ckpt: int | None, path: Path) -> None:
+    kept = (f"the last good checkpoint (step {last_ckpt}) is kept at {path}" if last_ckpt is not None
+            else "no checkpoint was written before it")
+    raise TrainingDiverged(
+        f"training stopped: the {what} is {value} at step {step}; {kept}. "
+        "Lower optim.lr, raise optim.warmup_steps or enable optim.grad_clip"
+    )

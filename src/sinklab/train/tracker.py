@@ -1,0 +1,91 @@
+"""Sink tracking during training: validation loss and sink metrics on a fixed probe set.
+
+Uses :func:`sinklab.capture.collect` and :func:`sinklab.metrics.summarize` (no second sink
+metric here). Paper probe (Gu et al. 2025): 100 windows of 64 tokens, eps = 0.3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from sinklab.data.packing import IGNORE_INDEX
+from sinklab.train.config import TrackConfig
+
+
+class SinkTracker:
+    """Evaluate a model on fixed validation windows and a fixed probe set.
+
+    Args:
+        probe_ids: (N, T_probe) int64 probe windows (0-based positions; position 0 = token 1).
+        val_inputs, val_targets: (M, T) int64 validation windows; masked targets are -100.
+        cfg: the tracker config (eps, positions, emergence level).
+        prefix_len: prefix-LM prefix length used for the validation loss (0 = causal).
+    """
+
+    def __init__(self, probe_ids: torch.Tensor, val_inputs: torch.Tensor, val_targets: torch.Tensor,
+                 cfg: TrackConfig, prefix_len: int = 0) -> None:
+        self.probe_ids = probe_ids
+        self.val_inputs = val_inputs
+        self.val_targets = val_targets
+        self.cfg = cfg
+        self.prefix_len = prefix_len
+        self.history: list[dict[str, Any]] = []
+
+    @torch.no_grad()
+    def validation_loss(self, model: torch.nn.Module, device: torch.device, autocast=contextlib.nullcontext) -> float:
+        """Mean cross-entropy (nats/token) over the unmasked validation targets."""
+        total, count = 0.0, 0
+        bs = self.cfg.batch_size
+        for s in range(0, len(self.val_inputs), bs):
+            x = self.val_inputs[s : s + bs].to(device)
+            y = self.val_targets[s : s + bs].to(device)
+            with autocast():
+                logits = model(x, prefix_len=self.prefix_len).logits
+            total += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
+                                           reduction="sum"))
+            count += int((y != IGNORE_INDEX).sum())
+        return total / max(count, 1)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, step: int, device: torch.device, autocast=contextlib.nullcontext) -> dict[str, Any]:
+        """Metrics at ``step``: ``val_loss``, ``sink_rate`` (K percentages, position 1 first),
+        ``attention_mass_first``, ``norm_ratio`` (Sink'_1, mean variant), ``max_norm_ratio``,
+        ``top_sink_position`` (0-based) and ``renormalised``. Appended to :attr:`history`.
+
+        The model is put in eval mode and restored to its previous mode afterwards.
+        """
+        from sinklab.capture import collect
+        from sinklab.metrics import summarize
+
+        was_training = model.training
+        model.eval()
+        try:
+            val_loss = self.validation_loss(model, device, autocast)
+            stats = collect(model, self.probe_ids, batch_size=self.cfg.batch_size)
+            s = summarize(stats, eps=self.cfg.eps, positions=self.cfg.positions, n_boot=200)
+        finally:
+            model.train(was_training)
+        rec = {
+            "step": step,
+            "val_loss": round(val_loss, 6),
+            "sink_rate": s["sink_rate"],
+            "attention_mass_first": s["attention_mass_first"],
+            "norm_ratio": s["norm_ratio"][0],
+            "max_norm_ratio": s["max_norm_ratio"],
+            "top_sink_position": s["top_sink_position"],
+            "renormalised": s["renormalised"],
+        }
+        self.history.append(rec)
+        return rec
+
+    def emergence_step(self, level: float | None = None) -> int | None:
+        """First tracked step whose Sink_1 (percent) reached ``level`` (default ``cfg.emerge_level``), or None."""
+        level = self.cfg.emerge_level if level is None else level
+        for rec in self.history:
+            if rec["sink_rate"][0] >= level:
+                return int(rec["step"])
+        return None
