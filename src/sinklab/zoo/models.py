@@ -441,9 +441,21 @@ def _load_native(path: Path, *, dtype, attn_implementation) -> LoadedModel:
             f"{path} is a sinklab-trained model ({NATIVE_MARKER}) but sinklab.nn is not available to load it"
         ) from e
     loader = getattr(nn, "load_native", None)
-    if loader is None:
-        raise CaptureError(f"{path} is a sinklab-trained model but sinklab.nn has no load_native() yet")
-    return loader(path, dtype=dtype, attn_implementation=attn_implementation)
+    if loader is not None:
+        return loader(path, dtype=dtype, attn_implementation=attn_implementation)
+    # SinkLM.save_pretrained + the HF tokenizer saved by `sinklab train` (DIR/final)
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    if not (path / "tokenizer.json").exists():
+        raise InputError(f"{path} holds a sinklab model but no tokenizer.json; save one with tokenizer.save_pretrained")
+    model = nn.SinkLM.from_pretrained(path).to(dtype=dtype or torch.float32)
+    model.eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    info = ModelInfo(name=str(path), source=f"path:{path.resolve()}", sha256=_weights_sha256(path), license=None,
+                     path=str(path), is_encoder=False, max_context=model.config.max_seq_len,
+                     architecture=f"sinklab:{model.config.attention}")
+    return LoadedModel(model, tokenizer, info)
 
 
 def _looks_like_path(s: str) -> bool:
