@@ -130,8 +130,11 @@ def forward_hf(model: nn.Module, input_ids: torch.Tensor, collector: str) -> Bat
     """
     L = model.config.num_hidden_layers
     recorder = BatchRecorder(L, collector)
+    # The backbone alone (no LM head): the statistics never need logits, and the
+    # head is a large matmul over the vocabulary.
+    backbone = getattr(model, "base_model", model)
     with capturing(model, recorder, collector), torch.no_grad():
-        model(input_ids=input_ids, use_cache=False)
+        backbone(input_ids=input_ids, use_cache=False)
     if recorder.attn_calls == L:
         return recorder
     # Fallback: the model's code does not use the AttentionInterface.
