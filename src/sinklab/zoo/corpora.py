@@ -125,6 +125,11 @@ def clean_wikitext(wikitext: str) -> str:
     wikitext = re.sub(r"<ref[^>/]*/>", "", wikitext)
     wikitext = re.sub(r"<ref[^>]*>.*?(</ref>|$)", "", wikitext, flags=re.DOTALL | re.MULTILINE)
     code = mwparserfromhell.parse(wikitext)
+    for tag in code.filter_tags(recursive=False, matches=lambda n: str(n.tag).strip().lower() == "table"):
+        try:
+            code.remove(tag)  # tables are data, not prose
+        except ValueError:
+            pass
     text = code.strip_code(normalize=True, collapse=True)
     text = html.unescape(text)
     text = "\n".join(ln for ln in text.split("\n") if not _WIKI_TABLE_LINE.match(ln))
