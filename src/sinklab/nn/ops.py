@@ -290,7 +290,7 @@ class SoftmaxPNorm(AttentionOp):
         e = torch.exp(logits - m)  # (B, H, C, Tk)
         if self.p == 1.0:
             return e / e.sum(dim=-1, keepdim=True), None
-        z = e.pow(self.p).sum(dim=-1, keepdim=True).pow(1.0 / self.p)
+        z = torch.exp(self.p * (logits - m)).sum(dim=-1, keepdim=True).pow(1.0 / self.p)  # (B, H, C, 1)
         return e / z, None
 
 
@@ -315,7 +315,8 @@ class _Elementwise(AttentionOp):
         if self.norm == "sum":
             w = w / w.sum(dim=-1, keepdim=True).clamp_min(_EPS)
         elif self.norm == "pnorm":
-            w = w / w.pow(self.p).sum(dim=-1, keepdim=True).pow(1.0 / self.p).clamp_min(_EPS)
+            wp = torch.where(mask, w, 1.0).pow(self.p).masked_fill(~mask, 0.0)  # no 0^p: finite gradients
+            w = w / wp.sum(dim=-1, keepdim=True).pow(1.0 / self.p).clamp_min(_EPS)
         return w, None
 
 

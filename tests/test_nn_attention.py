@@ -1,0 +1,406 @@
+"""Attention operations against naive float64 references, identities, masks and paths.
+
+Every registered operation is picked up by the parametrisation; a new operation
+fails ``test_every_op_has_a_naive_reference`` until a formula is added to NAIVE.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sinklab.errors import ConfigError
+from sinklab.nn import ATTENTION, ModelConfig, SinkLM
+from sinklab.nn.attention import Attention, AttnContext, build_mask
+from sinklab.nn.positional import POSITIONAL
+
+T, D, H, HKV, V = 16, 32, 4, 2, 50
+OPS = ATTENTION.names()
+
+
+def config(attention="softmax", **kw) -> ModelConfig:
+    base = dict(vocab_size=V, d_model=D, n_layers=2, n_heads=H, n_kv_heads=HKV, d_ff=64, max_seq_len=T,
+                attention=attention)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def attn_module(cfg: ModelConfig, seed=0) -> tuple[Attention, object]:
+    torch.manual_seed(seed)
+    m = SinkLM(cfg)
+    # Put the op's parameters at a non-trivial value so they matter.
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if ".op." in name:
+                p.normal_(0.0, 0.5)
+    return m.layers[0].attn, m.positional
+
+
+def run(attn: Attention, positional, x, *, prefix_len=0, window=None, path="fast"):
+    """Call one attention layer on x (B, T, d) through a chosen path."""
+    Tn = x.shape[1]
+    attn.window = window
+    ctx = AttnContext(T=Tn, device=x.device, positional=positional, prefix_len=prefix_len, window=window,
+                      pos_state=positional.prepare(Tn, x.device))
+    if path == "fast":
+        return attn(x, ctx)
+    if path == "chunked":
+        old_fast, old_elems = type(attn.op).sdpa, attn.chunk_elems
+        attn.chunk_elems = x.shape[0] * attn.n_heads * Tn * 3  # chunks of 3 queries
+        try:
+            attn.op.sdpa = False
+            return attn(x, ctx)
+        finally:
+            attn.op.sdpa = old_fast
+            attn.chunk_elems = old_elems
+    seen = {}
+
+    def obs(layer, w, **kw):
+        seen.update(w=w, **kw)
+
+    y = attn(x, ctx, observer=obs)
+    return y, seen
+
+
+# ======================================================= naive references
+def _sm_extra(s, extra_logit):
+    """softmax over real logits s (n,) plus an optional virtual logit; returns (w, w_extra)."""
+    if extra_logit is None:
+        e = torch.exp(s - s.max())
+        return e / e.sum(), None
+    m = max(s.max().item(), float(extra_logit))
+    e, e0 = torch.exp(s - m), torch.exp(extra_logit - m)
+    z = e.sum() + e0
+    return e / z, e0 / z
+
+
+def _naive_row(name, op, s, qi, ctx):
+    """Weights over the visible keys of one query, and the virtual key's (weight, value) or None.
+
+    s: (n,) float64 logits q_i.k_j / sqrt(d_h) over visible keys; qi: (d_h,) query; ctx: dict
+    with head h, kv head hk, the float64 projections and the layer input. Written from the
+    papers' formulas, independently of sinklab.nn.ops.
+    """
+    h, hk, dh = ctx["h"], ctx["hk"], ctx["dh"]
+    sc = 1.0 / math.sqrt(dh)
+    if name in ("softmax", "gated_headwise", "gated_elementwise"):
+        return _sm_extra(s, None)[0], None
+    if name == "softmax_scaled":
+        return op.alpha * _sm_extra(s, None)[0], None
+    if name == "softmax_off_by_one":  # exp(s) / (1 + sum exp(s))
+        w = torch.exp(s) / (1.0 + torch.exp(s).sum())
+        return w, (1.0 / (1.0 + torch.exp(s).sum()), torch.zeros(dh, dtype=torch.float64))
+    if name == "sink_logit":
+        b = op.sink_logit[h].double()
+        z = torch.exp(b) + torch.exp(s).sum()
+        return torch.exp(s) / z, (torch.exp(b) / z, torch.zeros(dh, dtype=torch.float64))
+    if name in ("sink_token", "kv_bias", "k_bias", "v_bias"):
+        if name == "sink_token":
+            xs = op.sink_token.double()
+            kstar = (ctx["Wk"] @ xs).view(-1, dh)[hk]
+            vstar = (ctx["Wv"] @ xs).view(-1, dh)[hk]
+        else:
+            row = 0 if op.shared else hk
+            kstar, vstar = op.k_bias[row].double(), op.v_bias[row].double()
+        if name == "k_bias":
+            assert torch.equal(vstar, torch.zeros_like(vstar))
+        if name == "v_bias":
+            assert torch.equal(kstar, torch.zeros_like(kstar))
+        s0 = (qi @ kstar) * sc
+        z = torch.exp(s0) + torch.exp(s).sum()
+        return torch.exp(s) / z, (torch.exp(s0) / z, vstar)
+    if name == "softmax_pnorm":
+        p = op.p
+        return torch.exp(s) / (torch.exp(s) ** p).sum() ** (1 / p), None
+    if name == "sigmoid":
+        return torch.sigmoid(s + op.bias), None
+    if name == "sigmoid_logn":
+        return 1.0 / (1.0 + torch.exp(-(s - math.log(T)))), None  # n = max_seq_len = T
+    if name == "sigmoid_norm":
+        return torch.sigmoid(s) / torch.sigmoid(s).sum(), None
+    if name == "sigmoid_pnorm":
+        p = op.p
+        return torch.sigmoid(s) / (torch.sigmoid(s) ** p).sum() ** (1 / p), None
+    if name == "relu":
+        return torch.clamp(s, min=0), None
+    if name == "relu_norm":
+        r = torch.clamp(s, min=0)
+        return r / max(r.sum().item(), 1e-6), None
+    if name == "softpick":
+        em1 = torch.exp(s) - 1.0
+        return torch.clamp(em1, min=0) / (em1.abs().sum() + 1e-6), None
+    # feature-map kernels: recompute the similarity from phi(q).phi(k)
+    kern = {"elu1": lambda x: torch.where(x > 0, x + 1, torch.exp(x)),
+            "elu1_norm": lambda x: torch.where(x > 0, x + 1, torch.exp(x)),
+            "linear": lambda x: x, "linear_relu": lambda x: torch.clamp(x, min=0),
+            "linear_relu_norm": lambda x: torch.clamp(x, min=0)}
+    if name in kern:
+        phi = kern[name]
+        sim = (ctx["keys"] @ phi(qi).unsqueeze(-1)).squeeze(-1) if False else None
+        sim = torch.stack([phi(qi) @ phi(kj) for kj in ctx["keys"]]) * sc
+        if name.endswith("_norm"):
+            return sim / max(sim.sum().item(), 1e-6), None
+        return sim, None
+    raise KeyError(name)
+
+
+NAIVE_NAMES = {"softmax", "gated_headwise", "gated_elementwise", "softmax_scaled", "softmax_off_by_one", "sink_logit",
+               "sink_token", "kv_bias", "k_bias", "v_bias", "softmax_pnorm", "sigmoid", "sigmoid_logn", "sigmoid_norm",
+               "sigmoid_pnorm", "relu", "relu_norm", "softpick", "elu1", "elu1_norm", "linear", "linear_relu",
+               "linear_relu_norm"}
+
+
+def naive_attention(attn: Attention, name: str, x: torch.Tensor, *, prefix_len=0, window=None):
+    """Float64 layer output (B, T, d) and raw weights (B, H, T, T), loops over rows (NoPE)."""
+    x = x.double()
+    B, Tn, _ = x.shape
+    dh, Hkv = attn.head_dim, attn.n_kv_heads
+    Wq, Wk, Wv, Wo = (getattr(attn, n).weight.double() for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    q = (x @ Wq.T).view(B, Tn, H, dh)
+    k = (x @ Wk.T).view(B, Tn, Hkv, dh)
+    v = (x @ Wv.T).view(B, Tn, Hkv, dh)
+    out = torch.zeros(B, Tn, H, dh, dtype=torch.float64)
+    weights = torch.zeros(B, H, Tn, Tn, dtype=torch.float64)
+    extras = torch.zeros(B, H, Tn, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            hk = h // (H // Hkv)
+            for i in range(Tn):
+                js = [j for j in range(Tn) if (j <= i or j < prefix_len) and (window is None or abs(i - j) < window)]
+                keys = k[b, js, hk]
+                s = (keys @ q[b, i, h]) / math.sqrt(dh)
+                ctx = dict(h=h, hk=hk, dh=dh, Wk=Wk, Wv=Wv, keys=keys)
+                w, extra = _naive_row(name, attn.op, s, q[b, i, h], ctx)
+                out[b, i, h] = w @ v[b, js, hk]
+                weights[b, h, i, js] = w
+                if extra is not None:
+                    out[b, i, h] += extra[0] * extra[1]
+                    extras[b, h, i] = extra[0]
+    gate = attn.op.gate
+    if gate is not None:
+        g = torch.sigmoid(x @ attn.gate_proj.weight.double().T)  # (B, T, H) or (B, T, H*dh)
+        out = out * g.view(B, Tn, H, -1)
+    y = out.reshape(B, Tn, H * dh) @ Wo.T
+    return y, weights, extras
+
+
+def test_every_op_has_a_naive_reference():
+    missing = set(OPS) - NAIVE_NAMES
+    assert not missing, f"add a naive float64 formula to tests/test_nn_attention.py for {sorted(missing)}"
+
+
+MASKS = [dict(), dict(window=5), dict(prefix_len=6), dict(prefix_len=6, window=4)]
+MASK_IDS = ["causal", "window5", "prefix6", "prefix6-window4"]
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("name", OPS)
+def test_op_matches_naive_float64(name, mask):
+    attn, pos = attn_module(config(name, positional="nope"))
+    torch.manual_seed(1)
+    x = torch.randn(2, T, D)
+    ref_y, ref_w, ref_extra = naive_attention(attn, name, x, **mask)
+    tol = dict(atol=2e-5, rtol=1e-4)
+    for path in ("fast", "chunked"):
+        y = run(attn, pos, x, path=path, **mask)
+        torch.testing.assert_close(y.double(), ref_y, **tol, msg=lambda m: f"{name} {path}: {m}")
+    y, seen = run(attn, pos, x, path="reference", **mask)
+    torch.testing.assert_close(y.double(), ref_y, **tol)
+    # observer: renormalised iff the op's rows do not sum to 1
+    w, extra = ref_w, ref_extra
+    if not attn.op.normalised:
+        tot = w.sum(-1) + extra
+        tot = torch.where(tot > 0, tot, torch.ones_like(tot))
+        w, extra = w / tot[..., None], extra / tot
+    assert seen["renormalised"] == (not attn.op.normalised)
+    rows = torch.ones(w.shape[:-1], dtype=torch.bool)
+    if name == "linear":  # signed weights: renormalising rows whose sum is near 0 is ill-conditioned
+        rows = (ref_w.sum(-1)).abs() > 0.05
+    torch.testing.assert_close(seen["w"].double()[rows], w[rows], **tol)
+    has_virtual = name in ("softmax_off_by_one", "sink_logit", "sink_token", "kv_bias", "k_bias", "v_bias")
+    assert (seen["extra"] is not None) == has_virtual
+    if has_virtual:
+        torch.testing.assert_close(seen["extra"].double(), extra, **tol)
+    assert seen["key"].shape == (2, HKV, T, attn.head_dim) and seen["value"].shape == (2, HKV, T, attn.head_dim)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_causality_and_finite_grads(name):
+    """Changing token t never changes logits before t (nor before t with a prefix < t)."""
+    torch.manual_seed(0)
+    m = SinkLM(config(name, positional="rope"))
+    ids = torch.randint(0, V, (2, T))
+    for prefix_len, t in ((0, 9), (5, 9), (0, 0)):
+        ids2 = ids.clone()
+        ids2[:, t] = (ids2[:, t] + 1) % V
+        a = m(ids, prefix_len=prefix_len).logits
+        b = m(ids2, prefix_len=prefix_len).logits
+        torch.testing.assert_close(a[:, :t], b[:, :t], rtol=0, atol=0)
+        assert not torch.allclose(a[:, t:], b[:, t:])
+    loss = F.cross_entropy(m(ids).logits.flatten(0, 1), ids.roll(-1, 1).flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    for pname, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+    for pname, p in m.named_parameters():
+        if ".op." in pname and "k_bias" not in pname:  # k_bias alone gets a gradient too, checked below
+            assert p.grad.abs().sum() > 0, f"{pname} gets no gradient"
+
+
+@pytest.mark.parametrize("name", [n for n in OPS if ATTENTION.get(n).accepts_logit_bias])
+@pytest.mark.parametrize("positional", ["alibi", "t5"])
+def test_paths_agree_with_logit_bias_and_gqa(name, positional):
+    attn, pos = attn_module(config(name, positional=positional))
+    with torch.no_grad():
+        for p in pos.parameters():
+            p.normal_(0, 0.5)
+    x = torch.randn(1, T, D)
+    for mask in MASKS:
+        ref, _ = run(attn, pos, x, path="reference", **mask)
+        for path in ("fast", "chunked"):
+            torch.testing.assert_close(run(attn, pos, x, path=path, **mask), ref, atol=1e-5, rtol=1e-4)
+
+
+def test_chunked_backward_equals_reference_backward():
+    attn, pos = attn_module(config("sigmoid_norm", positional="t5"))
+    x = torch.randn(2, T, D, requires_grad=True)
+    grads = []
+    for path in ("chunked", "reference"):
+        out = run(attn, pos, x, path=path, prefix_len=3, window=6)
+        y = out[0] if isinstance(out, tuple) else out
+        attn.zero_grad()
+        pos.zero_grad()
+        x.grad = None
+        (y ** 2).sum().backward()
+        grads.append((x.grad.clone(), attn.q_proj.weight.grad.clone(), pos.bias.weight.grad.clone()))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+# ============================================================ identities
+def _same_weights(names_opts, **kw):
+    """Attention layers of several ops sharing the same projection weights."""
+    mods = []
+    for name, opts in names_opts:
+        attn, pos = attn_module(config(name, attention_options=opts, **kw), seed=0)
+        mods.append((attn, pos))
+    base = mods[0][0]
+    for attn, _ in mods[1:]:
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(attn, n).load_state_dict(getattr(base, n).state_dict())
+    return mods
+
+
+@pytest.mark.parametrize("path", ["fast", "chunked", "reference"])
+def test_off_by_one_equals_zero_sink_logit_equals_zero_k_bias(path):
+    mods = _same_weights([("softmax_off_by_one", {}), ("sink_logit", {}), ("k_bias", {})])
+    with torch.no_grad():
+        mods[1][0].op.sink_logit.zero_()
+        mods[2][0].op.k_bias.zero_()
+    x = torch.randn(2, T, D)
+    outs = []
+    for attn, pos in mods:
+        o = run(attn, pos, x, path=path, prefix_len=4)
+        outs.append(o[0] if isinstance(o, tuple) else o)
+    torch.testing.assert_close(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("path", ["fast", "chunked", "reference"])
+@pytest.mark.parametrize("name,opts,other", [
+    ("softmax_pnorm", {"p": 1.0}, "softmax"),
+    ("softmax_scaled", {"alpha": 1.0}, "softmax"),
+    ("sigmoid_pnorm", {"p": 1.0}, "sigmoid_norm"),
+])
+def test_identities_with_softmax(name, opts, other, path):
+    (a, pa), (b, pb) = _same_weights([(name, opts), (other, {})], positional="rope")
+    x = torch.randn(2, T, D)
+    ya, yb = run(a, pa, x, path=path, window=7), run(b, pb, x, path=path, window=7)
+    if path == "reference":
+        ya, yb = ya[0], yb[0]
+    torch.testing.assert_close(ya, yb)
+
+
+def test_pnorm_is_temperature_then_root():
+    """softmax_pnorm weights == softmax(p s)^(1/p) (Gu et al. rebuttal)."""
+    attn, pos = attn_module(config("softmax_pnorm", attention_options={"p": 0.5}, positional="nope"))
+    x = torch.randn(1, T, D)
+    _, seen = run(attn, pos, x, path="reference")
+    raw = seen["w"]  # renormalised -> undo by comparing shapes of rows
+    q = attn.q_proj(x).view(1, T, H, -1).transpose(1, 2).double()
+    k = attn.k_proj(x).view(1, T, HKV, -1).transpose(1, 2).double().repeat_interleave(H // HKV, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    w = torch.softmax(0.5 * s, -1) ** 2.0
+    torch.testing.assert_close(raw.double(), w / w.sum(-1, keepdim=True), atol=1e-6, rtol=1e-5)
+
+
+# ================================================================ masks
+def test_masks_against_hand_built():
+    # rows = queries 0..4, cols = keys 0..4
+    causal = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    window2 = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    prefix3 = [[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    prefix3_window2 = [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    for kw, want in ((dict(), causal), (dict(window=2), window2), (dict(prefix_len=3), prefix3),
+                     (dict(prefix_len=3, window=2), prefix3_window2)):
+        assert build_mask(5, **kw).int().tolist() == want, kw
+
+
+def test_sliding_window_in_model_hides_far_tokens():
+    """1-layer model, window 4: the logit at position 10 ignores tokens 0..6 but not 7."""
+    torch.manual_seed(0)
+    for name in ("softmax", "sigmoid", "sink_logit"):
+        m = SinkLM(config(name, n_layers=1, sliding_window=4))
+        ids = torch.randint(0, V, (1, T))
+        base = m(ids).logits[0, 10]
+        far, near = ids.clone(), ids.clone()
+        far[0, :7] = (far[0, :7] + 1) % V
+        near[0, 7] = (near[0, 7] + 1) % V
+        torch.testing.assert_close(m(far).logits[0, 10], base, rtol=0, atol=0)
+        assert not torch.allclose(m(near).logits[0, 10], base)
+
+
+def test_prefix_lm_is_bidirectional_inside_prefix():
+    torch.manual_seed(0)
+    m = SinkLM(config("softmax"))
+    ids = torch.randint(0, V, (1, T))
+    ids2 = ids.clone()
+    ids2[0, 4] = (ids2[0, 4] + 1) % V
+    a, b = m(ids, prefix_len=6).logits, m(ids2, prefix_len=6).logits
+    assert not torch.allclose(a[0, 0], b[0, 0])  # position 0 sees position 4 in the prefix
+    a, b = m(ids, prefix_len=4).logits, m(ids2, prefix_len=4).logits
+    torch.testing.assert_close(a[0, :4], b[0, :4], rtol=0, atol=0)  # position 4 is past the prefix
+
+
+# =========================================================== validation
+def test_option_validation():
+    with pytest.raises(ConfigError, match="alpha"):
+        config("softmax_scaled", attention_options={"alpha": 1.5})
+    with pytest.raises(ConfigError, match="p"):
+        config("softmax_pnorm", attention_options={"p": 0})
+    with pytest.raises(ConfigError, match="takes no option 'alpa'.*did you mean 'alpha'"):
+        config("softmax_scaled", attention_options={"alpa": 0.5})
+    with pytest.raises(ConfigError, match="gate"):
+        config("softmax", attention_options={"gate": "rowwise"})
+    with pytest.raises(ConfigError, match="alibi.*elu1"):
+        config("elu1", positional="alibi")
+
+
+def test_gate_option_on_any_op_and_shared_kv_bias():
+    cfg = config("sigmoid", attention_options={"gate": "headwise"})
+    attn, pos = attn_module(cfg)
+    assert attn.gate_proj.weight.shape == (H, D)
+    attn, pos = attn_module(config("kv_bias", attention_options={"shared": True}, positional="nope"))
+    assert attn.op.k_bias.shape == (1, D // H)
+    x = torch.randn(1, T, D)
+    ref_y, _, _ = naive_attention(attn, "kv_bias", x)
+    torch.testing.assert_close(run(attn, pos, x).double(), ref_y, atol=2e-5, rtol=1e-4)
+
+
+def test_every_positional_builds():
+    for name in POSITIONAL:
+        SinkLM(config("softmax", positional=name))(torch.zeros(1, 4, dtype=torch.long))
