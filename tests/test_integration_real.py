@@ -1,0 +1,24 @@
+"""Integration: the real SmolLM2-135M on real State of the Union text (fetched and cached by the run)."""
+
+import pytest
+
+from sinklab.measure import measure
+from sinklab.measure.run import load_results
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_sink_on_natural_text_far_above_repeated(real_home, tmp_path):
+    nat = measure(num_samples=24, seq_len=64, out=tmp_path / "natural", progress=False)
+    rep = measure(input="repeated", num_samples=24, seq_len=64, progress=False)
+    assert nat.model["name"] == "smollm2-135m" and nat.corpus["name"] == "sotu"
+    # the paper's observation for RoPE LLaMA-family models: strong token-1 sink on natural
+    # text, (almost) none on a repeated token
+    assert nat.sink_rate[0] > 40.0
+    assert nat.sink_rate[0] > rep.sink_rate[0] + 30.0
+    assert nat.summary["top_sink_position"] == 0
+    assert nat.summary["norm_ratio"][0] > 5.0  # massive activation on the sink token
+    res = load_results(tmp_path / "natural")
+    assert res["sink_rate"] == nat.sink_rate
+    assert res["input_ids"] == nat.probe.input_ids.tolist()
+    assert res["model"]["sha256"] and res["corpus"]["sha256"]
