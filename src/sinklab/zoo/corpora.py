@@ -134,6 +134,7 @@ def clean_wikitext(wikitext: str) -> str:
     text = html.unescape(text)
     text = "\n".join(ln for ln in text.split("\n") if not _WIKI_TABLE_LINE.match(ln))
     text = re.sub(r"\{\{[^{}]*\}\}", "", text)  # unparsed templates
+    text = re.sub(r"\[\[(?:File|Image):[^\n]*", "", text)  # unclosed file links
     text = re.sub(r"</?[a-zA-Z][^>]*>", "", text)  # unparsed HTML tags
     text = re.sub(r"^\s*(thumb|left|right|upright)\|.*$", "", text, flags=re.MULTILINE)  # stray image captions
     text = re.sub(r"\(\s*[,;]?\s*\)", "", text)  # "( )" left by removed templates
@@ -151,9 +152,11 @@ def clean_osis(osis: str) -> str:
     Paragraph divs (``type="x-p"``), line breaks and poetry line ends become
     newlines; Strong's ``<w lemma=...>word</w>`` wrappers keep their word.
     """
-    text = _OSIS_DROP.sub("", osis)
+    text = _OSIS_DROP.sub("\x01", osis)  # a dropped note may sit between two words: "God<note/><w>created"
     text = _OSIS_BREAK.sub("\n", text)
     text = _OSIS_TAG.sub("", text)
+    text = re.sub(r"(?<=[\w,;:.!?’”])\x01+(?=[\w“‘(])", " ", text).replace("\x01", "")
+    text = re.sub(r"<[^\n]*", "", text)  # a tag cut off at an entry boundary (literal "<" is &lt;)
     text = html.unescape(text)
     text = normalise_whitespace(text)
     return re.sub(r"\n+", "\n", text)  # one paragraph a line
@@ -327,6 +330,10 @@ def split_osis_books(osis: str) -> list[tuple[str, str]]:
     return [(b, "\n".join(chs)) for b, chs in books]
 
 
+#: Books whose opening <div type="book"> osis2mod lost in sword-text-web 426.0 (so no x-usfm-h name).
+_OSIS_FALLBACK_NAMES = {"Hos": "Hosea"}
+
+
 def _read_sword_web(root: Path) -> Docs:
     mod = root / "usr" / "share" / "sword" / "modules" / "texts" / "ztext" / "engWEB2015eb"
     osis = "\n".join(read_sword_ztext(mod))
@@ -335,7 +342,7 @@ def _read_sword_web(root: Path) -> Docs:
     for book, markup in split_osis_books(osis):
         text = clean_osis(markup)
         if text:
-            titles.append(names.get(book, book))
+            titles.append(names.get(book) or _OSIS_FALLBACK_NAMES.get(book, book))
             docs.append(text)
     return titles, docs
 
