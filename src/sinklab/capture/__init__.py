@@ -3,7 +3,8 @@
 * :mod:`~sinklab.capture.stats` -- :class:`ProbeStats`, the raw statistics of a probe set.
 * :mod:`~sinklab.capture.collectors` -- registry of attention collectors: functions that
   compute a layer's attention output *and* the column sums of its attention matrix
-  (``eager`` materialises one layer's T x T matrix at a time).
+  (``eager`` materialises one layer's T x T matrix at a time; :mod:`~sinklab.capture.blockwise`
+  never does, and is the default, ``"auto"``).
 * :mod:`~sinklab.capture.recorder` -- per-batch accumulation of layer statistics.
 * :mod:`~sinklab.capture.hf` -- the seam into ``transformers`` models (AttentionInterface).
 * :mod:`~sinklab.capture.native` -- the seam into sinklab's own :class:`~sinklab.nn.SinkLM`.
@@ -12,6 +13,7 @@
 
 from sinklab.capture.collect import collect
 from sinklab.capture.collectors import COLLECTORS
+from sinklab.capture import blockwise as _blockwise  # noqa: F401 - registers the "blockwise" collector
 from sinklab.capture.stats import ProbeStats
 
 __all__ = ["collect", "COLLECTORS", "ProbeStats"]

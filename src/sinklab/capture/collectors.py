@@ -9,9 +9,9 @@ A collector has the signature::
 with ``query`` (B, H_q, T_q, D), ``key``/``value`` (B, H_kv, T_k, D) (grouped-query
 heads not repeated), ``attention_mask`` None, a boolean mask (True = may attend) or
 an additive float mask broadcastable to (B, H_q, T_q, T_k); ``output`` (B, T_q, H_q, D)
-in ``value``'s dtype, and ``sliding_window`` the layer's window (informational: the mask
-already applies it whenever it matters; ``transformers`` passes None as the mask when
-the sequence fits in the window), and ``column_sums`` (B, H_q, T_k) float64:
+in ``value``'s dtype, and ``sliding_window`` the layer's window (applied by the
+collector when the mask is None: sinklab's mask builder returns None for a plain
+causal sliding-window pattern rather than a T x T mask), and ``column_sums`` (B, H_q, T_k) float64:
 ``sum_i A[b, h, i, j]``. Registered collectors are interchangeable: ``eager`` builds
 one layer's T x T matrix at a time, others may never build it.
 """
@@ -37,13 +37,14 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 
 
 def build_mask(
-    attention_mask: Tensor | None, is_causal: bool, t_q: int, t_k: int, device
+    attention_mask: Tensor | None, is_causal: bool, t_q: int, t_k: int, device, sliding_window: int | None = None
 ) -> Tensor | None:
     """Boolean mask (True = may attend) broadcastable to (B, H, T_q, T_k), or None for full attention.
 
     A given mask wins; float masks are converted (0 -> allowed, large negative ->
     masked). With no mask, a causal layer gets the lower-triangular mask aligned to
-    the last query (query i sees keys j <= i + T_k - T_q).
+    the last query (query i sees keys j <= i + T_k - T_q), narrowed to the sliding
+    window ``j > i + T_k - T_q - sliding_window`` when one is given (0-based positions).
     """
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
@@ -53,6 +54,8 @@ def build_mask(
         return None
     i = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
     j = torch.arange(t_k, device=device)[None, :]
+    if sliding_window is not None:
+        return (j <= i) & (j > i - sliding_window)
     return j <= i
 
 
@@ -89,7 +92,7 @@ def eager_collector(
     scores = torch.matmul(query.float(), k.float().transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    mask = build_mask(attention_mask, is_causal, Tq, Tk, query.device)
+    mask = build_mask(attention_mask, is_causal, Tq, Tk, query.device, sliding_window)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is not None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from typing import Iterator
 
 import torch
 from torch import nn
 
 from sinklab.capture.collectors import COLLECTORS
+from sinklab.capture.masks import capture_mask, reset_skipped_window, skipped_window
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.errors import CaptureError
 
@@ -44,6 +46,12 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
     recorder, collector_name = active
     collector = COLLECTORS.get(collector_name)
     layer = recorder.next_layer()
+    # The window of a sliding layer whose mask capture_mask skipped (None otherwise):
+    # the `sliding_window` kwarg (Gemma 3, Mistral, gpt-oss...), else the module's
+    # attribute, else the skipped mask's own window (models that pass neither).
+    window = None
+    if attention_mask is None and skipped_window() is not None:
+        window = kwargs.get("sliding_window", getattr(module, "sliding_window", skipped_window()))
     out, col = collector(
         query,
         key,
@@ -53,7 +61,7 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         is_causal=bool(is_causal) and query.shape[2] > 1,
         softcap=kwargs.get("softcap"),
         sinks=kwargs.get("s_aux"),
-        sliding_window=kwargs.get("sliding_window"),
+        sliding_window=window,
     )
     recorder.add_attention(layer, col, causal=bool(is_causal), key=key, value=value)
     return out, None
@@ -61,11 +69,11 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     if ATTN_NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(ATTN_NAME, _capture_attention)
-        AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+        AttentionMaskInterface.register(ATTN_NAME, capture_mask)
 
 
 def find_layers(model: nn.Module) -> nn.ModuleList:
@@ -110,10 +118,12 @@ def capturing(model: nn.Module, recorder: BatchRecorder, collector: str = "eager
         model.set_attn_implementation(ATTN_NAME)
         for i, layer in enumerate(layers):
             handles.append(layer.register_forward_hook(hook(i)))
+        reset_skipped_window()
         _state.active = (recorder, collector)
         yield recorder
     finally:
         _state.active = None
+        reset_skipped_window()
         for h in handles:
             h.remove()
         model.set_attn_implementation(previous)
@@ -140,6 +150,11 @@ def forward_hf(model: nn.Module, input_ids: torch.Tensor, collector: str) -> Bat
     # Fallback: the model's code does not use the AttentionInterface.
     recorder = BatchRecorder(L, "output_attentions")
     recorder.notes.append("attention not interceptable: fell back to eager output_attentions")
+    warnings.warn(
+        f"{type(model).__name__} does not route attention through transformers' AttentionInterface: "
+        "falling back to eager output_attentions (every layer's T x T attention at once)",
+        stacklevel=2,
+    )
     layers = find_layers(model)
     handles = [
         layer.register_forward_hook(lambda _m, _i, o, i=i: recorder.add_hidden(i, o[0] if isinstance(o, tuple) else o))

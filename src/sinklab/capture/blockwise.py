@@ -1,0 +1,363 @@
+"""The ``blockwise`` collector: exact attention column sums without a T x T matrix.
+
+The attention output comes from the fused SDPA kernel, as in a plain forward; the
+column sums ``sum_i A[b, h, i, j]`` are computed block by block over queries from the
+queries, the keys and each query's log-sum-exp (LSE)::
+
+    A[b, h, i, j] = exp(scaling * q_i . k_j + bias_ij - LSE_i)
+
+(``bias`` is 0 where query ``i`` may attend key ``j`` and -inf where it may not). A
+block of ``n`` queries needs only its ``(B, H_q, n, span)`` tile of scores, where
+``span`` is the range of keys the block can see (``<= T_k``; about half of it on
+average for a causal layer, at most ``window + n`` for a sliding-window layer). Extra
+memory is therefore ``O(B H_q n T_k)`` for one layer at a time, never ``O(T^2)``.
+
+Three paths, chosen per layer:
+
+* **fused** (CPU, no soft-capping, no sink logits, no sliding window that matters):
+  ``aten._scaled_dot_product_flash_attention_for_cpu`` returns the output *and* the
+  LSE in one call -- the same kernel ``F.scaled_dot_product_attention`` dispatches to
+  on CPU, so the output is bit-identical to the plain SDPA forward. Each tile then
+  costs one batched GEMM (with ``-LSE + bias`` folded into its accumulator), one
+  in-place ``exp`` and one GEMV for the column sum.
+* **sdpa** (other devices, same conditions): the output from
+  ``F.scaled_dot_product_attention`` exactly as ``transformers`` calls it, and the
+  LSE of each tile computed in the tile (max, exp, sum).
+* **tiled** (soft-capping as in Gemma 2, per-head sink logits as in gpt-oss, a
+  sliding window that no mask expresses, or a causal layer with fewer queries than
+  keys and no mask): SDPA cannot compute these, so the output is computed tile by
+  tile too (``softmax(tile) @ V``), in float32.
+
+The block size is chosen from a memory budget (:data:`DEFAULT_BUDGET_BYTES` for the
+score tile, 64 MiB) and can be fixed with :func:`blockwise_options` or the
+``SINKLAB_BLOCK_SIZE`` environment variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sinklab.capture.collectors import COLLECTORS, repeat_kv
+from sinklab.errors import InputError
+
+DEFAULT_BUDGET_BYTES = 64 * 2**20
+"""Bytes of float32 score tile per block (the collector's extra memory is about twice this)."""
+
+_FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+@dataclass
+class BlockwiseOptions:
+    """Settings of the ``blockwise`` collector.
+
+    Attributes:
+        block_size: queries per block; None chooses it from ``budget_bytes``.
+        budget_bytes: bytes of one float32 score tile (B x H_q x block x span).
+        fused: use the fused CPU kernel's log-sum-exp when it applies.
+    """
+
+    block_size: int | None = None
+    budget_bytes: int = DEFAULT_BUDGET_BYTES
+    fused: bool = True
+
+
+_local = threading.local()
+
+
+def current_options() -> BlockwiseOptions:
+    """The options in force in this thread (``SINKLAB_BLOCK_SIZE`` sets the default block size)."""
+    opts = getattr(_local, "options", None)
+    if opts is not None:
+        return opts
+    env = os.environ.get("SINKLAB_BLOCK_SIZE")
+    if env:
+        try:
+            size = int(env)
+        except ValueError:
+            raise InputError(f"SINKLAB_BLOCK_SIZE must be a positive integer, got {env!r}") from None
+        if size <= 0:
+            raise InputError(f"SINKLAB_BLOCK_SIZE must be a positive integer, got {env!r}")
+        return BlockwiseOptions(block_size=size)
+    return BlockwiseOptions()
+
+
+@contextlib.contextmanager
+def blockwise_options(
+    block_size: int | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES, fused: bool = True
+) -> Iterator[BlockwiseOptions]:
+    """Within the block, the ``blockwise`` collector uses these settings (this thread only).
+
+    Raises:
+        InputError: ``block_size`` or ``budget_bytes`` not positive.
+    """
+    if block_size is not None and block_size <= 0:
+        raise InputError(f"block_size must be positive, got {block_size}")
+    if budget_bytes <= 0:
+        raise InputError(f"budget_bytes must be positive, got {budget_bytes}")
+    previous = getattr(_local, "options", None)
+    _local.options = BlockwiseOptions(block_size, budget_bytes, fused)
+    try:
+        yield _local.options
+    finally:
+        _local.options = previous
+
+
+def choose_block_size(batch: int, heads: int, t_q: int, t_k: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
+    """Queries per block so that one (batch, heads, block, t_k) float32 tile fits ``budget_bytes``.
+
+    At least 16 (or ``t_q`` if smaller), at most ``t_q``; a multiple of 16 when below ``t_q``.
+    """
+    per_row = max(1, batch * heads * t_k * 4)
+    n = budget_bytes // per_row
+    if n >= t_q:
+        return t_q
+    return max(min(16, t_q), (n // 16) * 16)
+
+
+def _float_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """Additive mask (0 = attend, -inf = masked) of a boolean or additive-float mask."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    m = mask.to(dtype)
+    return m.masked_fill(mask <= torch.finfo(mask.dtype).min / 2, float("-inf"))
+
+
+def _sdpa_output(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, is_causal: bool, scale: float) -> Tensor:
+    """(B, H_q, T_q, D) attention output exactly as ``transformers``' SDPA integration computes it."""
+    n_rep = query.shape[1] // key.shape[1]
+    kwargs = {}
+    if n_rep > 1:
+        if mask is None and key.shape[-1] == value.shape[-1] <= 256:
+            kwargs["enable_gqa"] = True
+        else:
+            key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=is_causal and mask is None, scale=scale, **kwargs
+    )
+
+
+def _tile_bias(
+    mask: Tensor | None, q0: int, q1: int, k0: int, k1: int, offset: int, causal: bool, window: int | None, device
+) -> Tensor | None:
+    """Additive bias (0 / -inf) of the queries [q0, q1) and keys [k0, k1), or None if all visible.
+
+    With a mask: its (Bm, Hm, n, span) slice as floats. Without: causality (query i
+    sees keys j <= i + offset) and the sliding window (j > i + offset - window), shape (n, span).
+    """
+    if mask is not None:
+        rows = mask[..., q0:q1, k0:k1] if mask.shape[-2] > 1 else mask[..., k0:k1]
+        return _float_mask(rows, torch.float32)
+    if not causal:
+        return None
+    i = torch.arange(q0, q1, device=device)[:, None] + offset
+    j = torch.arange(k0, k1, device=device)[None, :]
+    hidden = j > i
+    if window is not None:
+        hidden |= j <= i - window
+    if not bool(hidden.any()):
+        return None
+    return torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf"))
+
+
+def _key_range(
+    mask: Tensor | None, q0: int, q1: int, t_k: int, offset: int, causal: bool, window: int | None
+) -> tuple[int, int]:
+    """[k0, k1): the keys that some query in [q0, q1) may attend (an empty range gives k0 == k1)."""
+    if mask is not None:
+        rows = mask[..., q0:q1, :] if mask.shape[-2] > 1 else mask
+        allowed = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+        cols = allowed.reshape(-1, t_k).any(dim=0).nonzero()
+        if cols.numel() == 0:
+            return 0, 0
+        return int(cols[0]), int(cols[-1]) + 1
+    if not causal:
+        return 0, t_k
+    k1 = min(t_k, q1 + offset)
+    k0 = max(0, q0 + offset - window + 1) if window is not None else 0
+    return k0, k1
+
+
+def blockwise_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    scaling: float | None,
+    attention_mask: Tensor | None,
+    is_causal: bool,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    sliding_window: int | None = None,
+    block_size: int | None = None,
+    budget_bytes: int | None = None,
+    fused: bool | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Attention output and exact column sums, block by block over queries.
+
+    Computes the same as the ``eager`` collector (softmax attention, Vaswani et al.
+    2017, with Gemma 2 soft-capping ``softcap * tanh(s / softcap)``, gpt-oss sink
+    logits in the denominator, and Gemma 3 / Mistral sliding windows), but the
+    largest temporary is one (B, H_q, block, span) float32 score tile.
+
+    Args:
+        query: (B, H_q, T_q, D), after RoPE.
+        key, value: (B, H_kv, T_k, D) with H_q a multiple of H_kv (grouped-query
+            heads are not repeated).
+        scaling: score scale; None means ``1/sqrt(D)``.
+        attention_mask: None, a boolean mask (True = may attend) or an additive
+            float mask, broadcastable to (B, H_q, T_q, T_k); it already contains
+            causality and the window when given.
+        is_causal: without a mask, query ``i`` (0-based) sees keys
+            ``j <= i + T_k - T_q``.
+        softcap: Gemma 2 attention-logit soft-capping, or None.
+        sinks: (H_q,) per-head sink logits added to the softmax denominator
+            (gpt-oss), or None.
+        sliding_window: without a mask, a causal layer's query ``i`` also needs
+            ``j > i + T_k - T_q - sliding_window`` (``transformers`` semantics).
+        block_size: queries per block; None uses :func:`current_options` or
+            :func:`choose_block_size`.
+        budget_bytes: memory budget of one score tile when choosing the block size.
+        fused: allow the fused CPU kernel (output and LSE in one call).
+
+    Returns:
+        output (B, T_q, H_q, D) in ``value``'s dtype; column sums (B, H_q, T_k)
+        float64, ``sum_i A[b, h, i, j]`` over 0-based query positions ``i``. Queries
+        whose every key is masked (padding) contribute nothing.
+
+    Raises:
+        InputError: mismatched shapes, H_q not a multiple of H_kv, or a block size
+            that is not positive.
+    """
+    if query.dim() != 4 or key.dim() != 4 or value.shape[:3] != key.shape[:3]:
+        raise InputError(
+            f"expected query (B, H_q, T_q, D) and key/value (B, H_kv, T_k, D), got "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    B, Hq, Tq, D = query.shape
+    Hkv, Tk = key.shape[1], key.shape[2]
+    if Hq % Hkv != 0:
+        raise InputError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    opts = current_options()
+    block_size = block_size if block_size is not None else opts.block_size
+    budget_bytes = budget_bytes if budget_bytes is not None else opts.budget_bytes
+    fused = opts.fused if fused is None else fused
+    if block_size is None:
+        block_size = choose_block_size(B, Hq, Tq, Tk, budget_bytes)
+    if block_size <= 0:
+        raise InputError(f"block_size must be positive, got {block_size}")
+    n_rep = Hq // Hkv
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(D)
+    offset = Tk - Tq
+    # a window matters only if, without a mask, some query could see a key `window` or more back
+    window = sliding_window if (attention_mask is None and is_causal and sliding_window is not None) else None
+    if window is not None and Tq - 1 + offset < window:
+        window = None
+    # SDPA's is_causal aligns the triangle to the first query; ours (and eager's) to the last
+    misaligned = is_causal and attention_mask is None and Tq != Tk
+    tiled_output = softcap is not None or sinks is not None or window is not None or misaligned
+    mask = attention_mask
+    if mask is not None and mask.dim() != 4:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+    lse = None  # (B, H_q, T_q) float32, when the output kernel provides it
+    if tiled_output:
+        out = torch.empty(B, Hq, Tq, value.shape[-1], dtype=torch.float32, device=query.device)
+    elif fused and _FUSED_CPU is not None and query.device.type == "cpu" and value.shape[-1] == D:
+        fmask = None if mask is None else _float_mask(mask, query.dtype)
+        out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal and mask is None), attn_mask=fmask, scale=scale)
+        lse = lse.float()
+    else:
+        out = _sdpa_output(query, key, value, mask, is_causal, scale)
+
+    qf = query.float()
+    kf = key.float().reshape(B * Hkv, Tk, D)  # (B*H_kv, T_k, D)
+    vf = value.float().reshape(B * Hkv, Tk, -1) if tiled_output else None
+    col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
+    sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1)
+
+    for q0 in range(0, Tq, block_size):
+        q1 = min(q0 + block_size, Tq)
+        n = q1 - q0
+        k0, k1 = _key_range(mask, q0, q1, Tk, offset, is_causal, window)
+        if k1 <= k0:
+            if tiled_output:
+                out[:, :, q0:q1] = 0.0
+            continue
+        span = k1 - k0
+        # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
+        qb = qf[:, :, q0:q1].reshape(B * Hkv, n_rep * n, D)
+        kT = kf[:, k0:k1].transpose(1, 2)  # (B*H_kv, D, span)
+        bias = _tile_bias(mask, q0, q1, k0, k1, offset, is_causal, window, query.device)
+
+        if lse is not None:
+            # probabilities directly: exp(scale * q.k + bias - LSE), the LSE folded into the GEMM
+            lse_b = lse[:, :, q0:q1, None]  # (B, H_q, n, 1)
+            lse_b = torch.where(torch.isinf(lse_b), torch.zeros_like(lse_b), lse_b)  # fully masked rows
+            acc = -lse_b if bias is None else bias - lse_b
+            acc = acc.expand(B, Hq, n, span).contiguous().view(B * Hkv, n_rep * n, span)
+            probs = acc.baddbmm_(qb, kT, alpha=scale).exp_().view(B * Hq, n, span)
+            weights = torch.ones(B * Hq, 1, n, device=query.device)
+        else:
+            scores = torch.bmm(qb, kT).mul_(scale).view(B, Hq, n, span)  # (B, H_q, n, span)
+            if softcap is not None:
+                scores.div_(softcap).tanh_().mul_(softcap)
+            if bias is not None:
+                scores.add_(bias)
+            row_max = scores.amax(dim=-1, keepdim=True)  # (B, H_q, n, 1)
+            if sink_logits is not None:
+                row_max = torch.maximum(row_max, sink_logits.expand_as(row_max))
+            row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+            probs = scores.sub_(row_max).exp_()  # unnormalised
+            denom = probs.sum(dim=-1, keepdim=True)
+            if sink_logits is not None:
+                denom = denom + torch.exp(sink_logits - row_max)
+            inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))  # (B, H_q, n, 1)
+            probs = probs.view(B * Hq, n, span)
+            weights = inv.view(B * Hq, 1, n)
+            if tiled_output:
+                o = torch.bmm(probs.view(B * Hkv, n_rep * n, span), vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v)
+                out[:, :, q0:q1] = o.view(B, Hq, n, -1) * inv
+        # column sums of the (normalised) tile: weights^T @ probs, (B*H_q, 1, span)
+        col[:, :, k0:k1] += torch.bmm(weights, probs).view(B, Hq, span)
+
+    return out.to(value.dtype).transpose(1, 2).contiguous(), col
+
+
+@COLLECTORS.register(
+    "blockwise",
+    description="exact column sums block by block over queries from q, k and the log-sum-exp; output from SDPA; "
+    "no T x T matrix",
+)
+def blockwise_collector(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    scaling: float | None,
+    attention_mask: Tensor | None,
+    is_causal: bool,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    sliding_window: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The registered collector: :func:`blockwise_attention` with the thread's :func:`current_options`."""
+    return blockwise_attention(
+        query,
+        key,
+        value,
+        scaling=scaling,
+        attention_mask=attention_mask,
+        is_causal=is_causal,
+        softcap=softcap,
+        sinks=sinks,
+        sliding_window=sliding_window,
+    )

@@ -1,0 +1,304 @@
+"""The ``blockwise`` collector equals the ``eager`` one (and a float64 reference) without T x T tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import tiny_bert, tiny_gpt2, tiny_llama, tiny_neox
+from sinklab.capture import collect
+from sinklab.capture.blockwise import blockwise_attention, blockwise_options, choose_block_size
+from sinklab.capture.collectors import COLLECTORS
+from sinklab.capture.hf import capturing
+from sinklab.capture.recorder import BatchRecorder
+from sinklab.errors import InputError
+from sinklab.metrics import attention_mass
+
+
+def tiny_gemma3(window: int = 5):
+    """Gemma-3-style: sliding layers (window < T) mixed with a full layer, query_pre_attn_scalar scaling."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=window, query_pre_attn_scalar=10,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], max_position_embeddings=4096,
+    )
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+def tiny_gemma2():
+    """Gemma-2-style: attention-logit soft-capping (small, so that it bites) and a sliding window."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(
+        vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=6, attn_logit_softcapping=1.5,
+        final_logit_softcapping=None, max_position_embeddings=128,
+    )
+    return Gemma2ForCausalLM(cfg).eval()
+
+
+def tiny_gpt_oss():
+    """gpt-oss-style: learned per-head sink logits, sliding/full layers, grouped-query attention."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GptOssConfig(
+        vocab_size=80, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=4, num_local_experts=2, num_experts_per_tok=1,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=128,
+    )
+    model = GptOssForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)  # non-zero sink logits
+    return model
+
+
+BUILDERS = {
+    "llama": tiny_llama, "gpt2": tiny_gpt2, "neox": tiny_neox, "gemma3": tiny_gemma3,
+    "gemma2": tiny_gemma2, "gpt-oss": tiny_gpt_oss, "bert": tiny_bert,
+}
+#: architectures whose plain SDPA forward is exact (SDPA cannot soft-cap, and ignores gpt-oss sinks)
+SDPA_EXACT = {"llama", "gpt2", "neox", "gemma3", "bert"}
+T = 13  # longer than every window above, and not a multiple of the block size 5
+
+
+def _ids(n=3, t=T, seed=0):
+    return torch.randint(4, 80, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _assert_stats_equal(a, b):
+    for name in ("mass", "hidden_norms", "max_abs", "median_abs", "key_norms", "value_norms"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            torch.testing.assert_close(x, y.to(x.dtype), rtol=1e-5, atol=1e-5, msg=name)
+    assert a.causal == b.causal
+
+
+@pytest.mark.parametrize("arch", list(BUILDERS))
+def test_blockwise_equals_eager_per_layer_head_position(arch):
+    model = BUILDERS[arch]()
+    ids = _ids()
+    eager = collect(model, ids, batch_size=2, collector="eager")
+    with blockwise_options(block_size=5):
+        block = collect(model, ids, batch_size=2, collector="blockwise")
+    assert block.collector == "blockwise" and not block.notes
+    _assert_stats_equal(block, eager)
+    # the window really matters: a sliding layer puts no mass on keys older than the window
+    # for the last query, so the mass differs from a full-attention layer's
+    if arch == "gemma3":
+        assert not torch.allclose(eager.mass[:, 0], eager.mass[:, 1])
+
+
+@pytest.mark.parametrize("arch", list(BUILDERS))
+def test_outputs_through_blockwise_equal_plain_forward(arch):
+    """Logits with the blockwise collector equal the plain SDPA forward (eager where SDPA is inexact)."""
+    model = BUILDERS[arch]()
+    ids = _ids(2)
+    prev = model.config._attn_implementation
+    model.set_attn_implementation("sdpa" if arch in SDPA_EXACT else "eager")
+    with torch.no_grad():
+        plain = model(input_ids=ids, use_cache=False)[0]
+    model.set_attn_implementation(prev)
+    recorder = BatchRecorder(model.config.num_hidden_layers, "blockwise")
+    with blockwise_options(block_size=4), capturing(model, recorder, "blockwise"), torch.no_grad():
+        captured = model(input_ids=ids, use_cache=False)[0]
+    assert recorder.attn_calls == model.config.num_hidden_layers
+    torch.testing.assert_close(captured, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_resolves_to_blockwise():
+    model = tiny_llama()
+    stats = collect(model, _ids(2), collector="auto")
+    assert stats.collector == "blockwise"
+
+
+def test_eager_matches_transformers_output_attentions_with_sliding_window():
+    """The eager collector (now applying the window itself) equals transformers' eager attention."""
+    model = tiny_gemma3(window=4)
+    ids = _ids(2, t=11)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model(input_ids=ids, output_attentions=True)
+    model.set_attn_implementation("sdpa")
+    want = torch.stack([attention_mass(a.double()) for a in out.attentions], dim=1)
+    for name in ("eager", "blockwise"):
+        got = collect(model, ids, collector=name).mass
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_padding_batch(arch):
+    """Left padding (decoder) / right padding (encoder): blockwise column sums equal eager ones,
+    padded keys get no attention, and the outputs at real tokens equal the plain forward."""
+    model = tiny_llama() if arch == "llama" else tiny_bert()
+    ids = _ids(3, t=10, seed=5)
+    mask = torch.ones(3, 10, dtype=torch.long)
+    if arch == "llama":
+        mask[0, :4] = 0
+        mask[2, :1] = 0
+    else:
+        mask[0, 6:] = 0
+    results = {}
+    for name in ("eager", "blockwise"):
+        rec = BatchRecorder(model.config.num_hidden_layers, name)
+        with blockwise_options(block_size=3), capturing(model, rec, name), torch.no_grad():
+            results[name] = (model(input_ids=ids, attention_mask=mask)[0], rec)
+    (out_e, rec_e), (out_b, rec_b) = results["eager"], results["blockwise"]
+    for layer in range(model.config.num_hidden_layers):
+        torch.testing.assert_close(rec_b.mass[layer], rec_e.mass[layer], rtol=1e-5, atol=1e-6)
+        assert rec_b.mass[layer][mask.bool().logical_not()[:, None, :].expand_as(rec_b.mass[layer])].abs().max() == 0
+    real = mask.bool()
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask)[0]
+    torch.testing.assert_close(out_b[real], plain[real], rtol=1e-5, atol=1e-5)
+
+
+def _reference(q, k, v, scale, mask, causal, softcap, sinks, window):
+    """float64 softmax attention (probs, output) written out naively."""
+    n_rep = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(n_rep, dim=1)
+    v = v.double().repeat_interleave(n_rep, dim=1)
+    s = q.double() @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    Tq, Tk = s.shape[-2:]
+    if mask is not None:
+        s = s + mask.double()
+    elif causal:
+        i = torch.arange(Tq)[:, None] + Tk - Tq
+        j = torch.arange(Tk)[None, :]
+        allowed = j <= i
+        if window is not None:
+            allowed &= j > i - window
+        s = s.masked_fill(~allowed, float("-inf"))
+    e = torch.exp(s - s.amax(-1, keepdim=True).clamp_min(-1e300).nan_to_num(neginf=0.0))
+    e = e.nan_to_num()
+    denom = e.sum(-1, keepdim=True)
+    if sinks is not None:
+        denom = denom + torch.exp(sinks.double().reshape(1, -1, 1, 1) - s.amax(-1, keepdim=True).nan_to_num(neginf=0.0))
+    p = torch.where(denom > 0, e / denom, torch.zeros_like(e))
+    return p, (p @ v).transpose(1, 2)
+
+
+CASES = {
+    "causal-gqa": dict(causal=True),
+    "bidirectional": dict(causal=False),
+    "window": dict(causal=True, window=3),
+    "softcap+sinks+window": dict(causal=True, softcap=1.0, sinks=True, window=4),
+    "padding-float-mask": dict(causal=True, padding=True),
+    "prefix-query": dict(causal=True, t_q=5),
+}
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("block", [1, 3, 7, 64])
+@pytest.mark.parametrize("case", list(CASES))
+def test_blockwise_attention_against_float64(case, block, fused):
+    opts = CASES[case]
+    g = torch.Generator().manual_seed(7)
+    B, Hq, Hkv, Tk, D = 2, 6, 2, 11, 8
+    Tq = opts.get("t_q", Tk)
+    q = torch.randn(B, Hq, Tq, D, generator=g)
+    k = torch.randn(B, Hkv, Tk, D, generator=g)
+    v = torch.randn(B, Hkv, Tk, D, generator=g)
+    sinks = torch.randn(Hq, generator=g) if opts.get("sinks") else None
+    mask = None
+    if opts.get("padding"):  # additive float mask, as eager masks come: causal + left padding of 3 in sample 0
+        allowed = torch.ones(Tq, Tk, dtype=torch.bool).tril().expand(B, 1, Tq, Tk).clone()
+        allowed[0, :, :, :3] = False
+        mask = torch.zeros(B, 1, Tq, Tk).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    scale = 0.3
+    out, col = blockwise_attention(
+        q, k, v, scaling=scale, attention_mask=mask, is_causal=opts["causal"], softcap=opts.get("softcap"),
+        sinks=sinks, sliding_window=opts.get("window"), block_size=block, fused=fused,
+    )
+    ref_mask = None if mask is None else mask.masked_fill(mask < -1e30, float("-inf"))
+    p, ref_out = _reference(q, k, v, scale, ref_mask, opts["causal"], opts.get("softcap"), sinks, opts.get("window"))
+    torch.testing.assert_close(col, p.sum(-2), rtol=1e-5, atol=1e-5)
+    if mask is not None:  # fully masked padding queries: outputs are undefined, compare the rest
+        keep = mask.amax(-1)[:, 0] > -1e30  # (B, Tq)
+        torch.testing.assert_close(out[keep].double(), ref_out[keep], rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    # and the eager collector agrees (it is the reference of the model-level tests)
+    out_e, col_e = COLLECTORS.get("eager")(
+        q, k, v, scaling=scale, attention_mask=mask, is_causal=opts["causal"], softcap=opts.get("softcap"),
+        sinks=sinks, sliding_window=opts.get("window"),
+    )
+    torch.testing.assert_close(col, col_e, rtol=1e-5, atol=1e-5)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any aten op produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+        self.shape = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() > self.largest:
+                self.largest, self.shape = t.numel(), tuple(t.shape)
+        return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_no_t_by_t_tensor_at_long_context(arch):
+    """At T = 4096 no op in the whole capture (mask building included) yields a T x T tensor:
+    the mask stays None for causal and sliding-window layers and tiles are block x T."""
+    T_long, block = 4096, 128
+    model = tiny_llama() if arch == "llama" else tiny_gemma3(window=64)
+    ids = _ids(1, t=T_long)
+    seen_masks = []
+    blockwise = COLLECTORS.get("blockwise")
+
+    def spy(query, key, value, **kw):
+        seen_masks.append(kw["attention_mask"])
+        return blockwise(query, key, value, **kw)
+
+    COLLECTORS.register("test-spy", spy)
+    try:
+        with blockwise_options(block_size=block), _LargestTensor() as mode:
+            collect(model, ids, collector="test-spy")
+    finally:
+        COLLECTORS._entries.pop("test-spy", None)
+    assert len(seen_masks) == model.config.num_hidden_layers and all(m is None for m in seen_masks)
+    heads = model.config.num_attention_heads
+    assert mode.largest <= heads * block * T_long, mode.shape
+    assert mode.largest < T_long * T_long // 4, mode.shape
+
+
+def test_block_size_choice_and_bad_values():
+    assert choose_block_size(1, 9, 4096, 4096, budget_bytes=64 * 2**20) == 448
+    assert choose_block_size(1, 9, 100, 100) == 100
+    assert choose_block_size(8, 32, 32768, 32768, budget_bytes=2**20) == 16  # floor
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(InputError):
+        blockwise_attention(q, q, q, scaling=None, attention_mask=None, is_causal=True, block_size=0)
+    with pytest.raises(InputError):
+        blockwise_attention(q, torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4, 8), scaling=None,
+                            attention_mask=None, is_causal=True)
+    with pytest.raises(InputError):
+        with blockwise_options(block_size=-1):
+            pass
+
+
+def test_unknown_model_falls_back_with_warning(monkeypatch):
+    """A model whose attention never reaches the seam falls back to output_attentions with a warning."""
+    import sinklab.capture.hf as hf
+
+    model = tiny_gpt2()
+    ids = _ids(2, t=8)
+    monkeypatch.setattr(hf, "_active", lambda: None)
+    with pytest.warns(UserWarning, match="falling back to eager"):
+        stats = collect(model, ids, collector="auto")
+    assert any("fell back" in n for n in stats.notes)
