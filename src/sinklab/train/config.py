@@ -50,6 +50,10 @@ class DataConfig:
         val_fraction: share of documents held out (validation loss and probe set).
         split_seed: seed of the document split.
         cache_dir: token cache folder; "" = ``$SINKLAB_HOME/tokens``, "run" = ``DIR/tokens``.
+        source: "corpus" (read ``corpus``) or a synthetic source from
+            :data:`sinklab.data.synthetic.SYNTHETIC` (e.g. "synthetic-bigram-backcopy"); a
+            synthetic source ignores corpus/tokenizer/vocab_size and brings its own vocabulary.
+        synthetic: options of the synthetic source (e.g. ``{vocab = 64, n_triggers = 3}``).
     """
 
     corpus: str | list[str] = "sotu"
@@ -63,9 +67,15 @@ class DataConfig:
     val_fraction: float = 0.05
     split_seed: int = 0
     cache_dir: str = ""
+    source: str = "corpus"
+    synthetic: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_types(self, "data")
+        if self.source != "corpus":
+            from sinklab.data.synthetic import vocab_size as synthetic_vocab
+
+            synthetic_vocab(self.source, self.synthetic)  # validates the name and the options
         if self.tokenizer not in ("bpe", "gpt2"):
             raise ConfigError(f"data.tokenizer must be 'bpe' or 'gpt2', got {self.tokenizer!r}")
         _positive("data.seq_len", self.seq_len)
@@ -81,6 +91,10 @@ class DataConfig:
     @property
     def tokenizer_vocab_size(self) -> int:
         """Largest number of ids the tokenizer can emit."""
+        if self.source != "corpus":
+            from sinklab.data.synthetic import vocab_size as synthetic_vocab
+
+            return synthetic_vocab(self.source, self.synthetic)
         return GPT2_VOCAB if self.tokenizer == "gpt2" else self.vocab_size
 
 

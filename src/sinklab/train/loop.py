@@ -61,7 +61,7 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)  # tracker records
     emergence_step: int | None = None
     tokens_per_s: float = 0.0
-    seconds_per_step: float = 0.0
+    seconds_per_step: float = 0.0  # median wall time of an optimizer step (tracker excluded)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -114,6 +114,10 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device
 def prepare_data(cfg: RunConfig, out: Path) -> TokenizedCorpus:
     """Tokenize (or reuse the cached tokens of) the configured corpus."""
     d = cfg.data
+    if d.source != "corpus":
+        from sinklab.data.synthetic import load_synthetic
+
+        return load_synthetic(d.source, d.synthetic, d.seq_len)
     cache = None if d.cache_dir == "" else (out / "tokens" if d.cache_dir == "run" else Path(d.cache_dir))
     return prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=d.vocab_size, val_fraction=d.val_fraction,
                           split_seed=d.split_seed, cache_root=cache)
@@ -132,13 +136,14 @@ def _packing_context(cfg: RunConfig, tc: TokenizedCorpus) -> PackingContext:
 class _MetricsLog:
     """Appends JSON lines to ``metrics.jsonl`` and scalars to TensorBoard."""
 
-    def __init__(self, out: Path, tensorboard: bool) -> None:
+    def __init__(self, out: Path, tensorboard: bool, start: int = 0) -> None:
         self.path = out / "metrics.jsonl"
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(out / "tb"))
+            # on resume, drop TensorBoard events logged after the checkpoint by the killed run
+            self.tb = SummaryWriter(str(out / "tb"), purge_step=start + 1 if start else None)
 
     def truncate_after(self, step: int) -> None:
         """Drop lines past ``step`` (a killed run may have logged beyond its last checkpoint)."""
@@ -257,13 +262,12 @@ def train(
     if tc.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < tokenizer vocabulary {tc.vocab_size}")
     opt = build_optimizer(model, cfg, device)
-    start = 0
-    log = _MetricsLog(out, t_cfg.tensorboard)
+    start = int(ckpt["step"]) if ckpt is not None else 0
+    log = _MetricsLog(out, t_cfg.tensorboard, start)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         set_rng_state(ckpt["rng"])
-        start = int(ckpt["step"])
         tracker.history = list(ckpt.get("tracker", []))
         log.truncate_after(start)
     else:
@@ -302,7 +306,7 @@ def train(
         bar = tqdm(total=t_cfg.steps, initial=start, unit="step", dynamic_ncols=True, desc="train")
     model.train()
     t_log, tok_log, t_first = time.perf_counter(), 0, time.perf_counter()
-    train_time = 0.0
+    step_times: list[float] = []
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     try:
         for step in range(start, end):
@@ -330,7 +334,7 @@ def train(
             opt.zero_grad(set_to_none=True)
             done = step + 1
             dt = time.perf_counter() - t0
-            train_time += dt
+            step_times.append(dt)
             tok_log += tokens_per_step
             result.losses[done] = loss_sum
 
@@ -359,8 +363,8 @@ def train(
             bar.close()
         log.close()
 
-    n_steps = end - start
-    result.seconds_per_step = train_time / max(n_steps, 1)
+    # median step time: robust to the first (compile / warm-up) steps and to tracker pauses
+    result.seconds_per_step = float(np.median(step_times)) if step_times else 0.0
     result.tokens_per_s = tokens_per_step / max(result.seconds_per_step, 1e-9)
     result.emergence_step = tracker.emergence_step()
     if end == t_cfg.steps:
