@@ -34,7 +34,28 @@ from torch.utils.checkpoint import checkpoint
 from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import Positional
 
-__all__ = ["ATTENTION", "Attention", "AttnContext", "visible", "build_mask", "reference_attention", "attend_block"]
+__all__ = ["ATTENTION", "Attention", "AttnContext", "visible", "build_mask", "reference_attention", "attend_block",
+           "raw_attention_weights"]
+
+#: when False, observers get the raw weights of operations whose rows do not sum to 1
+#: (``renormalised=False``); see :func:`raw_attention_weights`.
+_RENORMALISE_FOR_OBSERVER = True
+
+
+class raw_attention_weights:
+    """Context manager: observers get raw (not renormalised) weights for operations whose rows do
+    not sum to 1 (sigmoid/ReLU without normalisation, kernels, ...), flagged ``renormalised=False``.
+    DESIGN.md asks for the sink metric with and without renormalisation for those operations."""
+
+    def __enter__(self) -> "raw_attention_weights":
+        global _RENORMALISE_FOR_OBSERVER
+        self._prev = _RENORMALISE_FOR_OBSERVER
+        _RENORMALISE_FOR_OBSERVER = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _RENORMALISE_FOR_OBSERVER
+        _RENORMALISE_FOR_OBSERVER = self._prev
 
 #: Observer signature: observer(layer_idx, weights (B, H, T, T), *, renormalised, extra (B, H, T) | None,
 #: key (B, H_kv, T, d_h), value (B, H_kv, T, d_h)).
@@ -82,6 +103,7 @@ class AttnContext:
     pos_state: Any = None
     _mask: Tensor | None = field(default=None, repr=False)
     _bias: Tensor | None = field(default=None, repr=False)
+    _sdpa_masks: dict = field(default_factory=dict, repr=False)
 
     @property
     def plain_causal(self) -> bool:
@@ -92,6 +114,29 @@ class AttnContext:
         if self._mask is None:
             self._mask = build_mask(self.T, prefix_len=self.prefix_len, window=self.window, device=self.device)
         return self._mask
+
+    def sdpa_mask(self, *, virtual: bool, dtype: torch.dtype) -> Tensor | None:
+        """The ``attn_mask`` SDPA needs, built once per forward and shared by all layers.
+
+        None for plain causal attention without bias or virtual key (use ``is_causal``);
+        else (T, T) bool, or (1, H, T, T) float with the positional bias and -inf where
+        masked; with ``virtual`` a first column for the virtual key (visible, bias 0).
+        """
+        key = (virtual, dtype)
+        if key not in self._sdpa_masks:
+            bias = self.full_bias()  # (H, T, T) or None
+            if bias is None and not virtual and self.plain_causal:
+                m = None
+            elif bias is None:
+                m = self.mask()  # (T, T) bool
+                if virtual:
+                    m = torch.cat([torch.ones(self.T, 1, dtype=torch.bool, device=self.device), m], dim=-1)
+            else:
+                m = bias.to(dtype).masked_fill(~self.mask(), float("-inf"))[None]  # (1, H, T, T)
+                if virtual:
+                    m = torch.cat([m.new_zeros(1, m.shape[1], self.T, 1), m], dim=-1)  # (1, H, T, 1+T)
+            self._sdpa_masks[key] = m
+        return self._sdpa_masks[key]
 
     def full_bias(self) -> Tensor | None:
         """(H, T, T) float32 positional logit bias, or None (built once per forward)."""
@@ -209,7 +254,6 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
         d, H, Hkv, dh = config.d_model, self.n_heads, self.n_kv_heads, self.head_dim
         self.scale = 1.0 / math.sqrt(dh)
-        self.window = config.sliding_window
         self.q_proj = nn.Linear(d, H * dh, bias=config.qkv_bias)
         self.k_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
         self.v_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
@@ -236,7 +280,9 @@ class Attention(nn.Module):
         q, k = ctx.positional.apply_qk(q, k, ctx.pos_state)
         if observer is not None:
             y = self._reference(q, k, v, ctx, observer)
-        elif self.op.sdpa:
+        elif self.op.sdpa and not (ctx.positional.learned_bias and torch.is_grad_enabled()):
+            # (SDPA's fused CPU kernels give no gradient to a learned attn_mask: it would fall
+            # back to materialising T x T per layer, so learned biases train on the chunked path.)
             y = self._fast(q, k, v, ctx)
         else:
             y = self._chunked(q, k, v, ctx)
@@ -266,39 +312,32 @@ class Attention(nn.Module):
         B, H, T, dh = q.shape
         Hkv = k.shape[1]
         vk, vv, vlogit = self._virtual(q.dtype)
-        bias = ctx.full_bias()  # (H, T, T) or None
         gqa = Hkv != H
-        if vk is None and vlogit is None and bias is None:
-            if ctx.plain_causal:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask(), scale=self.scale, enable_gqa=gqa)
-            return y * self.op.output_scale if self.op.output_scale != 1.0 else y
-        mask = ctx.mask()  # (T, T) bool
-        if bias is not None:
-            attn_mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))[None]  # (1, H, T, T)
-            first = torch.zeros(1, H, T, 1, dtype=q.dtype, device=q.device)  # virtual column: bias 0
-        else:
-            attn_mask = mask  # (T, T) bool
-            first = torch.ones(T, 1, dtype=torch.bool, device=q.device)  # virtual column: visible
-        if vk is None and vlogit is None:
-            pass  # only the positional bias
-        elif vk is not None:
+        virtual = vk is not None or vlogit is not None
+        attn_mask = ctx.sdpa_mask(virtual=virtual, dtype=q.dtype)  # None, (T, [1+]T) bool or (1, H, T, [1+]T)
+        if vk is not None:
             k = torch.cat([vk[None, :, None, :].expand(B, Hkv, 1, dh), k], dim=2)  # (B, H_kv, 1+T, d_h)
             v = torch.cat([vv[None, :, None, :].expand(B, Hkv, 1, dh), v], dim=2)  # (B, H_kv, 1+T, d_h)
-        else:
-            # Virtual logit b_h with zero value: append a dimension, q' = [q, 1], k' = [k, 0],
-            # k*' = [0, b_h / scale], so scale * q'.k*' = b_h exactly and q'.k' = q.k.
-            k, v = repeat_kv(k, H), repeat_kv(v, H)  # (B, H, T, d_h): per-query-head logit
+        elif vlogit is not None:
+            # Virtual logit b_h with zero value: pad the head dimension to a multiple of 8 (keeps
+            # fused kernels usable) with q' = [q, 1, 0..], k' = [k, 0, 0..], k*' = [0, b_h / scale, 0..],
+            # so scale * q'.k*' = b_h exactly and q'.k' = q.k; values get zeros there and are sliced off.
+            k, v = repeat_kv(k, H), repeat_kv(v, H)  # (B, H, T, d_h): the logit is per query head
             gqa = False
-            q = torch.cat([q, q.new_ones(B, H, T, 1)], dim=-1)  # (B, H, T, d_h+1)
-            k = torch.cat([k, k.new_zeros(B, H, T, 1)], dim=-1)  # (B, H, T, d_h+1)
-            kstar = torch.cat([q.new_zeros(H, dh), (vlogit.float() / self.scale).to(q.dtype)[:, None]], dim=-1)
-            k = torch.cat([kstar[None, :, None, :].expand(B, H, 1, dh + 1), k], dim=2)  # (B, H, 1+T, d_h+1)
-            v = torch.cat([v.new_zeros(B, H, 1, dh), v], dim=2)  # (B, H, 1+T, d_h)
-        if vk is not None or vlogit is not None:
-            attn_mask = torch.cat([first, attn_mask], dim=-1)  # (T, 1+T) or (1, H, T, 1+T)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
+            pad = 8 - dh % 8
+            q = F.pad(q, (0, pad))  # (B, H, T, d_h+pad)
+            q[..., dh] = 1.0
+            k = F.pad(k, (0, pad))  # (B, H, T, d_h+pad)
+            v = F.pad(v, (0, pad))  # (B, H, T, d_h+pad)
+            kstar = q.new_zeros(H, dh + pad)
+            kstar[:, dh] = (vlogit.float() / self.scale).to(q.dtype)
+            k = torch.cat([kstar[None, :, None, :].expand(B, H, 1, dh + pad), k], dim=2)  # (B, H, 1+T, d_h+pad)
+            v = torch.cat([v.new_zeros(B, H, 1, dh + pad), v], dim=2)  # (B, H, 1+T, d_h+pad)
+        if attn_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
+        y = y[..., :dh]  # (B, H, T, d_h): drop the padding of the virtual-logit case
         return y * self.op.output_scale if self.op.output_scale != 1.0 else y
 
     def _key_range(self, i0: int, i1: int, ctx: AttnContext) -> tuple[int, int]:
@@ -350,7 +389,7 @@ class Attention(nn.Module):
             self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
             bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit,
         )
-        renorm = not self.op.normalised
+        renorm = not self.op.normalised and _RENORMALISE_FOR_OBSERVER
         if renorm:
             total = w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
             if w_extra is not None:

@@ -1,0 +1,74 @@
+"""``sinklab sweep STUDY.toml [--jobs J] [--out DIR]``, ``sinklab report [ROOT] --out FILE``,
+``sinklab dynamics LABEL=RUN ... --out FILE``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sinklab.cli.main import cli
+
+
+@cli.command("sweep")
+def sweep_cmd(
+    study: Path = typer.Argument(..., help="a study file, e.g. experiments/weight_decay.toml"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="trainings at once; each gets cores // J torch threads"),
+    out: Optional[Path] = typer.Option(None, "--out", help="sweep folder (default results/NAME)"),
+    cores: Optional[int] = typer.Option(None, "--cores", help="cores to share between the jobs (default: all)"),
+    only: Optional[list[str]] = typer.Option(None, "--only", help="run only this point (label or folder name); repeatable"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the points and their train commands, run nothing"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress display"),
+) -> None:
+    """Run a study's grid (one `sinklab train` per point), skip finished runs, resume stopped ones,
+    then write summary.csv, summary.md and sink_rate.png."""
+    from sinklab.sweep.run import is_finished, run_dir, run_sweep, train_command
+    from sinklab.sweep.spec import load_study
+    from sinklab.sweep.summary import markdown_table, summarize_sweep
+
+    s = load_study(study)
+    out = out or Path("results") / s.name
+    if dry_run:
+        for p in s.points:
+            d = run_dir(out, p)
+            state = "finished" if is_finished(d) else ("resume" if (d / "checkpoint.pt").exists() else "new")
+            typer.echo(f"[{state}] {p.label}: {' '.join(train_command(s, p, d)[3:])}")
+        return
+    status = run_sweep(s, out, jobs=jobs, cores=cores or os.cpu_count(), progress=not no_progress, only=only)
+    failed = {k: v for k, v in status.items() if v.startswith("failed")}
+    rows = summarize_sweep(out)
+    typer.echo(markdown_table(rows))
+    typer.echo(f"summary: {out / 'summary.md'}, {out / 'summary.csv'}, {out / 'sink_rate.png'}")
+    for k, v in failed.items():
+        typer.secho(f"{k}: {v}", fg=typer.colors.RED, err=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@cli.command("report")
+def report_cmd(
+    root: Path = typer.Argument(Path("results"), help="folder holding the sweep folders"),
+    out: Path = typer.Option(Path("results/REPORT.md"), "--out", help="the Markdown report"),
+) -> None:
+    """Gather finished sweeps into one Markdown report: tables, plots, paper values and verdicts."""
+    from sinklab.sweep.report import build_report
+
+    build_report(root, out)
+    typer.echo(f"report: {out}")
+
+
+@cli.command("dynamics")
+def dynamics_cmd(
+    runs: list[str] = typer.Argument(..., help="LABEL=RUN_FOLDER pairs (or bare run folders)"),
+    out: Path = typer.Option(..., "--out", help="the PNG to write"),
+    title: str = typer.Option("", "--title"),
+    level: float = typer.Option(10.0, "--level", help="emergence level drawn on the Sink_1 panel (percent)"),
+) -> None:
+    """Plot Sink_1, attention mass on token 1 and validation loss against training step."""
+    from sinklab.sweep.dynamics import plot_dynamics
+
+    pairs = dict((r.split("=", 1) if "=" in r else (Path(r).name, r)) for r in runs)
+    plot_dynamics(pairs, out, level=level, title=title)
+    typer.echo(f"dynamics: {out}")

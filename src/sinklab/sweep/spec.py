@@ -1,0 +1,197 @@
+"""Study files (``experiments/NAME.toml``): a base config plus the settings to sweep.
+
+A study file::
+
+    name = "weight_decay"                  # folder name under results/
+    title = "Weight decay"
+    section = "loss"                       # the paper's section (optimisation, data, loss, architecture)
+    base = "emergence-cpu"                 # a preset name or a config path (relative to the study file)
+    set = { "train.steps" = 1500 }         # overrides applied to every point (optional)
+    paper_source = "Gu et al. 2025, Table 3 (60M LLaMA, 5B tokens)"
+    note = "..."
+
+    # either a grid: the cartesian product of the listed keys
+    [sweep]
+    "optim.weight_decay" = [0.0, 0.1, 0.5, 1.0, 2.0]
+
+    # paper values and expectations per setting (label -> table), optional
+    [paper."0.1"]
+    sink = 18.18                           # the paper's Sink_1 (percent) for this setting
+    expect = "reference"                   # reference | sink | no_sink | higher | lower | similar
+
+    # or explicit points (several keys changed at once)
+    [[points]]
+    label = "k_bias (v = 0)"
+    set = { "model.attention" = "k_bias" }
+    paper = 0.04
+    expect = "no_sink"
+
+Every point gets a label (grid points: ``key=value`` joined by commas, or the bare value when
+one key is swept) and a folder name (the label made file-safe). ``expect`` is the direction the
+paper reports relative to the point marked ``reference`` (see :mod:`sinklab.sweep.verdict`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sinklab.errors import ConfigError
+from sinklab.registry import nearest
+
+EXPECTATIONS = ("reference", "sink", "no_sink", "higher", "lower", "similar", "")
+TOP_KEYS = ("name", "title", "section", "base", "set", "sweep", "points", "paper", "paper_source", "note", "x_log")
+
+
+@dataclass
+class Point:
+    """One run of a study: its label, folder name, overrides and the paper's value/expectation."""
+
+    label: str
+    slug: str
+    overrides: dict[str, Any]
+    x: Any = None  # the swept value (grid with one key), for the plot's x axis
+    paper: float | None = None
+    expect: str = ""
+
+    def set_args(self) -> list[str]:
+        """The overrides as ``--set key=value`` strings (values written as TOML)."""
+        from sinklab.train.config import _toml_value
+
+        return [f"{k}={_toml_value(v)}" for k, v in self.overrides.items()]
+
+
+@dataclass
+class Study:
+    """A parsed study file."""
+
+    name: str
+    title: str
+    section: str
+    base: str
+    points: list[Point]
+    path: Path | None = None
+    sweep_keys: list[str] = field(default_factory=list)
+    paper_source: str = ""
+    note: str = ""
+    x_log: bool = False
+
+    @property
+    def x_key(self) -> str | None:
+        """The swept key when exactly one key is swept on a grid (numeric plot axis), else None."""
+        return self.sweep_keys[0] if len(self.sweep_keys) == 1 else None
+
+
+def slugify(label: str) -> str:
+    """A file-safe folder name for a label (letters, digits, ``.``, ``-``, ``_``, ``=``)."""
+    s = re.sub(r"[^A-Za-z0-9.=_-]+", "_", label).strip("_")
+    return s or "run"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, dict):
+        return ",".join(f"{k}={_fmt(x)}" for k, x in v.items())
+    return str(v)
+
+
+def _paper_entry(raw: Any, where: str) -> tuple[float | None, str]:
+    if raw is None:
+        return None, ""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return float(raw), ""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: paper entry must be a number or a table with sink/expect, got {raw!r}")
+    for k in raw:
+        if k not in ("sink", "expect"):
+            raise ConfigError(f"{where}: unknown key {k!r} in paper entry (valid: sink, expect)")
+    sink = raw.get("sink")
+    expect = raw.get("expect", "")
+    if expect not in EXPECTATIONS:
+        raise ConfigError(f"{where}: expect={expect!r} is not one of {', '.join(e for e in EXPECTATIONS if e)}")
+    return (None if sink is None else float(sink)), expect
+
+
+def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
+    """Build a :class:`Study` from a parsed TOML dict.
+
+    Raises:
+        ConfigError: unknown top-level key (names the nearest), no base, neither ``sweep`` nor
+            ``points``, duplicate labels, a paper entry for an unknown label, a bad ``expect``.
+    """
+    where = str(path) if path else "study"
+    for k in raw:
+        if k not in TOP_KEYS:
+            hint = nearest(k, list(TOP_KEYS))
+            raise ConfigError(f"{where}: unknown key {k!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
+    if "base" not in raw:
+        raise ConfigError(f"{where}: no 'base' (a preset name or a config path)")
+    name = raw.get("name") or (path.stem if path else "study")
+    common = dict(raw.get("set", {}))
+    points: list[Point] = []
+    sweep_keys: list[str] = []
+    if "sweep" in raw:
+        grid = raw["sweep"]
+        if not isinstance(grid, dict) or not grid:
+            raise ConfigError(f"{where}: [sweep] must map keys to lists of values")
+        sweep_keys = list(grid)
+        for k, vals in grid.items():
+            if not isinstance(vals, list) or not vals:
+                raise ConfigError(f"{where}: sweep key {k!r} needs a non-empty list of values")
+        paper = raw.get("paper", {})
+        for combo in itertools.product(*grid.values()):
+            over = dict(zip(sweep_keys, combo))
+            label = _fmt(combo[0]) if len(combo) == 1 else ", ".join(f"{k}={_fmt(v)}" for k, v in over.items())
+            pv, ex = _paper_entry(paper.get(label), f"{where}: paper.{label}")
+            points.append(Point(label=label, slug=slugify(label), overrides={**common, **over},
+                                x=combo[0] if len(combo) == 1 else None, paper=pv, expect=ex))
+        labels = {p.label for p in points}
+        for lab in paper:
+            if lab not in labels:
+                raise ConfigError(f"{where}: paper entry for {lab!r} matches no grid point (labels: {', '.join(sorted(labels))})")
+    for i, pr in enumerate(raw.get("points", [])):
+        for k in pr:
+            if k not in ("label", "set", "paper", "expect", "x"):
+                raise ConfigError(f"{where}: points[{i}] has unknown key {k!r} (valid: label, set, paper, expect, x)")
+        if "label" not in pr:
+            raise ConfigError(f"{where}: points[{i}] has no label")
+        pv, ex = _paper_entry({"sink": pr.get("paper"), "expect": pr.get("expect", "")}, f"{where}: points[{i}]")
+        points.append(Point(label=pr["label"], slug=slugify(pr["label"]), overrides={**common, **pr.get("set", {})},
+                            x=pr.get("x"), paper=pv, expect=ex))
+    if not points:
+        raise ConfigError(f"{where}: no [sweep] grid and no [[points]]")
+    seen: dict[str, str] = {}
+    for p in points:
+        if p.slug in seen:
+            raise ConfigError(f"{where}: two points share the folder name {p.slug!r} ({seen[p.slug]!r}, {p.label!r})")
+        seen[p.slug] = p.label
+    base = raw["base"]
+    if path is not None and (base.endswith(".toml") or "/" in base):
+        base = str((path.parent / base).resolve())
+    return Study(name=name, title=raw.get("title", name), section=raw.get("section", ""), base=base, points=points,
+                 path=path, sweep_keys=sweep_keys, paper_source=raw.get("paper_source", ""), note=raw.get("note", ""),
+                 x_log=bool(raw.get("x_log", False)))
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and parse ``experiments/NAME.toml``. Raises ConfigError (missing file, bad TOML, bad study)."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"study file {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return parse_study(raw, path)
+
+
+def point_config(study: Study, point: Point):
+    """The resolved :class:`~sinklab.train.config.RunConfig` of one point (validates it)."""
+    from sinklab.train.config import load_config
+
+    return load_config(study.base, point.set_args())
