@@ -42,7 +42,6 @@ def attn_module(cfg: ModelConfig, seed=0) -> tuple[Attention, object]:
 def run(attn: Attention, positional, x, *, prefix_len=0, window=None, path="fast"):
     """Call one attention layer on x (B, T, d) through a chosen path."""
     Tn = x.shape[1]
-    attn.window = window
     ctx = AttnContext(T=Tn, device=x.device, positional=positional, prefix_len=prefix_len, window=window,
                       pos_state=positional.prepare(Tn, x.device))
     if path == "fast":
@@ -404,3 +403,39 @@ def test_gate_option_on_any_op_and_shared_kv_bias():
 def test_every_positional_builds():
     for name in POSITIONAL:
         SinkLM(config("softmax", positional=name))(torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_training_forward_keeps_no_per_layer_attention_matrix(name):
+    """No tensor of B*H*T*T elements is saved for backward, in any layer (memory-frugal paths)."""
+    B, Tn = 4, 64
+    positional = "t5" if ATTENTION.get(name).accepts_logit_bias else "rope"
+    m = SinkLM(config(name, positional=positional, max_seq_len=Tn))
+    ids = torch.randint(0, V, (B, Tn))
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        m(ids, prefix_len=5).logits.sum()
+    assert max(sizes) < B * H * Tn * Tn
+
+
+@pytest.mark.parametrize("positional", ["alibi", "rope"])
+@pytest.mark.parametrize("name", ["sink_logit", "kv_bias", "sink_token", "softmax_scaled", "gated_elementwise"])
+def test_fast_backward_equals_reference_backward(name, positional):
+    attn, pos = attn_module(config(name, positional=positional))
+    x = torch.randn(2, T, D, requires_grad=True)
+    grads = []
+    for path in ("fast", "reference"):
+        out = run(attn, pos, x, path=path, prefix_len=3, window=6)
+        y = out[0] if isinstance(out, tuple) else out
+        attn.zero_grad()
+        x.grad = None
+        (y ** 2).sum().backward()
+        g = [x.grad.clone()] + [p.grad.clone() for p in attn.parameters()]
+        grads.append(g)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -31,6 +31,7 @@ class Positional(nn.Module):
     """Base class: no positional information (NoPE)."""
 
     logit_bias_kind: ClassVar[bool] = False  # True if it biases the logits
+    learned_bias: ClassVar[bool] = False  # True if that bias has parameters
     max_len: int | None = None  # longest sequence it can encode, or None
 
     def __init__(self, config) -> None:
@@ -174,6 +175,7 @@ class T5Relative(Positional):
     """T5 relative-position buckets: a learned per-head logit bias per bucket of k - q, bidirectional (Raffel et al. 2020)."""
 
     logit_bias_kind = True
+    learned_bias = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
