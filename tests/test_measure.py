@@ -98,3 +98,27 @@ def test_cli_runs_and_writes(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     assert code in (0, None)
     assert "Sink_k" in io.out
     assert json.loads((out / "results.json").read_text())["command"].startswith("sinklab measure")
+
+
+def test_native_sinklab_model_equals_its_llama_export(tokenizer, text_corpus_dir, tmp_path):
+    """Measuring a sinklab-trained folder (observer seam) gives the same statistics as measuring
+    its LlamaForCausalLM export (transformers seam): two independent code paths."""
+    from sinklab.nn import ModelConfig, SinkLM, export_hf
+
+    torch.manual_seed(0)
+    model = SinkLM(ModelConfig(vocab_size=len(tokenizer), d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                               max_seq_len=64)).eval()
+    native, hf = tmp_path / "native", tmp_path / "hf"
+    model.save_pretrained(native)
+    tokenizer.save_pretrained(native)
+    export_hf(model, hf, tokenizer=tokenizer)
+    kw = dict(corpus=str(text_corpus_dir), num_samples=5, seq_len=16, positions=4, progress=False)
+    a = measure(model=str(native), **kw)
+    b = measure(model=str(hf), **kw)
+    assert torch.equal(a.probe.input_ids, b.probe.input_ids)
+    torch.testing.assert_close(a.stats.mass, b.stats.mass, atol=1e-5, rtol=0)
+    torch.testing.assert_close(a.stats.hidden_norms, b.stats.hidden_norms, atol=1e-4, rtol=1e-5)
+    # softmax rows sum to 1: sum_j mass_j * (T - j) == T for every sample, layer and head
+    counts = torch.arange(16, 0, -1, dtype=torch.float64)
+    torch.testing.assert_close((a.stats.mass * counts).sum(-1), torch.full((5, 2, 4), 16.0, dtype=torch.float64))
+    assert a.sink_rate == b.sink_rate

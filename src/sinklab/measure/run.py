@@ -238,7 +238,8 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         corpus = load_corpus(cfg.corpus)
         kwargs["documents"] = corpus.documents
     probe = make_probe(cfg.input, loaded.tokenizer, **kwargs)
-    vocab = loaded.model.get_input_embeddings().num_embeddings
+    emb = getattr(loaded.model, "get_input_embeddings", None)
+    vocab = emb().num_embeddings if emb is not None else loaded.model.config.vocab_size
     if int(probe.input_ids.max()) >= vocab:
         raise InputError(f"the tokenizer produced id {int(probe.input_ids.max())} past the model's {vocab} embeddings")
     t0 = time.perf_counter()
