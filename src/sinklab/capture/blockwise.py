@@ -14,12 +14,18 @@ memory is therefore ``O(B H_q n T_k)`` for one layer at a time, never ``O(T^2)``
 
 Three paths, chosen per layer:
 
-* **fused** (CPU, no soft-capping, no sink logits, no sliding window that matters):
+* **fused** (CPU, no mask, no soft-capping, no sink logits, no sliding window that
+  matters -- the common case at long context):
   ``aten._scaled_dot_product_flash_attention_for_cpu`` returns the output *and* the
   LSE in one call -- the same kernel ``F.scaled_dot_product_attention`` dispatches to
-  on CPU, so the output is bit-identical to the plain SDPA forward. Each tile then
-  costs one batched GEMM (with ``-LSE + bias`` folded into its accumulator), one
-  in-place ``exp`` and one GEMV for the column sum.
+  on CPU, so the output is bit-identical to the plain SDPA forward. A second call of
+  the same kernel on the transposed problem (keys as queries, ``-LSE`` as a bias)
+  returns ``log c_j`` for every key (:func:`column_sums_from_lse`); the kernel tiles
+  over queries and keys internally, so the cost is about one more attention call.
+* **fused + tiles** (CPU with a padding mask): output and LSE from the fused kernel;
+  each query block's tile of probabilities costs one batched GEMM (with
+  ``-LSE + bias`` folded into its accumulator), one in-place ``exp`` and one GEMV
+  for the column sum.
 * **sdpa** (other devices, same conditions): the output from
   ``F.scaled_dot_product_attention`` exactly as ``transformers`` calls it, and the
   LSE of each tile computed in the tile (max, exp, sum).
@@ -186,6 +192,48 @@ def _key_range(
     return k0, k1
 
 
+def column_sums_from_lse(query: Tensor, key: Tensor, lse: Tensor, *, scaling: float, is_causal: bool) -> Tensor:
+    """Column sums of softmax attention from each query's log-sum-exp, by a second fused call.
+
+    With ``s_ij = scaling * q_i . k_j`` and ``LSE_i = log sum_j exp(s_ij)`` (over the keys
+    query ``i`` sees), the column sum is::
+
+        c_j = sum_i exp(s_ij - LSE_i) = exp( log sum_i exp(s_ji^T + b_i) ),   b_i = -LSE_i
+
+    i.e. the log-sum-exp of a *transposed* attention in which the keys act as queries,
+    the queries as keys, and ``-LSE_i`` is an additive bias on "key" ``i``. The fused CPU
+    flash-attention kernel returns that log-sum-exp, tiling over both axes internally
+    (no T x T tensor; the bias is a stride-0 broadcast of a (B, H, 1, T) row). For a
+    causal layer key ``j`` is seen by queries ``i >= j``; reversing the order of both
+    turns that into an ordinary causal pattern. Requires T_q == T_k when causal.
+
+    Args:
+        query: (B, H_q, T, D); key: (B, H_kv, T, D) (grouped-query heads not repeated).
+        lse: (B, H_q, T) float log-sum-exp of each query's scaled scores (0-based positions).
+        scaling: the score scale used for ``lse``.
+        is_causal: causal (query i sees keys j <= i) or bidirectional without a mask.
+
+    Returns:
+        (B, H_q, T_k) float64 column sums ``sum_i A[b, h, i, j]``.
+    """
+    B, Hq, Tq, D = query.shape
+    Tk = key.shape[2]
+    keys_as_queries = repeat_kv(key, Hq // key.shape[1]).float()  # (B, H_q, T_k, D)
+    queries_as_keys = query.float()  # (B, H_q, T_q, D)
+    bias = -lse.float()  # (B, H_q, T_q)
+    if is_causal:
+        keys_as_queries = keys_as_queries.flip(2)
+        queries_as_keys = queries_as_keys.flip(2)
+        bias = bias.flip(2)
+    # the kernel's LSE is laid out (B, T, H): a strided mask row would take its slow path
+    bias = bias.contiguous()[:, :, None, :].expand(B, Hq, Tk, Tq)  # stride 0 over the "query" axis: no T x T storage
+    dummy_values = torch.zeros(B, Hq, Tq, D, device=query.device)  # the kernel needs values; only the LSE is used
+    _, key_lse = _FUSED_CPU(keys_as_queries, queries_as_keys, dummy_values, 0.0, bool(is_causal), attn_mask=bias, scale=scaling)
+    if is_causal:
+        key_lse = key_lse.flip(2)
+    return torch.exp(key_lse.double())
+
+
 def blockwise_attention(
     query: Tensor,
     key: Tensor,
@@ -268,10 +316,17 @@ def blockwise_attention(
     if mask is not None and mask.dim() != 4:
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
+    use_fused = fused and _FUSED_CPU is not None and query.device.type == "cpu" and value.shape[-1] == D
+    if use_fused and not tiled_output and mask is None:
+        # output and LSE from the fused kernel, column sums from the key side (see column_sums_from_lse)
+        out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal), scale=scale)
+        col = column_sums_from_lse(query, key, lse, scaling=scale, is_causal=is_causal)
+        return out.transpose(1, 2).contiguous(), col
+
     lse = None  # (B, H_q, T_q) float32, when the output kernel provides it
     if tiled_output:
         out = torch.empty(B, Hq, Tq, value.shape[-1], dtype=torch.float32, device=query.device)
-    elif fused and _FUSED_CPU is not None and query.device.type == "cpu" and value.shape[-1] == D:
+    elif use_fused:
         fmask = None if mask is None else _float_mask(mask, query.dtype)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal and mask is None), attn_mask=fmask, scale=scale)
         lse = lse.float()
