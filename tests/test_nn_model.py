@@ -31,6 +31,8 @@ def cfg(**kw) -> ModelConfig:
     (dict(init_std=-1.0), "init_std"),
     (dict(tie_embeddings="yes"), "tie_embeddings"),
     (dict(attention_options=[1]), "attention_options"),
+    (dict(positional="t5", t5_num_buckets=6, t5_max_distance=1), "t5_max_distance"),
+    (dict(positional="t5", t5_num_buckets=5), "t5_num_buckets"),
     (dict(d_model=36, n_heads=4, n_kv_heads=None, positional="rope", attention="softmax"), None),  # dh 9 odd
 ])
 def test_config_errors_name_the_field(kw, field):

@@ -118,6 +118,12 @@ class ModelConfig:
         POSITIONAL.get(self.positional)
         FFN.get(self.ffn)
         NORM.get(self.norm)
+        if self.positional == "t5":
+            if self.t5_num_buckets < 4 or self.t5_num_buckets % 2:
+                raise ConfigError(f"t5_num_buckets must be an even integer >= 4, got {self.t5_num_buckets}")
+            if self.t5_max_distance <= self.t5_num_buckets // 4:
+                raise ConfigError(f"t5_max_distance={self.t5_max_distance} must exceed t5_num_buckets // 4 "
+                                  f"= {self.t5_num_buckets // 4} (the exact-distance buckets)")
         if self.positional == "rope" and self.head_dim % 2:
             raise ConfigError(f"positional='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}")
         # Build the operation once (a few parameters): its constructor validates its options.
