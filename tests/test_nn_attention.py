@@ -438,3 +438,17 @@ def test_fast_backward_equals_reference_backward(name, positional):
         grads.append(g)
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_raw_attention_weights_switch_gives_unnormalised_weights():
+    from sinklab.nn.attention import raw_attention_weights
+
+    attn, pos = attn_module(config("sigmoid", positional="nope"))
+    x = torch.randn(1, T, D)
+    _, ref_w, _ = naive_attention(attn, "sigmoid", x)
+    with raw_attention_weights():
+        _, seen = run(attn, pos, x, path="reference")
+    assert seen["renormalised"] is False
+    torch.testing.assert_close(seen["w"].double(), ref_w, atol=2e-5, rtol=1e-4)
+    _, seen = run(attn, pos, x, path="reference")  # switch restored on exit
+    assert seen["renormalised"] is True
