@@ -305,3 +305,18 @@ def test_unknown_model_falls_back_with_warning(monkeypatch):
     with pytest.warns(UserWarning, match="falling back to eager"):
         stats = collect(model, ids, collector="auto")
     assert any("fell back" in n for n in stats.notes)
+
+
+@pytest.mark.slow
+def test_smollm2_blockwise_equals_eager_at_512(real_home):
+    """The issue's exactness check on the real model: SmolLM2-135M, SOTU text, T = 512."""
+    from sinklab.zoo.corpora import load_corpus
+    from sinklab.zoo.models import load_model
+
+    loaded = load_model("smollm2-135m", attn_implementation="sdpa")
+    text = "\n\n".join(load_corpus("sotu").documents[:3])
+    ids = torch.tensor([loaded.tokenizer(text)["input_ids"][:512]])
+    eager = collect(loaded.model, ids, batch_size=1, collector="eager")
+    block = collect(loaded.model, ids, batch_size=1, collector="blockwise")
+    _assert_stats_equal(block, eager)
+    assert (eager.mass[0, :, :, 0] > 0.3).any()  # a real sink is present on token 0
