@@ -320,3 +320,16 @@ def test_smollm2_blockwise_equals_eager_at_512(real_home):
     block = collect(loaded.model, ids, batch_size=1, collector="blockwise")
     _assert_stats_equal(block, eager)
     assert (eager.mass[0, :, :, 0] > 0.3).any()  # a real sink is present on token 0
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_bfloat16_inputs_match_float32_statistics(fused):
+    """bf16 q/k/v: the statistics are those of the float32 scores of the bf16 values (as eager computes)."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 4, 37, 16, generator=g).to(torch.bfloat16) for _ in range(3))
+    out, col = blockwise_attention(q, k[:, :2], v[:, :2], scaling=0.25, attention_mask=None, is_causal=True,
+                                   block_size=8, fused=fused)
+    out_e, col_e = COLLECTORS.get("eager")(q, k[:, :2], v[:, :2], scaling=0.25, attention_mask=None, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(col, col_e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.float(), out_e.float(), rtol=2e-2, atol=2e-2)

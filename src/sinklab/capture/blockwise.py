@@ -320,6 +320,8 @@ def blockwise_attention(
     if use_fused and not tiled_output and mask is None:
         # output and LSE from the fused kernel, column sums from the key side (see column_sums_from_lse)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal), scale=scale)
+        if query.dtype != torch.float32:  # the LSE of the float32 scores the statistics use
+            _, lse = _FUSED_CPU(query.float(), key.float(), value.float(), 0.0, bool(is_causal), scale=scale)
         col = column_sums_from_lse(query, key, lse, scaling=scale, is_causal=is_causal)
         return out.transpose(1, 2).contiguous(), col
 
@@ -327,8 +329,12 @@ def blockwise_attention(
     if tiled_output:
         out = torch.empty(B, Hq, Tq, value.shape[-1], dtype=torch.float32, device=query.device)
     elif use_fused:
+        # transformers built a (B, 1, T_q, T_k) boolean mask for the padding; the kernel wants it additive
         fmask = None if mask is None else _float_mask(mask, query.dtype)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal and mask is None), attn_mask=fmask, scale=scale)
+        if query.dtype != torch.float32:
+            fmask = None if mask is None else _float_mask(mask, torch.float32)
+            _, lse = _FUSED_CPU(query.float(), key.float(), value.float(), 0.0, False, attn_mask=fmask, scale=scale)
         lse = lse.float()
     else:
         out = _sdpa_output(query, key, value, mask, is_causal, scale)
