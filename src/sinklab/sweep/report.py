@@ -69,7 +69,7 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True)
         parts.append(" ".join(meta) + "\n")
         if study.get("note"):
             parts.append(study["note"].strip() + "\n")
-        parts.append(markdown_table(rows) + "\n")
+        parts.append(markdown_table(rows, _level(sw)) + "\n")
         if (sw / "sink_rate.png").exists():
             parts.append(f"![{title}: Sink_1]({_rel(sw / 'sink_rate.png', base)})\n")
         for png in sorted(sw.glob("*dynamics*.png")):
@@ -95,6 +95,12 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text
+
+
+def _level(sw: Path) -> float:
+    from sinklab.sweep.summary import _emerge_level
+
+    return _emerge_level(sw, json.loads((sw / "study.json").read_text()))
 
 
 def _read_rows(sw: Path) -> list[dict[str, Any]]:

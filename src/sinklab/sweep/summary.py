@@ -138,7 +138,7 @@ def summarize_sweep(out: str | Path, *, plot: bool = True) -> list[dict[str, Any
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    (out / "summary.md").write_text(markdown_table(rows) + "\n")
+    (out / "summary.md").write_text(markdown_table(rows, level) + "\n")
     if plot:
         plot_sweep(study, rows, out / "sink_rate.png", level)
     return rows
@@ -160,8 +160,11 @@ def _f(v: Any, nd: int = 1) -> str:
     return str(v)
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The summary rows as a Markdown table (Sink_1 with its CI, paper value and verdict)."""
+def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
+    """The summary rows as a Markdown table (Sink_1 with its CI, paper value and verdict).
+
+    The top sink position (1-based) is in bold when it is not 1 and its sink rate reaches ``level``
+    (the sink moved); below ``level`` it is shown plainly with its rate (no real sink anywhere)."""
     head = ("| setting | val loss | Sink_1 (%) [95% CI] | Sink_1 raw weights (%) | top sink pos. | max norm ratio | emerged at step "
             "| wall (s) | paper Sink_1 (%) | paper direction | verdict |")
     lines = [head, "|" + "---|" * 11]
@@ -177,7 +180,14 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         else:
             raw = "same" if r["sink1"] is not None else "–"
         pos = r["top_sink_position"]
-        pos_s = "–" if pos is None else (str(pos) if pos == 1 else f"**{pos}** ({_f(r['top_sink_rate'])}%)")
+        if pos is None:
+            pos_s = "–"
+        elif pos == 1:
+            pos_s = "1"
+        elif (r["top_sink_rate"] or 0) >= level:
+            pos_s = f"**{pos}** ({_f(r['top_sink_rate'])}%)"
+        else:
+            pos_s = f"none (max {_f(r['top_sink_rate'])}% at {pos})"
         lines.append(f"| {r['label']} | {_f(r['val_loss'], 3)} | {s1} | {raw} | {pos_s} | {_f(r['max_norm_ratio'], 2)} | "
                      f"{_f(r['emergence_step'])} | {_f(r['wall_s'], 0)} | {_f(r['paper'], 2)} | "
                      f"{r.get('expect') or '–'} | {r.get('verdict') or '–'} |")
