@@ -22,6 +22,7 @@ with a sliding window w, ``|i - j| < w``. The prefix is bidirectional (prefix LM
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -247,6 +248,13 @@ class Attention(nn.Module):
 
     chunk_elems: int = 1 << 23
     checkpoint_chunks: bool = True
+    #: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
+    #: the parameters stay q_proj/k_proj/v_proj)
+    fused_qkv: bool = True
+    #: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast: PyTorch's fused
+    #: half-precision CPU attention backward is ~1.5x slower than float32's (torch 2.13,
+    #: benchmarks/train_throughput.py); forward-only passes stay in half precision
+    cpu_fp32_sdpa_backward: bool = True
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
@@ -274,9 +282,15 @@ class Attention(nn.Module):
         """x (B, T, d) -> (B, T, d). With an observer, uses the reference path and reports weights."""
         B, T, _ = x.shape
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-        q = self.q_proj(x).view(B, T, H, dh).transpose(1, 2)  # (B, H, T, d_h)
-        k = self.k_proj(x).view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
-        v = self.v_proj(x).view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
+        if self.fused_qkv:
+            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # ((H + 2 H_kv) d_h, d)
+            b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+            q, k, v = F.linear(x, w, b).split([H * dh, Hkv * dh, Hkv * dh], dim=-1)  # (B, T, H d_h), (B, T, H_kv d_h) x 2
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, H, dh).transpose(1, 2)  # (B, H, T, d_h)
+        k = k.view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
+        v = v.view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
         q, k = ctx.positional.apply_qk(q, k, ctx.pos_state)
         if observer is not None:
             y = self._reference(q, k, v, ctx, observer)
@@ -314,6 +328,12 @@ class Attention(nn.Module):
         vk, vv, vlogit = self._virtual(q.dtype)
         gqa = Hkv != H
         virtual = vk is not None or vlogit is not None
+        out_dtype = q.dtype
+        upcast = (self.cpu_fp32_sdpa_backward and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+                  and torch.is_grad_enabled() and q.requires_grad)
+        if upcast:
+            q, k, v = q.float(), k.float(), v.float()
+            vk, vv = (None, None) if vk is None else (vk.float(), vv.float())
         attn_mask = ctx.sdpa_mask(virtual=virtual, dtype=q.dtype)  # None, (T, [1+]T) bool or (1, H, T, [1+]T)
         if vk is not None:
             k = torch.cat([vk[None, :, None, :].expand(B, Hkv, 1, dh), k], dim=2)  # (B, H_kv, 1+T, d_h)
@@ -333,11 +353,13 @@ class Attention(nn.Module):
             kstar[:, dh] = (vlogit.float() / self.scale).to(q.dtype)
             k = torch.cat([kstar[None, :, None, :].expand(B, H, 1, dh + pad), k], dim=2)  # (B, H, 1+T, d_h+pad)
             v = torch.cat([v.new_zeros(B, H, 1, dh + pad), v], dim=2)  # (B, H, 1+T, d_h+pad)
-        if attn_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
-        y = y[..., :dh]  # (B, H, T, d_h): drop the padding of the virtual-logit case
+        # (CPU autocast would cast float32 inputs of SDPA back down: switch it off for the upcast call)
+        with torch.autocast("cpu", enabled=False) if upcast else contextlib.nullcontext():
+            if attn_mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
+        y = y[..., :dh].to(out_dtype)  # (B, H, T, d_h): drop the padding of the virtual-logit case
         return y * self.op.output_scale if self.op.output_scale != 1.0 else y
 
     def _key_range(self, i0: int, i1: int, ctx: AttnContext) -> tuple[int, int]:

@@ -1,0 +1,81 @@
+"""The speed-only switches of :class:`sinklab.nn.Attention` change no result.
+
+* ``fused_qkv``: one matmul with the stacked [W_q; W_k; W_v] == three separate projections.
+* ``cpu_fp32_sdpa_backward``: under bf16 autocast on CPU, training runs SDPA in float32 (checked
+  by spying on the dtype SDPA receives) and agrees with the float32 model within bf16 rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sinklab.nn import ModelConfig, SinkLM
+from sinklab.nn.attention import Attention
+
+
+def _model(**kw) -> SinkLM:
+    torch.manual_seed(0)
+    base = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=16)
+    return SinkLM(ModelConfig(**{**base, **kw}))
+
+
+def _loss_and_grads(model: SinkLM, x: torch.Tensor, autocast: bool = False):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(x).logits
+    loss = F.cross_entropy(logits.float()[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=2), dict(qkv_bias=True), dict(attention="sink_token")])
+def test_fused_qkv_equals_separate_projections(kw, monkeypatch):
+    model = _model(**kw)
+    if kw.get("qkv_bias"):
+        with torch.no_grad():
+            for layer in model.layers:
+                for proj in (layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj):
+                    proj.bias.normal_()
+    x = torch.randint(0, 64, (2, 16))
+    monkeypatch.setattr(Attention, "fused_qkv", True)
+    l1, g1 = _loss_and_grads(model, x)
+    monkeypatch.setattr(Attention, "fused_qkv", False)
+    l0, g0 = _loss_and_grads(model, x)
+    torch.testing.assert_close(l1, l0, rtol=1e-6, atol=1e-6)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "softmax_off_by_one", "kv_bias"])
+def test_cpu_bf16_training_runs_sdpa_in_float32(attention, monkeypatch):
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, *a, **k):
+        seen.append(q.dtype)
+        return sdpa(q, *a, **k)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = _model(attention=attention)
+    x = torch.randint(0, 64, (2, 16))
+    l_ref, g_ref = _loss_and_grads(model, x)  # float32 throughout
+    seen.clear()
+    l_up, g_up = _loss_and_grads(model, x, autocast=True)
+    assert seen and all(d == torch.float32 for d in seen)
+    monkeypatch.setattr(Attention, "cpu_fp32_sdpa_backward", False)
+    seen.clear()
+    l_bf, g_bf = _loss_and_grads(model, x, autocast=True)
+    assert seen and all(d == torch.bfloat16 for d in seen)
+    # both bf16-autocast variants agree with float32 within bf16 rounding (relative 2^-8 per op)
+    for loss in (l_up, l_bf):
+        torch.testing.assert_close(loss, l_ref, rtol=2e-2, atol=2e-2)
+    for n in g_ref:
+        scale = g_ref[n].abs().max().item() + 1e-8
+        assert (g_up[n] - g_ref[n]).abs().max().item() / scale < 0.1, n
+    # forward-only passes keep half precision
+    seen.clear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    assert seen and all(d == torch.bfloat16 for d in seen)
