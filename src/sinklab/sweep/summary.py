@@ -9,6 +9,8 @@ One row per point (:data:`COLUMNS`):
 * ``renormalised`` -- the operation's rows do not sum to 1 and were renormalised for ``sink1``
   (as the paper's code does); ``sink1_raw`` (CI ``sink1_raw_lo``/``_hi``) is then the same metric
   on the raw weights (DESIGN.md: report both). Equal to ``sink1`` for normalised operations.
+* ``mass1`` -- mean attention mass on token 1 over layers, heads, probe samples and queries (a
+  continuous companion of Sink_1, useful when Sink_1 saturates), from the tracker's last record.
 * ``top_sink_position`` -- the position (1-based, as in the paper) with the highest sink rate;
   it "moved" when it is not 1.
 * ``top_sink_rate`` -- the sink rate at that position.
@@ -29,7 +31,7 @@ from typing import Any
 from sinklab.sweep.verdict import verdict
 
 COLUMNS = ["label", "status", "val_loss", "sink1", "sink1_lo", "sink1_hi", "renormalised", "sink1_raw", "sink1_raw_lo",
-           "sink1_raw_hi", "top_sink_position", "top_sink_rate",
+           "sink1_raw_hi", "mass1", "top_sink_position", "top_sink_rate",
            "max_norm_ratio", "emergence_step", "steps", "tokens", "wall_s", "paper", "expect", "verdict"]
 
 
@@ -88,7 +90,7 @@ def run_row(run: Path, point: dict[str, Any]) -> dict[str, Any]:
     s = json.loads(s_path.read_text())
     fin = s.get("final") or {}
     row.update(status="done", val_loss=fin.get("val_loss"), emergence_step=s.get("emergence_step"),
-               steps=s.get("steps"), tokens=s.get("tokens"))
+               steps=s.get("steps"), tokens=s.get("tokens"), mass1=fin.get("attention_mass_first"))
     try:
         ci = final_ci(run)
         row["sink1"] = ci["sink_rate"][0]
@@ -165,9 +167,9 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
 
     The top sink position (1-based) is in bold when it is not 1 and its sink rate reaches ``level``
     (the sink moved); below ``level`` it is shown plainly with its rate (no real sink anywhere)."""
-    head = ("| setting | val loss | Sink_1 (%) [95% CI] | Sink_1 raw weights (%) | top sink pos. | max norm ratio | emerged at step "
+    head = ("| setting | val loss | Sink_1 (%) [95% CI] | Sink_1 raw weights (%) | mass on token 1 | top sink pos. | max norm ratio | emerged at step "
             "| wall (s) | paper Sink_1 (%) | paper direction | verdict |")
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         if r["sink1"] is None:
             s1 = r["status"] or "–"
@@ -188,7 +190,7 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
             pos_s = f"**{pos}** ({_f(r['top_sink_rate'])}%)"
         else:
             pos_s = f"none (max {_f(r['top_sink_rate'])}% at {pos})"
-        lines.append(f"| {r['label']} | {_f(r['val_loss'], 3)} | {s1} | {raw} | {pos_s} | {_f(r['max_norm_ratio'], 2)} | "
+        lines.append(f"| {r['label']} | {_f(r['val_loss'], 3)} | {s1} | {raw} | {_f(r['mass1'], 3)} | {pos_s} | {_f(r['max_norm_ratio'], 2)} | "
                      f"{_f(r['emergence_step'])} | {_f(r['wall_s'], 0)} | {_f(r['paper'], 2)} | "
                      f"{r.get('expect') or '–'} | {r.get('verdict') or '–'} |")
     return "\n".join(lines)
