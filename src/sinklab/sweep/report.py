@@ -17,7 +17,7 @@ from typing import Any
 from sinklab.errors import InputError
 from sinklab.sweep.summary import markdown_table, summarize_sweep
 
-SECTION_ORDER = ["optimisation", "data", "loss", "architecture", "attention", "positional"]
+SECTION_ORDER = ["regime", "optimisation", "data", "loss", "architecture", "attention", "positional"]
 
 
 def find_sweeps(root: Path) -> list[Path]:
