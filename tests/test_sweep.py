@@ -152,3 +152,33 @@ expect = "higher"
 def test_report_needs_sweeps(tmp_path):
     with pytest.raises(InputError, match="no sweep folders"):
         build_report(tmp_path, tmp_path / "R.md")
+
+
+def test_raw_attention_weights_switch_gives_unrenormalised_rows():
+    import torch
+
+    from sinklab.nn.attention import raw_attention_weights
+    from sinklab.nn.config import ModelConfig
+    from sinklab.nn.model import SinkLM
+
+    torch.manual_seed(0)
+    for op in ("sigmoid", "softmax"):
+        m = SinkLM(ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=8, attention=op)).eval()
+        x = torch.randint(0, 11, (2, 8))
+        got = {}
+
+        def obs(layer, w, *, renormalised, extra=None, key=None, value=None, _k=None):
+            got[_k] = (w.double(), renormalised)
+
+        with torch.no_grad():
+            m(x, observer=lambda *a, **k: obs(*a, **k, _k="renorm"))
+            with raw_attention_weights():
+                m(x, observer=lambda *a, **k: obs(*a, **k, _k="raw"))
+        (wn, fn), (wr, fr) = got["renorm"], got["raw"]
+        if op == "softmax":
+            assert not fn and not fr
+            torch.testing.assert_close(wn, wr)
+        else:
+            assert fn and not fr
+            assert (wr.sum(-1) - 1).abs().max() > 0.1  # raw sigmoid rows do not sum to 1
+            torch.testing.assert_close(wn, wr / wr.sum(-1, keepdim=True))
