@@ -55,7 +55,7 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True)
     parts: list[str] = []
     headline: list[tuple[str, dict[str, Any]]] = []
     for sw in sweeps:
-        study = json.loads((sw / "study.json").read_text())
+        study = refresh_study_json(sw)
         rows = summarize_sweep(sw) if resummarize else _read_rows(sw)
         n_done = sum(1 for r in rows if str(r["status"]).startswith("done"))
         if n_done == 0:
@@ -100,6 +100,30 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text
+
+
+def refresh_study_json(sw: Path) -> dict[str, Any]:
+    """Re-read the sweep's study file when it still exists, so a note, a paper value or an
+    expectation edited after the runs shows up in the report (points are matched by folder name;
+    runs are not affected). Returns the (updated) study dict, also written to ``study.json``."""
+    from sinklab.errors import SinklabError
+    from sinklab.sweep.spec import load_study
+
+    study = json.loads((sw / "study.json").read_text())
+    path = study.get("path")
+    if not path or not Path(path).exists():
+        return study
+    try:
+        new = load_study(path)
+    except SinklabError:
+        return study
+    study.update(title=new.title, note=new.note, paper_source=new.paper_source, section=new.section)
+    by_slug = {p.slug: p for p in new.points}
+    for p in study["points"]:
+        if p["slug"] in by_slug:
+            p["paper"], p["expect"] = by_slug[p["slug"]].paper, by_slug[p["slug"]].expect
+    (sw / "study.json").write_text(json.dumps(study, indent=1, default=str))
+    return study
 
 
 def _level(sw: Path) -> float:
