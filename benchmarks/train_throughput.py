@@ -1,0 +1,307 @@
+"""Training throughput of sinklab's SinkLM: against transformers' LLaMA, per attention operation, MFU.
+
+Usage::
+
+    python benchmarks/train_throughput.py [--quick] [--threads N] [--only hf|ops|mfu]
+
+Prints three tables and writes ``benchmarks/results/train_throughput[-quick].json``.
+
+1. **sinklab vs transformers.** :class:`sinklab.nn.SinkLM` (softmax, RoPE, SwiGLU, RMSNorm,
+   untied head, no biases) and ``transformers.LlamaForCausalLM`` (``attn_implementation="sdpa"``)
+   built from the same config (``sinklab.nn.export.llama_config``) and started from the *same
+   weights*, trained on the same random token batches with the same AdamW (lr 1e-3, weight decay
+   0.1 on matrices, as ``sinklab train``), gradient clipping at 1.0, bf16 autocast and the same
+   float32 cross-entropy. After warm-up steps the two are timed in alternating rounds (order
+   flipped each round) so that load from other processes on a shared machine hits both alike;
+   tokens/s = tokens / summed step time of each model, ratio = sinklab / transformers.
+2. **Attention operations.** Every name in :data:`sinklab.nn.ATTENTION` on a small model at
+   T = 256 and T = 1024 (same tokens per step), timed in rounds alongside softmax; reported as
+   tokens/s relative to softmax at the same T, plus the path each op trains on (``sdpa``: fused
+   ``F.scaled_dot_product_attention``; ``chunked``: matmul-mask-normalise in checkpointed chunks).
+3. **MFU.** The machine's dense matmul rate (``torch.matmul`` of two N x N matrices, bf16 and
+   fp32) and model FLOPs utilisation ``MFU = flops_per_token * tokens/s / matmul rate`` with
+   ``flops_per_token = 6 N + 6 L T d`` (N = parameters in matmuls: every weight except the token
+   embedding and norm gains; 6 L T d = causal attention scores and weighted values, forward +
+   backward, half of PaLM's 12 L T d because of the causal mask; Chowdhery et al. 2022, App. B).
+
+Default: 1 torch thread (``--threads``): per-core numbers, robust on a shared machine. Every step's
+wall time and process CPU time are both recorded; on a busy machine the CPU-time ratio is the
+steadier one. ``sinklab-unfused`` is SinkLM with ``Attention.fused_qkv`` and
+``Attention.cpu_fp32_sdpa_backward`` switched off (the model before those speed changes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sinklab.nn import ATTENTION, ModelConfig, SinkLM
+from sinklab.nn.attention import Attention
+from sinklab.nn.export import llama_config, llama_state_dict
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# tiny-cpu preset shapes (src/sinklab/presets/tiny-cpu.toml)
+TINY = dict(vocab_size=8192, d_model=192, n_layers=4, n_heads=4, d_ff=512)
+# small model for the per-operation table (attention is a larger share of its time)
+SMALL = dict(vocab_size=2048, d_model=128, n_layers=2, n_heads=4, d_ff=344)
+
+
+# ------------------------------------------------------------------ helpers
+def param_groups(model: torch.nn.Module, wd: float = 0.1) -> list[dict]:
+    """AdamW groups as ``sinklab train`` (decay="matrices"): decay tensors with >= 2 dims."""
+    ps = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": wd},
+            {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
+
+
+class Trainee:
+    """A model, its optimizer and a step function timed in seconds."""
+
+    def __init__(self, name: str, model: torch.nn.Module, hf: bool = False, unfused: bool = False) -> None:
+        self.name, self.model, self.hf, self.unfused = name, model, hf, unfused
+        self.opt = torch.optim.AdamW(param_groups(model), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        self.seconds, self.cpu_seconds, self.steps, self.losses = 0.0, 0.0, 0, []
+        model.train()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """One optimizer step on (B, T) ids x and targets y; returns (wall, process CPU) seconds."""
+        fused = Attention.fused_qkv, Attention.cpu_fp32_sdpa_backward
+        if self.unfused:  # sinklab before the speed switches, for the before/after comparison
+            Attention.fused_qkv = Attention.cpu_fp32_sdpa_backward = False
+        try:
+            t0, c0 = time.perf_counter(), time.process_time()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = self.model(x, use_cache=False).logits if self.hf else self.model(x).logits  # (B, T, V)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        finally:
+            Attention.fused_qkv, Attention.cpu_fp32_sdpa_backward = fused
+        self.losses.append(float(loss.detach()))
+        return dt, dc
+
+
+def batches(n: int, B: int, T: int, V: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """n random (ids (B, T), targets (B, T)) int64 batches, uniform over the vocabulary."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        t = torch.randint(0, V, (B, T + 1), generator=g)
+        out.append((t[:, :-1].contiguous(), t[:, 1:].contiguous()))
+    return out
+
+
+def interleave(trainees: list[Trainee], data, warmup: int, rounds: int, per_round: int) -> None:
+    """Warm up every trainee, then ``rounds`` rounds of ``per_round`` timed steps each, order flipped
+    every round. Step i of every trainee sees the same batch."""
+    for t in trainees:
+        for i in range(warmup):
+            t.step(*data[i % len(data)])
+    for r in range(rounds):
+        order = trainees if r % 2 == 0 else trainees[::-1]
+        for t in order:
+            for j in range(per_round):
+                i = warmup + r * per_round + j
+                dt, dc = t.step(*data[i % len(data)])
+                t.seconds += dt
+                t.cpu_seconds += dc
+                t.steps += 1
+
+
+def matmul_flops_per_token(model: SinkLM) -> int:
+    """Parameters that take part in a matmul: all but the token embedding and vectors (norm gains)."""
+    n = sum(p.numel() for name, p in model.named_parameters() if p.dim() >= 2 and not name.startswith("embed."))
+    if model.config.tie_embeddings:
+        n += model.lm_head.weight.numel()
+    return n
+
+
+def train_flops_per_token(model: SinkLM, T: int) -> float:
+    """6 N + 6 L T d (causal attention, forward + backward); see the module docstring."""
+    c = model.config
+    return 6.0 * matmul_flops_per_token(model) + 6.0 * c.n_layers * T * c.d_model
+
+
+def matmul_rate(dtype: torch.dtype, n: int, reps: int) -> float:
+    """Best-of-reps FLOP/s of an (n x n) @ (n x n) torch.matmul in ``dtype`` (2 n^3 flops)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.matmul(a, b)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def sink_config(T: int, attention: str = "softmax", **shape) -> ModelConfig:
+    return ModelConfig(max_seq_len=T, attention=attention, positional="rope", norm="rmsnorm", ffn="swiglu",
+                       tie_embeddings=False, **shape)
+
+
+# ------------------------------------------------------------------ parts
+def bench_hf(quick: bool) -> dict:
+    """sinklab SinkLM vs transformers LlamaForCausalLM (SDPA), tiny-cpu shapes."""
+    from transformers import LlamaForCausalLM
+
+    T, B = 256, 16
+    cfg = sink_config(T, **TINY)
+    torch.manual_seed(0)
+    sl = SinkLM(cfg)
+    hcfg = llama_config(cfg)
+    hcfg._attn_implementation = "sdpa"
+    hf = LlamaForCausalLM(hcfg)
+    hf.load_state_dict({k: v.detach().clone() for k, v in llama_state_dict(sl).items()}, strict=True)
+    assert hf.config._attn_implementation == "sdpa", hf.config._attn_implementation
+    assert not any(n.endswith(".bias") for n, _ in hf.named_parameters()), "HF model has biases"
+    n_sl = sum(p.numel() for p in sl.parameters())
+    n_hf = sum(p.numel() for p in hf.parameters())
+    assert n_sl == n_hf, (n_sl, n_hf)
+    # same function: identical logits in float32 before training
+    x0 = torch.randint(0, cfg.vocab_size, (2, 32))
+    with torch.no_grad():
+        diff = (sl(x0).logits - hf(x0, use_cache=False).logits).abs().max().item()
+    assert diff < 1e-4, f"sinklab and HF logits differ by {diff}"
+    warmup, rounds, per_round = (1, 2, 1) if quick else (2, 6, 2)
+    data = batches(warmup + rounds * per_round, B, T, cfg.vocab_size)
+    sl0 = SinkLM(cfg)
+    sl0.load_state_dict(sl.state_dict())
+    a, b = Trainee("sinklab", sl), Trainee("transformers", hf, hf=True)
+    c = Trainee("sinklab-unfused", sl0, unfused=True)
+    interleave([a, b, c], data, warmup, rounds, per_round)
+    tok = B * T
+    res = {"T": T, "batch": B, "params": n_sl, "warmup_steps": warmup, "timed_steps": a.steps,
+           "initial_logit_max_abs_diff": diff, "hf_attn_implementation": hf.config._attn_implementation}
+    for t in (a, b, c):
+        res[t.name] = {"tokens_per_s": tok * t.steps / t.seconds, "s_per_step": t.seconds / t.steps,
+                       "cpu_tokens_per_s": tok * t.steps / t.cpu_seconds, "cpu_s_per_step": t.cpu_seconds / t.steps,
+                       "final_loss": t.losses[-1]}
+    res["ratio_sinklab_over_hf"] = res["sinklab"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
+    res["cpu_ratio_sinklab_over_hf"] = res["sinklab"]["cpu_tokens_per_s"] / res["transformers"]["cpu_tokens_per_s"]
+    res["ratio_unfused_over_hf"] = res["sinklab-unfused"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
+    res["loss_max_abs_diff"] = max(abs(p - q) for p, q in zip(a.losses, b.losses))
+    return res
+
+
+def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096) -> dict:
+    """Every attention operation vs softmax on the SMALL model at each T (tokens per step fixed)."""
+    names = ATTENTION.names()
+    out: dict = {}
+    for T in lengths:
+        B = max(1, tokens // T)
+        trainees = []
+        for name in names:
+            torch.manual_seed(0)
+            m = SinkLM(sink_config(T, attention=name, **SMALL))
+            t = Trainee(name, m)
+            t.path = "sdpa" if m.layers[0].attn.op.sdpa else "chunked"
+            trainees.append(t)
+        warmup, rounds, per_round = (1, 1, 1) if quick else (1, 2, 1)
+        data = batches(warmup + rounds * per_round, B, T, SMALL["vocab_size"], seed=T)
+        # softmax's own time is measured in every round between the others
+        interleave(trainees, data, warmup, rounds, per_round)
+        base = next(t for t in trainees if t.name == "softmax")
+        base_tps, base_cpu = B * T * base.steps / base.seconds, B * T * base.steps / base.cpu_seconds
+        out[T] = {"batch": B, "softmax_tokens_per_s": base_tps, "softmax_cpu_tokens_per_s": base_cpu, "ops": {
+            t.name: {"tokens_per_s": B * T * t.steps / t.seconds, "relative_to_softmax": (B * T * t.steps / t.seconds) / base_tps,
+                     "cpu_tokens_per_s": B * T * t.steps / t.cpu_seconds,
+                     "cpu_relative_to_softmax": (B * T * t.steps / t.cpu_seconds) / base_cpu,
+                     "path": t.path} for t in trainees}}
+    return out
+
+
+def bench_mfu(quick: bool, hf_result: dict | None) -> dict:
+    n = 1024 if quick else 2048
+    rates = {"bf16": matmul_rate(torch.bfloat16, n, 3 if quick else 5), "fp32": matmul_rate(torch.float32, n, 3 if quick else 5)}
+    res = {"matmul_n": n, "matmul_flops_per_s": rates}
+    if hf_result is not None:
+        T = hf_result["T"]
+        m = SinkLM(sink_config(T, **TINY))
+        fpt = train_flops_per_token(m, T)
+        res["flops_per_token"] = fpt
+        res["matmul_params"] = matmul_flops_per_token(m)
+        for who in ("sinklab", "transformers"):
+            tps, ctps = hf_result[who]["tokens_per_s"], hf_result[who]["cpu_tokens_per_s"]
+            res[who] = {"model_flops_per_s": fpt * tps, **{f"mfu_vs_{k}": fpt * tps / r for k, r in rates.items()},
+                        "cpu_model_flops_per_s": fpt * ctps, **{f"cpu_mfu_vs_{k}": fpt * ctps / r for k, r in rates.items()}}
+    return res
+
+
+# ------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, numbers are noisy)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: per-core numbers on a shared machine)")
+    ap.add_argument("--only", choices=["hf", "ops", "mfu"], action="append", help="run only these parts")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024], help="sequence lengths of the op table")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    parts = set(args.only or ["hf", "ops", "mfu"])
+    t_start = time.perf_counter()
+    res: dict = {"quick": args.quick, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                 "machine": platform.machine(), "cpu_count": os.cpu_count(),
+                 "load_avg_start": os.getloadavg()}
+    try:
+        import transformers
+
+        res["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        parts.discard("hf")
+
+    if "hf" in parts:
+        h = res["sinklab_vs_transformers"] = bench_hf(args.quick)
+        print(f"\n== sinklab vs transformers LlamaForCausalLM (SDPA): tiny-cpu shapes, B={h['batch']}, T={h['T']}, "
+              f"{h['params']/1e6:.2f}M params, {h['timed_steps']} timed steps each (interleaved), {res['threads']} threads")
+        print(f"{'model':<18}{'tokens/s':>10}{'s/step':>9}{'CPU tokens/s':>14}{'CPU s/step':>12}")
+        for who in ("sinklab", "transformers", "sinklab-unfused"):
+            r = h[who]
+            print(f"{who:<18}{r['tokens_per_s']:>10.0f}{r['s_per_step']:>9.3f}{r['cpu_tokens_per_s']:>14.0f}{r['cpu_s_per_step']:>12.3f}")
+        print(f"ratio sinklab / transformers = {h['ratio_sinklab_over_hf']:.2f}x wall, {h['cpu_ratio_sinklab_over_hf']:.2f}x CPU time; "
+              f"unfused projections {h['ratio_unfused_over_hf']:.2f}x "
+              f"(max |loss difference| sinklab vs transformers over the steps {h['loss_max_abs_diff']:.2e})")
+    if "mfu" in parts:
+        m = res["mfu"] = bench_mfu(args.quick, res.get("sinklab_vs_transformers"))
+        r = m["matmul_flops_per_s"]
+        print(f"\n== matmul rate ({m['matmul_n']}^2): bf16 {r['bf16']/1e9:.1f} GFLOP/s, fp32 {r['fp32']/1e9:.1f} GFLOP/s")
+        if "sinklab" in m:
+            print(f"flops/token = 6N + 6LTd = {m['flops_per_token']/1e6:.1f} MFLOP (N = {m['matmul_params']/1e6:.2f}M in matmuls)")
+            print(f"{'model':<14}{'GFLOP/s':>9}{'MFU bf16':>10}{'MFU fp32':>10}   (per CPU-second:){'GFLOP/s':>9}{'MFU bf16':>10}{'MFU fp32':>10}")
+            for who in ("sinklab", "transformers"):
+                r = m[who]
+                print(f"{who:<14}{r['model_flops_per_s']/1e9:>9.2f}{r['mfu_vs_bf16']:>10.1%}{r['mfu_vs_fp32']:>10.1%}{'':>19}"
+                      f"{r['cpu_model_flops_per_s']/1e9:>9.2f}{r['cpu_mfu_vs_bf16']:>10.1%}{r['cpu_mfu_vs_fp32']:>10.1%}")
+    if "ops" in parts:
+        o = res["attention_ops"] = bench_ops(args.quick, tuple(args.lengths))
+        Ts = list(o)
+        names = list(o[Ts[0]]["ops"])
+        print(f"\n== attention operations: d_model {SMALL['d_model']}, {SMALL['n_layers']} layers, "
+              f"{SMALL['n_heads']} heads, 4096 tokens/step; tokens/s relative to softmax")
+        print(f"{'operation':<20}{'path':<9}" + "".join(f"{'T=' + str(T) + ' wall':>12}{'CPU':>6}" for T in Ts))
+        print(f"{'softmax tokens/s':<29}" + "".join(f"{o[T]['softmax_tokens_per_s']:>12.0f}{o[T]['softmax_cpu_tokens_per_s']:>6.0f}" for T in Ts))
+        for n in names:
+            print(f"{n:<20}{o[Ts[0]]['ops'][n]['path']:<9}" + "".join(
+                f"{o[T]['ops'][n]['relative_to_softmax']:>12.2f}{o[T]['ops'][n]['cpu_relative_to_softmax']:>6.2f}" for T in Ts))
+    res["load_avg_end"] = os.getloadavg()
+    res["wall_s"] = time.perf_counter() - t_start
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / ("train_throughput-quick.json" if args.quick else "train_throughput.json")
+    path.write_text(json.dumps(res, indent=2) + "\n")
+    print(f"\nwrote {path} ({res['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
