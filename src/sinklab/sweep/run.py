@@ -131,6 +131,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         steps[p.slug] = point_config(study, p).train.steps  # validates every config before starting any run
 
     display = _Display(study, len(points), len(points) - len(todo), progress)
+    prev_term = _term_as_interrupt()
     running: dict[str, tuple[subprocess.Popen, Point, float, object]] = {}
     queue = list(todo)
     try:
@@ -180,7 +181,26 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         raise
     finally:
         display.close()
+        if prev_term is not None:
+            signal.signal(signal.SIGTERM, prev_term)
     return status
+
+
+def _raise_interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _term_as_interrupt():
+    """Treat SIGTERM like Ctrl-C (so the running trainings are stopped cleanly); returns the old handler,
+    or None when not in the main thread (signal handlers can only be set there)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # started in the background by a shell
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return old
 
 
 def _stop(proc: subprocess.Popen) -> None:
