@@ -151,3 +151,28 @@ def test_bad_shapes():
         sink_rate(torch.zeros(3, 4), 0.3)
     with pytest.raises(InputError):
         norm_ratio(torch.ones(1, 1, 2), "max")
+
+
+def test_top_sink_ignores_keys_seen_by_few_queries():
+    """The last key is seen only by the last query; a self-attending last token is not a 'sink'."""
+    from sinklab.capture.stats import ProbeStats
+    from sinklab.metrics import summarize
+    from sinklab.metrics.summary import rankable_positions
+
+    T = 20
+    A = torch.zeros(T, T, dtype=torch.float64)
+    A[:, 3] = 0.4  # a real sink at position 3 for every query i >= 3
+    for i in range(T):
+        if i < 3:
+            A[i, i] = 1.0
+        else:
+            A[i, i] += 0.6
+    mass = attention_mass(A).reshape(1, 1, 1, T)
+    # mass on the last key is A[T-1, T-1] = 0.6 > eps; position 3 has 0.4 + 0.6/(T-3)
+    assert float(mass[0, 0, 0, -1]) == pytest.approx(0.6)
+    stats = ProbeStats(mass=mass, hidden_norms=torch.ones(1, 1, T), max_abs=torch.ones(1, 1),
+                       median_abs=torch.ones(1, 1), max_position=torch.zeros(1, 1, dtype=torch.long),
+                       max_channel=torch.zeros(1, 1, dtype=torch.long))
+    s = summarize(stats, 0.3, 4, n_boot=10)
+    assert rankable_positions(T, True) == 19 and rankable_positions(T, False) == T
+    assert s["top_sink_position"] == 3 and s["top_sink_rate"] == 100.0

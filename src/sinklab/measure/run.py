@@ -18,6 +18,7 @@ from sinklab.capture import collect
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate_per_sample, summarize
+from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe, make_probe
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -99,7 +100,8 @@ class MeasureResult:
         model: model provenance (name, source, sha256, licence, architecture...).
         corpus: corpus provenance for natural inputs, else None.
         top_sinks: per sample, the 3 positions with the highest per-sample sink rate
-            (0-based position, rate in percent, token string).
+            (0-based position, rate in percent, token string), among the positions seen
+            by at least 10% of the queries.
         command: the command line that reproduces the result.
         wall_time_s: seconds spent in the forward passes and metrics.
     """
@@ -184,6 +186,7 @@ class MeasureResult:
 
 def _top_sinks(stats: ProbeStats, probe: Probe, tokenizer, eps: float, k: int = 3) -> list[list[dict[str, Any]]]:
     rates = sink_rate_per_sample(stats.mass, eps)  # (N, T)
+    rates = rates[:, : rankable_positions(stats.seq_len, stats.causal)]
     out = []
     for n in range(rates.shape[0]):
         vals, pos = rates[n].sort(descending=True, stable=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +28,20 @@ def _r(x: torch.Tensor, nd: int = 6) -> Any:
     return [_r(v, nd) for v in x]
 
 
+def rankable_positions(seq_len: int, causal: bool, min_share: float = 0.1) -> int:
+    """Number of leading key positions eligible as "top sink" (0-based ``j < result``).
+
+    In a causal model the attention mass on key ``j`` is a mean over only ``T - j``
+    queries, so the last keys' masses rest on one or two queries (the last query's
+    attention to itself) and are not sinks in any useful sense. Keys seen by fewer
+    than ``min_share * T`` queries are excluded from the ranking; a bidirectional
+    encoder keeps every position.
+    """
+    if not causal:
+        return seq_len
+    return max(1, seq_len - math.ceil(min_share * seq_len) + 1)
+
+
 def summarize(
     stats: "ProbeStats",
     eps: float = 0.3,
@@ -46,7 +61,8 @@ def summarize(
         ``sink_rate_per_head`` (L, H, K), ``attention_mass`` (L, H, K) mean over samples,
         ``attention_mass_first`` mean mass on position 0, ``norm_ratio`` / ``norm_ratio_median``
         (K,) ``Sink'_k`` mean over samples, ``max_norm_ratio`` and ``max_norm_ratio_position``,
-        ``top_sink_position`` (argmax of the sink rate curve) with ``top_sink_rate`` and
+        ``top_sink_position`` (argmax of the sink rate curve over the positions that at
+        least 10% of the queries see, see :func:`rankable_positions`) with ``top_sink_rate`` and
         ``top_sink_head_share`` (share of (layer, head) pairs whose mean mass there exceeds
         eps), ``strongest_layers`` (layers sorted by sink rate at position 0, top 3),
         ``hidden_norm_sink`` / ``hidden_norm_others`` (L,) mean l2 norm of the top sink
@@ -63,7 +79,7 @@ def summarize(
     K = min(positions, stats.seq_len)
     mass = stats.mass
     curve = sink_rate(mass, eps)  # (T,)
-    top = int(curve.argmax())
+    top = int(curve[: rankable_positions(stats.seq_len, stats.causal)].argmax())
     ratio = norm_ratio(stats.hidden_norms, "mean").mean(dim=0)  # (T,)
     ratio_med = norm_ratio(stats.hidden_norms, "median").mean(dim=0)
     per_layer = sink_rate_per_layer(mass, eps, K)
