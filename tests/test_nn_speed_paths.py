@@ -79,3 +79,33 @@ def test_cpu_bf16_training_runs_sdpa_in_float32(attention, monkeypatch):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         model(x)
     assert seen and all(d == torch.bfloat16 for d in seen)
+
+
+@pytest.mark.parametrize("attention", ["sink_token", "kv_bias", "k_bias", "softmax_off_by_one", "sink_logit"])
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_causal_virtual_key_equals_explicit_mask(attention, n_kv_heads, monkeypatch):
+    """The dummy-query causal call == SDPA with the explicit (T, 1+T) mask, values and gradients."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        calls.append(attn_mask is None and kw.get("is_causal", False))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = _model(attention=attention, n_kv_heads=n_kv_heads)
+    with torch.no_grad():  # make the virtual key matter
+        for n, p in model.named_parameters():
+            if "op." in n:
+                p.normal_()
+    x = torch.randint(0, 64, (2, 16))
+    monkeypatch.setattr(Attention, "causal_virtual_key", True)
+    l1, g1 = _loss_and_grads(model, x)
+    assert calls and all(calls)
+    calls.clear()
+    monkeypatch.setattr(Attention, "causal_virtual_key", False)
+    l0, g0 = _loss_and_grads(model, x)
+    assert calls and not any(calls)
+    torch.testing.assert_close(l1, l0, rtol=1e-6, atol=1e-6)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-5, atol=1e-6, msg=n)

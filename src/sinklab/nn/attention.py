@@ -255,6 +255,9 @@ class Attention(nn.Module):
     #: half-precision CPU attention backward is ~1.5x slower than float32's (torch 2.13,
     #: benchmarks/train_throughput.py); forward-only passes stay in half precision
     cpu_fp32_sdpa_backward: bool = True
+    #: plain causal attention with a virtual key uses SDPA's causal kernel (one dummy query row
+    #: in front) instead of an explicit (T, 1+T) mask
+    causal_virtual_key: bool = True
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
@@ -353,12 +356,21 @@ class Attention(nn.Module):
             kstar[:, dh] = (vlogit.float() / self.scale).to(q.dtype)
             k = torch.cat([kstar[None, :, None, :].expand(B, H, 1, dh + pad), k], dim=2)  # (B, H, 1+T, d_h+pad)
             v = torch.cat([v.new_zeros(B, H, 1, dh + pad), v], dim=2)  # (B, H, 1+T, d_h+pad)
+        shifted = virtual and self.causal_virtual_key and ctx.plain_causal and ctx.full_bias() is None
+        if shifted:
+            # Plain causal with a virtual key in front: prepend one dummy query so that query i is
+            # row i+1 and the causal kernel's "key j <= row" is exactly "virtual key or j <= i"
+            # (no explicit mask, which would keep SDPA off its causal block skipping).
+            q = torch.cat([q.new_zeros(B, H, 1, q.shape[-1]), q], dim=2)  # (B, H, 1+T, d_h[+pad])
+            attn_mask = None
         # (CPU autocast would cast float32 inputs of SDPA back down: switch it off for the upcast call)
         with torch.autocast("cpu", enabled=False) if upcast else contextlib.nullcontext():
             if attn_mask is None:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
+        if shifted:
+            y = y[:, :, 1:]  # (B, H, T, d_h[+pad]): drop the dummy query
         y = y[..., :dh].to(out_dtype)  # (B, H, T, d_h): drop the padding of the virtual-logit case
         return y * self.op.output_scale if self.op.output_scale != 1.0 else y
 
