@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+#: The user's cache, read before the autouse fixture below points unit tests at a private one.
+USER_HOME = os.environ.get("SINKLAB_HOME", str(Path.home() / ".cache" / "sinklab"))
+
 WORDS = [f"w{i}" for i in range(60)] + ["the", "a", "sink", "token", ".", ","]
 
 
@@ -105,7 +108,6 @@ def _isolated_home(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def real_home(monkeypatch):
     """The persistent cache for tests that fetch real models/corpora from the registries
-    ($SINKLAB_TEST_HOME, else ~/.cache/sinklab): fetched once, then reused by later runs."""
-    home = os.environ.get("SINKLAB_TEST_HOME", str(Path.home() / ".cache" / "sinklab"))
-    monkeypatch.setenv("SINKLAB_HOME", home)
-    return Path(home)
+    (the caller's $SINKLAB_HOME, else ~/.cache/sinklab): fetched once, then reused by later runs."""
+    monkeypatch.setenv("SINKLAB_HOME", USER_HOME)
+    return Path(USER_HOME)
