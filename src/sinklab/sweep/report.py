@@ -5,7 +5,8 @@ finished run, in the order of
 the paper's sections, the report has: the study title, what was swept and the base config, its
 summary table (our Sink_1 with 95% CI beside the paper's value, the paper's direction and the
 verdict per row), its plot, and any dynamics plots found in the folder (``*dynamics*.png``).
-A headline table at the top lists every finished row that carries a paper expectation.
+A headline table at the top lists every finished row that carries a paper expectation; a
+hand-written ``NOTES.md`` in the results root, when present, is placed above it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True)
             "each run, with a 95% bootstrap CI over probe samples (one training seed per row: seed-to-seed "
             "variation is not in the CI). Verdicts compare the direction with the paper's (see "
             "`sinklab.sweep.verdict`): *agrees*, *disagrees*, or *inconclusive* at this scale.\n"]
+    notes = root / "NOTES.md"
+    if notes.exists():  # hand-written findings kept beside the sweeps
+        head.append(notes.read_text().strip() + "\n")
     if headline:
         head.append("## Headline\n")
         head.append("| study | setting | Sink_1 (%) | paper Sink_1 (%) | paper direction | verdict |")
