@@ -74,3 +74,22 @@ def test_text(tokenizer):
         make_probe("text", tokenizer, text="the sink", seq_len=8)
     with pytest.raises(UnknownNameError, match="natural"):
         make_probe("poetry", tokenizer, seq_len=4)
+
+
+def test_token_cache_equals_direct_tokenization(tokenizer_nobos, tokenizer):
+    from sinklab.paths import cache_dir
+    from sinklab.probe.cache import tokenize_documents
+
+    direct = tokenizer_nobos(DOCS, add_special_tokens=False)["input_ids"]
+    first = tokenize_documents(tokenizer_nobos, DOCS)  # computes and writes
+    files = list(cache_dir("probe_tokens").glob("*.npz"))
+    assert len(files) == 1
+    second = tokenize_documents(tokenizer_nobos, DOCS)  # reads
+    assert [d.tolist() for d in first] == [d.tolist() for d in second] == direct
+    # a different corpus or tokenizer gets its own entry
+    tokenize_documents(tokenizer_nobos, DOCS[:2])
+    tokenize_documents(tokenizer, DOCS)
+    assert len(list(cache_dir("probe_tokens").glob("*.npz"))) == 3
+    a = make_probe("natural", tokenizer_nobos, documents=DOCS, num_samples=4, seq_len=6, seed=1)
+    b = make_probe("natural", tokenizer_nobos, documents=DOCS, num_samples=4, seq_len=6, seed=1, token_docs=second)
+    assert torch.equal(a.input_ids, b.input_ids)

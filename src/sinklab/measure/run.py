@@ -20,6 +20,7 @@ from sinklab.errors import InputError
 from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe, make_probe
+from sinklab.probe.cache import tokenize_documents
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -240,6 +241,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     if cfg.input == "natural":
         corpus = load_corpus(cfg.corpus)
         kwargs["documents"] = corpus.documents
+        kwargs["token_docs"] = tokenize_documents(loaded.tokenizer, corpus.documents)
     probe = make_probe(cfg.input, loaded.tokenizer, **kwargs)
     emb = getattr(loaded.model, "get_input_embeddings", None)
     vocab = emb().num_embeddings if emb is not None else loaded.model.config.vocab_size

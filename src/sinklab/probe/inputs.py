@@ -148,7 +148,7 @@ def natural(
     gen = torch.Generator().manual_seed(seed)
     pick = sorted(torch.randperm(len(windows), generator=gen)[:num_samples].tolist())
     chosen = [windows[i] for i in pick]
-    content = torch.tensor([list(token_docs[d][o : o + n]) for d, o in chosen], dtype=torch.int64)
+    content = torch.tensor([[int(t) for t in token_docs[d][o : o + n]] for d, o in chosen], dtype=torch.int64)
     return Probe(
         _assemble(content, prefix, suffix), "natural", bos, prefix, suffix,
         {"document": [d for d, _ in chosen], "offset": [o for _, o in chosen], "windows_available": len(windows)},
