@@ -153,13 +153,8 @@ class AttentionOp(nn.Module):
 
 
 def register(name: str):
-    """Class decorator: register an :class:`AttentionOp` under ``name``."""
-
-    def deco(cls: type[AttentionOp]) -> type[AttentionOp]:
-        ATTENTION.register(name, cls, description=(cls.__doc__ or "").strip().split("\n")[0])
-        return cls
-
-    return deco
+    """Class decorator: register an :class:`AttentionOp` under ``name`` (description = docstring's first line)."""
+    return ATTENTION.register(name)
 
 
 # ============================================================ softmax family

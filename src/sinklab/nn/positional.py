@@ -66,8 +66,7 @@ class Positional(nn.Module):
 def _register(name: str):
     def deco(cls):
         cls.name = name
-        POSITIONAL.register(name, cls, description=(cls.__doc__ or "").strip().split("\n")[0])
-        return cls
+        return POSITIONAL.register(name)(cls)
 
     return deco
 
