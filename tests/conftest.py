@@ -98,10 +98,26 @@ def text_corpus_dir(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_home(tmp_path_factory):
+    """Point SINKLAB_HOME at a private folder before any fixture runs (module-scoped ones included)."""
+    old = os.environ.get("SINKLAB_HOME")
+    os.environ["SINKLAB_HOME"] = str(tmp_path_factory.mktemp("sinklab_home_session"))
+    yield
+    if old is None:
+        os.environ.pop("SINKLAB_HOME", None)
+    else:
+        os.environ["SINKLAB_HOME"] = old
+
+
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory, monkeypatch):
-    """Unit tests use a private cache unless SINKLAB_HOME is set by the caller (slow tests share it)."""
-    if "SINKLAB_HOME" not in os.environ:
+def _isolated_home(request, tmp_path_factory, monkeypatch):
+    """Unit tests get a fresh private cache whatever the caller's SINKLAB_HOME says, so they never
+    read or write the user's cache; tests marked ``slow`` use the user's cache (:data:`USER_HOME`),
+    where real models and corpora are fetched once and reused."""
+    if request.node.get_closest_marker("slow") is not None:
+        monkeypatch.setenv("SINKLAB_HOME", USER_HOME)
+    else:
         monkeypatch.setenv("SINKLAB_HOME", str(tmp_path_factory.mktemp("sinklab_home")))
 
 

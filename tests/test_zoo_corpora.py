@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import struct
 import zlib
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +16,6 @@ from sinklab.zoo.corpora import (
     split_osis_books, unwrap_paragraphs,
 )
 
-_USER_HOME = os.environ.get("SINKLAB_HOME", str(Path.home() / ".cache" / "sinklab"))
 
 
 def test_registry_has_the_corpora_and_default():
@@ -187,7 +184,6 @@ def test_fetch_corpus_with_fake_npm_package(monkeypatch):
 
 @pytest.mark.slow
 def test_real_sotu(monkeypatch):
-    monkeypatch.setenv("SINKLAB_HOME", _USER_HOME)
     c = load_corpus("sotu")
     assert len(c.documents) == 233 == len(c.titles) == c.source["n_documents"]
     assert c.titles[0] == "1790 George Washington" and c.titles[-1] == "2021 Joseph R Biden"
@@ -204,7 +200,6 @@ def test_real_sotu(monkeypatch):
     ("web-bible", 81, "Genesis"),
 ])
 def test_real_other_corpora(monkeypatch, name, n_docs, first_title):
-    monkeypatch.setenv("SINKLAB_HOME", _USER_HOME)
     c = load_corpus(name)
     assert len(c.documents) == n_docs and c.titles[0] == first_title
     assert all(len(d) > 300 for d in c.documents)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -17,9 +16,6 @@ from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, 
 from sinklab.zoo import fetch, models
 from sinklab.zoo.models import MODELS, ModelInfo, fetch_model, load_model
 
-# The slow tests share the user's cache (the caller's $SINKLAB_HOME or ~/.cache/sinklab),
-# captured before conftest points unit tests at a private folder, so reruns are fast.
-_USER_HOME = os.environ.get("SINKLAB_HOME", str(Path.home() / ".cache" / "sinklab"))
 
 
 def test_registry_has_the_three_recipes_and_default():
@@ -179,7 +175,6 @@ def test_split_artifact_is_joined_in_order_and_checked(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_real_smollm2_fetch_and_load(monkeypatch):
-    monkeypatch.setenv("SINKLAB_HOME", _USER_HOME)
     folder = fetch_model("smollm2-135m")
     src = json.loads((folder / models.SOURCE_FILE).read_text())
     assert src["sha256"] == MODELS.get("smollm2-135m").artifact_sha256
