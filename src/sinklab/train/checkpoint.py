@@ -3,11 +3,18 @@
 A checkpoint is written to ``<name>.tmp`` and renamed over the old one with ``os.replace``
 (atomic on POSIX), so a crash or a full disk during the write leaves the previous checkpoint
 intact.
+
+A checkpoint holds only tensors and plain data (dicts, lists, tuples, strings, numbers, booleans,
+None): the RNG states are stored as tensors and integers, not as pickled Python or NumPy objects.
+It is read with ``torch.load(..., weights_only=True)``, so a checkpoint from someone else's run
+folder cannot execute code when it is loaded; one that carries any other pickled object is
+refused (:class:`UnsafeCheckpointError`).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -24,6 +31,10 @@ class CheckpointError(SinklabError):
     """A checkpoint could not be written or read."""
 
 
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint holds pickled objects other than tensors and plain data (loading it could run code)."""
+
+
 def _write(state: dict[str, Any], path: Path) -> None:
     """Serialise ``state`` to ``path`` and flush it to disk (separate so tests can make it fail)."""
     with open(path, "wb") as f:
@@ -34,6 +45,9 @@ def _write(state: dict[str, Any], path: Path) -> None:
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically (temp file + ``os.replace``).
+
+    ``state`` must hold only tensors and plain data (see the module docstring), else it could not
+    be loaded back by :func:`load_checkpoint`.
 
     Raises:
         CheckpointError: the write failed (e.g. no space left); the temp file is removed and any
@@ -52,34 +66,80 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
         ) from e
 
 
+#: globals found in checkpoints written before RNG states were stored as tensors: NumPy's
+#: array reconstruction only (a NumPy RNG state). Allowed for those files, nothing else.
+_LEGACY_NUMPY_GLOBALS = {"numpy.dtype", "numpy.ndarray", "numpy._core.multiarray._reconstruct",
+                         "numpy.core.multiarray._reconstruct", "numpy.dtypes.UInt32DType"}
+
+
+def _legacy_numpy_safe_globals() -> list[Any]:
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint` (tensors mapped to CPU).
+    """Read a checkpoint written by :func:`save_checkpoint` (tensors mapped to CPU), without
+    unpickling anything but tensors and plain data.
 
     Raises:
         InputError: no checkpoint at ``path``.
+        UnsafeCheckpointError: the file carries other pickled objects (it is not loaded).
         CheckpointError: the file is unreadable.
     """
     path = Path(path)
     if not path.exists():
         raise InputError(f"no checkpoint at {path}; nothing to resume (run without --resume)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure
-        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        try:
+            unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        except Exception:  # noqa: BLE001 - not a torch zip file at all
+            unsafe = None
+        if unsafe is None or not unsafe:
+            raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+        if unsafe <= _LEGACY_NUMPY_GLOBALS:  # an older sinklab checkpoint: NumPy RNG state as an array
+            with torch.serialization.safe_globals(_legacy_numpy_safe_globals()):
+                try:
+                    return torch.load(path, map_location="cpu", weights_only=True)
+                except Exception as e2:  # noqa: BLE001
+                    raise CheckpointError(f"cannot read checkpoint {path}: {str(e2).splitlines()[0]}") from None
+        names = ", ".join(sorted(unsafe)[:5]) + (" ..." if len(unsafe) > 5 else "")
+        raise UnsafeCheckpointError(
+            f"refusing to load checkpoint {path}: it carries pickled Python objects ({names}) besides tensors "
+            "and plain data, and unpickling them could execute code; sinklab writes no such objects, so this "
+            "file was not written by sinklab or was altered"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - truncated or corrupt file
+        raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and CUDA RNG states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy, torch CPU and CUDA RNG states, as tensors and plain data."""
+    version, internal, gauss_next = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+        "numpy": {"key": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the states saved by :func:`rng_state`."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore the states saved by :func:`rng_state` (also the tuple format of older checkpoints)."""
+    py = state["python"]
+    if isinstance(py, dict):
+        py = (py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss_next"])
+    random.setstate(py)
+    npy = state["numpy"]
+    if isinstance(npy, dict):
+        npy = ("MT19937", npy["key"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+    np.random.set_state(npy)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
