@@ -127,3 +127,36 @@ def real_home(monkeypatch):
     (the caller's $SINKLAB_HOME, else ~/.cache/sinklab): fetched once, then reused by later runs."""
     monkeypatch.setenv("SINKLAB_HOME", USER_HOME)
     return Path(USER_HOME)
+
+
+def synthetic_run_toml(steps: int = 4, *, packing: str = "bos", extra: str = "") -> str:
+    """A run config that trains in about a second: Bigram-Backcopy, 1 layer, T 16 (``extra``: more TOML lines
+    appended to the [train] table, e.g. ``prefix_len = 4``)."""
+    return f"""
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+d_ff = 32
+[data]
+source = "synthetic-bigram-backcopy"
+synthetic = {{ vocab = 16, n_triggers = 2, n_train_docs = 256, n_val_docs = 64 }}
+seq_len = 16
+packing = "{packing}"
+[optim]
+lr = 3e-3
+warmup_steps = 2
+[train]
+steps = {steps}
+batch_size = 4
+log_every = 1
+checkpoint_every = 2
+tensorboard = false
+{extra}
+[track]
+every = 2
+n_probe = 8
+probe_len = 16
+positions = 3
+val_windows = 4
+"""

@@ -43,18 +43,36 @@ def train_cmd(
     typer.echo(f"run folder {out}; {cfg.train.steps} steps x {cfg.tokens_per_step} tokens; "
                f"attention={cfg.model.attention}, packing={cfg.data.packing}, weight decay {cfg.optim.weight_decay} "
                f"on {cfg.optim.decay}", err=True)
-    res = train(cfg, out, resume=resume, progress=not no_progress)
+    res = train(cfg, out, resume=resume, progress=not no_progress, notify=lambda m: typer.echo(m, err=True))
+    if res.already_finished:
+        typer.echo(res.note)
+        return
     summary_path = Path(out) / "summary.json"
     if summary_path.exists():
-        s = json.loads(summary_path.read_text())
-        fin = s.get("final") or {}
-        lvl = s["emerge_level"]
-        emerged = (f"Sink_1 first reached {lvl}% at step {s['emergence_step']}" if s["emergence_step"] is not None
-                   else f"Sink_1 never reached {lvl}%")
-        typer.echo(
-            f"done: {s['steps']} steps, {s['tokens']:,} tokens, {s['tokens_per_s']:,.0f} tokens/s; "
-            f"final loss {s['final_loss']:.4f}, val loss {fin.get('val_loss')}, "
-            f"Sink_1 {fin.get('sink_rate', [None])[0]}%; {emerged}; model in {Path(out) / 'final'}"
-        )
+        typer.echo(done_line(json.loads(summary_path.read_text()), Path(out)))
     else:
         typer.echo(f"stopped at step {max(res.losses) if res.losses else 0}; resume with --resume")
+
+
+def _num(v, fmt: str) -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def done_line(s: dict, out: Path) -> str:
+    """The last line of ``sinklab train``, from the run's summary.json.
+
+    The throughput is the run's average over its wall time (all starts, data preparation, tracker
+    and checkpoints included); the optimizer-step rate is labelled as such.
+    """
+    fin = s.get("final") or {}
+    lvl = s.get("emerge_level")
+    emerged = (f"Sink_1 first reached {lvl}% at step {s['emergence_step']}" if s.get("emergence_step") is not None
+               else f"Sink_1 never reached {lvl}%")
+    sink1 = (fin.get("sink_rate") or [None])[0]
+    if s.get("wall_s") is not None:
+        rate = (f"{_num(s['wall_s'], ',.1f')} s wall time, {_num(s.get('tokens_per_s'), ',.0f')} tokens/s on average "
+                f"(optimizer steps alone: {_num(s.get('median_step_tokens_per_s'), ',.0f')} tokens/s, median step)")
+    else:  # a summary written before wall time was recorded: its rate is the median step's
+        rate = f"{_num(s.get('tokens_per_s'), ',.0f')} tokens/s (median optimizer step, tracker excluded)"
+    return (f"done: {s['steps']} steps, {s['tokens']:,} tokens, {rate}; final loss {_num(s.get('final_loss'), '.4f')}, "
+            f"val loss {_num(fin.get('val_loss'), '.4f')}, Sink_1 {_num(sink1, '.1f')}%; {emerged}; model in {out / 'final'}")

@@ -25,7 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -60,8 +60,12 @@ class TrainResult:
     losses: dict[int, float] = field(default_factory=dict)  # step (1-based) -> training loss of that step
     history: list[dict[str, Any]] = field(default_factory=list)  # tracker records
     emergence_step: int | None = None
-    tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # average over the run's wall time (all starts, data preparation and tracker included)
     seconds_per_step: float = 0.0  # median wall time of an optimizer step (tracker excluded)
+    median_step_tokens_per_s: float = 0.0  # tokens of one step / seconds_per_step: the optimizer steps alone
+    wall_s: float = 0.0  # wall time of the run, all starts together (up to the checkpoint each resumed from)
+    already_finished: bool = False  # resume of a run that had reached its steps: nothing was done
+    note: str = ""  # what a resume changed (steps raised on a finished run: the schedule consequence)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -192,6 +196,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Pre-train a :class:`~sinklab.nn.SinkLM` as configured and track its sinks.
 
@@ -203,6 +208,11 @@ def train(
         progress: show a progress bar (loss, tokens/s, ETA).
         stop_after: stop (with a checkpoint) after this many steps, as if killed there; for tests
             and time-boxed runs.
+        notify: called with a one-line message when a resume changes something (see ``note``).
+
+    A resume of a finished run (its checkpoint at its last step) does nothing and returns a result
+    with ``already_finished=True``, unless ``train.steps`` was raised: then it continues to the new
+    step count (any schedule) and ``note`` states what that does to the learning-rate schedule.
 
     Returns:
         :class:`TrainResult`.
@@ -216,6 +226,7 @@ def train(
     """
     from sinklab.nn.model import SinkLM
 
+    t_start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT_NAME
@@ -223,17 +234,29 @@ def train(
     if not resume and ckpt_path.exists():
         raise InputError(f"{out} already holds a run ({ckpt_path.name}); pass --resume to continue it or choose a new --out")
 
-    ckpt = None
+    ckpt, note = None, ""
     if resume:
         ckpt = load_checkpoint(ckpt_path)
+        done_before, planned_before = int(ckpt["step"]), int(ckpt["config"]["train"]["steps"])
+        finished_before = done_before >= planned_before
         ignore = set(RESUME_MAY_DIFFER)
-        if cfg.optim.schedule == "constant":
+        if cfg.optim.schedule == "constant" or finished_before:
             ignore.add("train.steps")
         differ = diff_keys(ckpt["config"], cfg.to_dict(), ignore)
         if differ:
             flat_old, flat_new = flatten(ckpt["config"]), flatten(cfg.to_dict())
             detail = "; ".join(f"{k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in differ)
             raise ConfigError(f"cannot resume {out}: the config differs from the checkpoint's in {', '.join(differ)} ({detail})")
+        if finished_before and t_cfg.steps < done_before and not (out / "summary.json").exists():
+            raise ConfigError(f"cannot resume {out}: its checkpoint is at step {done_before}, past train.steps={t_cfg.steps}")
+        if finished_before and t_cfg.steps <= done_before and (out / "summary.json").exists():
+            return TrainResult(out=out, steps=done_before, history=list(ckpt.get("tracker", [])),
+                               already_finished=True, note=f"{out} is finished: {done_before} of {planned_before} steps "
+                               "done; nothing to resume (raise --steps to train longer)")
+        if finished_before and t_cfg.steps > done_before:
+            note = _extend_note(cfg, done_before, planned_before)
+            if notify is not None:
+                notify(note)
 
     device = resolve_device(t_cfg.device)
 
@@ -282,7 +305,8 @@ def train(
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
 
     last_ckpt = start if ckpt is not None else None
-    result = TrainResult(out=out, steps=t_cfg.steps, history=tracker.history)
+    wall_before = float(ckpt.get("wall_s", 0.0)) if ckpt is not None else 0.0
+    result = TrainResult(out=out, steps=t_cfg.steps, history=tracker.history, note=note)
 
     def checkpoint(step: int) -> None:
         nonlocal last_ckpt
@@ -294,6 +318,7 @@ def train(
             "data_position": {"samples": step * t_cfg.grad_accum * B, "seed": t_cfg.seed},
             "config": cfg.to_dict(),
             "tracker": tracker.history,
+            "wall_s": wall_before + time.perf_counter() - t_start,
         })
         last_ckpt = step
 
@@ -365,7 +390,9 @@ def train(
 
     # median step time: robust to the first (compile / warm-up) steps and to tracker pauses
     result.seconds_per_step = float(np.median(step_times)) if step_times else 0.0
-    result.tokens_per_s = tokens_per_step / max(result.seconds_per_step, 1e-9)
+    result.median_step_tokens_per_s = tokens_per_step / result.seconds_per_step if step_times else 0.0
+    result.wall_s = wall_before + time.perf_counter() - t_start
+    result.tokens_per_s = end * tokens_per_step / max(result.wall_s, 1e-9)  # the run's average over its wall time
     result.emergence_step = tracker.emergence_step()
     if end == t_cfg.steps:
         _save_final(model, tc, out)
@@ -382,10 +409,24 @@ def train(
             "parameters": sum(p.numel() for p in model.parameters()),
             "seconds_per_step": round(result.seconds_per_step, 4),
             "tokens_per_s": round(result.tokens_per_s, 1),
+            "wall_s": round(result.wall_s, 3),
+            "median_step_tokens_per_s": round(result.median_step_tokens_per_s, 1),
             "device": str(device),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return result
+
+
+def _extend_note(cfg: RunConfig, done: int, planned: int) -> str:
+    """The message for a finished run of ``planned`` steps continued to ``cfg.train.steps``."""
+    o, new = cfg.optim, cfg.train.steps
+    head = f"the run finished its {planned} steps; continuing to {new} steps"
+    if o.schedule == "constant":
+        return f"{head}; the constant schedule does not depend on the step count, so the losses are those of {new} steps trained in one go"
+    lr_end, lr_next = lr_at(done - 1, o, planned), lr_at(done, o, new)
+    return (f"{head}; the {o.schedule} schedule was fitted to {planned} steps and ended at lr {lr_end:.3g}; it is "
+            f"refitted to {new} steps, so the learning rate goes back up to {lr_next:.3g} at step {done + 1} and "
+            f"decays to {lr_at(new - 1, o, new):.3g} by step {new}: the result differs from {new} steps trained in one go")
 
 
 def _diverged(what: str, value: float, step: int, last_ckpt: int | None, path: Path) -> None:
