@@ -104,3 +104,41 @@ def test_fallback_when_attention_not_interceptable(monkeypatch):
     stats = collect(model, ids, collector="eager")
     assert any("fell back" in n for n in stats.notes)
     torch.testing.assert_close(stats.mass, mass, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("prefix_len,window", [(0, None), (4, None), (0, 3), (4, 3)])
+def test_native_model_probed_with_its_own_mask(prefix_len, window):
+    """A SinkLM trained with a prefix or a sliding window is probed under that mask: the paper's mass
+    (sum over queries i >= j, / (T - j)) and the mask-aware mass (sum over every query that may see j,
+    / that count) recomputed with plain loops from the weights the model hands its observer."""
+    from sinklab.nn.config import ModelConfig
+    from sinklab.nn.model import SinkLM
+
+    torch.manual_seed(0)
+    T = 10
+    m = SinkLM(ModelConfig(vocab_size=20, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=T,
+                           sliding_window=window)).eval()
+    ids = torch.randint(0, 20, (3, T))
+    weights = {}
+    with torch.no_grad():
+        m(ids, prefix_len=prefix_len, observer=lambda layer, w, **kw: weights.__setitem__(layer, w.double()))
+    stats = collect(m, ids, prefix_len=prefix_len)
+    for layer, w in weights.items():
+        for h in range(2):
+            for j in range(T):
+                seen = [i for i in range(T) if (j <= i or j < prefix_len) and (window is None or abs(i - j) < window)]
+                paper = sum(float(w[n, h, i, j]) for n in range(1) for i in range(j, T)) / (T - j)
+                vis = sum(float(w[0, h, i, j]) for i in seen) / len(seen)
+                assert float(stats.mass[0, layer, h, j]) == pytest.approx(paper, abs=1e-6)
+                assert float(stats.visible_mass[0, layer, h, j]) == pytest.approx(vis, abs=1e-6)
+    plain = prefix_len == 0 and window is None
+    assert (stats.mass_visible is None) == plain
+    assert stats.mask == {"causal": True, "prefix_len": prefix_len, "window": window}
+    if prefix_len:  # the prefix changes the weights themselves: a causal probe would measure another model
+        causal = collect(m, ids)
+        assert (causal.mass - stats.mass).abs().max() > 1e-4
+
+
+def test_prefix_len_rejected_for_transformers_models():
+    with pytest.raises(InputError, match="prefix_len"):
+        collect(tiny_llama(), torch.randint(0, 80, (1, 8)), prefix_len=2)

@@ -333,3 +333,30 @@ def test_bfloat16_inputs_match_float32_statistics(fused):
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(col, col_e, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.float(), out_e.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_gpt_oss_sink_logits_give_virtual_mass_and_sliding_layers_visible_mass():
+    """gpt-oss: the mean weight on the learned sink per (layer, head) equals 1 - row sum of transformers'
+    eager attention (which drops the sink column), and the sliding layer's mask-aware mass divides by the
+    queries inside the window (T = 12, w = 4)."""
+    from sinklab.metrics import sink_rate_virtual
+
+    model = tiny_gpt_oss()
+    ids = torch.randint(0, 80, (2, 12), generator=torch.Generator().manual_seed(0))
+    stats = collect(model, ids)
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        att = model(ids, output_attentions=True).attentions
+    for layer, a in enumerate(att):
+        a = a.double()
+        sink = (1.0 - a.sum(-1)).mean(-1)  # (B, H): mean over queries of the weight on the sink
+        torch.testing.assert_close(stats.extra_mass[:, layer], sink, atol=1e-5, rtol=0)
+        T = a.shape[-1]
+        window = 4 if layer == 0 else None
+        for j in range(T):
+            seen = [i for i in range(j, T) if window is None or i - j < window]
+            vis = a[..., seen, j].sum(-1) / len(seen)
+            torch.testing.assert_close(stats.visible_mass[:, layer, :, j], vis, atol=1e-5, rtol=0)
+    assert stats.extra_mass.max() > 0.05  # the sinks carry weight: the comparison is not zeros
+    want = float((stats.extra_mass > 0.3).double().mean() * 100)
+    assert sink_rate_virtual(stats.extra_mass, 0.3) == pytest.approx(want)

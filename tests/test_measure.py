@@ -19,9 +19,55 @@ def run_cli(argv, capsys):
     return e.value.code, capsys.readouterr()
 
 
-def test_measure_end_to_end_and_results_round_trip(tiny_model_dir, text_corpus_dir, tmp_path):
+def plant_bos_sink(model, bos_id: int = 1, strength: float = 12.0):
+    """Make every head of a tiny LLaMA (attention_bias=True, rope_theta=1e6) attend to the BOS token.
+
+    Channel 0 of the embeddings is 0 except for BOS; each head's key keeps only that channel, in its
+    lowest-frequency rotary dimension (index 3 of 8: RoPE barely turns it over 12 positions), and its
+    query is a constant bias there. The logit of BOS is then large and every other key's is 0.
+    """
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        emb[:, 0] = 0.0
+        emb[bos_id, 0] = 3.0
+        for layer in model.model.layers:
+            a = layer.self_attn
+            hd = a.head_dim
+            a.k_proj.weight.zero_()
+            a.k_proj.bias.zero_()
+            a.q_proj.weight.view(-1, hd, a.q_proj.weight.shape[-1])[:, 3].zero_()
+            a.q_proj.bias.zero_()
+            a.q_proj.bias.view(-1, hd)[:, 3] = strength
+            a.k_proj.weight.view(-1, hd, a.k_proj.weight.shape[-1])[:, 3, 0] = strength
+    return model
+
+
+def naive_sink_rate_from_attentions(att, eps=0.3, K=4):
+    """Sink rate from (N, H, T, T) per-layer attention tuples with plain Python loops in float64."""
+    N, H, T, _ = att[0].shape
+    L = len(att)
+    rates = []
+    for k in range(K):
+        per_sample = []
+        for n in range(N):
+            hits = 0
+            for a in att:
+                for h in range(H):
+                    col = [float(a[n, h, i, k]) for i in range(k, T)]
+                    hits += (sum(col) / len(col)) > eps
+            per_sample.append(100.0 * hits / (L * H))
+        rates.append(sum(per_sample) / N)
+    return rates
+
+
+def test_measure_end_to_end_and_results_round_trip(tokenizer, text_corpus_dir, tmp_path):
+    from conftest import tiny_llama
+
+    model_dir = tmp_path / "planted"
+    plant_bos_sink(tiny_llama(vocab_size=len(tokenizer), attention_bias=True, rope_theta=1e6)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
     out = tmp_path / "out"
-    r = measure(model=str(tiny_model_dir), corpus=str(text_corpus_dir), num_samples=6, seq_len=12,
+    r = measure(model=str(model_dir), corpus=str(text_corpus_dir), num_samples=6, seq_len=12,
                 positions=4, out=out, progress=False)
     res = load_results(out)
     # the required interface keys
@@ -31,15 +77,20 @@ def test_measure_end_to_end_and_results_round_trip(tiny_model_dir, text_corpus_d
     assert torch.tensor(res["input_ids"]).shape == (6, 12)
     assert all(row[0] == 1 for row in res["input_ids"])  # the tokenizer adds BOS (auto policy)
     assert res["command"].startswith("sinklab measure --model")
-    # recompute the sink rate independently from the stored probe ids with transformers' eager attention
+    # recompute the sink rate independently from the stored probe ids: transformers' eager attention and
+    # plain float64 loops (no sinklab metric code)
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
+    m = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
     with torch.no_grad():
         att = m(torch.tensor(res["input_ids"]), output_attentions=True).attentions
+    expected = naive_sink_rate_from_attentions([a.double() for a in att])
+    assert expected[0] >= 50.0  # the planted sink is there: the comparison is not zeros against zeros
+    assert res["sink_rate"] == pytest.approx(expected, abs=1e-3)
     mass = torch.stack([attention_mass(a.double()) for a in att], dim=1)
-    torch.testing.assert_close(torch.tensor(res["sink_rate"], dtype=torch.float64), sink_rate(mass, 0.3, 4), atol=1e-4, rtol=0)
-    torch.testing.assert_close(torch.tensor(res["attention_mass"], dtype=torch.float64), mass[..., :4].mean(0), atol=1e-6, rtol=0)
+    # float32 model vs float64 recomputation, results rounded to 6 decimals
+    torch.testing.assert_close(torch.tensor(res["attention_mass"], dtype=torch.float64), mass[..., :4].mean(0), atol=2e-5, rtol=0)
+    assert float(mass[..., 0].mean()) > 0.5
     # tidy table readable by pandas, consistent with results.json
     df = pd.read_csv(out / "attention.csv")
     assert len(df) == 2 * 4 * 4  # layers x heads x positions

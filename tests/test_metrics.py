@@ -160,19 +160,92 @@ def test_top_sink_ignores_keys_seen_by_few_queries():
     from sinklab.metrics.summary import rankable_positions
 
     T = 20
-    A = torch.zeros(T, T, dtype=torch.float64)
-    A[:, 3] = 0.4  # a real sink at position 3 for every query i >= 3
+    A = torch.zeros(T, T, dtype=torch.float64)  # causal, rows sum to 1
     for i in range(T):
         if i < 3:
             A[i, i] = 1.0
+        elif i == 3:
+            A[3, 3] = 1.0
         else:
-            A[i, i] += 0.6
+            A[i, 3], A[i, i] = 0.4, 0.6  # a real sink at position 3 for every query i > 3
+    assert torch.equal(A, A.tril()) and torch.allclose(A.sum(-1), torch.ones(T, dtype=torch.float64))
     mass = attention_mass(A).reshape(1, 1, 1, T)
-    # mass on the last key is A[T-1, T-1] = 0.6 > eps; position 3 has 0.4 + 0.6/(T-3)
+    # mass on the last key is A[T-1, T-1] = 0.6 > eps; position 3 has (1 + 16 * 0.4) / 17 = 0.4 + 0.6/17
     assert float(mass[0, 0, 0, -1]) == pytest.approx(0.6)
+    assert float(mass[0, 0, 0, 3]) == pytest.approx(0.4 + 0.6 / 17)
     stats = ProbeStats(mass=mass, hidden_norms=torch.ones(1, 1, T), max_abs=torch.ones(1, 1),
                        median_abs=torch.ones(1, 1), max_position=torch.zeros(1, 1, dtype=torch.long),
                        max_channel=torch.zeros(1, 1, dtype=torch.long))
     s = summarize(stats, 0.3, 4, n_boot=10)
     assert rankable_positions(T, True) == 19 and rankable_positions(T, False) == T
     assert s["top_sink_position"] == 3 and s["top_sink_rate"] == 100.0
+
+
+# ---------------------------------------------------------------- mask-aware metrics and Sink*
+def brute_force_counts(T, *, causal=True, prefix_len=0, window=None):
+    """Queries that may attend each key, by enumerating every (query, key) pair."""
+    out = []
+    for j in range(T):
+        n = 0
+        for i in range(T):
+            ok = (j <= i or j < prefix_len) if causal else True
+            if window is not None:
+                ok = ok and abs(i - j) < window
+            n += ok
+        out.append(float(n))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("T,causal,p,w", [(9, True, 0, None), (9, True, 4, None), (9, True, 0, 3), (9, True, 4, 2),
+                                         (9, False, 0, None), (9, False, 0, 4), (5, True, 5, None), (6, True, 0, 10)])
+def test_visible_key_counts_brute_force(T, causal, p, w):
+    from sinklab.metrics import visible_key_counts
+
+    torch.testing.assert_close(visible_key_counts(T, causal=causal, prefix_len=p, window=w),
+                               brute_force_counts(T, causal=causal, prefix_len=p, window=w), rtol=0, atol=0)
+
+
+def test_visible_mass_equals_paper_mass_for_plain_causal():
+    from sinklab.metrics import attention_mass_visible_from_column_sums, visible_key_counts
+
+    A = random_causal_attention(3, 2, T=10, seed=7)
+    vis = attention_mass_visible_from_column_sums(A.sum(-2), visible_key_counts(10))
+    torch.testing.assert_close(vis, attention_mass(A), rtol=0, atol=0)
+
+
+def test_sliding_window_sink_is_invisible_to_the_paper_formula():
+    """A head whose every query puts all its weight on key 0 whenever key 0 is in its window (w = 8, T = 64):
+    the paper's mass on key 0 is 8/64 = 0.125 < eps (Sink_1 = 0 by construction), the visible mass is 1."""
+    from sinklab.metrics import attention_mass_visible_from_column_sums, visible_key_counts
+
+    T, w = 64, 8
+    A = torch.zeros(T, T, dtype=torch.float64)
+    for i in range(T):
+        if i < w:
+            A[i, 0] = 1.0
+        else:  # key 0 out of the window: uniform over the window
+            A[i, i - w + 1 : i + 1] = 1.0 / w
+    paper = attention_mass(A)
+    vis = attention_mass_visible_from_column_sums(A.sum(-2), visible_key_counts(T, window=w))
+    assert float(paper[0]) == pytest.approx(8 / 64)
+    assert float(vis[0]) == pytest.approx(1.0)
+    assert sink_rate(paper.reshape(1, 1, 1, T), 0.3)[0] == 0.0
+    assert sink_rate(vis.reshape(1, 1, 1, T), 0.3)[0] == 100.0
+
+
+def test_sink_rate_virtual_hand_worked():
+    from sinklab.metrics import sink_rate_virtual
+
+    extra = torch.tensor([[[0.9, 0.1], [0.31, 0.3]], [[0.0, 0.0], [1.0, 0.5]]], dtype=torch.float64)  # (N=2, L=2, H=2)
+    # sample 0: 0.9 and 0.31 exceed 0.3 (0.3 does not: strict) -> 2 of 4; sample 1: 1.0 and 0.5 -> 2 of 4
+    assert sink_rate_virtual(extra, 0.3) == pytest.approx(50.0)
+    assert sink_rate_virtual(extra, 0.95) == pytest.approx(12.5)
+    with pytest.raises(InputError):
+        sink_rate_virtual(extra[0], 0.3)
+
+
+def test_per_layer_and_per_head_check_shapes():
+    with pytest.raises(InputError, match="N, L, H, T"):
+        sink_rate_per_layer(torch.zeros(3, 4), 0.3)
+    with pytest.raises(InputError, match="N, L, H, T"):
+        sink_rate_per_head(torch.zeros(2, 3, 4), 0.3)

@@ -11,7 +11,7 @@ from sinklab.sweep.report import build_report
 from sinklab.sweep.run import is_finished, run_dir, run_sweep, train_command
 from sinklab.sweep.spec import load_study, parse_study
 from sinklab.sweep.summary import COLUMNS, summarize_sweep
-from sinklab.sweep.verdict import verdict
+from sinklab.sweep.verdict import seed_stats, verdict
 
 TINY = """
 preset = "emergence-cpu"
@@ -77,27 +77,100 @@ def test_study_errors():
 
 def test_verdict_logic():
     lvl = 10.0
-    assert verdict("reference", 18.0, (15.0, 21.0), level=lvl) == "agrees"
-    assert verdict("sink", 2.0, (0.0, 4.0), level=lvl) == "disagrees"
-    assert verdict("sink", 8.0, (5.0, 12.0), level=lvl) == "inconclusive"
-    assert verdict("no_sink", 0.4, (0.0, 1.0), level=lvl) == "agrees"
-    assert verdict("no_sink", 40.0, (30.0, 50.0), level=lvl) == "disagrees"
-    assert verdict("no_sink", 9.0, (6.0, 12.0), level=lvl) == "inconclusive"
-    ref = dict(ref_sink=18.0, ref_ci=(15.0, 21.0), level=lvl)
-    assert verdict("higher", 41.0, (35.0, 47.0), **ref) == "agrees"
-    assert verdict("higher", 5.0, (3.0, 7.0), **ref) == "disagrees"
-    assert verdict("higher", 20.0, (16.0, 24.0), **ref) == "inconclusive"
-    assert verdict("lower", 5.0, (3.0, 7.0), **ref) == "agrees"
-    assert verdict("similar", 20.0, (16.0, 24.0), **ref) == "agrees"
-    assert verdict("similar", 50.0, (45.0, 55.0), **ref) == "disagrees"
-    # a direction cannot be read when the reference has no sink
-    assert verdict("higher", 5.0, (3.0, 7.0), ref_sink=0.0, ref_ci=(0.0, 0.0), level=lvl) == "inconclusive"
-    assert verdict("sink", None, None, level=lvl) == "inconclusive"
-    assert verdict("", 5.0, None) == ""
+    # absolute claims: mean +- 2 sem against the level
+    assert verdict("reference", [18.0, 20.0, 16.0], level=lvl) == "agrees"
+    assert verdict("sink", [2.0, 1.0, 3.0], level=lvl) == "disagrees"
+    assert verdict("sink", [4.0, 12.0, 14.0], level=lvl) == "inconclusive"  # mean 10, sem 3.06: straddles 10
+    assert verdict("no_sink", [0.0, 0.0, 0.0], level=lvl) == "agrees"
+    assert verdict("no_sink", [40.0, 35.0, 45.0], level=lvl) == "disagrees"
+    assert verdict("no_sink", [0.0, 0.0, 30.0], level=lvl) == "inconclusive"  # mean 10, one seed sinks
+    # the old point-estimate rule said "agrees" at a mean >= level; the interval must clear it now
+    assert verdict("sink", [0.0, 30.0, 0.0], level=lvl) == "inconclusive"
+    # relative claims: difference of seed means against its standard error
+    ref = dict(ref_values=[18.0, 20.0, 16.0], level=lvl)
+    assert verdict("higher", [41.0, 39.0, 43.0], **ref) == "agrees"
+    assert verdict("higher", [5.0, 6.0, 4.0], **ref) == "disagrees"
+    assert verdict("higher", [20.0, 30.0, 10.0], **ref) == "inconclusive"  # d = 2, se = 6.1
+    assert verdict("lower", [5.0, 6.0, 4.0], **ref) == "agrees"
+    assert verdict("lower", [29.5, 29.5, 29.5], ref_values=[100.0, 100.0, 100.0]) == "agrees"
+    # normalised sigmoid: the paper's claim is "higher than softmax"; 29.5 vs 100 is a reversal
+    assert verdict("higher", [29.5, 29.0, 30.0], ref_values=[100.0, 99.0, 100.0]) == "disagrees"
+    # similar: equivalence within 10 points
+    assert verdict("similar", [19.0, 18.0, 20.0], **ref) == "agrees"
+    assert verdict("similar", [50.0, 52.0, 48.0], **ref) == "disagrees"
+    assert verdict("similar", [10.0, 30.0, 20.0], **ref) == "inconclusive"
+    # identical seeds on both sides: no difference, no direction
+    assert verdict("higher", [0.0, 0.0, 0.0], ref_values=[0.0, 0.0, 0.0]) == "inconclusive"
+    # one seed: no standard error, no verdict
+    assert verdict("sink", [99.0], level=lvl) == "inconclusive"
+    # degenerate runs get no verdict; a degenerate reference gives no direction
+    assert verdict("no_sink", [0.0, 0.0, 0.0], degenerate=True) == "degenerate"
+    assert verdict("lower", [0.0, 0.0, 0.0], ref_values=[50.0, 50.0, 50.0], ref_degenerate=True) == "inconclusive"
+    assert verdict("sink", None, level=lvl) == "inconclusive"
+    assert verdict("", [5.0, 6.0]) == ""
+    with pytest.raises(ValueError, match="bigger"):
+        verdict("bigger", [1.0, 2.0])
+
+
+def test_seed_stats_hand_worked():
+    m, s, sem = seed_stats([1.0, 2.0, 6.0])
+    assert m == pytest.approx(3.0)
+    assert s == pytest.approx(((4 + 1 + 9) / 2) ** 0.5)  # ddof = 1
+    assert sem == pytest.approx(s / 3 ** 0.5)
+
+
+def _fake_run(d: Path, sinks: list[float], *, steps: int = 10, val_loss: float = 2.0, unigram: float = 3.0,
+              commit: str = "a" * 40) -> None:
+    """A finished run folder with tracker lines every step (Sink_1 values ``sinks`` at steps 1..n)."""
+    d.mkdir(parents=True)
+    lines = [{"step": i + 1, "loss": 1.0, "sink_rate": [v, 0.0], "sink_rate_visible": [v + 1.0, 0.0],
+              "attention_mass_first": v / 100, "attention_mass_first_visible": v / 100, "val_loss": val_loss}
+             for i, v in enumerate(sinks)]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (d / "summary.json").write_text(json.dumps({"steps": steps, "tokens": 100, "final": lines[-1],
+                                                "unigram_loss": unigram, "emerge_level": 10.0,
+                                                "code": {"commit": commit, "dirty": False}}))
+
+
+def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
+    out = tmp_path / "sw"
+    study = {"name": "t", "title": "t", "base": "emergence-cpu", "seeds": 3, "sweep_keys": [], "metric": "paper",
+             "points": [{"label": "ref", "slug": "ref", "expect": "reference", "paper": 18.0, "x": None},
+                        {"label": "wd", "slug": "wd", "expect": "higher", "paper": 41.0, "x": None},
+                        {"label": "tiny data", "slug": "tiny", "expect": "no_sink", "paper": None, "x": None}]}
+    out.mkdir()
+    (out / "study.json").write_text(json.dumps(study))
+    # steps 9 and 10 are the last 20% of 10 steps: the Sink_1 of a seed is the mean of those two
+    for k, tail in enumerate([(20, 30), (24, 26), (18, 22)]):
+        _fake_run(out / "runs/ref" / f"seed{k}", [0] * 8 + list(tail))
+    for k, tail in enumerate([(50, 50), (60, 60), (55, 55)]):
+        _fake_run(out / "runs/wd" / f"seed{k}", [0] * 8 + list(tail), commit="b" * 40 if k == 2 else "a" * 40)
+    for k in range(3):
+        _fake_run(out / "runs/tiny" / f"seed{k}", [0] * 10, val_loss=11.0, unigram=4.19)
+    from sinklab.sweep import summary as sm
+
+    monkeypatch.setattr(sm, "final_ci", lambda run: (_ for _ in ()).throw(RuntimeError("no model")))  # tracker only
+    rows = summarize_sweep(out, plot=True)
+    ref, wd, tiny = rows
+    assert ref["n_seeds"] == 3 and ref["sink1_seeds"] == "25;25;20"
+    assert ref["sink1_mean"] == pytest.approx(70 / 3, abs=1e-5)
+    assert ref["sink1_std"] == pytest.approx(seed_stats([25, 25, 20])[1], abs=1e-5)
+    assert ref["sink1_visible_mean"] == pytest.approx(70 / 3 + 1, abs=1e-5)
+    assert ref["sink1_final_seeds"] == "30;26;22" and ref["sink1_move"] == 10
+    assert ref["verdict"] == "agrees"
+    assert wd["verdict"] == "agrees" and wd["code_mixed"] is True and ref["code_mixed"] is False
+    assert tiny["degenerate"] is True and tiny["verdict"] == "degenerate"
+    with open(out / "summary.csv") as f:
+        assert next(csv.reader(f)) == COLUMNS
+    md = (out / "summary.md").read_text()
+    assert "23.3 ± 2.9" in md and "degenerate" in md
+    text = build_report(tmp_path, tmp_path / "REPORT.md")
+    assert "| t | wd | 3 | 55.0 ± 5.0 | 50, 60, 55 |" in text and "mixed code" in text
 
 
 def test_sweep_skips_finished_resumes_interrupted_and_summarises(tmp_path):
     path = _study(tmp_path, """
+seeds = 2
 [sweep]
 "optim.weight_decay" = [0.0, 0.5]
 [paper."0"]
@@ -108,45 +181,44 @@ sink = 41.0
 expect = "higher"
 """)
     study = load_study(path)
+    assert study.seeds == 2
     out = tmp_path / "res"
-    # interrupt point 0.5 after 2 of 4 steps (as a killed run: checkpoint, no summary)
+    # interrupt point 0.5, seed 1 after 2 of 4 steps (as a killed run: checkpoint, no summary)
     from sinklab.sweep.spec import point_config
     from sinklab.train.loop import train
 
     p05 = study.points[1]
-    d05 = run_dir(out, p05)
-    train(point_config(study, p05), d05, progress=False, stop_after=2)
+    d05 = run_dir(out, p05, 1)
+    cfg = point_config(study, p05)
+    cfg.train.seed = 1
+    train(cfg, d05, progress=False, stop_after=2)
     assert (d05 / "checkpoint.pt").exists() and not is_finished(d05)
-    assert "--resume" in train_command(study, p05, d05)
+    cmd = train_command(study, p05, d05, 1)
+    assert "--resume" in cmd and "train.seed=1" in cmd
 
-    events = []
-    status = run_sweep(study, out, jobs=2, cores=2, progress=False, poll_s=0.2,
-                       on_event=lambda e, p: events.append((e, p.label)))
-    assert status == {"0": "done", "0.5": "done"}
+    status = run_sweep(study, out, jobs=2, cores=2, progress=False, poll_s=0.2)
+    assert status == {f"{s}/seed{k}": "done" for s in ("0", "0.5") for k in (0, 1)}
     steps = [json.loads(x)["step"] for x in (d05 / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # resumed at step 3, not restarted
     assert "--resume" in (d05 / "train.log").read_text()
+    # the seeds differ: seed k trained with train.seed = k
+    s0 = json.loads((run_dir(out, p05, 0) / "summary.json").read_text())
+    s1 = json.loads((d05 / "summary.json").read_text())
+    assert (s0["seed"], s1["seed"]) == (0, 1) and s0["final_loss"] != s1["final_loss"]
+    assert s0["unigram_loss"] > 0 and "commit" in s0["code"]
 
-    # a second run skips both
-    events.clear()
-    assert run_sweep(study, out, jobs=1, progress=False, poll_s=0.2) == {"0": "skipped", "0.5": "skipped"}
+    # a second run skips everything
+    assert set(run_sweep(study, out, jobs=1, progress=False, poll_s=0.2).values()) == {"skipped"}
 
     rows = summarize_sweep(out)
-    with open(out / "summary.csv") as f:
-        header = next(csv.reader(f))
-    assert header == COLUMNS
     assert (out / "summary.md").exists() and (out / "sink_rate.png").stat().st_size > 0
     for r in rows:
-        assert r["status"] == "done" and r["steps"] == 4
-        assert r["sink1_lo"] <= r["sink1"] <= r["sink1_hi"]
+        assert r["status"] == "done" and r["steps"] == 4 and r["n_seeds"] == 2
         assert r["wall_s"] > 0
-        # Sink_1 at the end equals the tracker's final value (same probe, same metric)
-        fin = json.loads((run_dir(out, study.points[0] if r["label"] == "0" else p05) / "summary.json").read_text())
-        assert r["sink1"] == pytest.approx(fin["final"]["sink_rate"][0], abs=1e-6)
-    assert rows[1]["paper"] == 41.0 and rows[1]["expect"] == "higher" and rows[1]["verdict"] in ("agrees", "disagrees", "inconclusive")
-
+        # with every-2-steps tracking, the last 20% of 4 steps is step 4 only: the seed values are the final ones
+        assert r["sink1_seeds"] == r["sink1_final_seeds"]
     text = build_report(tmp_path, tmp_path / "REPORT.md")
-    assert "| tiny | 0.5 |" in text and "res/sink_rate.png" in text
+    assert "| tiny | 0.5 | 2 |" in text and "res/sink_rate.png" in text
 
 
 def test_report_needs_sweeps(tmp_path):

@@ -151,8 +151,34 @@ def test_weight_decay_groups():
 
 
 def test_prefix_lm_trains_and_masks(corpus, tmp_path):
-    cfg = make_cfg(corpus, "train.prefix_len=5", "train.steps=2", "train.checkpoint_every=0")
+    p = 5
+    cfg = make_cfg(corpus, f"train.prefix_len={p}", "train.steps=2", "train.checkpoint_every=0", "track.every=2")
     res = loop.train(cfg, tmp_path, progress=False)
     assert all(torch.isfinite(torch.tensor(v)) for v in res.losses.values())
     saved = from_dict(__import__("tomllib").loads((tmp_path / "config.toml").read_text()))
     assert saved == cfg
+    # the trained model's mask: inside the prefix a position sees later prefix tokens, after it nothing ahead
+    from sinklab.nn.model import SinkLM
+
+    m = SinkLM.from_pretrained(tmp_path / "final").eval()
+    x = torch.randint(4, 200, (1, 16))
+    y = x.clone()
+    y[0, 3] = (y[0, 3] + 7) % 200  # change a prefix token (position 3 < p)
+    with torch.no_grad():
+        a, b = m(x, prefix_len=p).logits, m(y, prefix_len=p).logits
+        c, d = m(x).logits, m(y).logits
+    assert (a[0, :3] - b[0, :3]).abs().max() > 1e-6  # earlier prefix positions see position 3
+    assert (c[0, :3] - d[0, :3]).abs().max() == 0  # a plain causal mask would not
+    z = x.clone()
+    z[0, 10] = (z[0, 10] + 7) % 200  # change a token after the prefix
+    with torch.no_grad():
+        e = m(z, prefix_len=p).logits
+    assert (a[0, :10] - e[0, :10]).abs().max() == 0  # causal after the prefix
+    # the loss covers only the targets after the prefix
+    from sinklab.data.packing import IGNORE_INDEX, apply_prefix_mask
+
+    t = apply_prefix_mask(torch.arange(16).reshape(1, 16), p)
+    assert (t[0, : p - 1] == IGNORE_INDEX).all() and (t[0, p - 1 :] != IGNORE_INDEX).all()
+    # the tracker probed with the prefix mask and recorded the mask-aware metric
+    fin = json.loads((tmp_path / "summary.json").read_text())["final"]
+    assert "sink_rate_visible" in fin and "attention_mass_first_visible" in fin

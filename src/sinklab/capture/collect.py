@@ -20,6 +20,7 @@ def collect(
     batch_size: int = 16,
     collector: str = "auto",
     progress: bool = False,
+    prefix_len: int = 0,
 ) -> ProbeStats:
     """Attention mass, hidden-state norms and key/value norms of every probe sequence.
 
@@ -35,23 +36,31 @@ def collect(
         collector: name in :data:`sinklab.capture.COLLECTORS` (HF models only), or
             ``auto`` (see :func:`resolve_collector`).
         progress: show a progress bar over batches.
+        prefix_len: run a sinklab model with a bidirectional prefix of this many tokens
+            (the prefix-LM mask it was trained with); 0 = its plain causal mask. A sinklab
+            model's sliding window (``config.sliding_window``) is always applied.
 
     Returns:
         :class:`ProbeStats` with ``N`` samples.
 
     Raises:
-        InputError: ``input_ids`` is not a non-empty 2-D integer tensor.
+        InputError: ``input_ids`` is not a non-empty 2-D integer tensor, or ``prefix_len``
+            is set for a ``transformers`` model or lies outside [0, T].
         CaptureError: the model exposes no attention weights.
     """
     if input_ids.dim() != 2 or input_ids.numel() == 0 or input_ids.dtype not in (torch.int64, torch.int32):
         raise InputError(f"input_ids must be a non-empty (N, T) integer tensor, got {tuple(input_ids.shape)} {input_ids.dtype}")
+    if prefix_len and not is_native(model):
+        raise InputError("prefix_len applies to sinklab models trained as prefix LMs, not to transformers models")
+    if not 0 <= prefix_len <= input_ids.shape[1]:
+        raise InputError(f"prefix_len must lie in [0, T={input_ids.shape[1]}], got {prefix_len}")
     collector = resolve_collector(collector)
     device = next(model.parameters()).device
     parts = []
     starts = range(0, input_ids.shape[0], batch_size)
     for s in tqdm(starts, desc="probe", unit="batch", disable=not progress, leave=False):
         batch = input_ids[s : s + batch_size].to(device)
-        rec = forward_native(model, batch) if is_native(model) else forward_hf(model, batch, collector)
+        rec = forward_native(model, batch, prefix_len) if is_native(model) else forward_hf(model, batch, collector)
         parts.append(rec.finish())
     return ProbeStats.concat(parts)
 

@@ -63,7 +63,12 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         sinks=kwargs.get("s_aux"),
         sliding_window=window,
     )
-    recorder.add_attention(layer, col, causal=bool(is_causal), key=key, value=value)
+    extra = None
+    if kwargs.get("s_aux") is not None:
+        # gpt-oss style sink logits: every query's weights on the real keys sum to 1 - (its weight on the
+        # virtual sink), so the mean weight on the sink over the T_q queries is 1 - sum(col) / T_q
+        extra = (1.0 - col.sum(dim=-1) / query.shape[2]).unsqueeze(-1)  # (B, H, 1)
+    recorder.add_attention(layer, col, causal=bool(is_causal), key=key, value=value, window=window, extra=extra)
     return out, None
 
 

@@ -13,20 +13,26 @@ def is_native(model: nn.Module) -> bool:
     return type(model).__name__ == "SinkLM" and type(model).__module__.startswith("sinklab.")
 
 
-def forward_native(model: nn.Module, input_ids: Tensor) -> BatchRecorder:
+def forward_native(model: nn.Module, input_ids: Tensor, prefix_len: int = 0) -> BatchRecorder:
     """One forward pass of a SinkLM on ``input_ids`` (B, T) with statistics recorded.
 
     The model's observer hands over each layer's (possibly renormalised) attention
-    weights (B, H, T, T), which are reduced to column sums at once.
+    weights (B, H, T, T), which are reduced to column sums at once. The model runs with
+    the mask it was trained with: its own sliding window (``config.sliding_window``) and
+    the bidirectional prefix ``prefix_len`` (prefix LM; 0 = causal).
     """
     L = model.config.n_layers
     recorder = BatchRecorder(L, "observer")
+    window = getattr(model.config, "sliding_window", None)
 
     def observer(layer: int, weights: Tensor, *, renormalised: bool, extra=None, key=None, value=None) -> None:
         recorder.attn_calls += 1
         recorder.add_attention(
             layer,
             weights.sum(dim=-2, dtype=torch.float64),
+            causal_column_sums=weights.tril().sum(dim=-2, dtype=torch.float64) if prefix_len > 1 else None,
+            prefix_len=prefix_len if prefix_len > 1 else 0,
+            window=window,
             causal=True,
             key=key,
             value=value,
@@ -35,7 +41,7 @@ def forward_native(model: nn.Module, input_ids: Tensor) -> BatchRecorder:
         )
 
     with torch.no_grad():
-        out = model(input_ids, observer=observer, output_hidden_states=True)
+        out = model(input_ids, observer=observer, output_hidden_states=True, prefix_len=prefix_len)
     for i, h in enumerate(out.hidden_states[1:]):
         recorder.add_hidden(i, h)
     return recorder

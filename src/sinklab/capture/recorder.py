@@ -12,7 +12,11 @@ from torch import Tensor
 
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import CaptureError
-from sinklab.metrics.sink import attention_mass_from_column_sums
+from sinklab.metrics.sink import (
+    attention_mass_from_column_sums,
+    attention_mass_visible_from_column_sums,
+    visible_key_counts,
+)
 
 
 class BatchRecorder:
@@ -23,6 +27,9 @@ class BatchRecorder:
         self.collector = collector
         self.attn_calls = 0
         self.mass: list[Tensor | None] = [None] * num_layers
+        self.mass_visible: list[Tensor | None] = [None] * num_layers
+        self.masked = False  # some layer's mask differs from plain causal / bidirectional
+        self.mask: dict = {"causal": True, "prefix_len": 0, "window": None}
         self.extra: list[Tensor | None] = [None] * num_layers
         self.key_norms: list[Tensor | None] = [None] * num_layers
         self.value_norms: list[Tensor | None] = [None] * num_layers
@@ -49,20 +56,42 @@ class BatchRecorder:
         value: Tensor | None = None,
         extra: Tensor | None = None,
         renormalised: bool = False,
+        prefix_len: int = 0,
+        window: int | None = None,
+        causal_column_sums: Tensor | None = None,
     ) -> None:
         """Record a layer's attention.
 
+        Two masses are kept: the paper's (Gu et al. 2025, Eq. 2: the sum over queries
+        ``i >= j`` divided by ``T - j``, or by ``T`` for a bidirectional layer) and the
+        mask-aware one (the sum over every query divided by the number of queries the
+        layer's mask lets see key ``j``, :func:`~sinklab.metrics.visible_key_counts`).
+
         Args:
             layer: 0-based layer index.
-            column_sums: (B, H, T) sums over queries of the attention on each key.
+            column_sums: (B, H, T) sums over all queries of the attention on each key.
             causal: whether the layer is causal (sets the attention-mass denominator).
+            prefix_len: bidirectional prefix length of the layer's mask (prefix LM), 0 = none.
+            window: the layer's sliding-window width, or None.
+            causal_column_sums: (B, H, T) sums over queries ``i >= j`` only, needed with a
+                prefix (where queries before ``j`` may see ``j``); default ``column_sums``.
             key, value: (B, H_kv, T, D) keys (after RoPE) and values, or None.
             extra: (B, H, T_q) attention on a virtual key (sink token / bias / sink logit), or None.
             renormalised: rows were renormalised to sum to 1 before the column sums.
         """
         self.causal = causal
         self.renormalised = self.renormalised or renormalised
-        self.mass[layer] = attention_mass_from_column_sums(column_sums, causal=causal).cpu()
+        paper_sums = column_sums if causal_column_sums is None else causal_column_sums
+        self.mass[layer] = attention_mass_from_column_sums(paper_sums, causal=causal).cpu()
+        T = column_sums.shape[-1]
+        if prefix_len or (window is not None and window < T):
+            self.masked = True
+            self.mask = {"causal": causal, "prefix_len": int(prefix_len), "window": None if window is None else int(window)}
+            counts = visible_key_counts(T, causal=causal, prefix_len=prefix_len, window=window)
+            self.mass_visible[layer] = attention_mass_visible_from_column_sums(column_sums, counts).cpu()
+        else:
+            self.mask = {**self.mask, "causal": causal} if not self.masked else self.mask
+            self.mass_visible[layer] = self.mass[layer]
         if extra is not None:
             self.extra[layer] = extra.to(torch.float64).mean(dim=-1).cpu()
         if key is not None:
@@ -113,4 +142,6 @@ class BatchRecorder:
             renormalised=self.renormalised,
             collector=self.collector,
             notes=list(self.notes),
+            mass_visible=torch.stack(self.mass_visible, dim=1) if self.masked else None,
+            mask=dict(self.mask),
         )

@@ -32,6 +32,13 @@ class ProbeStats:
             operation itself and were renormalised to sum to 1 before the metric.
         collector: name of the collector that produced ``mass``.
         notes: free-form remarks (e.g. a fallback that was taken).
+        mass_visible: (N, L, H, T) float64 mask-aware attention mass: the sum of the
+            attention on key ``j`` over all queries divided by the number of queries the
+            model's own mask lets see ``j`` (sliding window, prefix LM); None means equal to
+            ``mass`` (plain causal or bidirectional attention).
+        mask: the mask the probe ran under: ``{"causal": bool, "prefix_len": int,
+            "window": int | None}`` (the window of the last windowed layer; models that
+            mix windowed and global layers count each layer with its own mask).
     """
 
     mass: Tensor
@@ -47,6 +54,8 @@ class ProbeStats:
     renormalised: bool = False
     collector: str = "eager"
     notes: list[str] = field(default_factory=list)
+    mass_visible: Tensor | None = None
+    mask: dict = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:
@@ -90,4 +99,11 @@ class ProbeStats:
             renormalised=first.renormalised,
             collector=first.collector,
             notes=notes,
+            mass_visible=None if any(p.mass_visible is None for p in parts) else cat("mass_visible"),
+            mask=dict(first.mask),
         )
+
+    @property
+    def visible_mass(self) -> Tensor:
+        """(N, L, H, T) mask-aware attention mass (``mass`` when the two coincide)."""
+        return self.mass if self.mass_visible is None else self.mass_visible

@@ -19,22 +19,30 @@ def sweep_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="sweep folder (default results/NAME)"),
     cores: Optional[int] = typer.Option(None, "--cores", help="cores to share between the jobs (default: all)"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only this point (label or folder name); repeatable"),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="training seeds per point, train.seed = 0..S-1 (default: the study's, 3)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the points and their train commands, run nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress display"),
 ) -> None:
-    """Run a study's grid (one `sinklab train` per point), skip finished runs, resume stopped ones,
-    then write summary.csv, summary.md and sink_rate.png."""
+    """Run a study's grid (one `sinklab train` per point and seed), skip finished runs, resume stopped
+    ones, then write summary.csv, summary.md and sink_rate.png (mean ± std over seeds)."""
     from sinklab.sweep.run import is_finished, run_dir, run_sweep, train_command
     from sinklab.sweep.spec import load_study
     from sinklab.sweep.summary import markdown_table, summarize_sweep
 
+    from sinklab.errors import InputError
+
     s = load_study(study)
+    if seeds is not None:
+        if seeds < 1:
+            raise InputError(f"--seeds must be >= 1, got {seeds}")
+        s.seeds = seeds
     out = out or Path("results") / s.name
     if dry_run:
-        for p in s.points:
-            d = run_dir(out, p)
-            state = "finished" if is_finished(d) else ("resume" if (d / "checkpoint.pt").exists() else "new")
-            typer.echo(f"[{state}] {p.label}: {' '.join(train_command(s, p, d)[3:])}")
+        for k in range(s.seeds):
+            for p in s.points:
+                d = run_dir(out, p, k)
+                state = "finished" if is_finished(d) else ("resume" if (d / "checkpoint.pt").exists() else "new")
+                typer.echo(f"[{state}] {p.label} (seed {k}): {' '.join(train_command(s, p, d, k)[3:])}")
         return
     status = run_sweep(s, out, jobs=jobs, cores=cores or os.cpu_count(), progress=not no_progress, only=only)
     failed = {k: v for k, v in status.items() if v.startswith("failed")}

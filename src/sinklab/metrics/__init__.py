@@ -16,6 +16,9 @@ from sinklab.metrics.sink import (
     sink_rate_per_head,
     sink_rate_per_layer,
     sink_rate_per_sample,
+    sink_rate_virtual,
+    visible_key_counts,
+    attention_mass_visible_from_column_sums,
 )
 from sinklab.metrics.summary import summarize
 
@@ -31,4 +34,7 @@ __all__ = [
     "sink_rate_per_layer",
     "sink_rate_per_sample",
     "summarize",
+    "sink_rate_virtual",
+    "visible_key_counts",
+    "attention_mass_visible_from_column_sums",
 ]

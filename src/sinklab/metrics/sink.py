@@ -20,6 +20,11 @@ def _check_eps(eps: float) -> None:
         raise InputError(f"eps must lie in (0, 1), got {eps}")
 
 
+def _check_mass(mass: Tensor) -> None:
+    if mass.dim() != 4:
+        raise InputError(f"mass must be (N, L, H, T), got shape {tuple(mass.shape)}")
+
+
 def key_counts(seq_len: int, *, causal: bool = True, device=None) -> Tensor:
     """Number of queries that can see each key: ``T - j`` (causal) or ``T`` (bidirectional).
 
@@ -27,6 +32,95 @@ def key_counts(seq_len: int, *, causal: bool = True, device=None) -> Tensor:
     """
     j = torch.arange(seq_len, device=device, dtype=torch.float64)
     return (seq_len - j) if causal else torch.full_like(j, float(seq_len))
+
+
+def visible_key_counts(seq_len: int, *, causal: bool = True, prefix_len: int = 0, window: int | None = None,
+                       device=None) -> Tensor:
+    """Number of queries that may attend each key under the model's own mask.
+
+    The mask (0-based positions; the same rule as :func:`sinklab.nn.attention.visible`):
+    query ``i`` sees key ``j`` iff ``(j <= i or j < prefix_len)`` for a causal model (all
+    ``i`` for a bidirectional one) and, with a sliding window ``w``, ``|i - j| < w``. The
+    count is the denominator of the *visible* attention mass (see
+    :func:`attention_mass_visible_from_column_sums`); for plain causal attention it is
+    ``T - j``, the paper's denominator (Gu et al. 2025, Eq. 2), so both masses agree.
+
+    Args:
+        seq_len: T.
+        causal: causal decoder (True) or bidirectional encoder (False).
+        prefix_len: length p of a bidirectional prefix (prefix LM), 0 = none.
+        window: sliding-window width w >= 1, or None.
+
+    Returns:
+        (T,) float64 counts, key position ``j`` 0-based, each in [1, T].
+
+    Raises:
+        InputError: ``seq_len < 1``, ``prefix_len`` outside [0, T] or ``window < 1``.
+    """
+    if seq_len < 1:
+        raise InputError(f"seq_len must be >= 1, got {seq_len}")
+    if not 0 <= prefix_len <= seq_len:
+        raise InputError(f"prefix_len must lie in [0, T={seq_len}], got {prefix_len}")
+    if window is not None and window < 1:
+        raise InputError(f"window must be >= 1, got {window}")
+    T = seq_len
+    j = torch.arange(T, device=device, dtype=torch.float64)
+    w = float(T) if window is None else float(min(window, T))
+    hi = torch.clamp(j + w - 1, max=T - 1)  # last query that sees j
+    lo_all = torch.clamp(j - w + 1, min=0)  # first query that sees j when earlier queries may look ahead
+    bidir = hi - lo_all + 1
+    if not causal:
+        return bidir
+    return torch.where(j < prefix_len, bidir, hi - j + 1)
+
+
+def attention_mass_visible_from_column_sums(column_sums: Tensor, counts: Tensor) -> Tensor:
+    """Mask-aware attention mass: ``sum_i A[..., i, j] / #{queries that may attend j}``.
+
+    The paper's mass (:func:`attention_mass_from_column_sums`) divides by ``T - j`` whatever
+    the mask, so under a sliding window of width ``w`` key 0 can never exceed ``w / T``; this
+    variant divides by the queries that can actually see the key (``counts`` from
+    :func:`visible_key_counts`), so it is a mean attention weight in [0, 1] for any mask.
+    Identical to the paper's mass for plain causal attention.
+
+    Args:
+        column_sums: (..., T) sums over all queries of the attention on each key.
+        counts: (T,) number of queries that may attend each key (0-based).
+
+    Returns:
+        (..., T) float64.
+
+    Raises:
+        InputError: ``counts`` does not have T entries.
+    """
+    if counts.shape[-1] != column_sums.shape[-1]:
+        raise InputError(f"counts has {counts.shape[-1]} entries for {column_sums.shape[-1]} keys")
+    return column_sums.to(torch.float64) / counts.to(device=column_sums.device, dtype=torch.float64)
+
+
+def sink_rate_virtual(extra_mass: Tensor, eps: float = 0.3) -> float:
+    """Sink rate on a virtual key (the paper's ``Sink*``, Gu et al. 2025, Sec. 7.2 / Table 4).
+
+    For operations with a virtual key (learnable sink token, key/value biases, a learned
+    sink logit, softmax-off-by-one, gpt-oss sinks) ``extra_mass[n, l, h]`` is the attention
+    weight on that key averaged over the queries; ``Sink*`` is the percentage of
+    (sample, layer, head) triples where it exceeds ``eps`` (threshold per sample, as for
+    :func:`sink_rate`).
+
+    Args:
+        extra_mass: (N, L, H) mean attention on the virtual key.
+        eps: threshold in (0, 1).
+
+    Returns:
+        Percentage in [0, 100].
+
+    Raises:
+        InputError: eps outside (0, 1) or ``extra_mass`` not 3-D.
+    """
+    _check_eps(eps)
+    if extra_mass.dim() != 3:
+        raise InputError(f"extra_mass must be (N, L, H), got shape {tuple(extra_mass.shape)}")
+    return float((extra_mass > eps).to(torch.float64).mean() * 100.0)
 
 
 def attention_mass_from_column_sums(column_sums: Tensor, *, causal: bool = True) -> Tensor:
@@ -85,8 +179,7 @@ def sink_rate_per_sample(mass: Tensor, eps: float = 0.3, positions: int | None =
         InputError: eps outside (0, 1) or ``mass`` not 4-D.
     """
     _check_eps(eps)
-    if mass.dim() != 4:
-        raise InputError(f"mass must be (N, L, H, T), got shape {tuple(mass.shape)}")
+    _check_mass(mass)
     m = mass if positions is None else mass[..., :positions]
     return (m > eps).to(torch.float64).mean(dim=(1, 2)) * 100.0
 
@@ -112,15 +205,17 @@ def sink_rate(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> T
 
 
 def sink_rate_per_layer(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> Tensor:
-    """Sink rate per layer: (L, K) percentages over samples and heads. Same args as :func:`sink_rate`."""
+    """Sink rate per layer: (L, K) percentages over samples and heads. Same args and errors as :func:`sink_rate`."""
     _check_eps(eps)
+    _check_mass(mass)
     m = mass if positions is None else mass[..., :positions]
     return (m > eps).to(torch.float64).mean(dim=(0, 2)) * 100.0
 
 
 def sink_rate_per_head(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> Tensor:
-    """Sink rate per (layer, head): (L, H, K) percentages over samples. Same args as :func:`sink_rate`."""
+    """Sink rate per (layer, head): (L, H, K) percentages over samples. Same args and errors as :func:`sink_rate`."""
     _check_eps(eps)
+    _check_mass(mass)
     m = mass if positions is None else mass[..., :positions]
     return (m > eps).to(torch.float64).mean(dim=0) * 100.0
 

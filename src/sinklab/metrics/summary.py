@@ -15,6 +15,7 @@ from sinklab.metrics.sink import (
     sink_rate,
     sink_rate_per_head,
     sink_rate_per_layer,
+    sink_rate_virtual,
 )
 
 if TYPE_CHECKING:
@@ -112,10 +113,19 @@ def summarize(
         "hidden_norm_others": _r(others.mean(dim=1) if others.numel() else hn[:, top] * 0, 4),
         "massive_activation_ratio": _r(massive_activation_ratio(stats.max_abs, stats.median_abs).mean(dim=0), 2),
     }
+    vis = stats.visible_mass
+    out["mask"] = dict(stats.mask) or {"causal": stats.causal, "prefix_len": 0, "window": None}
+    out["sink_rate_visible"] = _r(sink_rate(vis, eps, K), 4)
+    out["sink_rate_visible_ci"] = (out["sink_rate_ci"] if stats.mass_visible is None
+                                   else _r(bootstrap_sink_rate_ci(vis, eps, K, n_boot=n_boot, level=level, seed=seed), 4))
+    out["sink_rate_visible_per_layer"] = _r(sink_rate_per_layer(vis, eps, K), 4)
+    out["attention_mass_visible"] = _r(vis[..., :K].mean(dim=0))
+    out["attention_mass_first_visible"] = round(float(vis[..., 0].mean()), 6)
     if stats.key_norms is not None:
         out["key_norm"] = _r(stats.key_norms[..., :K].to(torch.float64).mean(dim=0), 4)
     if stats.value_norms is not None:
         out["value_norm"] = _r(stats.value_norms[..., :K].to(torch.float64).mean(dim=0), 4)
     if stats.extra_mass is not None:
         out["extra_mass"] = _r(stats.extra_mass.mean(dim=0))
+        out["sink_rate_virtual"] = round(sink_rate_virtual(stats.extra_mass, eps), 4)
     return out

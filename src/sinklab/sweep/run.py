@@ -2,10 +2,11 @@
 
 Layout of ``--out`` (default ``results/NAME``)::
 
-    study.json              the parsed study (labels, overrides, paper values, expectations)
-    runs/<slug>/            one training run (config.toml, metrics.jsonl, final/, summary.json)
-    runs/<slug>/train.log   the run's stdout/stderr
-    runs/<slug>/sweep.json  wall time accumulated over every (re)start, exit status
+    study.json                    the parsed study (labels, overrides, paper values, expectations, seeds)
+    runs/<slug>/seed<k>/          one training run with ``train.seed = k`` (config.toml, metrics.jsonl,
+                                  final/, summary.json), k = 0 .. S-1
+    runs/<slug>/seed<k>/train.log the run's stdout/stderr
+    runs/<slug>/seed<k>/sweep.json wall time accumulated over every (re)start, exit status
     summary.csv, summary.md one row per point (see :data:`COLUMNS`)
     sink_rate.png           Sink_1 (95% CI) against the swept value, paper values beside
 
@@ -34,9 +35,14 @@ from sinklab.sweep.spec import Point, Study
 SUMMARY_NAME = "summary.json"
 
 
-def run_dir(out: Path, point: Point) -> Path:
-    """Folder of one point's training run."""
+def point_dir(out: Path, point: Point) -> Path:
+    """Folder of one point (holding one run folder per seed)."""
     return out / "runs" / point.slug
+
+
+def run_dir(out: Path, point: Point, seed: int = 0) -> Path:
+    """Folder of one point's training run with ``train.seed = seed``."""
+    return point_dir(out, point) / f"seed{seed}"
 
 
 def is_finished(d: Path) -> bool:
@@ -44,11 +50,12 @@ def is_finished(d: Path) -> bool:
     return (d / SUMMARY_NAME).exists()
 
 
-def train_command(study: Study, point: Point, d: Path) -> list[str]:
-    """The ``sinklab train`` command line of one point (``--resume`` when a checkpoint exists)."""
+def train_command(study: Study, point: Point, d: Path, seed: int = 0) -> list[str]:
+    """The ``sinklab train`` command line of one point and seed (``--resume`` when a checkpoint exists)."""
     cmd = [sys.executable, "-c", "from sinklab.cli.main import app; app()", "train", study.base, "--out", str(d), "--no-progress"]
     for s in point.set_args():
         cmd += ["--set", s]
+    cmd += ["--set", f"train.seed={seed}"]
     if (d / "checkpoint.pt").exists():
         cmd.append("--resume")
     return cmd
@@ -85,14 +92,16 @@ def write_study_json(study: Study, out: Path) -> None:
 
 
 def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None = None, progress: bool = True,
-              only: list[str] | None = None, poll_s: float = 1.0,
+              only: list[str] | None = None, poll_s: float = 1.0, seeds: int | None = None,
               on_event: Callable[[str, Point], None] | None = None) -> dict[str, str]:
-    """Run every unfinished point of ``study``; return {slug: "done" | "skipped" | "failed (rc)"}.
+    """Run every unfinished (point, seed) of ``study``; return {"slug/seed<k>": "done" | "skipped" | "failed (rc)"}.
 
     Args:
         study: the parsed study.
         out: the sweep folder.
         jobs: J, trainings at once.
+        seeds: S, training seeds per point (``train.seed = 0 .. S-1``); default ``study.seeds``.
+            The number used is written to ``study.json``.
         cores: cores to share (default ``os.cpu_count()``); each job gets ``max(1, cores // J)`` threads.
         progress: show a rich progress display (one bar per running point, one for the sweep).
         only: run only the points with these labels or slugs.
@@ -104,6 +113,10 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
     """
     if jobs < 1:
         raise InputError(f"--jobs must be >= 1, got {jobs}")
+    if seeds is not None:
+        if seeds < 1:
+            raise InputError(f"--seeds must be >= 1, got {seeds}")
+        study.seeds = seeds
     out = Path(out)
     write_study_json(study, out)
     points = study.points
@@ -117,42 +130,47 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false"}
     status: dict[str, str] = {}
-    todo = []
-    for p in points:
-        if is_finished(run_dir(out, p)):
-            status[p.slug] = "skipped"
-        else:
-            todo.append(p)
+    todo: list[tuple[Point, int]] = []
+    # seed-major order: every point's first seed before any second seed, so a stopped sweep has
+    # the whole grid at one seed rather than a few points at all seeds
+    for k in range(study.seeds):
+        for p in points:
+            if is_finished(run_dir(out, p, k)):
+                status[f"{p.slug}/seed{k}"] = "skipped"
+            else:
+                todo.append((p, k))
     # steps per point, for the progress bars
     steps = {}
-    for p in todo:
-        from sinklab.sweep.spec import point_config
+    from sinklab.sweep.spec import point_config
 
-        steps[p.slug] = point_config(study, p).train.steps  # validates every config before starting any run
+    for p, _ in todo:
+        if p.slug not in steps:
+            steps[p.slug] = point_config(study, p).train.steps  # validates every config before starting any run
 
-    display = _Display(study, len(points), len(points) - len(todo), progress)
+    n_jobs = len(points) * study.seeds
+    display = _Display(study, n_jobs, n_jobs - len(todo), progress)
     prev_term = _term_as_interrupt()
-    running: dict[str, tuple[subprocess.Popen, Point, float, object]] = {}
+    running: dict[str, tuple[subprocess.Popen, Point, float, object, int]] = {}
     queue = list(todo)
     try:
         while queue or running:
             while queue and len(running) < jobs:
-                p = queue.pop(0)
-                d = run_dir(out, p)
+                p, k = queue.pop(0)
+                d = run_dir(out, p, k)
                 d.mkdir(parents=True, exist_ok=True)
-                cmd = train_command(study, p, d)
+                cmd = train_command(study, p, d, k)
                 log = open(d / "train.log", "a")
                 log.write(f"\n$ {' '.join(cmd)}\n")
                 log.flush()
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                running[p.slug] = (proc, p, time.time(), log)
-                display.start(p, steps[p.slug])
+                running[f"{p.slug}/seed{k}"] = (proc, p, time.time(), log, k)
+                display.start(p, k, steps[p.slug])
                 if on_event:
                     on_event("start", p)
             time.sleep(poll_s)
-            for slug, (proc, p, t0, log) in list(running.items()):
-                d = run_dir(out, p)
-                display.update(p, _last_step(d))
+            for slug, (proc, p, t0, log, k) in list(running.items()):
+                d = run_dir(out, p, k)
+                display.update(slug, _last_step(d))
                 rc = proc.poll()
                 if rc is None:
                     continue
@@ -165,14 +183,14 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
                 del running[slug]
                 ok = rc == 0 and is_finished(d)
                 status[slug] = "done" if ok else f"failed ({rc}; see {d / 'train.log'})"
-                display.finish(p, ok)
+                display.finish(slug, ok)
                 if on_event:
                     on_event("done" if ok else "failed", p)
     except BaseException:
-        for slug, (proc, p, t0, log) in running.items():
+        for slug, (proc, p, t0, log, k) in running.items():
             _stop(proc)
             log.close()
-            d = run_dir(out, p)
+            d = run_dir(out, p, k)
             rec = _record(d)
             rec["wall_s"] = round(rec["wall_s"] + time.time() - t0, 1)
             rec["starts"] += 1
@@ -231,20 +249,21 @@ class _Display:
         self.progress.start()
         self.sweep = self.progress.add_task(f"sweep {study.name}", total=total, completed=done)
 
-    def start(self, p: Point, steps: int) -> None:
+    def start(self, p: Point, seed: int, steps: int) -> None:
         if self.enabled:
-            self.tasks[p.slug] = self.progress.add_task(f"  {p.label}", total=steps)
+            self.tasks[f"{p.slug}/seed{seed}"] = self.progress.add_task(f"  {p.label} (seed {seed})", total=steps)
+            self.labels = {**getattr(self, "labels", {}), f"{p.slug}/seed{seed}": f"{p.label} (seed {seed})"}
 
-    def update(self, p: Point, step: int) -> None:
-        if self.enabled and p.slug in self.tasks:
-            self.progress.update(self.tasks[p.slug], completed=step)
+    def update(self, key: str, step: int) -> None:
+        if self.enabled and key in self.tasks:
+            self.progress.update(self.tasks[key], completed=step)
 
-    def finish(self, p: Point, ok: bool) -> None:
+    def finish(self, key: str, ok: bool) -> None:
         if not self.enabled:
             return
-        t = self.tasks.pop(p.slug, None)
+        t = self.tasks.pop(key, None)
         if t is not None:
-            self.progress.update(t, description=f"  {p.label} {'done' if ok else 'FAILED'}")
+            self.progress.update(t, description=f"  {self.labels.get(key, key)} {'done' if ok else 'FAILED'}")
             self.progress.stop_task(t)
         self.progress.advance(self.sweep)
 

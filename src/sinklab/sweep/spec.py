@@ -7,6 +7,8 @@ A study file::
     section = "loss"                       # the paper's section (optimisation, data, loss, architecture)
     base = "emergence-cpu"                 # a preset name or a config path (relative to the study file)
     set = { "train.steps" = 1500 }         # overrides applied to every point (optional)
+    seeds = 3                              # training seeds per point (train.seed = 0 .. S-1); CLI --seeds wins
+    metric = "paper"                       # Sink_1 the verdicts use: "paper" or "visible" (mask-aware)
     paper_source = "Gu et al. 2025, Table 3 (60M LLaMA, 5B tokens)"
     note = "..."
 
@@ -44,7 +46,11 @@ from sinklab.errors import ConfigError
 from sinklab.registry import nearest
 
 EXPECTATIONS = ("reference", "sink", "no_sink", "higher", "lower", "similar", "")
-TOP_KEYS = ("name", "title", "section", "base", "set", "sweep", "points", "paper", "paper_source", "note", "x_log")
+TOP_KEYS = ("name", "title", "section", "base", "set", "sweep", "points", "paper", "paper_source", "note", "x_log",
+            "seeds", "metric")
+#: the Sink_1 variant a study's verdicts use: the paper's formula, or the mask-aware one
+#: (mean over the queries the model's own mask lets see the key; see sinklab.metrics.visible_key_counts)
+METRICS = ("paper", "visible")
 
 
 @dataclass
@@ -79,6 +85,8 @@ class Study:
     paper_source: str = ""
     note: str = ""
     x_log: bool = False
+    seeds: int = 3
+    metric: str = "paper"
 
     @property
     def x_key(self) -> str | None:
@@ -170,12 +178,18 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
         if p.slug in seen:
             raise ConfigError(f"{where}: two points share the folder name {p.slug!r} ({seen[p.slug]!r}, {p.label!r})")
         seen[p.slug] = p.label
+    seeds = raw.get("seeds", 3)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise ConfigError(f"{where}: seeds must be an integer >= 1, got {seeds!r}")
+    metric = raw.get("metric", "paper")
+    if metric not in METRICS:
+        raise ConfigError(f"{where}: metric={metric!r} is not one of {', '.join(METRICS)}")
     base = raw["base"]
     if path is not None and (base.endswith(".toml") or "/" in base):
         base = str((path.parent / base).resolve())
     return Study(name=name, title=raw.get("title", name), section=raw.get("section", ""), base=base, points=points,
                  path=path, sweep_keys=sweep_keys, paper_source=raw.get("paper_source", ""), note=raw.get("note", ""),
-                 x_log=bool(raw.get("x_log", False)))
+                 x_log=bool(raw.get("x_log", False)), seeds=seeds, metric=metric)
 
 
 def load_study(path: str | Path) -> Study:

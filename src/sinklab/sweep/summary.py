@@ -1,43 +1,56 @@
 """Summary table and plot of one sweep folder (written by ``sinklab sweep``, read by ``sinklab report``).
 
-One row per point (:data:`COLUMNS`):
+One row per point, aggregated over its training seeds (:data:`COLUMNS`). Per seed run:
 
-* ``val_loss`` -- validation loss (nats/token) at the last step.
-* ``sink1``, ``sink1_lo``, ``sink1_hi`` -- Sink_1 (percent, eps of the run's tracker) at the last
-  step with its 95% bootstrap CI over probe samples, recomputed from the saved ``final/`` model on
-  the run's own probe set with :func:`sinklab.capture.collect` + :func:`sinklab.metrics.summarize`.
-* ``renormalised`` -- the operation's rows do not sum to 1 and were renormalised for ``sink1``
-  (as the paper's code does); ``sink1_raw`` (CI ``sink1_raw_lo``/``_hi``) is then the same metric
-  on the raw weights (DESIGN.md: report both). Equal to ``sink1`` for normalised operations.
-* ``mass1`` -- mean attention mass on token 1 over layers, heads, probe samples and queries (a
-  continuous companion of Sink_1, useful when Sink_1 saturates), from the tracker's last record.
-* ``top_sink_position`` -- the position (1-based, as in the paper) with the highest sink rate;
-  it "moved" when it is not 1.
-* ``top_sink_rate`` -- the sink rate at that position.
-* ``max_norm_ratio`` -- the largest hidden-state norm ratio ``||h_k|| / mean_t ||h_t||`` over positions.
-* ``emergence_step`` -- the first tracked step at which Sink_1 reached the emergence level.
-* ``wall_s`` -- wall time of the training (all starts together), seconds.
-* ``paper``, ``expect``, ``verdict`` -- the paper's Sink_1 for this setting, its direction and our
-  verdict (:mod:`sinklab.sweep.verdict`).
+* **Sink_1** is the mean of the tracker's Sink_1 over its evaluations in the last 20% of training
+  (steps ``> 0.8 * steps``), which smooths the checkpoint-to-checkpoint flicker of small models;
+  the last evaluation's value is kept too (``sink1_final_seeds``), and ``sink1_move`` is the largest
+  within-run range (max - min) over those last-20% evaluations, across the seeds.
+* the same last-20% mean for the mask-aware Sink_1 (``sink1_visible``: mean over the queries the
+  training mask lets see token 1; equal to Sink_1 for plain causal attention), the attention mass
+  on token 1 (``mass1``, ``mass1_visible``) and, for operations with a virtual key, the paper's
+  ``Sink*`` (``sink_virtual``: share of heads whose attention to the virtual key exceeds eps).
+* ``val_loss`` is the validation loss (nats/token) at the last step, and ``unigram_loss`` the loss of
+  predicting the training unigram distribution; ``degenerate`` is True when the mean validation loss
+  is above it (the model learned less than token frequencies: no verdict).
+
+For each quantity X the row has ``X_mean``, ``X_std`` (sample std over seeds, ddof = 1; empty with
+one seed) and ``X_seeds`` (the per-seed values, ``;``-separated, seed 0 first). Further columns:
+``n_seeds``, ``renormalised`` and ``sink1_raw_mean`` (Sink_1 of the final models on raw,
+not renormalised weights, for operations whose rows do not sum to 1), ``top_sink_position``
+(1-based, most common over seeds), ``max_norm_ratio_mean``, ``emergence_steps`` (per seed),
+``wall_s`` (all seeds), ``commits`` (the code versions that produced the seeds; ``code_mixed`` is
+True when they differ from the study's most common commit), and ``paper``, ``expect``, ``metric``
+(which Sink_1 the verdict uses: ``sink1`` or ``sink1_visible``) and ``verdict``
+(:mod:`sinklab.sweep.verdict`).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sinklab.sweep.verdict import verdict
+from sinklab.sweep.verdict import seed_stats, verdict
 
-COLUMNS = ["label", "status", "val_loss", "sink1", "sink1_lo", "sink1_hi", "renormalised", "sink1_raw", "sink1_raw_lo",
-           "sink1_raw_hi", "mass1", "top_sink_position", "top_sink_rate",
-           "max_norm_ratio", "emergence_step", "steps", "tokens", "wall_s", "paper", "expect", "verdict"]
+#: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
+SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "val_loss"]
+COLUMNS = (["label", "status", "n_seeds"]
+           + [f"{q}_{k}" for q in SEEDED for k in ("mean", "std", "seeds")]
+           + ["sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
+              "top_sink_position", "max_norm_ratio_mean", "emergence_steps", "steps", "tokens", "wall_s",
+              "commits", "code_mixed", "paper", "expect", "metric", "verdict"])
+#: share of training (at the end) whose tracker evaluations are averaged into a run's Sink_1
+LAST_FRACTION = 0.2
 
 
 def final_ci(run: Path) -> dict[str, Any]:
     """Sink metrics of ``run/final`` on the run's probe set, with bootstrap CIs (cached in ``run/final_ci.json``).
 
+    The probe runs under the run's training mask (prefix LM, sliding window).
     Returns {"sink_rate": [K], "sink_rate_ci": [[lo, hi] x K], "top_sink_position": 1-based, ...}.
     """
     cache = run / "final_ci.json"
@@ -62,9 +75,9 @@ def final_ci(run: Path) -> dict[str, Any]:
     from sinklab.nn.attention import raw_attention_weights
 
     with torch.no_grad():
-        stats = collect(model, probe, batch_size=cfg.track.batch_size)
+        stats = collect(model, probe, batch_size=cfg.track.batch_size, prefix_len=cfg.train.prefix_len)
         with raw_attention_weights():
-            raw_stats = collect(model, probe, batch_size=cfg.track.batch_size)
+            raw_stats = collect(model, probe, batch_size=cfg.track.batch_size, prefix_len=cfg.train.prefix_len)
     s = summarize(stats, eps=cfg.track.eps, positions=cfg.track.positions, n_boot=1000)
     raw = summarize(raw_stats, eps=cfg.track.eps, positions=cfg.track.positions, n_boot=1000)
     has_sink = s["top_sink_rate"] > 0  # with no sink anywhere the arg-max position means nothing
@@ -77,46 +90,140 @@ def final_ci(run: Path) -> dict[str, Any]:
     return res
 
 
-def run_row(run: Path, point: dict[str, Any]) -> dict[str, Any]:
-    """One summary row for the run folder ``run`` of study point ``point`` (a dict from study.json)."""
-    row: dict[str, Any] = {c: None for c in COLUMNS}
-    row.update(label=point["label"], paper=point.get("paper"), expect=point.get("expect", ""))
-    rec = json.loads((run / "sweep.json").read_text()) if (run / "sweep.json").exists() else {}
-    row["wall_s"] = rec.get("wall_s")
+def seed_runs(point_folder: Path) -> list[Path]:
+    """The seed run folders (``seed<k>``) of one point, by seed; a legacy single run folder
+    (``summary.json`` directly in the point folder) counts as one seed."""
+    runs = sorted((d for d in point_folder.glob("seed*") if d.is_dir() and d.name[4:].isdigit()),
+                  key=lambda d: int(d.name[4:]))
+    if not runs and (point_folder / "summary.json").exists():
+        runs = [point_folder]
+    return runs
+
+
+def run_metrics(run: Path) -> dict[str, Any] | None:
+    """Per-run values of a finished run (None when ``summary.json`` is missing).
+
+    Keys: ``sink1``, ``sink1_visible``, ``mass1``, ``mass1_visible``, ``sink_virtual`` (last-20% means
+    of the tracker, see the module docstring; ``sink_virtual`` None without a virtual key),
+    ``sink1_final``, ``sink1_move``, ``val_loss``, ``unigram_loss``, ``emergence_step``, ``steps``,
+    ``tokens``, ``commit``, ``dirty``, ``seed``.
+    """
     s_path = run / "summary.json"
     if not s_path.exists():
-        row["status"] = "unfinished" if run.exists() else "not started"
-        return row
+        return None
+    from sinklab.sweep.dynamics import tracker_records
+
     s = json.loads(s_path.read_text())
-    fin = s.get("final") or {}
-    row.update(status="done", val_loss=fin.get("val_loss"), emergence_step=s.get("emergence_step"),
-               steps=s.get("steps"), tokens=s.get("tokens"), mass1=fin.get("attention_mass_first"))
-    try:
-        ci = final_ci(run)
-        row["sink1"] = ci["sink_rate"][0]
-        row["sink1_lo"], row["sink1_hi"] = ci["sink_rate_ci"][0]
-        row["top_sink_position"] = ci["top_sink_position"]
-        row["top_sink_rate"] = ci["top_sink_rate"]
-        row["max_norm_ratio"] = ci["max_norm_ratio"]
-        row["renormalised"] = ci["renormalised"]
-        row["sink1_raw"] = ci["sink_rate_raw"][0]
-        row["sink1_raw_lo"], row["sink1_raw_hi"] = ci["sink_rate_raw_ci"][0]
-    except Exception as e:  # noqa: BLE001 - fall back to the tracker's last record, say so
-        row["sink1"] = (fin.get("sink_rate") or [None])[0]
-        row["top_sink_position"] = None if fin.get("top_sink_position") is None else fin["top_sink_position"] + 1
-        row["max_norm_ratio"] = fin.get("max_norm_ratio")
-        row["status"] = f"done (no CI: {type(e).__name__})"
+    steps = int(s.get("steps") or 0)
+    recs = tracker_records(run)
+    last = [r for r in recs if r["step"] > (1.0 - LAST_FRACTION) * steps] or recs[-1:]
+
+    def mean(key: str, first: bool = False) -> float | None:
+        vals = [(r[key][0] if first else r[key]) for r in last if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    sink = [r["sink_rate"][0] for r in last]
+    vis = mean("sink_rate_visible", True)
+    mvis = mean("attention_mass_first_visible")
+    fin = s.get("final") or recs[-1]
+    code = s.get("code") or {}
+    return {
+        "sink1": mean("sink_rate", True),
+        "sink1_visible": vis if vis is not None else mean("sink_rate", True),
+        "mass1": mean("attention_mass_first"),
+        "mass1_visible": mvis if mvis is not None else mean("attention_mass_first"),
+        "sink_virtual": mean("sink_rate_virtual"),
+        "sink1_final": fin["sink_rate"][0],
+        "sink1_move": max(sink) - min(sink),
+        "val_loss": fin.get("val_loss"),
+        "unigram_loss": s.get("unigram_loss"),
+        "emergence_step": s.get("emergence_step"),
+        "steps": steps,
+        "tokens": s.get("tokens"),
+        "commit": (code.get("commit") or "unknown")[:12] + ("+dirty" if code.get("dirty") else ""),
+        "seed": s.get("seed"),
+    }
+
+
+def _join(vals: list[Any], nd: int = 4) -> str:
+    return ";".join("" if v is None else (f"{v:.{nd}g}" if isinstance(v, float) else str(v)) for v in vals)
+
+
+def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") -> dict[str, Any]:
+    """One summary row for a study point (``point``: a dict from study.json), over its seed runs."""
+    row: dict[str, Any] = {c: None for c in COLUMNS}
+    row.update(label=point["label"], paper=point.get("paper"), expect=point.get("expect", ""),
+               metric="sink1_visible" if metric == "visible" else "sink1")
+    runs = seed_runs(point_folder)
+    wall = 0.0
+    for r in runs:
+        rec = r / "sweep.json"
+        if rec.exists():
+            wall += float(json.loads(rec.read_text()).get("wall_s") or 0.0)
+    row["wall_s"] = round(wall, 1) if runs else None
+    per = [m for m in (run_metrics(r) for r in runs) if m is not None]
+    done_runs = [r for r in runs if (r / "summary.json").exists()]
+    if not per:
+        row["status"] = "unfinished" if runs or point_folder.exists() else "not started"
+        row["n_seeds"] = 0
+        return row
+    row["status"] = "done" if len(per) == len(runs) else f"done ({len(per)} of {len(runs)} seeds)"
+    row["n_seeds"] = len(per)
+    for q in SEEDED:
+        vals = [m[q] for m in per if m[q] is not None]
+        if not vals:
+            continue
+        mu, sd, _ = seed_stats(vals)
+        row[f"{q}_mean"] = round(mu, 6)
+        row[f"{q}_std"] = None if math.isnan(sd) else round(sd, 6)
+        row[f"{q}_seeds"] = _join([m[q] for m in per])
+    row["sink1_final_seeds"] = _join([m["sink1_final"] for m in per])
+    row["sink1_move"] = round(max(m["sink1_move"] for m in per), 4)
+    uni = [m["unigram_loss"] for m in per if m["unigram_loss"] is not None]
+    row["unigram_loss"] = round(sum(uni) / len(uni), 6) if uni else None
+    row["degenerate"] = bool(uni and row["val_loss_mean"] is not None and row["val_loss_mean"] > row["unigram_loss"])
+    ems = [m["emergence_step"] for m in per]
+    row["emergence_steps"] = _join(ems)
+    row["steps"], row["tokens"] = per[0]["steps"], per[0]["tokens"]
+    row["commits"] = ";".join(sorted({m["commit"] for m in per}))
+    cis = []
+    for r in done_runs:
+        try:
+            cis.append(final_ci(r))
+        except Exception:  # noqa: BLE001 - the tracker columns stand without it; say so
+            row["status"] += " (no final re-measure)"
+    if cis:
+        row["renormalised"] = any(c["renormalised"] for c in cis)
+        row["sink1_raw_mean"] = round(sum(c["sink_rate_raw"][0] for c in cis) / len(cis), 4)
+        pos = [c["top_sink_position"] for c in cis]
+        row["top_sink_position"] = Counter(pos).most_common(1)[0][0]
+        row["max_norm_ratio_mean"] = round(sum(c["max_norm_ratio"] for c in cis) / len(cis), 4)
     return row
 
 
+def seed_values(row: dict[str, Any], key: str) -> list[float]:
+    """The per-seed values of ``key`` (e.g. ``sink1``) of a summary row, as floats."""
+    raw = row.get(f"{key}_seeds")
+    if raw in (None, ""):
+        return []
+    return [float(v) for v in str(raw).split(";") if v != ""]
+
+
 def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any]]:
-    """Fill the ``verdict`` column, comparing each row with the row whose expect is ``reference``."""
+    """Fill ``verdict`` (against the row whose expect is ``reference``) and ``code_mixed`` (the row's
+    commits differ from the study's most common one)."""
     ref = next((r for r in rows if r.get("expect") == "reference"), None)
-    rs = None if ref is None else ref["sink1"]
-    rci = None if ref is None or ref["sink1_lo"] is None else (ref["sink1_lo"], ref["sink1_hi"])
     for r in rows:
-        ci = None if r["sink1_lo"] is None else (r["sink1_lo"], r["sink1_hi"])
-        r["verdict"] = verdict(r.get("expect", ""), r["sink1"], ci, ref_sink=rs, ref_ci=rci, level=level)
+        key = r.get("metric") or "sink1"
+        r["verdict"] = verdict(r.get("expect", ""), seed_values(r, key),
+                               ref_values=None if ref is None else seed_values(ref, key), level=level,
+                               degenerate=bool(r.get("degenerate")),
+                               ref_degenerate=bool(ref and ref.get("degenerate")))
+    counts = Counter(c for r in rows for c in (r.get("commits") or "").split(";") if c)
+    main = counts.most_common(1)[0][0] if counts else None
+    for r in rows:
+        cs = [c for c in (r.get("commits") or "").split(";") if c]
+        r["code_mixed"] = bool(cs) and any(c != main for c in cs)
     return rows
 
 
@@ -134,7 +241,8 @@ def summarize_sweep(out: str | Path, *, plot: bool = True) -> list[dict[str, Any
         raise InputError(f"{out} is not a sweep folder (no study.json); run `sinklab sweep` first")
     study = json.loads(sj.read_text())
     level = _emerge_level(out, study)
-    rows = [run_row(out / "runs" / p["slug"], p) for p in study["points"]]
+    metric = study.get("metric", "paper")
+    rows = [point_row(out / "runs" / p["slug"], p, metric) for p in study["points"]]
     add_verdicts(rows, level)
     with open(out / "summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -148,9 +256,10 @@ def summarize_sweep(out: str | Path, *, plot: bool = True) -> list[dict[str, Any
 
 def _emerge_level(out: Path, study: dict) -> float:
     for p in study["points"]:
-        s = out / "runs" / p["slug"] / "summary.json"
-        if s.exists():
-            return float(json.loads(s.read_text()).get("emerge_level", 10.0))
+        for r in seed_runs(out / "runs" / p["slug"]):
+            s = r / "summary.json"
+            if s.exists():
+                return float(json.loads(s.read_text()).get("emerge_level", 10.0))
     return 10.0
 
 
@@ -162,43 +271,47 @@ def _f(v: Any, nd: int = 1) -> str:
     return str(v)
 
 
-def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
-    """The summary rows as a Markdown table (Sink_1 with its CI, paper value and verdict).
+def mean_std(row: dict[str, Any], key: str, nd: int = 1) -> str:
+    """``mean ± std`` of a seeded quantity (``mean`` alone with one seed, ``–`` without runs)."""
+    m, s = row.get(f"{key}_mean"), row.get(f"{key}_std")
+    if m is None or m == "":
+        return "–"
+    return f"{float(m):.{nd}f}" if s in (None, "") else f"{float(m):.{nd}f} ± {float(s):.{nd}f}"
 
-    The top sink position (1-based) is in bold when it is not 1 and its sink rate reaches ``level``
-    (the sink moved); below ``level`` it is shown plainly with its rate (no real sink anywhere)."""
-    head = ("| setting | val loss | Sink_1 (%) [95% CI] | Sink_1 raw weights (%) | mass on token 1 | top sink pos. | max norm ratio | emerged at step "
-            "| wall (s) | paper Sink_1 (%) | paper direction | verdict |")
-    lines = [head, "|" + "---|" * 12]
+
+def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
+    """The summary rows as a Markdown table: mean ± std over seeds of Sink_1 (last 20% of training),
+    the mask-aware Sink_1, Sink* on a virtual key, the first-token mass and the validation loss, with
+    the unigram baseline, the paper's value and the verdict. ``per seed`` lists the seeds' Sink_1."""
+    head = ("| setting | seeds | Sink_1 (%) | per seed | Sink_1 visible (%) | Sink* virtual (%) | mass on token 1 "
+            "| val loss (unigram) | top sink pos. | within-run move | paper Sink_1 (%) | paper direction | verdict |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
-        if r["sink1"] is None:
-            s1 = r["status"] or "–"
-        elif r["sink1_lo"] is None:
-            s1 = _f(r["sink1"])
-        else:
-            s1 = f"{_f(r['sink1'])} [{_f(r['sink1_lo'])}, {_f(r['sink1_hi'])}]"
-        if r.get("renormalised") in (True, "True") and r.get("sink1_raw") is not None:
-            raw = f"{_f(r['sink1_raw'])} [{_f(r['sink1_raw_lo'])}, {_f(r['sink1_raw_hi'])}]"
-        else:
-            raw = "same" if r["sink1"] is not None else "–"
-        pos = r["top_sink_position"]
-        if pos is None:
-            pos_s = "–"
-        elif pos == 1:
-            pos_s = "1"
-        elif (r["top_sink_rate"] or 0) >= level:
-            pos_s = f"**{pos}** ({_f(r['top_sink_rate'])}%)"
-        else:
-            pos_s = f"none (max {_f(r['top_sink_rate'])}% at {pos})"
-        lines.append(f"| {r['label']} | {_f(r['val_loss'], 3)} | {s1} | {raw} | {_f(r['mass1'], 3)} | {pos_s} | {_f(r['max_norm_ratio'], 2)} | "
-                     f"{_f(r['emergence_step'])} | {_f(r['wall_s'], 0)} | {_f(r['paper'], 2)} | "
-                     f"{r.get('expect') or '–'} | {r.get('verdict') or '–'} |")
+        if not r.get("n_seeds"):
+            lines.append(f"| {r['label']} | 0 | {r['status']} |" + " – |" * 10)
+            continue
+        loss = f"{mean_std(r, 'val_loss', 3)} ({_f(r['unigram_loss'], 2)})"
+        if r.get("degenerate") in (True, "True"):
+            loss += " **degenerate**"
+        pos = r.get("top_sink_position")
+        pos_s = "–" if pos in (None, "") else (str(pos) if int(pos) == 1 else f"**{pos}**")
+        seeds = ", ".join(f"{v:.0f}" for v in seed_values(r, "sink1"))
+        verdict_s = (r.get("verdict") or "–") + (" (mixed code)" if r.get("code_mixed") in (True, "True") else "")
+        metric_mark = " ¹" if r.get("metric") == "sink1_visible" else ""
+        lines.append(f"| {r['label']} | {r['n_seeds']} | {mean_std(r, 'sink1')} | {seeds} | "
+                     f"{mean_std(r, 'sink1_visible')}{metric_mark} | {mean_std(r, 'sink_virtual')} | "
+                     f"{mean_std(r, 'mass1', 3)} | {loss} | {pos_s} | {_f(r.get('sink1_move'))} | "
+                     f"{_f(r['paper'], 2)} | {r.get('expect') or '–'} | {verdict_s} |")
+    if any(r.get("metric") == "sink1_visible" for r in rows):
+        lines.append("\n¹ the verdicts of this study use the mask-aware Sink_1 (the paper's formula divides by queries "
+                     "that cannot see token 1 under this mask).")
     return "\n".join(lines)
 
 
 def plot_sweep(study: dict, rows: list[dict[str, Any]], path: Path, level: float) -> None:
-    """Sink_1 (with CI) against the swept value (numeric axis for a one-key grid, else categories);
-    the paper's values as hollow markers on the same axis; the emergence level as a dashed line."""
+    """Sink_1 of every seed (small dots) and the seed mean ± std (marker with error bar) against the
+    swept value (numeric axis for a one-key grid, else categories); the mask-aware Sink_1 mean when it
+    differs; the paper's values as hollow squares; the emergence level as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,14 +321,22 @@ def plot_sweep(study: dict, rows: list[dict[str, Any]], path: Path, level: float
     numeric = len(study.get("sweep_keys") or []) == 1 and all(
         isinstance(p.get("x"), (int, float)) and not isinstance(p.get("x"), bool) for p in pts)
     xs = [p["x"] for p in pts] if numeric else list(range(len(pts)))
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(pts) + 2), 3.6))
-    ys = [r["sink1"] for r in rows]
-    have = [i for i, y in enumerate(ys) if y is not None]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(pts) + 2), 3.8))
+    have = [i for i, r in enumerate(rows) if r.get("sink1_mean") is not None]
+    for i in have:
+        sv = seed_values(rows[i], "sink1")
+        ax.plot([xs[i]] * len(sv), sv, ".", color="C0", alpha=0.45, ms=5,
+                label="each seed (last 20% mean)" if i == have[0] else None)
     if have:
-        err = [[ys[i] - (rows[i]["sink1_lo"] if rows[i]["sink1_lo"] is not None else ys[i]) for i in have],
-               [(rows[i]["sink1_hi"] if rows[i]["sink1_hi"] is not None else ys[i]) - ys[i] for i in have]]
-        ax.errorbar([xs[i] for i in have], [ys[i] for i in have], yerr=err, fmt="o-" if numeric else "o",
-                    capsize=3, label="sinklab (laptop scale)")
+        ys = [rows[i]["sink1_mean"] for i in have]
+        err = [rows[i]["sink1_std"] or 0.0 for i in have]
+        ax.errorbar([xs[i] for i in have], ys, yerr=err, fmt="o-" if numeric else "o", capsize=3, color="C0",
+                    label="sinklab: mean ± std over seeds")
+        vis = [i for i in have if rows[i].get("sink1_visible_mean") is not None
+               and abs(rows[i]["sink1_visible_mean"] - rows[i]["sink1_mean"]) > 1e-9]
+        if vis:
+            ax.plot([xs[i] for i in vis], [rows[i]["sink1_visible_mean"] for i in vis], "D", color="C2",
+                    mfc="none", label="mask-aware Sink_1 (mean)")
     pp = [i for i, r in enumerate(rows) if r["paper"] is not None]
     if pp:
         ax.plot([xs[i] for i in pp], [rows[i]["paper"] for i in pp], "s", mfc="none", color="C3",
@@ -223,8 +344,11 @@ def plot_sweep(study: dict, rows: list[dict[str, Any]], path: Path, level: float
     ax.axhline(level, ls="--", color="gray", lw=0.8, label=f"emergence level {level:g}%")
     if numeric:
         ax.set_xlabel(study["sweep_keys"][0])
-        if study.get("x_log") and all(x > 0 for x in xs):
-            ax.set_xscale("log")
+        if study.get("x_log") and all(x >= 0 for x in xs):
+            if any(x == 0 for x in xs):
+                ax.set_xscale("symlog", linthresh=min(x for x in xs if x > 0))
+            else:
+                ax.set_xscale("log")
     else:
         ax.set_xticks(xs, [p["label"] for p in pts], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("Sink_1 (%)")

@@ -1,67 +1,95 @@
-"""Verdict of one sweep row against the paper's reported direction.
+"""Verdict of one sweep row against the paper's reported direction, from training seeds.
 
-Each row of a study carries an expectation taken from the paper (Gu et al. 2025), relative to
-the study's ``reference`` row (the default setting) or absolute:
+Each row of a study is trained with S seeds; its Sink_1 is summarised by the seed mean ``m``, the
+sample standard deviation ``s`` (ddof = 1) and the standard error ``sem = s / sqrt(S)``. One rule
+for every expectation: a claim holds when it holds for the whole interval ``m +- Z sem``
+(``Z = 2``), fails when the whole interval contradicts it, and is *inconclusive* otherwise. With
+fewer than two seeds there is no standard error, so every verdict is inconclusive.
 
-* ``reference`` -- the default setting; the paper finds a sink there. *agrees* when our Sink_1
-  reaches the emergence level, *disagrees* when its whole 95% CI is below it.
-* ``sink`` -- the paper reports a clear sink. Same rule as ``reference``.
-* ``no_sink`` -- the paper reports no (or a near-zero) sink. *agrees* when the whole CI is below
-  the emergence level, *disagrees* when the whole CI is at or above it.
-* ``higher`` / ``lower`` -- the paper's Sink_1 is higher / lower than at the reference setting.
-  *agrees* when the CIs are separated in that direction, *disagrees* when they are separated the
-  other way.
-* ``similar`` -- about the same as the reference: *agrees* when the CIs overlap, *disagrees* when
-  they are separated.
+* ``reference`` / ``sink`` -- the paper finds a sink: *agrees* when ``m - Z sem >= level``,
+  *disagrees* when ``m + Z sem < level`` (``level``: the emergence level, 10% by default).
+* ``no_sink`` -- the paper finds no (or a near-zero) sink: *agrees* when ``m + Z sem < level``,
+  *disagrees* when ``m - Z sem >= level``.
+* ``higher`` / ``lower`` -- the paper's Sink_1 is higher / lower than at the study's reference row:
+  with ``d = m - m_ref`` and ``se = sqrt(sem^2 + sem_ref^2)``, *agrees* when ``d > Z se`` (higher) or
+  ``d < -Z se`` (lower), *disagrees* when ``d`` is beyond ``Z se`` the other way.
+* ``similar`` -- about the same as the reference (an equivalence test with margin
+  ``SIMILAR_MARGIN`` = 10 points): *agrees* when ``|d| + Z se <= margin``, *disagrees* when
+  ``|d| - Z se > margin``.
 
-Anything else is *inconclusive at this scale* (CIs overlap the decision line, the run did not
-finish, or, for a relative expectation, the reference run has no sink to compare with: a
-direction cannot be read off two zeros). The CIs are bootstrap intervals over probe samples of
-one training run each (one seed), so they do not include seed-to-seed variation.
+A row whose validation loss is above the loss of predicting the training unigram distribution
+learned less than token frequencies: it is ``degenerate`` and gets no verdict (a relative row whose
+reference is degenerate is inconclusive).
 """
 
 from __future__ import annotations
 
-AGREES, DISAGREES, INCONCLUSIVE, NONE = "agrees", "disagrees", "inconclusive", ""
+import math
+
+AGREES, DISAGREES, INCONCLUSIVE, DEGENERATE, NONE = "agrees", "disagrees", "inconclusive", "degenerate", ""
+EXPECTS = ("reference", "sink", "no_sink", "higher", "lower", "similar")
+Z = 2.0
+SIMILAR_MARGIN = 10.0
 
 
-def verdict(expect: str, sink: float | None, ci: tuple[float, float] | None, *,
-            ref_sink: float | None = None, ref_ci: tuple[float, float] | None = None, level: float = 10.0) -> str:
-    """Verdict of one row.
+def seed_stats(values: list[float]) -> tuple[float, float, float]:
+    """(mean, sample std with ddof = 1, standard error) of per-seed values; std and sem are
+    ``nan`` for one value. Raises ValueError for an empty list."""
+    if not values:
+        raise ValueError("no values")
+    n = len(values)
+    m = sum(values) / n
+    if n < 2:
+        return m, math.nan, math.nan
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    return m, s, s / math.sqrt(n)
+
+
+def verdict(expect: str, values: list[float] | None, *, ref_values: list[float] | None = None,
+            level: float = 10.0, degenerate: bool = False, ref_degenerate: bool = False) -> str:
+    """Verdict of one row from its per-seed Sink_1 values (percent).
 
     Args:
         expect: the paper's expectation (see the module docstring); "" = no paper claim.
-        sink, ci: our final Sink_1 and its 95% CI (percent); None when the run has no result.
-        ref_sink, ref_ci: the reference row's Sink_1 and CI (needed for higher/lower/similar).
+        values: the row's per-seed Sink_1 (percent); None or empty when no run finished.
+        ref_values: the reference row's per-seed Sink_1 (needed for higher/lower/similar).
         level: the emergence level (percent).
+        degenerate: the row's validation loss is above the unigram baseline.
+        ref_degenerate: the same for the reference row.
 
     Returns:
-        "agrees", "disagrees", "inconclusive", or "" when there is no expectation.
+        "agrees", "disagrees", "inconclusive", "degenerate", or "" when there is no expectation.
 
     Raises:
         ValueError: unknown ``expect``.
     """
     if not expect:
         return NONE
-    if expect not in ("reference", "sink", "no_sink", "higher", "lower", "similar"):
+    if expect not in EXPECTS:
         raise ValueError(f"unknown expectation {expect!r}")
-    if sink is None:
+    if not values:
         return INCONCLUSIVE
-    lo, hi = ci if ci is not None else (sink, sink)
+    if degenerate:
+        return DEGENERATE
+    m, _, sem = seed_stats(values)
+    if math.isnan(sem):
+        return INCONCLUSIVE
+    lo, hi = m - Z * sem, m + Z * sem
     if expect in ("reference", "sink"):
-        if sink >= level:
-            return AGREES
-        return DISAGREES if hi < level else INCONCLUSIVE
+        return AGREES if lo >= level else DISAGREES if hi < level else INCONCLUSIVE
     if expect == "no_sink":
-        if hi < level:
+        return AGREES if hi < level else DISAGREES if lo >= level else INCONCLUSIVE
+    if not ref_values or ref_degenerate:
+        return INCONCLUSIVE
+    rm, _, rsem = seed_stats(ref_values)
+    if math.isnan(rsem):
+        return INCONCLUSIVE
+    d, se = m - rm, math.sqrt(sem**2 + rsem**2)
+    if expect == "similar":
+        if abs(d) + Z * se <= SIMILAR_MARGIN:
             return AGREES
-        return DISAGREES if lo >= level else INCONCLUSIVE
-    if ref_sink is None or ref_sink < level:
-        return INCONCLUSIVE  # no sink at the reference setting: no direction to compare with
-    rlo, rhi = ref_ci if ref_ci is not None else (ref_sink, ref_sink)
-    above, below = lo > rhi, hi < rlo
+        return DISAGREES if abs(d) - Z * se > SIMILAR_MARGIN else INCONCLUSIVE
+    above, below = d > Z * se, d < -Z * se
     if expect == "higher":
         return AGREES if above else DISAGREES if below else INCONCLUSIVE
-    if expect == "lower":
-        return AGREES if below else DISAGREES if above else INCONCLUSIVE
-    return DISAGREES if (above or below) else AGREES  # similar
+    return AGREES if below else DISAGREES if above else INCONCLUSIVE  # lower

@@ -54,7 +54,10 @@ class SinkTracker:
     def evaluate(self, model: torch.nn.Module, step: int, device: torch.device, autocast=contextlib.nullcontext) -> dict[str, Any]:
         """Metrics at ``step``: ``val_loss``, ``sink_rate`` (K percentages, position 1 first),
         ``attention_mass_first``, ``norm_ratio`` (Sink'_1, mean variant), ``max_norm_ratio``,
-        ``top_sink_position`` (0-based) and ``renormalised``. Appended to :attr:`history`.
+        ``top_sink_position`` (0-based), ``renormalised``, the mask-aware ``sink_rate_visible`` and
+        ``attention_mass_first_visible`` (the probe runs under the training mask: prefix LM and
+        sliding window), and ``sink_rate_virtual`` (Sink*) for operations with a virtual key.
+        Appended to :attr:`history`.
 
         The model is put in eval mode and restored to its previous mode afterwards.
         """
@@ -65,7 +68,7 @@ class SinkTracker:
         model.eval()
         try:
             val_loss = self.validation_loss(model, device, autocast)
-            stats = collect(model, self.probe_ids, batch_size=self.cfg.batch_size)
+            stats = collect(model, self.probe_ids, batch_size=self.cfg.batch_size, prefix_len=self.prefix_len)
             s = summarize(stats, eps=self.cfg.eps, positions=self.cfg.positions, n_boot=200)
         finally:
             model.train(was_training)
@@ -78,7 +81,11 @@ class SinkTracker:
             "max_norm_ratio": s["max_norm_ratio"],
             "top_sink_position": s["top_sink_position"],
             "renormalised": s["renormalised"],
+            "sink_rate_visible": s["sink_rate_visible"],
+            "attention_mass_first_visible": s["attention_mass_first_visible"],
         }
+        if "sink_rate_virtual" in s:
+            rec["sink_rate_virtual"] = s["sink_rate_virtual"]
         self.history.append(rec)
         return rec
 
