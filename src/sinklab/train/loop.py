@@ -224,7 +224,9 @@ def train(
         TrainingDiverged: non-finite loss or gradient (names the step; the last checkpoint is kept).
         CheckpointError: a checkpoint write failed (the previous one is intact).
     """
+    from sinklab.data.baseline import unigram_loss
     from sinklab.nn.model import SinkLM
+    from sinklab.provenance import code_version
 
     t_start = time.perf_counter()
     out = Path(out)
@@ -412,6 +414,9 @@ def train(
             "wall_s": round(result.wall_s, 3),
             "median_step_tokens_per_s": round(result.median_step_tokens_per_s, 1),
             "device": str(device),
+            "unigram_loss": round(unigram_loss(train_data.stream, val_y, cfg.model.vocab_size), 6),
+            "seed": t_cfg.seed,
+            "code": code_version(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return result
