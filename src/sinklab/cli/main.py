@@ -1,8 +1,9 @@
 """Entry point of the ``sinklab`` command.
 
 Each sub-command lives in its own module and registers itself on :data:`cli`;
-``list`` dispatches to the listers in :data:`LISTERS`. A :class:`SinklabError`
-(bad input) prints its message and exits with status 2, never a traceback.
+``list`` dispatches to the listers in :data:`LISTERS`. Bad input -- a :class:`SinklabError`
+or an option value the command line parser rejects -- prints a one-line message and exits
+with status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from typing import Callable
 
 import typer
 
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click import exceptions as cx
+except ImportError:  # pragma: no cover - older typer on click
+    from click import exceptions as cx
+
 from sinklab.errors import SinklabError
 from sinklab.registry import Registry
 
@@ -19,6 +25,7 @@ cli = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: flags show no value placeholder, nothing drawn for a terminal
     help="sinklab: measure attention sinks in language models and watch them emerge in pre-training.",
 )
 
@@ -65,17 +72,32 @@ def _load_commands() -> None:
     _loaded = True
 
 
+def _one_line(text: str) -> str:
+    return " ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
+
+
 def app(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input exits 2 with a one-line message."""
     _load_commands()
     try:
-        cli(args=argv, prog_name="sinklab")
-    except SinklabError as e:
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        code = cli(args=argv, prog_name="sinklab", standalone_mode=False)
+    except cx.NoArgsIsHelpError as e:  # `sinklab` or a group without arguments: its help
+        typer.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
+        sys.exit(0)
+    except cx.UsageError as e:  # unknown option, bad or missing value
+        where = e.ctx.command_path if e.ctx is not None else "sinklab"
+        typer.secho(f"error: {_one_line(e.format_message())} (see {where} --help)", fg=typer.colors.RED, err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except cx.ClickException as e:  # e.g. a file option that cannot be opened
+        typer.secho(f"error: {_one_line(e.format_message())}", fg=typer.colors.RED, err=True)
+        sys.exit(e.exit_code)
+    except SinklabError as e:
+        typer.secho(f"error: {_one_line(e)}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
         typer.secho("interrupted", err=True)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)  # typer.Exit(n) from a command returns n
 
 
 if __name__ == "__main__":

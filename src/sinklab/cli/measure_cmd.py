@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -11,15 +12,16 @@ from sinklab.cli.main import cli
 
 @cli.command("measure")
 def measure_cmd(
-    model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run's final/ folder, or hub id"),
-    corpus: str = typer.Option("sotu", help="corpus zoo name or a .txt file / folder (natural input only)"),
-    input: str = typer.Option("natural", "--input", help="natural | random | repeated | text"),
-    num_samples: int = typer.Option(100, "--num-samples", "-n", help="number of probe sequences N"),
-    seq_len: int = typer.Option(64, "--seq-len", "-t", help="tokens per sequence T (special tokens included)"),
+    model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab training run folder (or its final/), or hub id"),
+    corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (natural input only; default sotu)"),
+    input: str = typer.Option("auto", "--input", help="auto | run | natural | random | repeated | text; auto = run for a "
+                              "sinklab training run (its own held-out data and packing), natural otherwise"),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="number of probe sequences N (default 100, or the run tracker's)"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", "-t", help="tokens per sequence T, special tokens included (default 64, or the run tracker's)"),
     eps: float = typer.Option(0.3, help="sink threshold on attention mass, in (0, 1)"),
     positions: int = typer.Option(8, "--positions", "-k", help="report the sink rate at the first K positions"),
-    bos: str = typer.Option("auto", help="auto (tokenizer's choice) | always | never"),
-    seed: int = typer.Option(0, help="seed of the probe draw and the bootstrap"),
+    bos: str = typer.Option("auto", help="auto (tokenizer's choice; a training run's packing) | always | never"),
+    seed: Optional[int] = typer.Option(None, help="seed of the probe draw and the bootstrap (default 0, or the run tracker's)"),
     dtype: str = typer.Option("float32", help="float32 | bfloat16"),
     out: Path = typer.Option(Path("runs/measure"), help="output folder"),
     batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
@@ -40,4 +42,5 @@ def measure_cmd(
     )
     result = measure(cfg, out=out)
     print_summary(result)
+    typer.echo(f"probe: {result.probe_description()['description']}")
     typer.echo(f"wrote {out}/results.json, attention.csv, sink_rate.csv and 3 PNG plots ({result.wall_time_s:.1f} s)")

