@@ -220,6 +220,17 @@ expect = "higher"
     text = build_report(tmp_path, tmp_path / "REPORT.md")
     assert "| tiny | 0.5 | 2 |" in text and "res/sink_rate.png" in text
 
+    # a second study whose point resolves to the same config reuses the finished runs instead of training
+    other = tmp_path / "other.toml"
+    other.write_text('name = "other"\nbase = "tiny.toml"\nseeds = 2\n[[points]]\nlabel = "same"\n'
+                     'set = { "optim.weight_decay" = 0.5 }\n[[points]]\nlabel = "new"\n'
+                     'set = { "optim.weight_decay" = 0.25 }\n')
+    st = run_sweep(load_study(other), tmp_path / "other", jobs=1, progress=False, poll_s=0.2, only=["same"])
+    assert st == {"same/seed0": "copied", "same/seed1": "copied"}
+    copied = tmp_path / "other/runs/same/seed1"
+    assert json.loads((copied / "sweep.json").read_text())["copied_from"] == str(d05)
+    assert (copied / "metrics.jsonl").read_text() == (d05 / "metrics.jsonl").read_text()
+
 
 def test_report_needs_sweeps(tmp_path):
     with pytest.raises(InputError, match="no sweep folders"):

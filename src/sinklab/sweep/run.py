@@ -83,6 +83,34 @@ def _last_step(d: Path) -> int:
         return 0
 
 
+def find_identical_run(config_text: str, roots: list[Path]) -> Path | None:
+    """A finished run folder under ``roots`` (``*/runs/*/seed*``, and ``runs/*/seed*`` of each root)
+    whose ``config.toml`` is byte-identical to ``config_text``, or None.
+
+    Training is deterministic for a given resolved config (seeded init, data order and probe, one
+    device), so such a run is the run this config would produce: a sweep copies it instead of
+    training again (the reference point that several studies share is trained once).
+    """
+    for root in roots:
+        for cfg in sorted(root.glob("*/runs/*/seed*/config.toml")) + sorted(root.glob("runs/*/seed*/config.toml")):
+            d = cfg.parent
+            if is_finished(d) and (d / "final").exists() and cfg.read_text() == config_text:
+                return d
+    return None
+
+
+def copy_run(src: Path, dst: Path) -> None:
+    """Copy a finished run folder (final model included, checkpoint left out) and note its origin in
+    ``sweep.json`` (``copied_from``; wall time 0: nothing was trained)."""
+    import shutil
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoint.pt", "checkpoint.pt.tmp*", "sweep.json",
+                                                            "final_ci.json"))
+    _write_record(dst, {"wall_s": 0.0, "starts": 0, "returncode": 0, "copied_from": str(src)})
+
+
 def write_study_json(study: Study, out: Path) -> None:
     """``study.json``: what the report needs to read the sweep without the study file."""
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +121,7 @@ def write_study_json(study: Study, out: Path) -> None:
 
 def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None = None, progress: bool = True,
               only: list[str] | None = None, poll_s: float = 1.0, seeds: int | None = None,
-              on_event: Callable[[str, Point], None] | None = None) -> dict[str, str]:
+              reuse: bool = True, on_event: Callable[[str, Point], None] | None = None) -> dict[str, str]:
     """Run every unfinished (point, seed) of ``study``; return {"slug/seed<k>": "done" | "skipped" | "failed (rc)"}.
 
     Args:
@@ -102,6 +130,9 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         jobs: J, trainings at once.
         seeds: S, training seeds per point (``train.seed = 0 .. S-1``); default ``study.seeds``.
             The number used is written to ``study.json``.
+        reuse: copy a finished run with a byte-identical resolved config from a sibling sweep folder
+            (``out/..``) or this one instead of training it again (see :func:`find_identical_run`);
+            status "copied".
         cores: cores to share (default ``os.cpu_count()``); each job gets ``max(1, cores // J)`` threads.
         progress: show a rich progress display (one bar per running point, one for the sweep).
         only: run only the points with these labels or slugs.
@@ -133,12 +164,22 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
     todo: list[tuple[Point, int]] = []
     # seed-major order: every point's first seed before any second seed, so a stopped sweep has
     # the whole grid at one seed rather than a few points at all seeds
+    from sinklab.train.config import load_config, to_toml
+
     for k in range(study.seeds):
         for p in points:
-            if is_finished(run_dir(out, p, k)):
+            d = run_dir(out, p, k)
+            if is_finished(d):
                 status[f"{p.slug}/seed{k}"] = "skipped"
-            else:
-                todo.append((p, k))
+                continue
+            if reuse and not (d / "checkpoint.pt").exists():
+                src = find_identical_run(to_toml(load_config(study.base, p.set_args() + [f"train.seed={k}"])),
+                                         [out.parent, out])
+                if src is not None and src.resolve() != d.resolve():
+                    copy_run(src, d)
+                    status[f"{p.slug}/seed{k}"] = "copied"
+                    continue
+            todo.append((p, k))
     # steps per point, for the progress bars
     steps = {}
     from sinklab.sweep.spec import point_config
