@@ -3,15 +3,33 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
+# PyTorch comes from TORCH_INDEX: the CPU build by default (no GPU libraries to download).
+# For a CUDA build pass the matching index, e.g.
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# If the index does not answer (a machine that reaches only PyPI or a local mirror), setup says so
+# and installs the torch that pip finds through its own configuration instead: a local wheel where
+# one is configured, else PyPI's default build (on Linux that is the CUDA build).
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
+.PHONY: setup torch demo test bench clean
 
 $(BIN)/sinklab: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# CPU wheel of PyTorch first, so nothing later pulls a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
+	$(MAKE) --no-print-directory torch
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(BIN)/sinklab
+
+# torch first, so that `pip install -e .` finds its requirement satisfied and pulls no other build.
+torch:
+	@if $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip('/') + '/torch/', timeout=10)" "$(TORCH_INDEX)" 2>/dev/null; then \
+		echo "torch $(TORCH_VERSION) from $(TORCH_INDEX)"; \
+		$(BIN)/pip install -q "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)"; \
+	else \
+		echo "TORCH_INDEX $(TORCH_INDEX) does not answer; installing torch $(TORCH_VERSION) from pip's own configuration (a local wheel if one is configured, else PyPI, whose Linux build is the CUDA one)"; \
+		$(BIN)/pip install -q "torch==$(TORCH_VERSION)"; \
+	fi
 
 setup: $(BIN)/sinklab
 
