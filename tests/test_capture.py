@@ -142,3 +142,23 @@ def test_native_model_probed_with_its_own_mask(prefix_len, window):
 def test_prefix_len_rejected_for_transformers_models():
     with pytest.raises(InputError, match="prefix_len"):
         collect(tiny_llama(), torch.randint(0, 80, (1, 8)), prefix_len=2)
+
+
+@pytest.mark.parametrize("build,causal", [("gpt2_base", True), ("bert", False)])
+def test_fallback_reads_causality_from_the_mask(monkeypatch, build, causal):
+    """GPT2Model (no 'CausalLM' in its name, config.is_decoder False) is causal; BERT is bidirectional:
+    the output_attentions fallback must use the matching attention-mass denominator."""
+    import sinklab.capture.hf as hf
+    from transformers import GPT2Model
+
+    if build == "gpt2_base":
+        torch.manual_seed(0)
+        model = GPT2Model(tiny_gpt2().config).eval()
+    else:
+        model = tiny_bert()
+    ids = torch.randint(4, 80, (2, 8), generator=torch.Generator().manual_seed(4))
+    monkeypatch.setattr(hf, "_active", lambda: None)
+    mass, _ = reference(model, ids, causal)
+    stats = collect(model, ids, collector="eager")
+    assert stats.causal is causal
+    torch.testing.assert_close(stats.mass, mass, rtol=0, atol=1e-6)

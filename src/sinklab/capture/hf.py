@@ -180,7 +180,10 @@ def forward_hf(model: nn.Module, input_ids: torch.Tensor, collector: str) -> Bat
     attns = getattr(out, "attentions", None)
     if not attns or any(a is None for a in attns):
         raise CaptureError(f"{type(model).__name__} exposes no attention weights; cannot measure sinks")
-    causal = bool(getattr(model.config, "is_decoder", True)) or "CausalLM" in type(model).__name__
+    # causal or bidirectional is read off the mask the model applied, not off its class name: a causal
+    # mask leaves every weight above the diagonal exactly 0 (GPT2Model is causal although its config
+    # says is_decoder=False; an encoder attends both ways)
+    causal = all(bool((a.triu(diagonal=1) == 0).all()) for a in attns)
     for i, a in enumerate(attns):
         recorder.add_attention(i, a.sum(dim=-2, dtype=torch.float64), causal=causal)
     return recorder
