@@ -137,3 +137,21 @@ def test_prefix_lm_run_is_measured_with_its_prefix(runs):
 def test_input_run_needs_a_training_run(tiny_model_dir):
     with pytest.raises(InputError, match="--input run needs a model trained by"):
         measure(model=str(tiny_model_dir), input="run", progress=False)
+
+
+@pytest.mark.parametrize("packing, overrides", [
+    ("concat", ["data.synthetic.doc_len=40"]),
+    ("random_first", []),
+    ("fixed_token", ["data.packing_position=3"]),
+])
+def test_every_packing_is_measurable_under_every_bos_policy(packing, overrides, tmp_path):
+    run = _train(tmp_path, packing, synthetic_run_toml(steps=2, packing=packing), *overrides)
+    default = measure(model=str(run), progress=False)
+    assert default.probe_description()["tracker_probe"] is True
+    for bos in ("never", "always"):
+        r = measure(model=str(run), bos=bos, progress=False)
+        assert r.probe.input_ids.shape[1] <= 16  # never past the model's context
+        bos_id = 16 + 1  # synthetic vocabulary of 16 tokens, then <|endoftext|>, <|bos|>
+        assert ((r.probe.input_ids[:, 0] == bos_id).all().item()) == (bos == "always")
+    for inp in ("random", "repeated"):
+        assert measure(model=str(run), input=inp, progress=False).config.bos == "never"

@@ -299,7 +299,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
                                   token=cfg.token, text=cfg.text)
     try:
         if cfg.input == "run":
-            probe = run_probe(run, cfg.num_samples, cfg.seq_len, cfg.seed, cfg.bos)
+            probe = run_probe(run, cfg.num_samples, cfg.seq_len, cfg.seed, cfg.bos, loaded.tokenizer)
         else:
             if corpus is not None:
                 kwargs["documents"] = corpus.documents

@@ -53,11 +53,13 @@ class TrainedRun:
 
     def probe_len(self, bos: str) -> int:
         """Default probe length under ``bos``: the tracker's windows, with the BOS (or other inserted
-        token) dropped or added, so that the text chunks are the tracker's."""
+        token) dropped or added, so that the text chunks are the tracker's (one token shorter when an
+        added BOS would exceed the model's context)."""
         from sinklab.data.packing import PACKING
 
         own = PACKING.get(self.config.data.packing).n_probe_inserted
-        return self.config.track.probe_len - own + PACKING.get(self.packing_for(bos)).n_probe_inserted
+        n = self.config.track.probe_len - own + PACKING.get(self.packing_for(bos)).n_probe_inserted
+        return min(n, self.config.model.max_seq_len)  # an added BOS must not push T past the model's context
 
 
 def find_run(model: str) -> TrainedRun | None:
@@ -82,14 +84,18 @@ def find_run(model: str) -> TrainedRun | None:
     return TrainedRun(folder, final, load_config(folder / "config.toml"))
 
 
-def run_probe(run: TrainedRun, num_samples: int, seq_len: int, seed: int, bos: str) -> Probe:
+def run_probe(run: TrainedRun, num_samples: int, seq_len: int, seed: int, bos: str, tokenizer=None) -> Probe:
     """``num_samples`` windows of ``seq_len`` tokens from the run's validation split, in its packing.
 
     ``bos``: ``auto`` = the run's packing; ``never`` = plain text windows (no inserted token);
     ``always`` = BOS then text.
 
+    ``tokenizer``: the tokenizer saved in ``final/``; when given, the data prepared now must use the
+    same vocabulary.
+
     Raises:
-        InputError: the validation split has too few windows of that length.
+        InputError: the validation split has too few windows of that length, or the run's data no
+            longer tokenizes with the vocabulary the model was saved with.
     """
     from sinklab.data.packing import make_packer
     from sinklab.data.probe import probe_set
@@ -97,6 +103,9 @@ def run_probe(run: TrainedRun, num_samples: int, seq_len: int, seed: int, bos: s
 
     c = run.config
     tc = prepare_data(c, run.folder)
+    if tokenizer is not None and tc.tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise InputError(f"the data of {run.folder} prepared now has another vocabulary than the tokenizer in "
+                         f"{run.final}; measure it with --input natural/random/repeated instead")
     packing = run.packing_for(bos)
     packer = make_packer(packing, _packing_context(c, tc))
     try:
