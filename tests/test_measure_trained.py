@@ -132,6 +132,9 @@ def test_prefix_lm_run_is_measured_with_its_prefix(runs):
     causal = collect(model, r.probe.input_ids)
     assert torch.allclose(r.stats.mass, with_prefix.mass)
     assert not torch.allclose(r.stats.mass, causal.mass)
+    # the results record the mask and carry the mask-aware metric beside the paper's
+    assert r.summary["mask"] == {"causal": True, "prefix_len": 4, "window": None}
+    assert len(r.summary["sink_rate_visible"]) == len(r.summary["sink_rate"])
 
 
 def test_input_run_needs_a_training_run(tiny_model_dir):
