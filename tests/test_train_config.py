@@ -135,3 +135,116 @@ def test_schedule_warmup_cosine_constant():
     assert lr_at(7, o, 14) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 9)))
     const = from_dict(apply_overrides(BASE, ["optim.warmup_steps=2", "optim.schedule=constant"])).optim
     assert [lr_at(s, const, 10) for s in (0, 1, 2, 9)] == [const.lr / 2, const.lr, const.lr, const.lr]
+
+
+# A config.toml as sinklab wrote it by hand before it used tomli_w (inline tables): runs saved then
+# must still load, to the same config.
+HAND_WRITTEN_CONFIG = """\
+# sinklab run config (fully resolved)
+
+[model]
+vocab_size = 66
+d_model = 64
+n_layers = 4
+n_heads = 4
+d_ff = 256
+max_seq_len = 64
+attention = "softmax_scaled"
+attention_options = {alpha = 0.5}
+positional = "rope"
+rope_theta = 10000.0
+t5_num_buckets = 32
+t5_max_distance = 128
+norm_position = "pre"
+norm = "rmsnorm"
+norm_eps = 1e-05
+ffn = "swiglu"
+qkv_bias = false
+tie_embeddings = false
+sliding_window = 8
+init_std = 0.02
+
+[data]
+corpus = "sotu"
+tokenizer = "bpe"
+vocab_size = 8192
+seq_len = 64
+packing = "bos"
+packing_position = 0
+packing_token = "<|bos|>"
+max_train_tokens = 0
+val_fraction = 0.05
+split_seed = 0
+cache_dir = ""
+source = "synthetic-bigram-backcopy"
+synthetic = {vocab = 64, n_triggers = 3, alpha = 0.5, n_train_docs = 50000, n_val_docs = 512}
+
+[optim]
+lr = 0.01
+beta1 = 0.9
+beta2 = 0.95
+eps = 1e-08
+weight_decay = 0.1
+decay = "matrices"
+schedule = "cosine"
+warmup_steps = 50
+min_lr_ratio = 0.1
+grad_clip = 1.0
+
+[train]
+steps = 50
+batch_size = 32
+grad_accum = 1
+seed = 0
+device = "auto"
+precision = "fp32"
+compile = false
+prefix_len = 0
+log_every = 25
+checkpoint_every = 200
+tensorboard = false
+
+[track]
+every = 50
+n_probe = 100
+probe_len = 64
+eps = 0.3
+positions = 8
+emerge_level = 10.0
+val_windows = 64
+seed = 0
+batch_size = 16
+"""
+HAND_WRITTEN_OVERRIDES = ["model.attention=softmax_scaled", "model.attention_options.alpha=0.5",
+                          "model.sliding_window=8", "train.steps=50"]
+
+
+def test_config_toml_is_written_by_tomli_w():
+    import tomli_w
+
+    cfg = from_dict(apply_overrides(BASE, ["model.attention=softmax_scaled", "model.attention_options.alpha=0.5"]))
+    text = to_toml(cfg)
+    d = {s: {k: v for k, v in vals.items() if v is not None} for s, vals in cfg.to_dict().items()}
+    assert text == "# sinklab run config (fully resolved)\n\n" + tomli_w.dumps(d)
+    assert "[model.attention_options]\nalpha = 0.5\n" in text  # a table, where the hand-written text had {alpha = 0.5}
+    assert from_dict(tomllib.loads(text)) == cfg
+
+
+def test_tomli_w_is_a_declared_dependency():
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert any(dep.replace("-", "_").startswith("tomli_w") for dep in pyproject["project"]["dependencies"])
+
+
+def test_hand_written_config_toml_still_loads(tmp_path):
+    p = tmp_path / "config.toml"
+    p.write_text(HAND_WRITTEN_CONFIG)
+    old = load_config(p)
+    assert old == load_config("emergence-cpu", HAND_WRITTEN_OVERRIDES)
+    assert old.model.attention_options == {"alpha": 0.5} and old.data.synthetic["n_triggers"] == 3
+    # rewritten by today's writer: other formatting, same config
+    new_text = to_toml(old)
+    assert new_text != HAND_WRITTEN_CONFIG
+    p.write_text(new_text)
+    assert load_config(p) == old

@@ -52,7 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.capture.collectors import COLLECTORS, repeat_kv
+from sinklab.attention_masks import key_range, repeat_kv, visible
+from sinklab.capture.collectors import COLLECTORS
 from sinklab.errors import InputError
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20
@@ -164,20 +165,18 @@ def _tile_bias(
         return _float_mask(rows, torch.float32)
     if not causal:
         return None
-    i = torch.arange(q0, q1, device=device)[:, None] + offset
-    j = torch.arange(k0, k1, device=device)[None, :]
-    hidden = j > i
-    if window is not None:
-        hidden |= j <= i - window
+    qpos = torch.arange(q0, q1, device=device) + offset
+    hidden = ~visible(qpos, torch.arange(k0, k1, device=device), window=window)  # (n, span)
     if not bool(hidden.any()):
         return None
     return torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf"))
 
 
-def _key_range(
+def _block_keys(
     mask: Tensor | None, q0: int, q1: int, t_k: int, offset: int, causal: bool, window: int | None
 ) -> tuple[int, int]:
-    """[k0, k1): the keys that some query in [q0, q1) may attend (an empty range gives k0 == k1)."""
+    """[k0, k1): the keys that some query in [q0, q1) may attend (an empty range gives k0 == k1):
+    read off ``mask`` when there is one, else :func:`sinklab.attention_masks.key_range`."""
     if mask is not None:
         rows = mask[..., q0:q1, :] if mask.shape[-2] > 1 else mask
         allowed = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
@@ -187,9 +186,7 @@ def _key_range(
         return int(cols[0]), int(cols[-1]) + 1
     if not causal:
         return 0, t_k
-    k1 = min(t_k, q1 + offset)
-    k0 = max(0, q0 + offset - window + 1) if window is not None else 0
-    return k0, k1
+    return key_range(q0, q1, t_k, offset=offset, window=window)
 
 
 def column_sums_from_lse(query: Tensor, key: Tensor, lse: Tensor, *, scaling: float, is_causal: bool) -> Tensor:
@@ -348,7 +345,7 @@ def blockwise_attention(
     for q0 in range(0, Tq, block_size):
         q1 = min(q0 + block_size, Tq)
         n = q1 - q0
-        k0, k1 = _key_range(mask, q0, q1, Tk, offset, is_causal, window)
+        k0, k1 = _block_keys(mask, q0, q1, Tk, offset, is_causal, window)
         if k1 <= k0:
             if tiled_output:
                 out[:, :, q0:q1] = 0.0

@@ -23,28 +23,22 @@ import math
 import torch
 from torch import Tensor
 
+from sinklab.attention_masks import build_mask, repeat_kv
 from sinklab.registry import Registry
 
 COLLECTORS: Registry = Registry("attention collector")
 
 
-def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """(B, H_kv, T, D) -> (B, H_kv * n_rep, T, D), each KV head repeated for its query group."""
-    if n_rep == 1:
-        return x
-    B, H, T, D = x.shape
-    return x[:, :, None].expand(B, H, n_rep, T, D).reshape(B, H * n_rep, T, D)
-
-
-def build_mask(
+def layer_mask(
     attention_mask: Tensor | None, is_causal: bool, t_q: int, t_k: int, device, sliding_window: int | None = None
 ) -> Tensor | None:
     """Boolean mask (True = may attend) broadcastable to (B, H, T_q, T_k), or None for full attention.
 
     A given mask wins; float masks are converted (0 -> allowed, large negative ->
-    masked). With no mask, a causal layer gets the lower-triangular mask aligned to
-    the last query (query i sees keys j <= i + T_k - T_q), narrowed to the sliding
-    window ``j > i + T_k - T_q - sliding_window`` when one is given (0-based positions).
+    masked). With no mask, a causal layer gets :func:`sinklab.attention_masks.build_mask`:
+    the lower-triangular mask aligned to the last query (query i sees keys j <= i + T_k - T_q),
+    narrowed to the sliding window ``j > i + T_k - T_q - sliding_window`` when one is given
+    (0-based positions); a bidirectional layer without a mask gets None.
     """
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
@@ -52,11 +46,7 @@ def build_mask(
         return attention_mask > torch.finfo(attention_mask.dtype).min / 2
     if not is_causal:
         return None
-    i = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
-    j = torch.arange(t_k, device=device)[None, :]
-    if sliding_window is not None:
-        return (j <= i) & (j > i - sliding_window)
-    return j <= i
+    return build_mask(t_q, t_k, window=sliding_window, device=device)
 
 
 @COLLECTORS.register("eager", description="one layer's full T x T attention matrix at a time (reference)")
@@ -92,7 +82,7 @@ def eager_collector(
     scores = torch.matmul(query.float(), k.float().transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    mask = build_mask(attention_mask, is_causal, Tq, Tk, query.device, sliding_window)
+    mask = layer_mask(attention_mask, is_causal, Tq, Tk, query.device, sliding_window)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is not None:

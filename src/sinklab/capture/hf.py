@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from sinklab.capture.collectors import COLLECTORS
-from sinklab.capture.masks import capture_mask, reset_skipped_window, skipped_window
+from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.errors import CaptureError
 
@@ -123,12 +123,12 @@ def capturing(model: nn.Module, recorder: BatchRecorder, collector: str = "eager
         model.set_attn_implementation(ATTN_NAME)
         for i, layer in enumerate(layers):
             handles.append(layer.register_forward_hook(hook(i)))
-        reset_skipped_window()
+        set_capture_active(True)
         _state.active = (recorder, collector)
         yield recorder
     finally:
         _state.active = None
-        reset_skipped_window()
+        set_capture_active(False)
         for h in handles:
             h.remove()
         model.set_attn_implementation(previous)

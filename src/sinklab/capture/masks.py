@@ -27,8 +27,20 @@ def skipped_window() -> int | None:
 
 
 def reset_skipped_window() -> None:
-    """Forget the recorded window (called when a capture starts and ends)."""
+    """Forget the recorded window."""
     _state.window = None
+
+
+def set_capture_active(active: bool) -> None:
+    """Called by :func:`sinklab.capture.hf.capturing` when a capture starts (True) and ends (False);
+    forgets the recorded window either way. Only while active does :func:`capture_mask` skip masks."""
+    _state.active = bool(active)
+    _state.window = None
+
+
+def capture_active() -> bool:
+    """Whether a capture is running in this thread (see :func:`set_capture_active`)."""
+    return getattr(_state, "active", False)
 
 
 def is_sliding_window_pattern(mask_function, window: int, device="cpu") -> bool:
@@ -66,7 +78,8 @@ def capture_mask(
 
     Same arguments and result as ``transformers.masking_utils.sdpa_mask``: a boolean
     (B, 1, T_q, T_k) mask (True = may attend) or None. Returns None for a sliding
-    window only while a capture is active (``sinklab.capture.hf``), so that the
+    window only while a capture is active (:func:`set_capture_active`, called by
+    ``sinklab.capture.hf``), so that the
     capture's attention function, which then applies the window itself, is the only
     consumer.
     """
@@ -83,7 +96,7 @@ def capture_mask(
     if (
         local_size is not None
         and allow_is_causal_skip
-        and _capture_active()
+        and capture_active()
         and isinstance(q_offset, int)
         and isinstance(kv_offset, int)
         and q_offset == 0
@@ -108,9 +121,3 @@ def capture_mask(
         allow_is_bidirectional_skip=allow_is_bidirectional_skip,
         **kwargs,
     )
-
-
-def _capture_active() -> bool:
-    from sinklab.capture.hf import _active
-
-    return _active() is not None

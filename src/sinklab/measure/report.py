@@ -1,4 +1,8 @@
-"""Files, plots and the console table of a measurement."""
+"""Files, plots and the console report of a measurement.
+
+Every function takes a :class:`sinklab.measure.run.MeasureResult` (``result``); this module
+imports nothing from :mod:`sinklab.measure.run`, which imports it (layers import downwards only).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from sinklab.measure.run import MeasureResult
+#: a :class:`sinklab.measure.run.MeasureResult` (not imported here: run.py imports this module)
+_Result = Any
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -19,7 +23,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_outputs(result: "MeasureResult", out: Path) -> Path:
+def write_outputs(result: _Result, out: Path) -> Path:
     """Write ``results.json``, ``attention.csv``, ``sink_rate.csv`` and the PNG plots into ``out``.
 
     Returns ``out``.
@@ -44,7 +48,7 @@ def write_outputs(result: "MeasureResult", out: Path) -> Path:
     return out
 
 
-def plot_all(result: "MeasureResult", out: Path) -> list[Path]:
+def plot_all(result: _Result, out: Path) -> list[Path]:
     """Three plots: attention mass heat map (layers x heads) on the top sink position,
     sink rate over positions, hidden-state norm by layer (sink token vs others)."""
     import matplotlib
@@ -118,7 +122,7 @@ def plot_all(result: "MeasureResult", out: Path) -> list[Path]:
     return paths
 
 
-def print_summary(result: "MeasureResult", console=None) -> None:
+def print_summary(result: _Result, console=None) -> None:
     """A short console report: sink rate at the first positions with CI, strongest layers, norm ratio."""
     from rich.console import Console
     from rich.table import Table

@@ -17,6 +17,7 @@ import torch
 from sinklab.capture import collect
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError, UnknownNameError
+from sinklab.measure.report import write_outputs
 from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe, make_probe
@@ -225,8 +226,6 @@ class MeasureResult:
 
     def save(self, out: str | Path) -> Path:
         """Write ``results.json``, ``attention.csv`` (tidy table), ``sink_rate.csv`` and PNG plots to ``out``."""
-        from sinklab.measure.report import write_outputs
-
         return write_outputs(self, Path(out))
 
 

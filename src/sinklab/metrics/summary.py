@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -18,8 +18,8 @@ from sinklab.metrics.sink import (
     sink_rate_virtual,
 )
 
-if TYPE_CHECKING:
-    from sinklab.capture.stats import ProbeStats
+#: a :class:`sinklab.capture.ProbeStats` (the metrics layer sits below capture and does not import it)
+_ProbeStats = Any
 
 
 def _r(x: torch.Tensor, nd: int = 6) -> Any:
@@ -44,7 +44,7 @@ def rankable_positions(seq_len: int, causal: bool, min_share: float = 0.1) -> in
 
 
 def summarize(
-    stats: "ProbeStats",
+    stats: _ProbeStats,
     eps: float = 0.3,
     positions: int = 8,
     *,

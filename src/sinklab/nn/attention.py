@@ -16,8 +16,9 @@ Three paths compute the same thing (tests check they agree):
 * **reference**: :func:`reference_attention`, plain matmul-mask-normalise over the full
   T x T, used when an observer asks for the weights.
 
-Masks (0-based positions): query i sees key j iff ``(j <= i or j < prefix_len)`` and,
-with a sliding window w, ``|i - j| < w``. The prefix is bidirectional (prefix LM).
+Masks (0-based positions, :mod:`sinklab.attention_masks`, shared with the capture code): query
+i sees key j iff ``(j <= i or j < prefix_len)`` and, with a sliding window w, ``|i - j| < w``.
+The prefix is bidirectional (prefix LM).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from sinklab.attention_masks import build_mask, key_range, repeat_kv, visible
 from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import Positional
 
@@ -61,31 +63,6 @@ class raw_attention_weights:
 #: Observer signature: observer(layer_idx, weights (B, H, T, T), *, renormalised, extra (B, H, T) | None,
 #: key (B, H_kv, T, d_h), value (B, H_kv, T, d_h)).
 Observer = Callable[..., None]
-
-
-# ================================================================ masks
-def visible(qpos: Tensor, kpos: Tensor, *, prefix_len: int = 0, window: int | None = None) -> Tensor:
-    """Which keys each query may attend.
-
-    Args:
-        qpos: (C,) 0-based query positions. kpos: (Tk,) 0-based key positions.
-        prefix_len: length p of the bidirectional prefix (prefix LM); 0 = causal.
-        window: sliding-window width w (|i - j| < w), or None.
-
-    Returns:
-        (C, Tk) bool, True where query i sees key j: ``(j <= i or j < p) and |i - j| < w``.
-    """
-    i, j = qpos[:, None], kpos[None, :]
-    m = (j <= i) | (j < prefix_len)
-    if window is not None:
-        m = m & ((i - j).abs() < window)
-    return m
-
-
-def build_mask(T: int, *, prefix_len: int = 0, window: int | None = None, device=None) -> Tensor:
-    """(T, T) bool mask of :func:`visible` for positions 0..T-1."""
-    pos = torch.arange(T, device=device)
-    return visible(pos, pos, prefix_len=prefix_len, window=window)
 
 
 @dataclass
@@ -220,18 +197,12 @@ def reference_attention(
     """
     B, H, T, dh = q.shape
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
-    k, v = repeat_kv(k, H), repeat_kv(v, H)  # (B, H, T, d_h)
+    k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
     if vk is not None:
-        vk = repeat_kv(vk[None, :, None, :], H)  # (H_kv, d_h) -> (1, H, 1, d_h)
-        vv = repeat_kv(vv[None, :, None, :], H)
+        vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (H_kv, d_h) -> (1, H, 1, d_h)
+        vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
     mask = build_mask(T, prefix_len=prefix_len, window=window, device=q.device)
     return attend_block(op, q, k, v, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)
-
-
-def repeat_kv(x: Tensor, H: int) -> Tensor:
-    """(B, H_kv, T, d_h) -> (B, H, T, d_h), each kv head repeated H / H_kv times (GQA)."""
-    Hkv = x.shape[1]
-    return x if Hkv == H else x.repeat_interleave(H // Hkv, dim=1)
 
 
 # ============================================================ the module
@@ -345,7 +316,7 @@ class Attention(nn.Module):
             # Virtual logit b_h with zero value: pad the head dimension to a multiple of 8 (keeps
             # fused kernels usable) with q' = [q, 1, 0..], k' = [k, 0, 0..], k*' = [0, b_h / scale, 0..],
             # so scale * q'.k*' = b_h exactly and q'.k' = q.k; values get zeros there and are sliced off.
-            k, v = repeat_kv(k, H), repeat_kv(v, H)  # (B, H, T, d_h): the logit is per query head
+            k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h): the logit is per query head
             gqa = False
             pad = 8 - dh % 8
             q = F.pad(q, (0, pad))  # (B, H, T, d_h+pad)
@@ -374,20 +345,14 @@ class Attention(nn.Module):
         y = y[..., :dh].to(out_dtype)  # (B, H, T, d_h): drop the padding of the virtual-logit case
         return y * self.op.output_scale if self.op.output_scale != 1.0 else y
 
-    def _key_range(self, i0: int, i1: int, ctx: AttnContext) -> tuple[int, int]:
-        """Keys [j0, j1) that queries [i0, i1) can see."""
-        j1 = min(ctx.T, max(i1, ctx.prefix_len))
-        j0 = 0 if ctx.window is None else max(0, i0 - ctx.window + 1)
-        return j0, j1
-
     def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
         """Memory-frugal path: query chunks, each under checkpointing. Shapes as in :meth:`_fast`."""
         B, H, T, dh = q.shape
-        k, v = repeat_kv(k, H), repeat_kv(v, H)  # (B, H, T, d_h)
+        k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
         vk, vv, vlogit = self._virtual(q.dtype)
         if vk is not None:
-            vk = repeat_kv(vk[None, :, None, :], H)  # (1, H, 1, d_h)
-            vv = repeat_kv(vv[None, :, None, :], H)
+            vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
+            vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
         C = max(1, min(T, self.chunk_elems // max(1, B * H * T)))
         use_ckpt = self.checkpoint_chunks and torch.is_grad_enabled()
         op, scale, positional = self.op, self.scale, ctx.positional
@@ -403,7 +368,7 @@ class Attention(nn.Module):
         outs = []
         for i0 in range(0, T, C):
             i1 = min(T, i0 + C)
-            j0, j1 = self._key_range(i0, i1, ctx)
+            j0, j1 = key_range(i0, i1, T, prefix_len=prefix_len, window=window)
             args = (q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], i0, j0, vk, vv, vlogit)
             outs.append(checkpoint(block, *args, use_reentrant=False) if use_ckpt else block(*args))
         return torch.cat(outs, dim=2)  # (B, H, T, d_h)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -62,8 +62,14 @@ from torch import Tensor, nn
 from sinklab.errors import ConfigError
 from sinklab.registry import Registry
 
-if TYPE_CHECKING:  # pragma: no cover
-    from sinklab.nn.attention import Attention
+
+class KVProjector(Protocol):
+    """What an operation's :meth:`AttentionOp.virtual_kv` needs from its attention layer
+    (:class:`sinklab.nn.attention.Attention` is one; ops never import that module)."""
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Key and value (H_kv, d_h) each of one hidden vector x (d,), without positions."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,7 @@ class AttentionOp(nn.Module):
         """phi applied to queries and keys (B, H, T, d_h) -> same shape; identity by default."""
         return x
 
-    def virtual_kv(self, attn: "Attention") -> tuple[Tensor, Tensor] | None:
+    def virtual_kv(self, attn: KVProjector) -> tuple[Tensor, Tensor] | None:
         """Virtual key and value (H_kv, d_h) each, visible to every query; None if none."""
         return None
 
@@ -208,7 +214,7 @@ class SinkToken(AttentionOp):
         super().__init__(ctx, gate=gate)
         self.sink_token = nn.Parameter(torch.randn(ctx.d_model) * ctx.init_std)  # (d,)
 
-    def virtual_kv(self, attn: "Attention") -> tuple[Tensor, Tensor]:
+    def virtual_kv(self, attn: KVProjector) -> tuple[Tensor, Tensor]:
         return attn.project_kv(self.sink_token)  # (H_kv, d_h) each
 
 
@@ -235,7 +241,7 @@ class KVBias(AttentionOp):
         else:
             self.register_buffer("v_bias", torch.zeros(shape), persistent=False)
 
-    def virtual_kv(self, attn: "Attention") -> tuple[Tensor, Tensor]:
+    def virtual_kv(self, attn: KVProjector) -> tuple[Tensor, Tensor]:
         Hkv = self.ctx.n_kv_heads
         return self.k_bias.expand(Hkv, -1), self.v_bias.expand(Hkv, -1)  # (H_kv, d_h) each
 

@@ -484,6 +484,9 @@ def load_config(config_or_preset: str | Path, overrides: list[str] | None = None
 
 
 def _toml_value(v: Any) -> str:
+    """One value as a one-line TOML literal (inline tables and arrays), as ``--set key=VALUE`` takes it
+    (:func:`parse_override`; used by ``sinklab sweep`` for a study's overrides). Config *files* are
+    written by :func:`to_toml` with ``tomli_w``, which has no public one-line value writer."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -511,17 +514,35 @@ def _toml_key(k: str) -> str:
     return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
 
 
+TOML_HEADER = "# sinklab run config (fully resolved)\n\n"
+
+
+def _drop_none(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _drop_none(x) for k, x in v.items() if x is not None}
+    if isinstance(v, (list, tuple)):
+        return [_drop_none(x) for x in v]
+    return v
+
+
 def to_toml(cfg: RunConfig | dict) -> str:
-    """The resolved config as TOML text (None values are omitted: they are the defaults)."""
+    """The resolved config as TOML text, written by ``tomli_w`` (None values are omitted: they are
+    the defaults). :func:`load_config` reads it back to an equal config.
+
+    The text is what ``sinklab train`` saves as ``config.toml``. Files written before sinklab used
+    ``tomli_w`` (hand-formatted: inline tables such as ``attention_options = {}``) differ in
+    formatting, not in content, and load the same.
+
+    Raises:
+        ConfigError: a value TOML cannot hold.
+    """
+    import tomli_w
+
     d = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
-    lines = ["# sinklab run config (fully resolved)"]
-    for section, values in d.items():
-        lines.append(f"\n[{section}]")
-        for k, v in values.items():
-            if v is None:
-                continue
-            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
-    return "\n".join(lines) + "\n"
+    try:
+        return TOML_HEADER + tomli_w.dumps(_drop_none(d))
+    except TypeError as e:
+        raise ConfigError(f"cannot write the config to TOML: {e}") from None
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
