@@ -35,7 +35,7 @@ def collect(
         batch_size: sequences per forward pass.
         collector: name in :data:`sinklab.capture.COLLECTORS` (HF models only), or
             ``auto`` (see :func:`resolve_collector`).
-        progress: show a progress bar over batches.
+        progress: show a progress bar over batches (only when stderr is a terminal).
         prefix_len: run a sinklab model with a bidirectional prefix of this many tokens
             (the prefix-LM mask it was trained with); 0 = its plain causal mask. A sinklab
             model's sliding window (``config.sliding_window``) is always applied.
@@ -58,7 +58,8 @@ def collect(
     device = next(model.parameters()).device
     parts = []
     starts = range(0, input_ids.shape[0], batch_size)
-    for s in tqdm(starts, desc="probe", unit="batch", disable=not progress, leave=False):
+    # disable=None: no bar when stderr is not a terminal (a log file gets no carriage-return lines)
+    for s in tqdm(starts, desc="probe", unit="batch", disable=None if progress else True, leave=False):
         batch = input_ids[s : s + batch_size].to(device)
         rec = forward_native(model, batch, prefix_len) if is_native(model) else forward_hf(model, batch, collector)
         parts.append(rec.finish())

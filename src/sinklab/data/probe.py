@@ -16,17 +16,47 @@ from sinklab.data.tokens import TokenSplit
 from sinklab.errors import InputError
 
 
-def probe_set(split: TokenSplit, packer: Packer, n: int, length: int, *, seed: int = 0) -> torch.Tensor:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _too_few_starts(total: int, n: int, chunk: int, lengths: np.ndarray, inserted: int,
+                    settings: tuple[str, str, str | None]) -> str:
+    n_name, len_name, other = settings
+    longest = int(lengths.max()) if len(lengths) else 0
+    size = f"{_plural(len(lengths), 'document')}, {_plural(int(lengths.sum()), 'token')}"
+    more = f", or {other}" if other else ""
+    if longest == 0:
+        return f"the validation split ({size}) holds no text to cut probe windows from{more.replace(', or', ';')}"
+    if total == 0:
+        return (f"the validation split ({size}) has no probe window of {_plural(chunk, 'text token')} within "
+                f"a document; need {n}: lower {len_name} to at most {longest + inserted} (the longest document "
+                f"has {_plural(longest, 'token')}){more}")
+    return (f"the validation split ({size}) has only {_plural(total, 'possible probe window')} of "
+            f"{_plural(chunk, 'text token')}; need {n}: lower {n_name} to {total} or lower {len_name}{more}")
+
+
+#: the settings named in the too-few-windows message of :func:`probe_set` (the tracker's)
+TRACKER_SETTINGS = ("track.n_probe", "track.probe_len", "raise data.val_fraction")
+
+
+def probe_set(split: TokenSplit, packer: Packer, n: int, length: int, *, seed: int = 0,
+              settings: tuple[str, str, str | None] = TRACKER_SETTINGS) -> torch.Tensor:
     """N probe windows of ``length`` tokens from ``split``'s documents, seeded.
 
     Every start (document d, offset o) with the text chunk inside document d is equally likely;
     starts are drawn without replacement.
 
+    ``settings``: what the error message calls N and the length, and one more fix or None
+    (``sinklab measure`` passes ``("--num-samples", "--seq-len", None)``).
+
     Returns:
         LongTensor (n, length).
 
     Raises:
-        InputError: fewer than ``n`` possible starts (validation documents too short or too few).
+        InputError: fewer than ``n`` possible starts (validation documents too short or too few); the
+            message gives the split's documents and tokens and the fix that helps (with no start at
+            all, the largest length that fits in its longest document).
     """
     chunk = length - packer.n_probe_inserted
     if chunk < 1:
@@ -35,10 +65,7 @@ def probe_set(split: TokenSplit, packer: Packer, n: int, length: int, *, seed: i
     starts_per_doc = np.maximum(0, lengths - chunk + 1)
     total = int(starts_per_doc.sum())
     if total < n:
-        raise InputError(
-            f"the validation split has only {total} possible probe windows of {chunk} text tokens, "
-            f"need {n}; lower track.n_probe or track.probe_len, or raise data.val_fraction"
-        )
+        raise InputError(_too_few_starts(total, n, chunk, lengths, packer.n_probe_inserted, settings))
     rng = np.random.default_rng([seed, 0x9B0BE])
     picks = np.sort(rng.choice(total, size=n, replace=False))
     cum = np.concatenate([[0], np.cumsum(starts_per_doc)])

@@ -69,9 +69,9 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     mass = result.stats.mass[..., top].mean(dim=0).numpy()  # (L, H)
     fig, ax = plt.subplots(figsize=(max(4, 0.5 * mass.shape[1] + 2), max(3, 0.22 * mass.shape[0] + 1.5)))
     im = ax.imshow(mass, aspect="auto", cmap="viridis", vmin=0, vmax=1, origin="lower")
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(f"attention mass on position {top} (token {top + 1})\n{title}", fontsize=9)
+    ax.set_xlabel("head (numbered from 0)")
+    ax.set_ylabel("layer (numbered from 0)")
+    ax.set_title(f"attention mass on token {top + 1} (1-based; index {top} in the files)\n{title}", fontsize=9)
     fig.colorbar(im, ax=ax, label="mean attention mass")
     fig.tight_layout()
     p = out / "attention_mass_heatmap.png"
@@ -106,10 +106,10 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     # 3. Hidden-state norm by layer: sink token vs the rest.
     fig, ax = plt.subplots(figsize=(6, 3.5))
     layers = np.arange(len(s["hidden_norm_sink"]))
-    ax.plot(layers, s["hidden_norm_sink"], "o-", label=f"position {top} (top sink)")
-    ax.plot(layers, s["hidden_norm_others"], "s-", label="other positions (mean)")
+    ax.plot(layers, s["hidden_norm_sink"], "o-", label=f"token {top + 1} (top sink, 1-based)")
+    ax.plot(layers, s["hidden_norm_others"], "s-", label="other tokens (mean)")
     ax.set_yscale("log")
-    ax.set_xlabel("layer")
+    ax.set_xlabel("layer (numbered from 0: 0 = output of the first block)")
     ax.set_ylabel("hidden-state l2 norm")
     ax.set_title(title, fontsize=9)
     ax.legend()
@@ -122,14 +122,46 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     return paths
 
 
+def summary_lines(result: _Result) -> list[str]:
+    """The plain-text lines printed under the table (no wrapping: each is one line, however long).
+
+    Token positions are 1-based (token 1 is the first token, the paper's Sink_1); layer numbers are
+    0-based (layer 0 is the first transformer block), as in ``results.json`` and ``attention.csv``;
+    the lines say so.
+    """
+    s = result.summary
+    per_layer = s["sink_rate_per_layer"]
+    n_layers = len(per_layer)
+    strongest = ", ".join(f"layer {l} ({per_layer[l][0]:.0f}%)" for l in s["strongest_layers"])
+    lines = [
+        f"strongest sink layers for token 1 (layers numbered 0 to {n_layers - 1}): {strongest}",
+        f"top sink position: token {s['top_sink_position'] + 1} (sink rate {s['top_sink_rate']:.1f}%: "
+        f"mass > eps in that share of (sample, layer, head) triples; "
+        f"{100 * s['top_sink_mean_mass_head_share']:.0f}% of (layer, head) pairs have a mean mass over the samples > eps)",
+        f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
+        f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}",
+    ]
+    if result.stats.renormalised:
+        lines.append("note: attention rows were renormalised before the metric")
+    lines += [f"note: {n}" for n in result.stats.notes]
+    return lines
+
+
 def print_summary(result: _Result, console=None) -> None:
-    """A short console report: sink rate at the first positions with CI, strongest layers, norm ratio."""
+    """A short console report: a title line, the sink rate at the first positions with CI and norm
+    ratio (a table), then :func:`summary_lines`.
+
+    Clean in a log file too: the title and the summary lines are printed as they are, never wrapped
+    at the terminal width (80 columns when stdout is not a terminal), and without markup.
+    """
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(soft_wrap=True, highlight=False)
     s = result.summary
-    t = Table(title=f"sink rate · {result.model.get('name')} · {result.config.input} · N={s['num_samples']} T={s['seq_len']} eps={s['eps']}")
+    console.print(f"sink rate · {result.model.get('name')} · {result.config.input} · "
+                  f"N={s['num_samples']} T={s['seq_len']} eps={s['eps']}", markup=False, soft_wrap=True)
+    t = Table()
     t.add_column("token k", justify="right")
     t.add_column("Sink_k (%)", justify="right")
     t.add_column("95% CI", justify="right")
@@ -137,18 +169,5 @@ def print_summary(result: _Result, console=None) -> None:
     for k, (r, ci, nr) in enumerate(zip(s["sink_rate"], s["sink_rate_ci"], s["norm_ratio"])):
         t.add_row(str(k + 1), f"{r:.1f}", f"[{ci[0]:.1f}, {ci[1]:.1f}]", f"{nr:.2f}")
     console.print(t)
-    per_layer = s["sink_rate_per_layer"]
-    strongest = ", ".join(f"layer {l} ({per_layer[l][0]:.0f}%)" for l in s["strongest_layers"])
-    console.print(f"strongest sink layers (token 1): {strongest}")
-    console.print(
-        f"top sink position: token {s['top_sink_position'] + 1} (sink rate {s['top_sink_rate']:.1f}%, "
-        f"{100 * s['top_sink_head_share']:.0f}% of heads above eps on average)"
-    )
-    console.print(
-        f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
-        f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}"
-    )
-    if result.stats.renormalised:
-        console.print("note: attention rows were renormalised before the metric")
-    for n in result.stats.notes:
-        console.print(f"note: {n}")
+    for line in summary_lines(result):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -109,10 +109,9 @@ def run_probe(run: TrainedRun, num_samples: int, seq_len: int, seed: int, bos: s
     packing = run.packing_for(bos)
     packer = make_packer(packing, _packing_context(c, tc))
     try:
-        ids = probe_set(tc.val, packer, num_samples, seq_len, seed=seed)
+        ids = probe_set(tc.val, packer, num_samples, seq_len, seed=seed, settings=("--num-samples", "--seq-len", None))
     except InputError as e:
-        first = str(e).split(";")[0]
-        raise InputError(f"{first} (the validation split of {run.folder}); lower --num-samples or --seq-len") from None
+        raise InputError(f"{e} (the validation split of the run {run.folder})") from None
     t = c.track
     details = {
         "run": str(run.folder), "data": run.data_name, "split": "validation", "packing": packing, "seed": seed,

@@ -63,9 +63,11 @@ def summarize(
         ``attention_mass_first`` mean mass on position 0, ``norm_ratio`` / ``norm_ratio_median``
         (K,) ``Sink'_k`` mean over samples, ``max_norm_ratio`` and ``max_norm_ratio_position``,
         ``top_sink_position`` (argmax of the sink rate curve over the positions that at
-        least 10% of the queries see, see :func:`rankable_positions`) with ``top_sink_rate`` and
-        ``top_sink_head_share`` (share of (layer, head) pairs whose mean mass there exceeds
-        eps), ``strongest_layers`` (layers sorted by sink rate at position 0, top 3),
+        least 10% of the queries see, see :func:`rankable_positions`) with ``top_sink_rate`` (its
+        sink rate: eps applied per sample, as for every ``sink_rate*`` key) and
+        ``top_sink_mean_mass_head_share`` (the one quantity with eps applied to a *mean over
+        samples*: the share, in [0, 1], of (layer, head) pairs whose sample-mean mass there
+        exceeds eps), ``strongest_layers`` (0-based layer indices sorted by sink rate at position 0, top 3),
         ``hidden_norm_sink`` / ``hidden_norm_others`` (L,) mean l2 norm of the top sink
         token vs the other tokens, ``massive_activation_ratio`` (L,) mean max/median
         ``|h|``, ``key_norm`` / ``value_norm`` (L, H_kv, K) when captured, ``extra_mass``
@@ -107,7 +109,7 @@ def summarize(
         "max_norm_ratio_position": int(ratio.argmax()),
         "top_sink_position": top,
         "top_sink_rate": round(float(curve[top]), 4),
-        "top_sink_head_share": round(float((mass[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4),
+        "top_sink_mean_mass_head_share": round(float((mass[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4),
         "strongest_layers": [int(i) for i in per_layer[:, 0].argsort(descending=True, stable=True)[:3]],
         "hidden_norm_sink": _r(hn[:, top], 4),
         "hidden_norm_others": _r(others.mean(dim=1) if others.numel() else hn[:, top] * 0, 4),

@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from sinklab.paths import cache_dir
+from sinklab.probe.inputs import tokenize_plain
 
 
 def _key(tokenizer, documents: Sequence[str]) -> str | None:
@@ -43,7 +44,7 @@ def tokenize_documents(tokenizer, documents: Sequence[str]) -> list[np.ndarray]:
         with np.load(path) as z:
             ids, offsets = z["ids"], z["offsets"]
         return [ids[offsets[d] : offsets[d + 1]] for d in range(len(offsets) - 1)]
-    docs = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
+    docs = tokenize_plain(tokenizer, list(documents))
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(d) for d in docs])
     ids = np.fromiter((t for d in docs for t in d), dtype=np.int64, count=int(offsets[-1]))

@@ -45,6 +45,33 @@ class Probe:
     details: dict = field(default_factory=dict)
 
 
+#: the key under which ``transformers`` tokenizers remember having warned "Token indices sequence length
+#: is longer than the specified maximum sequence length for this model" (they warn once, then set it)
+LONG_SEQUENCE_WARNING = "sequence-length-is-longer-than-the-specified-maximum"
+
+
+def tokenize_plain(tokenizer, texts):
+    """Token ids of ``texts`` (a string or a list of strings), no special tokens, without that warning.
+
+    sinklab tokenizes whole documents and cuts its windows of T tokens itself, so a document longer
+    than the model's maximum length is expected: the tokenizer's "sequence length is longer than the
+    specified maximum" warning is silenced for this call only (every other warning stays, and the
+    tokenizer warns as before on later calls of the user's own).
+    """
+    flags = getattr(tokenizer, "deprecation_warnings", None)
+    if not isinstance(flags, dict):
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    had, before = LONG_SEQUENCE_WARNING in flags, flags.get(LONG_SEQUENCE_WARNING)
+    flags[LONG_SEQUENCE_WARNING] = True
+    try:
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    finally:
+        if had:
+            flags[LONG_SEQUENCE_WARNING] = before
+        else:
+            flags.pop(LONG_SEQUENCE_WARNING, None)
+
+
 def bos_tokens(tokenizer, bos: str) -> tuple[list[int], list[int]]:
     """Special token ids to put before and after the content under a BOS policy.
 
@@ -101,6 +128,31 @@ def candidate_token_ids(tokenizer) -> Tensor:
 INPUTS: Registry[Callable[..., Probe]] = Registry("probe input")
 
 
+def plural(n: int, word: str) -> str:
+    """``1 document``, ``0 documents``, ``2 documents``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def too_few_windows(found: int, wanted: int, content: int, doc_lengths: Sequence[int], special: int = 0) -> str:
+    """The message for a corpus with fewer than ``wanted`` windows of ``content`` tokens within documents.
+
+    States the corpus size (documents and tokens) and the fix that helps: with no window at all
+    lowering ``--num-samples`` cannot help, so it names the longest document and the largest
+    ``--seq-len`` that fits in it (``special`` = special tokens counted in T); with some windows, the
+    ``--num-samples`` that fits.
+    """
+    tokens, longest = sum(doc_lengths), max(doc_lengths, default=0)
+    size = f"{plural(len(doc_lengths), 'document')}, {plural(tokens, 'token')}"
+    if longest == 0:
+        return f"the corpus ({size}) holds no text to cut windows from; use another corpus"
+    if found == 0:
+        return (f"the corpus ({size}) has no window of {plural(content, 'content token')} within a document; "
+                f"need {wanted}: lower --seq-len to at most {longest + special} (the longest document has "
+                f"{plural(longest, 'token')}), or use a larger corpus")
+    return (f"the corpus ({size}) has only {plural(found, 'window')} of {plural(content, 'content token')} "
+            f"within documents; need {wanted}: lower --num-samples to {found} or lower --seq-len, or use a larger corpus")
+
+
 @INPUTS.register("natural", description="windows of natural text from a corpus, one document per window")
 def natural(
     tokenizer,
@@ -138,13 +190,11 @@ def natural(
     prefix, suffix = bos_tokens(tokenizer, bos)
     n = _content_len(seq_len, prefix, suffix)
     if token_docs is None:
-        token_docs = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
+        token_docs = tokenize_plain(tokenizer, list(documents))
     windows = [(d, o) for d, ids in enumerate(token_docs) for o in range(0, len(ids) - n + 1, n)]
     if len(windows) < num_samples:
-        raise InputError(
-            f"the corpus has only {len(windows)} windows of {n} content tokens within documents "
-            f"({len(token_docs)} documents); need {num_samples}: lower --num-samples or --seq-len"
-        )
+        raise InputError(too_few_windows(len(windows), num_samples, n, [len(ids) for ids in token_docs],
+                                         seq_len - n))
     gen = torch.Generator().manual_seed(seed)
     pick = sorted(torch.randperm(len(windows), generator=gen)[:num_samples].tolist())
     chosen = [windows[i] for i in pick]
@@ -200,7 +250,7 @@ def user_text(tokenizer, *, text: str | None, seq_len: int, bos: str = "auto", *
         raise InputError("--input text needs --text 'some text'")
     prefix, suffix = bos_tokens(tokenizer, bos)
     n = _content_len(seq_len, prefix, suffix)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenize_plain(tokenizer, text)
     if len(ids) < n:
         raise InputError(f"the text has {len(ids)} tokens, fewer than the {n} needed for --seq-len {seq_len}")
     content = torch.tensor([ids[:n]], dtype=torch.int64)

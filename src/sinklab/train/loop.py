@@ -205,7 +205,7 @@ def train(
         out: run folder DIR (created).
         resume: continue from ``DIR/checkpoint.pt``; its config must equal ``cfg`` except the keys in
             :data:`RESUME_MAY_DIFFER` (``train.steps`` only with a constant schedule).
-        progress: show a progress bar (loss, tokens/s, ETA).
+        progress: show a progress bar (loss, tokens/s, ETA) when stderr is a terminal.
         stop_after: stop (with a checkpoint) after this many steps, as if killed there; for tests
             and time-boxed runs.
         notify: called with a one-line message when a resume changes something (see ``note``).
@@ -330,7 +330,8 @@ def train(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=t_cfg.steps, initial=start, unit="step", dynamic_ncols=True, desc="train")
+        # disable=None: no bar when stderr is not a terminal (a log file gets no carriage-return lines)
+        bar = tqdm(total=t_cfg.steps, initial=start, unit="step", dynamic_ncols=True, desc="train", disable=None)
     model.train()
     t_log, tok_log, t_first = time.perf_counter(), 0, time.perf_counter()
     step_times: list[float] = []
