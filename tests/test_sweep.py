@@ -228,7 +228,11 @@ expect = "higher"
     st = run_sweep(load_study(other), tmp_path / "other", jobs=1, progress=False, poll_s=0.2, only=["same"])
     assert st == {"same/seed0": "copied", "same/seed1": "copied"}
     copied = tmp_path / "other/runs/same/seed1"
-    assert json.loads((copied / "sweep.json").read_text())["copied_from"] == str(d05)
+    rel = json.loads((copied / "sweep.json").read_text())["copied_from"]
+    assert (copied / rel).resolve() == d05.resolve()
+    # study.json names the study file relative to the sweep folder (a clone elsewhere finds its own copy)
+    sj = json.loads((out / "study.json").read_text())
+    assert not Path(sj["path"]).is_absolute() and (out / sj["path"]).resolve() == path.resolve()
     assert (copied / "metrics.jsonl").read_text() == (d05 / "metrics.jsonl").read_text()
 
 

@@ -69,9 +69,11 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True)
         title = study.get("title") or study["name"]
         parts.append(f"## {title}\n")
         commits = sorted({c for r in rows for c in (r.get("commits") or "").split(";") if c})
-        meta = [f"Study file `{_rel(Path(study['path']), base) if study.get('path') else study['name']}`; "
+        sf = study_file(sw, study)
+        meta = [f"Study file `{_rel(sf, base) if sf is not None else study['name']}`; "
                 f"base config `{Path(study['base']).name if '/' in study['base'] else study['base']}`; "
-                f"{n_done}/{len(rows)} points finished, {study.get('seeds', 1)} seeds each; "
+                f"{n_done}/{len(rows)} points finished, up to {study.get('seeds', 1)} seeds each "
+                f"(column *seeds*); "
                 f"code {', '.join('`' + c + '`' for c in commits) or 'not recorded'}"
                 + (" (**mixed code versions**)" if len(commits) > 1 else "") + "."]
         if study.get("sweep_keys"):
@@ -125,6 +127,16 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True)
     return text
 
 
+def study_file(sw: Path, study: dict[str, Any]) -> Path | None:
+    """The study file of sweep folder ``sw``: ``study["path"]`` relative to ``sw`` (absolute paths of
+    older sweeps are used as they are), or None."""
+    path = study.get("path")
+    if not path:
+        return None
+    p = Path(path)
+    return p if p.is_absolute() else (sw / p).resolve()
+
+
 def refresh_study_json(sw: Path) -> dict[str, Any]:
     """Re-read the sweep's study file when it still exists, so a note, a paper value or an
     expectation edited after the runs shows up in the report (points are matched by folder name;
@@ -133,8 +145,8 @@ def refresh_study_json(sw: Path) -> dict[str, Any]:
     from sinklab.sweep.spec import load_study
 
     study = json.loads((sw / "study.json").read_text())
-    path = study.get("path")
-    if not path or not Path(path).exists():
+    path = study_file(sw, study)
+    if path is None or not path.exists():
         return study
     try:
         new = load_study(path)

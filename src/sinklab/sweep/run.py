@@ -108,14 +108,16 @@ def copy_run(src: Path, dst: Path) -> None:
         shutil.rmtree(dst)
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoint.pt", "checkpoint.pt.tmp*", "sweep.json",
                                                             "final_ci.json"))
-    _write_record(dst, {"wall_s": 0.0, "starts": 0, "returncode": 0, "copied_from": str(src)})
+    _write_record(dst, {"wall_s": 0.0, "starts": 0, "returncode": 0,
+                        "copied_from": os.path.relpath(src.resolve(), dst.resolve())})
 
 
 def write_study_json(study: Study, out: Path) -> None:
-    """``study.json``: what the report needs to read the sweep without the study file."""
+    """``study.json``: what the report needs to read the sweep without the study file. The study file's
+    ``path`` is stored relative to the sweep folder, so a clone elsewhere finds its own copy."""
     out.mkdir(parents=True, exist_ok=True)
     d = {k: v for k, v in asdict(study).items() if k != "path"}
-    d["path"] = str(study.path) if study.path else None
+    d["path"] = os.path.relpath(Path(study.path).resolve(), out.resolve()) if study.path else None
     (out / "study.json").write_text(json.dumps(d, indent=1, default=str))
 
 
