@@ -160,3 +160,16 @@ probe_len = 16
 positions = 3
 val_windows = 4
 """
+
+
+def run_cli_captured(argv, capsys):
+    """Run the sinklab CLI in-process; return (exit code, stdout, stderr)."""
+    from sinklab.cli.main import app
+
+    try:
+        app(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err

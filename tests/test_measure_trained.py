@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from conftest import synthetic_run_toml
+from conftest import run_cli_captured, synthetic_run_toml
 from sinklab.cli.main import app
 from sinklab.errors import InputError
 from sinklab.measure import measure
@@ -48,14 +48,7 @@ def runs(tmp_path_factory):
     }
 
 
-def _cli(argv, capsys):
-    try:
-        app(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
+_cli = run_cli_captured
 
 
 @pytest.mark.parametrize("kind", ["synthetic", "text"])

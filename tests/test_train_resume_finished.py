@@ -7,21 +7,13 @@ import json
 
 import pytest
 
-from conftest import synthetic_run_toml
+from conftest import run_cli_captured, synthetic_run_toml
 from sinklab.cli.main import app
 from sinklab.train import loop
 from sinklab.train.config import load_config
 
 
-def _run(argv, capsys):
-    """Run the CLI; return (exit code, stdout, stderr)."""
-    try:
-        app(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
+_run = run_cli_captured
 
 
 @pytest.fixture

@@ -37,3 +37,8 @@ class ConfigError(SinklabError, ValueError):
 
 class CaptureError(SinklabError):
     """Attention statistics cannot be captured from this model."""
+
+
+def plural(n: int, word: str) -> str:
+    """``1 document``, ``0 documents``, ``2 documents``: counts in error messages."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

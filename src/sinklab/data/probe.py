@@ -13,27 +13,23 @@ import torch
 
 from sinklab.data.packing import Packer
 from sinklab.data.tokens import TokenSplit
-from sinklab.errors import InputError
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+from sinklab.errors import InputError, plural
 
 
 def _too_few_starts(total: int, n: int, chunk: int, lengths: np.ndarray, inserted: int,
                     settings: tuple[str, str, str | None]) -> str:
     n_name, len_name, other = settings
     longest = int(lengths.max()) if len(lengths) else 0
-    size = f"{_plural(len(lengths), 'document')}, {_plural(int(lengths.sum()), 'token')}"
+    size = f"{plural(len(lengths), 'document')}, {plural(int(lengths.sum()), 'token')}"
     more = f", or {other}" if other else ""
     if longest == 0:
         return f"the validation split ({size}) holds no text to cut probe windows from{more.replace(', or', ';')}"
     if total == 0:
-        return (f"the validation split ({size}) has no probe window of {_plural(chunk, 'text token')} within "
+        return (f"the validation split ({size}) has no probe window of {plural(chunk, 'text token')} within "
                 f"a document; need {n}: lower {len_name} to at most {longest + inserted} (the longest document "
-                f"has {_plural(longest, 'token')}){more}")
-    return (f"the validation split ({size}) has only {_plural(total, 'possible probe window')} of "
-            f"{_plural(chunk, 'text token')}; need {n}: lower {n_name} to {total} or lower {len_name}{more}")
+                f"has {plural(longest, 'token')}){more}")
+    return (f"the validation split ({size}) has only {plural(total, 'possible probe window')} of "
+            f"{plural(chunk, 'text token')}; need {n}: lower {n_name} to {total} or lower {len_name}{more}")
 
 
 #: the settings named in the too-few-windows message of :func:`probe_set` (the tracker's)

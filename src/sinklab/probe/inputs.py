@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from sinklab.errors import InputError
+from sinklab.errors import InputError, plural
 from sinklab.registry import Registry
 
 BOS_POLICIES = ("auto", "always", "never")
@@ -126,11 +126,6 @@ def candidate_token_ids(tokenizer) -> Tensor:
 
 
 INPUTS: Registry[Callable[..., Probe]] = Registry("probe input")
-
-
-def plural(n: int, word: str) -> str:
-    """``1 document``, ``0 documents``, ``2 documents``."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def too_few_windows(found: int, wanted: int, content: int, doc_lengths: Sequence[int], special: int = 0) -> str:
