@@ -29,7 +29,7 @@ class BatchRecorder:
         self.mass: list[Tensor | None] = [None] * num_layers
         self.mass_visible: list[Tensor | None] = [None] * num_layers
         self.masked = False  # some layer's mask differs from plain causal / bidirectional
-        self.mask: dict = {"causal": True, "prefix_len": 0, "window": None}
+        self.mask: dict = {"causal": True, "prefix_len": 0, "window": None}  # the last masked layer's, if any
         self.extra: list[Tensor | None] = [None] * num_layers
         self.key_norms: list[Tensor | None] = [None] * num_layers
         self.value_norms: list[Tensor | None] = [None] * num_layers
@@ -90,7 +90,8 @@ class BatchRecorder:
             counts = visible_key_counts(T, causal=causal, prefix_len=prefix_len, window=window)
             self.mass_visible[layer] = attention_mass_visible_from_column_sums(column_sums, counts).cpu()
         else:
-            self.mask = {**self.mask, "causal": causal} if not self.masked else self.mask
+            if not self.masked:
+                self.mask["causal"] = causal
             self.mass_visible[layer] = self.mass[layer]
         if extra is not None:
             self.extra[layer] = extra.to(torch.float64).mean(dim=-1).cpu()

@@ -83,20 +83,21 @@ def _last_step(d: Path) -> int:
         return 0
 
 
-def find_identical_run(config_text: str, roots: list[Path]) -> Path | None:
-    """A finished run folder under ``roots`` (``*/runs/*/seed*``, and ``runs/*/seed*`` of each root)
-    whose ``config.toml`` is byte-identical to ``config_text``, or None.
+def finished_runs_by_config(root: Path) -> dict[str, Path]:
+    """Finished run folders (with ``final/``) of every sweep under ``root`` (``root/*/runs/*/seed*``),
+    keyed by the text of their ``config.toml`` (the first in path order wins).
 
     Training is deterministic for a given resolved config (seeded init, data order and probe, one
-    device), so such a run is the run this config would produce: a sweep copies it instead of
-    training again (the reference point that several studies share is trained once).
+    device), so a run found here under the text of a pending run's config is the run that config
+    would produce: a sweep copies it instead of training again (the reference point that several
+    studies share is trained once).
     """
-    for root in roots:
-        for cfg in sorted(root.glob("*/runs/*/seed*/config.toml")) + sorted(root.glob("runs/*/seed*/config.toml")):
-            d = cfg.parent
-            if is_finished(d) and (d / "final").exists() and cfg.read_text() == config_text:
-                return d
-    return None
+    index: dict[str, Path] = {}
+    for cfg in sorted(root.glob("*/runs/*/seed*/config.toml")):
+        d = cfg.parent
+        if is_finished(d) and (d / "final").exists():
+            index.setdefault(cfg.read_text(), d)
+    return index
 
 
 def copy_run(src: Path, dst: Path) -> None:
@@ -133,7 +134,8 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         seeds: S, training seeds per point (``train.seed = 0 .. S-1``); default ``study.seeds``.
             The number used is written to ``study.json``.
         reuse: copy a finished run with a byte-identical resolved config from a sibling sweep folder
-            (``out/..``) or this one instead of training it again (see :func:`find_identical_run`);
+            (``out/..``, this one included) instead of training it again (see
+            :func:`finished_runs_by_config`);
             status "copied".
         cores: cores to share (default ``os.cpu_count()``); each job gets ``max(1, cores // J)`` threads.
         progress: show a rich progress display (one bar per running point, one for the sweep).
@@ -168,6 +170,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
     # the whole grid at one seed rather than a few points at all seeds
     from sinklab.train.config import load_config, to_toml
 
+    finished = finished_runs_by_config(out.resolve().parent) if reuse else {}
     for k in range(study.seeds):
         for p in points:
             d = run_dir(out, p, k)
@@ -175,8 +178,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
                 status[f"{p.slug}/seed{k}"] = "skipped"
                 continue
             if reuse and not (d / "checkpoint.pt").exists():
-                src = find_identical_run(to_toml(load_config(study.base, p.set_args() + [f"train.seed={k}"])),
-                                         [out.parent, out])
+                src = finished.get(to_toml(load_config(study.base, p.set_args() + [f"train.seed={k}"])))
                 if src is not None and src.resolve() != d.resolve():
                     copy_run(src, d)
                     status[f"{p.slug}/seed{k}"] = "copied"
