@@ -1,0 +1,15 @@
+"""Streaming generation with attention sinks (StreamingLLM, Xiao et al. 2024).
+
+* :class:`SinkCache` -- a ``transformers`` Cache that keeps ``n_sink`` initial tokens and a window
+  of recent ones, positions assigned inside the cache.
+* :func:`evaluate_stream` -- perplexity, decode latency and cache memory of several cache
+  configurations on one long token stream (``sinklab stream``).
+"""
+
+from sinklab.streaming.cache import SinkCache, SinkCacheLayer
+from sinklab.streaming.rope import KeyRotation, key_rotations
+from sinklab.streaming.run import stream
+from sinklab.streaming.harness import cache_specs, evaluate_stream, token_stream
+
+__all__ = ["SinkCache", "SinkCacheLayer", "KeyRotation", "key_rotations", "stream", "cache_specs", "evaluate_stream",
+           "token_stream"]

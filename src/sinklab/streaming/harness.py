@@ -1,0 +1,293 @@
+"""The long-stream harness behind ``sinklab stream``: perplexity, latency and memory per cache.
+
+One token stream (a corpus's documents in order, joined by a blank line, the first N tokens) is
+fed to a ``transformers`` RoPE decoder one token at a time under each cache configuration, as in
+StreamingLLM (Xiao et al. 2024, Fig. 3 and Table 1):
+
+* ``full`` -- the whole history (transformers' ``DynamicCache``), up to the model's context;
+* ``window`` -- the last ``window`` tokens only (``SinkCache`` with ``n_sink = 0``);
+* ``sinks_k`` -- the first k tokens + the last ``window`` (``SinkCache``);
+* ``recompute`` -- sliding window with recomputation: for token t, a fresh forward over the
+  ``window`` tokens before it and t itself (positions 0..window), the quality reference; it costs a
+  whole window per token, so it is evaluated every ``recompute_every``-th token.
+
+Perplexity is exp(mean negative log-likelihood, in nats) of the next token; position t (0-based)
+predicts token t + 1. Latency is wall time per decode step (ms), cache memory the bytes of the
+kept keys and values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sinklab.errors import InputError
+from sinklab.streaming.cache import SinkCache
+
+
+@dataclass
+class CacheSpec:
+    """One configuration: ``kind`` is ``full``, ``sink`` or ``recompute``; ``n_sink`` for ``sink``."""
+
+    name: str
+    kind: str
+    n_sink: int | None
+    window: int | None
+
+
+@dataclass
+class StreamConfigResult:
+    """The numbers of one configuration (one object of ``stream.json``'s ``configs``).
+
+    ppl: perplexity over the evaluated predictions. ppl_by_chunk: per chunk of ``chunk`` stream
+    positions (None where a chunk has no evaluated prediction). latency_ms_per_token: mean wall
+    time of one decode step (recompute: one forward over the window). cache_bytes: bytes of keys
+    and values held at the end of the stream (recompute: those of one window's forward).
+    evaluated: number of predictions scored; positions: first and last scored position.
+    """
+
+    name: str
+    n_sink: int | None
+    window: int | None
+    ppl: float
+    ppl_by_chunk: list[float | None]
+    latency_ms_per_token: float
+    cache_bytes: int
+    cache_bytes_by_chunk: list[int | None]
+    evaluated: int
+    positions: list[int]
+    nll_by_chunk: list[float | None] = field(default_factory=list)
+
+
+def cache_specs(window: int, sinks: Sequence[int], *, full: bool = True, recompute: bool = True) -> list[CacheSpec]:
+    """The configurations of a run: full, window / sinks_k for each k in ``sinks``, recompute.
+
+    Raises:
+        InputError: a negative number of sinks, or ``window < 1``.
+    """
+    if window < 1:
+        raise InputError(f"--window must be >= 1, got {window}")
+    if any(k < 0 for k in sinks):
+        raise InputError(f"--sinks must be >= 0, got {list(sinks)}")
+    specs = [CacheSpec("full", "full", None, None)] if full else []
+    for k in dict.fromkeys(sinks):
+        specs.append(CacheSpec("window" if k == 0 else f"sinks_{k}", "sink", int(k), window))
+    if recompute:
+        specs.append(CacheSpec("recompute", "recompute", None, window))
+    return specs
+
+
+def token_stream(tokenizer, documents: Sequence[str], n_tokens: int, *, corpus_name: str = "corpus") -> Tensor:
+    """The first ``n_tokens`` ids of the documents in order, joined by a blank line.
+
+    The tokenizer's own leading special tokens (a BOS where it adds one) start the stream; empty
+    documents add nothing.
+
+    Returns:
+        (n_tokens,) int64.
+
+    Raises:
+        InputError: the corpus has fewer tokens than ``n_tokens`` (says how many it has).
+    """
+    from sinklab.probe.cache import tokenize_documents
+    from sinklab.probe.inputs import bos_tokens, tokenize_plain
+
+    prefix, _ = bos_tokens(tokenizer, "auto")
+    sep = list(tokenize_plain(tokenizer, "\n\n"))
+    parts: list[np.ndarray] = [np.asarray(prefix, dtype=np.int64)]
+    total = len(prefix)
+    for i, doc in enumerate(tokenize_documents(tokenizer, list(documents))):
+        if len(doc) == 0:
+            continue
+        if total > len(prefix):
+            parts.append(np.asarray(sep, dtype=np.int64))
+            total += len(sep)
+        parts.append(np.asarray(doc, dtype=np.int64))
+        total += len(doc)
+        if total >= n_tokens:
+            break
+    if total < n_tokens:
+        raise InputError(f"corpus {corpus_name} has {total} tokens in all, fewer than --tokens {n_tokens}")
+    return torch.from_numpy(np.concatenate(parts)[:n_tokens].copy())
+
+
+def _cache_nbytes(cache) -> int:
+    if isinstance(cache, SinkCache):
+        return cache.nbytes
+    return sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+               for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel())
+
+
+def _chunked(values: dict[int, float], n_positions: int, chunk: int, reduce) -> list:
+    out = []
+    for c in range(math.ceil(n_positions / chunk)):
+        xs = [v for p, v in values.items() if c * chunk <= p < (c + 1) * chunk]
+        out.append(reduce(xs) if xs else None)
+    return out
+
+
+def _result(spec: CacheSpec, nll: dict[int, float], n: int, chunk: int, latency_s: float, nbytes: int,
+            nbytes_at: dict[int, int]) -> StreamConfigResult:
+    mean = float(np.mean(list(nll.values())))
+    by_chunk_nll = _chunked(nll, n, chunk, lambda xs: float(np.mean(xs)))
+    return StreamConfigResult(
+        name=spec.name, n_sink=spec.n_sink, window=spec.window, ppl=math.exp(mean),
+        ppl_by_chunk=[None if x is None else math.exp(x) for x in by_chunk_nll],
+        latency_ms_per_token=1000.0 * latency_s, cache_bytes=int(nbytes),
+        cache_bytes_by_chunk=_chunked(nbytes_at, n, chunk, lambda xs: int(max(xs))),
+        evaluated=len(nll), positions=[min(nll), max(nll)], nll_by_chunk=by_chunk_nll)
+
+
+@torch.no_grad()
+def run_cached(model, ids: Tensor, spec: CacheSpec, *, chunk: int, max_context: int | None,
+               progress: bool = True) -> StreamConfigResult:
+    """Feed ``ids`` (N,) one token at a time through ``model`` with the cache of ``spec`` (full or sink).
+
+    Sink caches get cache positions (0 .. kept), the full cache absolute ones; the full cache
+    stops at ``max_context`` tokens. Returns the per-configuration result.
+    """
+    from tqdm.auto import tqdm
+    from transformers import DynamicCache
+
+    n = ids.numel()
+    steps = n - 1 if spec.kind != "full" or max_context is None else min(n, max_context) - 1
+    cache = DynamicCache(config=model.config) if spec.kind == "full" else SinkCache(model, spec.n_sink, spec.window)
+    nll: dict[int, float] = {}
+    nbytes_at: dict[int, int] = {}
+    x = ids.view(1, -1).to(model.device)
+    elapsed = 0.0
+    for t in tqdm(range(steps), desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
+        pos = t if spec.kind == "full" else cache.kept_length()
+        t0 = time.perf_counter()
+        logits = model(x[:, t : t + 1], cache=cache, use_cache=True,
+                       position_ids=torch.tensor([[pos]], device=x.device)).logits[0, -1].float()
+        elapsed += time.perf_counter() - t0
+        nll[t] = float(torch.logsumexp(logits, -1) - logits[x[0, t + 1]])
+        if (t + 1) % chunk == 0 or t == steps - 1:
+            nbytes_at[t] = _cache_nbytes(cache)
+    return _result(spec, nll, n, chunk, elapsed / max(steps, 1), _cache_nbytes(cache), nbytes_at)
+
+
+@torch.no_grad()
+def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int,
+                  progress: bool = True) -> StreamConfigResult:
+    """Sliding window with recomputation: for t = 0, every, 2 every, ... a fresh forward over
+    ``ids[max(0, t - window) : t + 1]`` (positions from 0) scores token t + 1."""
+    from tqdm.auto import tqdm
+    from transformers import DynamicCache
+
+    n, w = ids.numel(), spec.window
+    x = ids.view(1, -1).to(model.device)
+    nll: dict[int, float] = {}
+    nbytes_at: dict[int, int] = {}
+    elapsed, nbytes = 0.0, 0
+    todo = list(range(0, n - 1, every))
+    for t in tqdm(todo, desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
+        ctx = x[:, max(0, t - w) : t + 1]
+        cache = DynamicCache(config=model.config)
+        t0 = time.perf_counter()
+        logits = model(ctx, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()
+        elapsed += time.perf_counter() - t0
+        nll[t] = float(torch.logsumexp(logits, -1) - logits[x[0, t + 1]])
+        nbytes = _cache_nbytes(cache)
+        nbytes_at[t] = nbytes
+    return _result(spec, nll, n, chunk, elapsed / max(len(todo), 1), nbytes, nbytes_at)
+
+
+def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: int, recompute_every: int = 1,
+                    max_context: int | None = None, progress: bool = True, done: dict | None = None,
+                    on_result=None) -> list[StreamConfigResult]:
+    """Evaluate every configuration of ``specs`` on the stream ``ids``.
+
+    Args:
+        model: a ``transformers`` RoPE causal LM in eval mode.
+        ids: (N,) int64 token stream, N >= 2.
+        specs: from :func:`cache_specs`.
+        chunk: stream positions per ``ppl_by_chunk`` entry.
+        recompute_every: score every k-th position under ``recompute``.
+        max_context: the model's context (the full cache stops there; sink windows must fit in it).
+        done: results already computed, by name (a resumed run); they are kept as they are.
+        on_result: called with each new result (to save it at once).
+
+    Raises:
+        InputError: N < 2, or ``n_sink + window`` above ``max_context``.
+    """
+    if ids.dim() != 1 or ids.numel() < 2:
+        raise InputError(f"the stream needs at least 2 tokens, got shape {tuple(ids.shape)}")
+    out = []
+    for spec in specs:
+        if done and spec.name in done:
+            out.append(done[spec.name])
+            continue
+        if spec.kind == "recompute":
+            if max_context is not None and spec.window + 1 > max_context:
+                raise InputError(f"window + 1 = {spec.window + 1} exceeds the model's context of {max_context} tokens")
+            res = run_recompute(model, ids, spec, chunk=chunk, every=recompute_every, progress=progress)
+        else:
+            if spec.kind == "sink" and max_context is not None and spec.n_sink + spec.window > max_context:
+                raise InputError(f"n_sink + window = {spec.n_sink + spec.window} exceeds the model's context of "
+                                 f"{max_context} tokens")
+            res = run_cached(model, ids, spec, chunk=chunk, max_context=max_context, progress=progress)
+        if on_result is not None:
+            on_result(res)
+        out.append(res)
+    return out
+
+
+def result_from_dict(d: dict) -> StreamConfigResult:
+    """Inverse of ``dataclasses.asdict`` for a saved configuration."""
+    return StreamConfigResult(**d)
+
+
+def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], chunk: int) -> None:
+    """``stream.json`` (meta + ``configs``), ``stream.csv`` (one row per configuration),
+    ``stream_by_chunk.csv`` (tidy: config, chunk, start, end, ppl, cache_bytes) and
+    ``stream_ppl.png`` (perplexity against stream position, one line per configuration)."""
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {**meta, "configs": [asdict(r) for r in results]}
+    tmp = out / ".stream.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(out / "stream.json")
+    pd.DataFrame([{k: v for k, v in asdict(r).items() if not k.endswith("by_chunk") and k != "positions"}
+                  for r in results]).to_csv(out / "stream.csv", index=False)
+    rows = []
+    for r in results:
+        for c, (p, b) in enumerate(zip(r.ppl_by_chunk, r.cache_bytes_by_chunk)):
+            rows.append({"config": r.name, "n_sink": r.n_sink, "window": r.window, "chunk": c,
+                         "start": c * chunk, "end": (c + 1) * chunk, "ppl": p, "cache_bytes": b})
+    pd.DataFrame(rows).to_csv(out / "stream_by_chunk.csv", index=False)
+    plot_ppl(results, chunk, out / "stream_ppl.png", title=meta.get("title", ""))
+
+
+def plot_ppl(results: Sequence[StreamConfigResult], chunk: int, path: Path, title: str = "") -> None:
+    """Perplexity per chunk against stream position (log scale), one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        xs = [(c + 0.5) * chunk for c, p in enumerate(r.ppl_by_chunk) if p is not None]
+        ys = [p for p in r.ppl_by_chunk if p is not None]
+        style = "--" if r.name in ("full", "recompute") else "-"
+        ax.plot(xs, ys, style, marker="o", ms=3, label=f"{r.name} (ppl {r.ppl:.1f})")
+    ax.set_yscale("log")
+    ax.set_xlabel("position in the stream (tokens)")
+    ax.set_ylabel(f"perplexity per {chunk}-token chunk")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,135 @@
+"""Re-rotating RoPE keys to new positions, with the model's own frequencies.
+
+RoPE (Su et al. 2021) rotates each pair of key dimensions by an angle proportional to the
+token's position, so a key rotated at position p is moved to position p + d by one more
+rotation by d: ``R(p + d) k = R(d) R(p) k``. StreamingLLM (Xiao et al. 2024, sec. 3.2) assigns
+positions *inside the cache*; :class:`KeyRotation` is what lets a cache do that for a
+``transformers`` model whose attention rotates keys before it hands them to the cache.
+
+Supported: the rotate-half convention of LLaMA and its relatives (``q' = q cos + rotate_half(q) sin``
+on the first ``rotary_dim`` dimensions; partial rotary models rotate only those, the rest pass
+through), including models with one frequency table per layer type (Gemma 3). Learned absolute
+positions (GPT-2, OPT), ALiBi (BLOOM, MPT) and models whose RoPE interleaves pairs are refused
+with :class:`~sinklab.errors.InputError` naming what is missing.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from sinklab.errors import InputError
+
+#: model_type values whose attention applies RoPE with ``rotate_half`` to the first rotary_dim dims.
+ROTATE_HALF_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+    "gemma3_text", "phi", "phi3", "stablelm", "olmo", "olmo2", "granite", "smollm3", "starcoder2", "gpt_neox",
+    "helium", "glm4",
+})
+#: model types with learned absolute positions or ALiBi: keys carry no rotation a cache could move.
+NO_ROPE_MODEL_TYPES = {
+    "gpt2": "learned absolute position embeddings", "opt": "learned absolute position embeddings",
+    "gpt_bigcode": "learned absolute position embeddings", "bloom": "ALiBi", "mpt": "ALiBi",
+    "bert": "learned absolute position embeddings (and it is an encoder)",
+}
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(..., 2m) -> (..., 2m): ``[x1, x2] -> [-x2, x1]`` (the LLaMA/NeoX RoPE convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class KeyRotation:
+    """Rotates RoPE keys by per-slot position offsets.
+
+    Args:
+        inv_freq: (rotary_dim / 2,) float inverse frequencies, as the model's rotary module holds them
+            (scaled RoPE variants such as LLaMA 3's already folded in; a YaRN attention factor is
+            not applied here: it multiplies both the old and the new rotation, so moving a key
+            needs the pure rotation only).
+    """
+
+    def __init__(self, inv_freq: Tensor) -> None:
+        self.inv_freq = inv_freq.detach().float().cpu()
+        self.rotary_dim = 2 * self.inv_freq.numel()
+        self._memo: tuple[Tensor, torch.device, torch.dtype, Tensor, Tensor] | None = None
+
+    def _cos_sin(self, delta: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, sin (n, rotary_dim) for integer offsets ``delta`` (n,); the last table is reused
+        (every layer of a cache moves the same slots by the same offsets in one step)."""
+        m = self._memo
+        if m is not None and m[1] == device and m[2] == dtype and m[0].shape == delta.shape and torch.equal(m[0], delta):
+            return m[3], m[4]
+        freqs = delta.detach().to("cpu", torch.float64)[:, None] * self.inv_freq.double()[None]  # (n, r/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+        self._memo = (delta.detach().clone(), device, dtype, cos, sin)
+        return cos, sin
+
+    def rotate(self, keys: Tensor, delta: Tensor) -> Tensor:
+        """Move keys by ``delta`` positions.
+
+        Args:
+            keys: (B, H_kv, n, head_dim) keys already rotated at their old positions.
+            delta: (n,) int64 offsets (new position - old position), per key slot.
+
+        Returns:
+            (B, H_kv, n, head_dim): the keys as if rotated at old position + delta; the
+            dimensions past ``rotary_dim`` unchanged. The angles are computed in float64.
+        """
+        cos, sin = self._cos_sin(delta, keys.device, keys.dtype)  # (n, r)
+        r = self.rotary_dim
+        kr = keys[..., :r]
+        out = kr * cos + rotate_half(kr) * sin
+        if keys.shape[-1] == r:
+            return out
+        return torch.cat((out, keys[..., r:]), dim=-1)
+
+
+def _rotary_module(model: nn.Module) -> nn.Module | None:
+    for m in model.modules():
+        if type(m).__name__.endswith("RotaryEmbedding"):
+            return m
+    return None
+
+
+def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation]:
+    """One :class:`KeyRotation` per decoder layer of a ``transformers`` causal LM.
+
+    Args:
+        model: a ``transformers`` model (``PreTrainedModel``).
+        layer_types: per layer, ``"full_attention"`` or ``"sliding_attention"`` (Gemma 3 keeps
+            one frequency table per layer type).
+
+    Raises:
+        InputError: the model has no RoPE (learned absolute positions, ALiBi), an unknown RoPE
+            convention, or a dynamic RoPE scaling whose frequencies change with the length.
+    """
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    mt = getattr(cfg, "model_type", "?")
+    if mt in NO_ROPE_MODEL_TYPES:
+        raise InputError(f"SinkCache needs a RoPE model: {mt} uses {NO_ROPE_MODEL_TYPES[mt]}, whose positions are "
+                         "baked into the hidden states and cannot be reassigned inside the cache")
+    if mt not in ROTATE_HALF_MODEL_TYPES:
+        raise InputError(f"SinkCache does not know the RoPE convention of model type {mt!r}: it supports the "
+                         f"rotate-half RoPE of {', '.join(sorted(ROTATE_HALF_MODEL_TYPES))}")
+    rope = _rotary_module(model)
+    if rope is None:
+        raise InputError(f"SinkCache found no rotary embedding module (*RotaryEmbedding) in this {mt} model")
+    rope_types = getattr(rope, "rope_type", None)
+    kinds = rope_types.values() if isinstance(rope_types, dict) else [rope_types]
+    if any(k is not None and "dynamic" in str(k) for k in kinds):
+        raise InputError("SinkCache does not support dynamic RoPE scaling (its frequencies depend on the length)")
+    out: list[KeyRotation] = []
+    shared = KeyRotation(rope.inv_freq) if isinstance(getattr(rope, "inv_freq", None), Tensor) else None
+    per_type: dict[str, KeyRotation] = {}
+    for lt in layer_types:
+        if shared is not None:
+            out.append(shared)
+            continue
+        inv = getattr(rope, f"{lt}_inv_freq", None)
+        if not isinstance(inv, Tensor):
+            raise InputError(f"SinkCache found no RoPE frequencies for layer type {lt!r} in {type(rope).__name__}")
+        out.append(per_type.setdefault(lt, KeyRotation(inv)))
+    return out
