@@ -33,12 +33,13 @@ from sinklab.streaming.rope import KeyRotation, key_rotations
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def _position_start(kwargs: dict, default: int) -> int:
-    """First position id of the new tokens, from the kwargs the attention passes to ``update``.
+def _position_start(kwargs: dict, recorded: Tensor | None, default: int) -> int:
+    """First position id of the new tokens.
 
-    ``transformers`` 5 models call ``cache.update(k, v, layer_idx, kwargs=attn_kwargs)`` with the
-    decoder layer's ``position_ids`` (B, q) inside; without them the model counted from
-    ``cache.get_seq_length()`` (``default``).
+    From the kwargs the attention passes to ``update`` (``transformers`` 5 LLaMA-like models call
+    ``cache.update(k, v, layer_idx, kwargs=attn_kwargs)`` with the decoder layer's ``position_ids``
+    (B, q) inside), else from the ids the rotary module saw (``recorded``), else ``default``: the
+    model counted from ``cache.get_seq_length()``.
 
     Raises:
         InputError: rows of ``position_ids`` that differ (padded batches are not supported).
@@ -49,6 +50,8 @@ def _position_start(kwargs: dict, default: int) -> int:
         if isinstance(d.get("position_ids"), Tensor):
             pos = d["position_ids"]
             break
+    if pos is None:
+        pos = recorded
     if pos is None:
         return default
     pos = pos.reshape(-1, pos.shape[-1]) if pos.dim() > 1 else pos[None]
@@ -109,7 +112,10 @@ class SinkCacheLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q, K = key_states.shape[-2], self.kept
-        p0 = _position_start(kwargs, self.seen)
+        recorded = self.rotation.last_position_ids() if self.rotation is not None else None
+        if recorded is not None and recorded.shape[-1] != q:
+            recorded = None
+        p0 = _position_start(kwargs, recorded, self.seen)
         dev = key_states.device
         new_pos = torch.arange(p0, p0 + q, device=dev)
         keys_old = self.keys

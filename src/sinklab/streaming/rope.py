@@ -50,8 +50,9 @@ class KeyRotation:
             needs the pure rotation only).
     """
 
-    def __init__(self, inv_freq: Tensor) -> None:
+    def __init__(self, inv_freq: Tensor, rope_module: nn.Module | None = None) -> None:
         self.inv_freq = inv_freq.detach().float().cpu()
+        self.rope_module = rope_module
         self.rotary_dim = 2 * self.inv_freq.numel()
         self._memo: tuple[Tensor, torch.device, torch.dtype, Tensor, Tensor] | None = None
 
@@ -66,6 +67,11 @@ class KeyRotation:
         cos, sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
         self._memo = (delta.detach().clone(), device, dtype, cos, sin)
         return cos, sin
+
+    def last_position_ids(self) -> Tensor | None:
+        """The ``position_ids`` (B, q) the model's rotary module saw in its latest call, or None
+        (recorded by a hook: some models, GPT-NeoX among them, do not pass them to the cache)."""
+        return getattr(self.rope_module, "_sinklab_position_ids", None)
 
     def rotate(self, keys: Tensor, delta: Tensor) -> Tensor:
         """Move keys by ``delta`` positions.
@@ -87,9 +93,19 @@ class KeyRotation:
         return torch.cat((out, keys[..., r:]), dim=-1)
 
 
+def _record_position_ids(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook on a rotary module ``forward(x, position_ids, ...)``: keep the position ids."""
+    pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+    module._sinklab_position_ids = pos if isinstance(pos, Tensor) else None
+
+
 def _rotary_module(model: nn.Module) -> nn.Module | None:
+    """The model's rotary embedding module, with a hook that records its position ids (added once)."""
     for m in model.modules():
         if type(m).__name__.endswith("RotaryEmbedding"):
+            if not getattr(m, "_sinklab_position_hook", False):
+                m.register_forward_pre_hook(_record_position_ids, with_kwargs=True)
+                m._sinklab_position_hook = True
             return m
     return None
 
@@ -122,7 +138,7 @@ def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation]
     if any(k is not None and "dynamic" in str(k) for k in kinds):
         raise InputError("SinkCache does not support dynamic RoPE scaling (its frequencies depend on the length)")
     out: list[KeyRotation] = []
-    shared = KeyRotation(rope.inv_freq) if isinstance(getattr(rope, "inv_freq", None), Tensor) else None
+    shared = KeyRotation(rope.inv_freq, rope) if isinstance(getattr(rope, "inv_freq", None), Tensor) else None
     per_type: dict[str, KeyRotation] = {}
     for lt in layer_types:
         if shared is not None:
@@ -131,5 +147,5 @@ def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation]
         inv = getattr(rope, f"{lt}_inv_freq", None)
         if not isinstance(inv, Tensor):
             raise InputError(f"SinkCache found no RoPE frequencies for layer type {lt!r} in {type(rope).__name__}")
-        out.append(per_type.setdefault(lt, KeyRotation(inv)))
+        out.append(per_type.setdefault(lt, KeyRotation(inv, rope)))
     return out
