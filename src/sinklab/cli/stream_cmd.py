@@ -23,6 +23,8 @@ def stream_cmd(
     chunk: Optional[int] = typer.Option(None, help="positions per perplexity chunk (default: the window)"),
     recompute_every: Optional[int] = typer.Option(None, "--recompute-every", help="score every k-th position with "
                                                   "recomputation (default: N/256 rounded up)"),
+    mode: str = typer.Option("parallel", help="parallel (one exact forward per cache configuration) | decode "
+                             "(token by token through the real cache: same numbers, much slower)"),
     no_full: bool = typer.Option(False, "--no-full", help="skip the full cache"),
     no_recompute: bool = typer.Option(False, "--no-recompute", help="skip sliding window with recomputation"),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
@@ -38,12 +40,14 @@ def stream_cmd(
         except ValueError:
             raise InputError(f"unexpected argument(s) {' '.join(ctx.args)} (--sinks takes integers)") from None
     res = stream(model, corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,
-                 recompute_every=recompute_every, full=not no_full, recompute=not no_recompute, threads=threads)
+                 recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute, threads=threads)
     typer.echo(f"{res['title']}")
-    typer.echo(f"{'config':<11} {'n_sink':>6} {'ppl':>9} {'last chunk':>10} {'ms/token':>9} {'cache MiB':>9}")
+    typer.echo(f"{'config':<11} {'n_sink':>6} {'ppl':>9} {'ppl@recomp':>10} {'last chunk':>10} {'ms/token':>9} "
+               f"{'cache MiB':>9}")
     for c in res["configs"]:
         last = next((p for p in reversed(c["ppl_by_chunk"]) if p is not None), float("nan"))
         ns = "-" if c["n_sink"] is None else str(c["n_sink"])
-        typer.echo(f"{c['name']:<11} {ns:>6} {c['ppl']:>9.2f} {last:>10.2f} {c['latency_ms_per_token']:>9.1f} "
-                   f"{c['cache_bytes'] / 2**20:>9.2f}")
+        matched = float("nan") if c["ppl_matched"] is None else c["ppl_matched"]
+        typer.echo(f"{c['name']:<11} {ns:>6} {c['ppl']:>9.2f} {matched:>10.2f} {last:>10.2f} "
+                   f"{c['latency_ms_per_token']:>9.1f} {c['cache_bytes'] / 2**20:>9.2f}")
     typer.echo(f"wrote {out}/stream.json, stream.csv, stream_by_chunk.csv, stream_ppl.png")

@@ -12,8 +12,11 @@ StreamingLLM (Xiao et al. 2024, Fig. 3 and Table 1):
   whole window per token, so it is evaluated every ``recompute_every``-th token.
 
 Perplexity is exp(mean negative log-likelihood, in nats) of the next token; position t (0-based)
-predicts token t + 1. Latency is wall time per decode step (ms), cache memory the bytes of the
-kept keys and values.
+predicts token t + 1. The perplexities of full / window / sinks come from one parallel forward
+per configuration that computes exactly what the token-by-token cache computes
+(:mod:`sinklab.streaming.parallel`; ``mode="decode"`` feeds the real cache token by token
+instead). Latency is the wall time of a decode step through the real cache at the end of the
+stream (ms), cache memory the bytes of the kept keys and values there.
 """
 
 from __future__ import annotations
@@ -49,9 +52,12 @@ class StreamConfigResult:
 
     ppl: perplexity over the evaluated predictions. ppl_by_chunk: per chunk of ``chunk`` stream
     positions (None where a chunk has no evaluated prediction). latency_ms_per_token: mean wall
-    time of one decode step (recompute: one forward over the window). cache_bytes: bytes of keys
-    and values held at the end of the stream (recompute: those of one window's forward).
+    time of one decode step at the end of the stream (recompute: one forward over the window).
+    cache_bytes: bytes of keys and values held at the end of the stream (recompute: those of one
+    window's forward).
     evaluated: number of predictions scored; positions: first and last scored position.
+    ppl_matched: perplexity over the positions ``recompute`` scores (the same predictions for
+    every configuration: compare these with recompute's ``ppl``).
     """
 
     name: str
@@ -61,9 +67,9 @@ class StreamConfigResult:
     ppl_by_chunk: list[float | None]
     latency_ms_per_token: float
     cache_bytes: int
-    cache_bytes_by_chunk: list[int | None]
     evaluated: int
     positions: list[int]
+    ppl_matched: float | None = None
     nll_by_chunk: list[float | None] = field(default_factory=list)
 
 
@@ -135,76 +141,137 @@ def _chunked(values: dict[int, float], n_positions: int, chunk: int, reduce) -> 
 
 
 def _result(spec: CacheSpec, nll: dict[int, float], n: int, chunk: int, latency_s: float, nbytes: int,
-            nbytes_at: dict[int, int]) -> StreamConfigResult:
+            matched: Sequence[int]) -> StreamConfigResult:
     mean = float(np.mean(list(nll.values())))
     by_chunk_nll = _chunked(nll, n, chunk, lambda xs: float(np.mean(xs)))
+    common = [nll[t] for t in matched if t in nll]
     return StreamConfigResult(
         name=spec.name, n_sink=spec.n_sink, window=spec.window, ppl=math.exp(mean),
         ppl_by_chunk=[None if x is None else math.exp(x) for x in by_chunk_nll],
         latency_ms_per_token=1000.0 * latency_s, cache_bytes=int(nbytes),
-        cache_bytes_by_chunk=_chunked(nbytes_at, n, chunk, lambda xs: int(max(xs))),
-        evaluated=len(nll), positions=[min(nll), max(nll)], nll_by_chunk=by_chunk_nll)
+        evaluated=len(nll), positions=[min(nll), max(nll)],
+        ppl_matched=math.exp(float(np.mean(common))) if common else None, nll_by_chunk=by_chunk_nll)
+
+
+def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
+    """(n, V) logits, (n,) targets -> (n,) float64 NLL in nats."""
+    logits = logits.float()
+    return (torch.logsumexp(logits, -1) - logits.gather(-1, targets[:, None])[:, 0]).double()
 
 
 @torch.no_grad()
-def run_cached(model, ids: Tensor, spec: CacheSpec, *, chunk: int, max_context: int | None,
-               progress: bool = True) -> StreamConfigResult:
-    """Feed ``ids`` (N,) one token at a time through ``model`` with the cache of ``spec`` (full or sink).
+def stream_nll(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, block: int = 256) -> dict[int, float]:
+    """NLL of every next token under ``spec`` (full or sink), from one parallel forward.
 
-    Sink caches get cache positions (0 .. kept), the full cache absolute ones; the full cache
-    stops at ``max_context`` tokens. Returns the per-configuration result.
+    Uses :func:`sinklab.streaming.parallel.sink_window_mode` (exactly the token-by-token cache's
+    attention, checked by the tests); the full cache is plain causal attention over the first
+    ``max_context`` tokens. The vocabulary projection runs ``block`` positions at a time.
+
+    Returns:
+        {position t: NLL of token t + 1}, t 0-based.
     """
+    from sinklab.streaming.parallel import sink_window_mode
+
+    n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
+    x = ids[:n].view(1, -1).to(model.device)
+    window = None if spec.kind == "full" else spec.window
+    with sink_window_mode(model, spec.n_sink or 0, window, block=block):
+        hidden = model.base_model(input_ids=x, position_ids=torch.arange(n, device=x.device)[None],
+                                  use_cache=False).last_hidden_state[0]  # (n, d)
+    head = model.get_output_embeddings()
+    cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
+    out: dict[int, float] = {}
+    for a in range(0, n - 1, block):
+        b = min(n - 1, a + block)
+        logits = head(hidden[a:b])
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        for t, v in zip(range(a, b), _next_token_nll(logits, x[0, a + 1 : b + 1]).tolist()):
+            out[t] = v
+    return out
+
+
+@torch.no_grad()
+def stream_nll_decode(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None,
+                      progress: bool = True) -> dict[int, float]:
+    """The same NLLs fed one token at a time through the real cache (``--mode decode``): sink caches
+    get cache positions (0 .. kept), the full cache absolute ones up to ``max_context``."""
     from tqdm.auto import tqdm
     from transformers import DynamicCache
 
-    n = ids.numel()
-    steps = n - 1 if spec.kind != "full" or max_context is None else min(n, max_context) - 1
+    n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
     cache = DynamicCache(config=model.config) if spec.kind == "full" else SinkCache(model, spec.n_sink, spec.window)
-    nll: dict[int, float] = {}
-    nbytes_at: dict[int, int] = {}
     x = ids.view(1, -1).to(model.device)
-    elapsed = 0.0
-    for t in tqdm(range(steps), desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
+    out: dict[int, float] = {}
+    for t in tqdm(range(n - 1), desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
         pos = t if spec.kind == "full" else cache.kept_length()
-        t0 = time.perf_counter()
         logits = model(x[:, t : t + 1], cache=cache, use_cache=True,
-                       position_ids=torch.tensor([[pos]], device=x.device)).logits[0, -1].float()
-        elapsed += time.perf_counter() - t0
-        nll[t] = float(torch.logsumexp(logits, -1) - logits[x[0, t + 1]])
-        if (t + 1) % chunk == 0 or t == steps - 1:
-            nbytes_at[t] = _cache_nbytes(cache)
-    return _result(spec, nll, n, chunk, elapsed / max(steps, 1), _cache_nbytes(cache), nbytes_at)
+                       position_ids=torch.tensor([[pos]], device=x.device)).logits[0]
+        out[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
+    return out
+
+
+@torch.no_grad()
+def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int = 32,
+                   prefill_chunk: int = 512) -> tuple[float, int]:
+    """Wall time of one decode step ``at`` tokens into the stream, and the cache's bytes there.
+
+    The cache is filled with ``ids[:at]`` in chunks of ``prefill_chunk`` tokens, then ``steps``
+    single-token steps are timed (mean, ms). ``full`` uses transformers' ``DynamicCache``; a
+    sink spec :class:`SinkCache` with cache positions.
+
+    Returns:
+        (ms per token, cache bytes after the timed steps).
+    """
+    from transformers import DynamicCache
+
+    if at + steps > ids.numel():
+        raise InputError(f"latency at {at} tokens with {steps} steps needs {at + steps} tokens, the stream has {ids.numel()}")
+    cache = DynamicCache(config=model.config) if spec.kind == "full" else SinkCache(model, spec.n_sink, spec.window)
+    x = ids.view(1, -1).to(model.device)
+
+    def pos(t: int, q: int) -> Tensor:
+        start = t if spec.kind == "full" else cache.kept_length()
+        return torch.arange(start, start + q, device=x.device)[None]
+
+    for a in range(0, at, prefill_chunk):
+        b = min(at, a + prefill_chunk)
+        model(x[:, a:b], cache=cache, use_cache=True, position_ids=pos(a, b - a), logits_to_keep=1)
+    t0 = time.perf_counter()
+    for t in range(at, at + steps):
+        model(x[:, t : t + 1], cache=cache, use_cache=True, position_ids=pos(t, 1))
+    ms = 1000.0 * (time.perf_counter() - t0) / steps
+    return ms, _cache_nbytes(cache)
 
 
 @torch.no_grad()
 def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int,
                   progress: bool = True) -> StreamConfigResult:
     """Sliding window with recomputation: for t = 0, every, 2 every, ... a fresh forward over
-    ``ids[max(0, t - window) : t + 1]`` (positions from 0) scores token t + 1."""
+    ``ids[max(0, t - window) : t + 1]`` (positions from 0) scores token t + 1; latency is the mean
+    time of one such forward."""
     from tqdm.auto import tqdm
     from transformers import DynamicCache
 
     n, w = ids.numel(), spec.window
     x = ids.view(1, -1).to(model.device)
     nll: dict[int, float] = {}
-    nbytes_at: dict[int, int] = {}
     elapsed, nbytes = 0.0, 0
     todo = list(range(0, n - 1, every))
     for t in tqdm(todo, desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
         ctx = x[:, max(0, t - w) : t + 1]
         cache = DynamicCache(config=model.config)
         t0 = time.perf_counter()
-        logits = model(ctx, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()
+        logits = model(ctx, cache=cache, use_cache=True, logits_to_keep=1).logits[0]
         elapsed += time.perf_counter() - t0
-        nll[t] = float(torch.logsumexp(logits, -1) - logits[x[0, t + 1]])
+        nll[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
         nbytes = _cache_nbytes(cache)
-        nbytes_at[t] = nbytes
-    return _result(spec, nll, n, chunk, elapsed / max(len(todo), 1), nbytes, nbytes_at)
+    return _result(spec, nll, n, chunk, elapsed / max(len(todo), 1), nbytes, todo)
 
 
 def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: int, recompute_every: int = 1,
-                    max_context: int | None = None, progress: bool = True, done: dict | None = None,
-                    on_result=None) -> list[StreamConfigResult]:
+                    max_context: int | None = None, mode: str = "parallel", latency_steps: int = 32,
+                    progress: bool = True, done: dict | None = None, on_result=None) -> list[StreamConfigResult]:
     """Evaluate every configuration of ``specs`` on the stream ``ids``.
 
     Args:
@@ -214,16 +281,26 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         chunk: stream positions per ``ppl_by_chunk`` entry.
         recompute_every: score every k-th position under ``recompute``.
         max_context: the model's context (the full cache stops there; sink windows must fit in it).
+        mode: ``parallel`` (one forward per configuration, :func:`stream_nll`) or ``decode`` (token
+            by token through the real cache, :func:`stream_nll_decode`); the same numbers.
+        latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`).
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).
 
     Raises:
-        InputError: N < 2, or ``n_sink + window`` above ``max_context``.
+        InputError: N < 2, ``n_sink + window`` above ``max_context``, an unknown mode.
     """
+    from tqdm.auto import tqdm
+
     if ids.dim() != 1 or ids.numel() < 2:
         raise InputError(f"the stream needs at least 2 tokens, got shape {tuple(ids.shape)}")
+    if mode not in ("parallel", "decode"):
+        raise InputError(f"unknown mode {mode!r}: parallel | decode")
+    n = ids.numel()
     out = []
-    for spec in specs:
+    bar = tqdm(specs, desc="caches", disable=not progress, leave=False)
+    for spec in bar:
+        bar.set_postfix_str(spec.name)
         if done and spec.name in done:
             out.append(done[spec.name])
             continue
@@ -235,7 +312,14 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
             if spec.kind == "sink" and max_context is not None and spec.n_sink + spec.window > max_context:
                 raise InputError(f"n_sink + window = {spec.n_sink + spec.window} exceeds the model's context of "
                                  f"{max_context} tokens")
-            res = run_cached(model, ids, spec, chunk=chunk, max_context=max_context, progress=progress)
+            if mode == "parallel":
+                nll = stream_nll(model, ids, spec, max_context=max_context)
+            else:
+                nll = stream_nll_decode(model, ids, spec, max_context=max_context, progress=progress)
+            last = n if spec.kind != "full" or max_context is None else min(n, max_context)
+            steps = max(1, min(latency_steps, last - 1))
+            ms, nbytes = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps)
+            res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every))
         if on_result is not None:
             on_result(res)
         out.append(res)
@@ -249,7 +333,7 @@ def result_from_dict(d: dict) -> StreamConfigResult:
 
 def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], chunk: int) -> None:
     """``stream.json`` (meta + ``configs``), ``stream.csv`` (one row per configuration),
-    ``stream_by_chunk.csv`` (tidy: config, chunk, start, end, ppl, cache_bytes) and
+    ``stream_by_chunk.csv`` (tidy: config, chunk, start, end, ppl) and
     ``stream_ppl.png`` (perplexity against stream position, one line per configuration)."""
     import pandas as pd
 
@@ -262,9 +346,9 @@ def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], 
                   for r in results]).to_csv(out / "stream.csv", index=False)
     rows = []
     for r in results:
-        for c, (p, b) in enumerate(zip(r.ppl_by_chunk, r.cache_bytes_by_chunk)):
+        for c, p in enumerate(r.ppl_by_chunk):
             rows.append({"config": r.name, "n_sink": r.n_sink, "window": r.window, "chunk": c,
-                         "start": c * chunk, "end": (c + 1) * chunk, "ppl": p, "cache_bytes": b})
+                         "start": c * chunk, "end": (c + 1) * chunk, "ppl": p})
     pd.DataFrame(rows).to_csv(out / "stream_by_chunk.csv", index=False)
     plot_ppl(results, chunk, out / "stream_ppl.png", title=meta.get("title", ""))
 

@@ -32,6 +32,7 @@ def stream(
     recompute_every: int | None = None,
     full: bool = True,
     recompute: bool = True,
+    mode: str = "parallel",
     threads: int | None = None,
     progress: bool = True,
 ) -> dict:
@@ -46,8 +47,10 @@ def stream(
         out: output folder; configurations already in ``out/stream.json`` for the same model, corpus,
             tokens, window and chunk are kept (a stopped run resumes where it stopped).
         chunk: positions per ``ppl_by_chunk`` entry (default ``window``).
-        recompute_every: score every k-th position under ``recompute`` (default: N / 256 rounded up).
+        recompute_every: score every k-th position under ``recompute`` (default: N / 128 rounded up).
         full, recompute: include those two configurations.
+        mode: ``parallel`` (one exact forward per configuration) or ``decode`` (token by token
+            through the real cache; same numbers, N decode steps per configuration).
         threads: torch CPU threads (default: torch's).
 
     Returns:
@@ -67,7 +70,7 @@ def stream(
         raise InputError(f"--tokens must be >= 2, got {tokens}")
     specs = cache_specs(window, sinks, full=full, recompute=recompute)
     chunk = chunk or window
-    every = recompute_every or max(1, math.ceil(tokens / 256))
+    every = recompute_every or max(1, math.ceil(tokens / 128))
     if threads:
         torch.set_num_threads(threads)
     loaded = load_model(model, attn_implementation="sdpa")
@@ -88,16 +91,23 @@ def stream(
         cmd += ["--chunk", str(chunk)]
     if recompute_every:
         cmd += ["--recompute-every", str(recompute_every)]
+    if mode != "parallel":
+        cmd += ["--mode", mode]
     meta = {
         "command": argv or " ".join(shlex.quote(c) for c in cmd), **key, "max_context": ctx,
         "title": f"{loaded.info.name} · {corp.name} · {tokens} tokens · window {window}",
         "model_info": loaded.info.to_dict(), "corpus_source": corp.source, "versions": versions(),
-        "code": code_version(), "torch_threads": torch.get_num_threads(),
+        "mode": mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
+        "load_average_at_start": _load(),
         "definitions": {
             "ppl": "exp(mean next-token NLL in nats); position t predicts token t+1 (0-based)",
             "latency_ms_per_token": "mean wall time of one decode step (recompute: one forward over window+1 tokens)",
             "cache_bytes": "bytes of kept keys+values at the end of the stream (recompute: one window's)",
             "recompute": f"scored at every {every}-th position",
+            "mode": "parallel: one forward per configuration computing exactly the token-by-token cache's "
+                    "attention (sinklab.streaming.parallel); decode: token by token through the cache",
+            "latency": "mean of 32 single-token decode steps through the real cache at the end of the stream, "
+                       "after filling it in chunks",
         },
     }
     results: dict[str, StreamConfigResult] = dict(done)
@@ -107,11 +117,20 @@ def stream(
         results[res.name] = res
         write_outputs(out, {**meta, "wall_s": time.perf_counter() - t0}, [results[s.name] for s in specs if s.name in results], chunk)
 
-    evaluate_stream(loaded.model, ids, specs, chunk=chunk, recompute_every=every, max_context=ctx,
+    evaluate_stream(loaded.model, ids, specs, chunk=chunk, recompute_every=every, max_context=ctx, mode=mode,
                     progress=progress, done=done, on_result=save)
     if done and all(s.name in done for s in specs):  # everything was already there: rewrite the files
         write_outputs(out, {**meta, "wall_s": 0.0}, [results[s.name] for s in specs], chunk)
     return json.loads((out / "stream.json").read_text())
+
+
+def _load() -> list[float] | None:
+    import os
+
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _sha(ids: torch.Tensor) -> str:

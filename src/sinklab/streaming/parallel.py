@@ -1,0 +1,153 @@
+"""The sinks + window cache's outputs for a whole stream in one forward pass.
+
+Fed one token at a time through :class:`~sinklab.streaming.SinkCache` (with cache positions),
+token j attends, in every layer, to the first ``n_sink`` tokens and to tokens ``j - window .. j``,
+and RoPE sees the kept tokens at contiguous positions ``0 .. K`` with the query at
+``K = min(j, n_sink + window)``. The keys and values a token leaves in the cache were computed
+with its own such context, so the whole stream can be computed in parallel: one forward over
+the stream at its true positions, in which every layer attends to
+
+* the window ``max(n_sink, j - window) .. j`` -- contiguous, so the true relative distances are the
+  cache's;
+* the sinks ``c < n_sink, c <= j`` with the query rotated to position ``min(j, n_sink + window)``,
+  which puts sink c at the cache distance ``min(j, n_sink + window) - c``
+
+in one softmax. Layers that the model declares sliding-window keep their own window and no sinks,
+as in the cache. This is what ``sinklab stream`` uses for perplexity (tests check it against
+the token-by-token cache); decode latency is measured with the real cache.
+
+The attention function plugs into ``transformers``' ``AttentionInterface`` (see
+``shared/notes/hf-attention-interface.md``); it computes query blocks of ``block`` rows, each
+against at most ``n_sink + window + block`` keys, so memory is O(T (n_sink + window)) per layer.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sinklab.errors import InputError
+from sinklab.streaming.rope import KeyRotation
+
+NAME = "sinklab_sink_window"
+
+
+@dataclass
+class _Plan:
+    n_sink: int
+    window: int | None  # None: full causal attention
+    rotations: list[KeyRotation | None]
+    sliding: list[int | None]  # per layer: the model's own sliding window, or None
+    block: int
+
+
+_PLAN: _Plan | None = None
+
+
+def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, window: int | None,
+                          rotation: KeyRotation | None, scaling: float, block: int = 256) -> Tensor:
+    """Attention of every stream position under the sinks + window cache.
+
+    Args:
+        q: (B, H, T, d) queries rotated at positions 0..T-1 (0-based stream positions).
+        k, v: (B, H_kv, T, d) keys (rotated at 0..T-1) and values; H divisible by H_kv (GQA).
+        n_sink: sink tokens (0: window only). window: recent tokens kept (None: full causal).
+        rotation: the layer's RoPE (None for a model without RoPE: sinks keep true distances).
+        scaling: logit scale (the model's, usually d^-1/2).
+        block: query rows per step.
+
+    Returns:
+        (B, H, T, d) attention outputs, softmax in float32.
+    """
+    B, H, T, d = q.shape
+    if k.shape[1] != H:
+        k = k.repeat_interleave(H // k.shape[1], dim=1)
+        v = v.repeat_interleave(H // v.shape[1], dim=1)
+    W = T if window is None else window
+    s = min(n_sink, T) if window is not None else 0
+    pos = torch.arange(T, device=q.device)
+    qs = q
+    if s and rotation is not None:
+        delta = pos.clamp(max=s + W) - pos  # (T,) <= 0: move late queries back to cache position s + W
+        if bool((delta != 0).any()):
+            qs = rotation.rotate(q, delta)
+    out = torch.empty_like(q)
+    for a in range(0, T, block):
+        b = min(T, a + block)
+        lo = max(s, a - W)
+        j = pos[a:b, None]  # (bq, 1)
+        i = pos[None, lo:b]  # (1, nk)
+        sc = (q[:, :, a:b] @ k[:, :, lo:b].transpose(-1, -2)).float() * scaling  # (B, H, bq, nk)
+        sc = sc.masked_fill(~((i <= j) & (i >= j - W)), float("-inf"))
+        vv = v[:, :, lo:b]
+        if s:
+            ss = (qs[:, :, a:b] @ k[:, :, :s].transpose(-1, -2)).float() * scaling  # (B, H, bq, s)
+            ss = ss.masked_fill(~(pos[None, :s] <= j), float("-inf"))
+            sc = torch.cat((ss, sc), dim=-1)
+            vv = torch.cat((v[:, :, :s], vv), dim=-2)
+        out[:, :, a:b] = torch.softmax(sc, dim=-1).to(v.dtype) @ vv
+    return out
+
+
+def _attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **kwargs):
+    """``AttentionInterface`` function: (B, H, T, d) in, (B, T, H, d) out."""
+    plan = _PLAN
+    if plan is None:
+        raise RuntimeError(f"{NAME} is only usable inside sinklab.streaming.parallel.sink_window_mode")
+    if kwargs.get("softcap") is not None:
+        raise InputError("sinklab stream does not support attention logit softcapping (Gemma 2)")
+    layer = getattr(module, "layer_idx", 0)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    sw = plan.sliding[layer] if layer < len(plan.sliding) else None
+    if sw is not None:  # the model's own local layer: its window, no sinks
+        y = sink_window_attention(query, key, value, n_sink=0, window=sw - 1, rotation=None, scaling=scale,
+                                  block=plan.block)
+    else:
+        y = sink_window_attention(query, key, value, n_sink=plan.n_sink, window=plan.window,
+                                  rotation=plan.rotations[layer], scaling=scale, block=plan.block)
+    return y.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, _attention)
+
+
+@contextmanager
+def sink_window_mode(model, n_sink: int, window: int | None, *, block: int = 256):
+    """Within the block, ``model``'s attention is the sinks + window cache's (``window=None``: full).
+
+    Args:
+        model: a ``transformers`` RoPE decoder (as :class:`~sinklab.streaming.SinkCache` accepts).
+
+    Raises:
+        InputError: as :class:`~sinklab.streaming.SinkCache` for an unsupported model.
+    """
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    from sinklab.streaming.rope import key_rotations
+
+    global _PLAN
+    cfg = model.config.get_text_config(decoder=True)
+    types, kws = get_layer_types_and_kwargs(cfg)
+    bad = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+    if bad:
+        raise InputError(f"sinklab stream supports full and sliding attention layers, this model has {', '.join(bad)}")
+    sliding = [int(kw["sliding_window"]) if t == "sliding_attention" else None for t, kw in zip(types, kws)]
+    plan = _Plan(n_sink, window, key_rotations(model, types), sliding, block)
+    _register()
+    before = model.config._attn_implementation
+    prev, _PLAN = _PLAN, plan
+    model.set_attn_implementation(NAME)
+    try:
+        yield model
+    finally:
+        _PLAN = prev
+        model.set_attn_implementation(before)
+
+
+__all__ = ["sink_window_attention", "sink_window_mode", "NAME"]
