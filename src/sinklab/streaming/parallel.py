@@ -60,7 +60,7 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
         block: query rows per step.
 
     Returns:
-        (B, H, T, d) attention outputs, softmax in float32.
+        (B, H, T, d) attention outputs, softmax in float32 (float64 for a float64 model).
     """
     B, H, T, d = q.shape
     if k.shape[1] != H:
@@ -74,17 +74,18 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
         delta = pos.clamp(max=s + W) - pos  # (T,) <= 0: move late queries back to cache position s + W
         if bool((delta != 0).any()):
             qs = rotation.rotate(q, delta)
+    acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 at least
     out = torch.empty_like(q)
     for a in range(0, T, block):
         b = min(T, a + block)
         lo = max(s, a - W)
         j = pos[a:b, None]  # (bq, 1)
         i = pos[None, lo:b]  # (1, nk)
-        sc = (q[:, :, a:b] @ k[:, :, lo:b].transpose(-1, -2)).float() * scaling  # (B, H, bq, nk)
+        sc = (q[:, :, a:b] @ k[:, :, lo:b].transpose(-1, -2)).to(acc) * scaling  # (B, H, bq, nk)
         sc = sc.masked_fill(~((i <= j) & (i >= j - W)), float("-inf"))
         vv = v[:, :, lo:b]
         if s:
-            ss = (qs[:, :, a:b] @ k[:, :, :s].transpose(-1, -2)).float() * scaling  # (B, H, bq, s)
+            ss = (qs[:, :, a:b] @ k[:, :, :s].transpose(-1, -2)).to(acc) * scaling  # (B, H, bq, s)
             ss = ss.masked_fill(~(pos[None, :s] <= j), float("-inf"))
             sc = torch.cat((ss, sc), dim=-1)
             vv = torch.cat((v[:, :, :s], vv), dim=-2)

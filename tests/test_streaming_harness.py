@@ -1,0 +1,173 @@
+"""sinklab stream: the parallel sinks + window forward, the harness, the CLI.
+
+References: the token-by-token SinkCache (an independent implementation of the same semantics),
+a plain forward for the full cache, a from-scratch forward per window for recompute, and token
+ids assembled by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import run_cli_captured, tiny_gpt2, tiny_neox
+from sinklab.errors import InputError
+from sinklab.streaming import SinkCache, cache_specs, evaluate_stream, token_stream
+from sinklab.streaming.harness import CacheSpec, run_recompute, stream_nll, stream_nll_decode
+from sinklab.streaming.parallel import sink_window_mode
+from test_streaming_cache import llama, stream_logits
+
+
+def parallel_logits(model, ids, n_sink, window, block=5):
+    with torch.no_grad(), sink_window_mode(model, n_sink, window, block=block):
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("n_sink,window", [(2, 8), (0, 6), (4, 3), (1, 60), (3, 1)])
+def test_parallel_forward_equals_token_by_token_cache(n_sink, window):
+    m = llama(layers=3)
+    ids = torch.randint(0, 80, (2, 45), generator=torch.Generator().manual_seed(0))
+    ref = stream_logits(m, ids, SinkCache(m, n_sink=n_sink, window=window), cache_positions=True)
+    assert torch.allclose(parallel_logits(m, ids, n_sink, window), ref, atol=1e-6)
+    assert m.config._attn_implementation == "eager"  # restored
+
+
+def test_parallel_full_is_plain_causal_attention():
+    m = llama(layers=2)
+    ids = torch.randint(0, 80, (1, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(parallel_logits(m, ids, 0, None), m(ids).logits, atol=1e-6)
+
+
+def test_parallel_forward_partial_rotary_and_gemma3():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    neox = tiny_neox().double()
+    ids = torch.randint(0, 80, (1, 30), generator=torch.Generator().manual_seed(2))
+    ref = stream_logits(neox, ids, SinkCache(neox, n_sink=2, window=5), cache_positions=True)
+    assert torch.allclose(parallel_logits(neox, ids, 2, 5), ref, atol=1e-6)
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+                           layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=128,
+                           attn_implementation="eager")
+    gemma = Gemma3ForCausalLM(cfg).eval().double()
+    ref = stream_logits(gemma, ids, SinkCache(gemma, n_sink=2, window=6), cache_positions=True)
+    assert torch.allclose(parallel_logits(gemma, ids, 2, 6), ref, atol=1e-6)
+
+
+def test_stream_nll_parallel_decode_and_reference_agree():
+    m = llama(layers=2).float()
+    ids = torch.randint(0, 80, (40,), generator=torch.Generator().manual_seed(3))
+    spec = CacheSpec("sinks_2", "sink", 2, 7)
+    par = stream_nll(m, ids, spec, max_context=128, block=8)
+    dec = stream_nll_decode(m, ids, spec, max_context=128, progress=False)
+    assert sorted(par) == list(range(39)) and sorted(dec) == list(range(39))
+    assert max(abs(par[t] - dec[t]) for t in par) < 1e-4
+    full = stream_nll(m, ids, CacheSpec("full", "full", None, None), max_context=30, block=8)
+    with torch.no_grad():
+        logits = m(ids[None, :30]).logits[0, :-1].double()
+    ce = torch.nn.functional.cross_entropy(logits, ids[1:30], reduction="none")
+    assert sorted(full) == list(range(29))  # the full cache stops at the model's context
+    assert torch.allclose(torch.tensor([full[t] for t in range(29)], dtype=torch.float64), ce, atol=1e-5)
+
+
+def test_recompute_scores_each_window_from_scratch():
+    m = llama(layers=2).float()
+    ids = torch.randint(0, 80, (30,), generator=torch.Generator().manual_seed(4))
+    res = run_recompute(m, ids, CacheSpec("recompute", "recompute", None, 6), chunk=10, every=4, progress=False)
+    nll = []
+    with torch.no_grad():
+        for t in range(0, 29, 4):
+            logits = m(ids[None, max(0, t - 6) : t + 1]).logits[0, -1].double()
+            nll.append(float(torch.logsumexp(logits, -1) - logits[ids[t + 1]]))
+    assert res.evaluated == 8 and res.positions == [0, 28]
+    assert math.isclose(res.ppl, math.exp(sum(nll) / len(nll)), rel_tol=1e-5)
+    assert math.isclose(res.ppl_matched, res.ppl, rel_tol=1e-12)
+    assert res.ppl_by_chunk[0] == pytest.approx(math.exp(sum(nll[:3]) / 3), rel=1e-5)  # positions 0, 4, 8
+
+
+def test_evaluate_stream_window_larger_than_stream_equals_full():
+    m = llama(layers=2).float()
+    ids = torch.randint(0, 80, (50,), generator=torch.Generator().manual_seed(5))
+    specs = cache_specs(window=64, sinks=[0, 2])
+    res = {r.name: r for r in evaluate_stream(m, ids, specs, chunk=16, recompute_every=7, max_context=128,
+                                              latency_steps=4, progress=False)}
+    assert list(res) == ["full", "window", "sinks_2", "recompute"]
+    assert res["window"].ppl == pytest.approx(res["full"].ppl, rel=1e-5)
+    assert res["sinks_2"].ppl_by_chunk == pytest.approx(res["full"].ppl_by_chunk, rel=1e-5)
+    assert len(res["full"].ppl_by_chunk) == 4 and res["full"].evaluated == 49
+    # a window of 64 sees all of a 50-token stream: recompute scores the same predictions as full
+    assert res["recompute"].ppl == pytest.approx(res["full"].ppl_matched, rel=1e-4)
+    assert res["sinks_2"].cache_bytes == 2 * 2 * (2 * 50 * 8) * 4  # layers x (k, v) x (H_kv T d) x fp32
+
+
+def test_token_stream_joins_documents_in_order(tokenizer):
+    docs = ["", "sink", "the token . w1 w2", "a a a"]
+    ids = token_stream(tokenizer, docs, 8)
+    voc = tokenizer.get_vocab()
+    expect = [1] + [voc[w] for w in "sink the token . w1 w2 a".split()]  # BOS, empty doc skipped
+    assert ids.tolist() == expect
+    with pytest.raises(InputError, match="has 10 tokens in all, fewer than --tokens 11"):
+        token_stream(tokenizer, docs, 11)
+
+
+def test_cache_specs_names_and_bad_input():
+    assert [s.name for s in cache_specs(8, [0, 1, 4, 1])] == ["full", "window", "sinks_1", "sinks_4", "recompute"]
+    with pytest.raises(InputError, match="--window must be >= 1"):
+        cache_specs(0, [1])
+    with pytest.raises(InputError, match="--sinks must be >= 0"):
+        cache_specs(8, [-1])
+
+
+def test_cli_stream_writes_results_and_resumes(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
+    out = tmp_path / "st"
+    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "100",
+            "--window", "16", "--sinks", "0", "1", "2", "--out", str(out), "--recompute-every", "9"]
+    code, stdout, err = run_cli_captured(argv, capsys)
+    assert code == 0, err
+    data = json.loads((out / "stream.json").read_text())
+    names = [c["name"] for c in data["configs"]]
+    assert names == ["full", "window", "sinks_1", "sinks_2", "recompute"]
+    for c in data["configs"]:
+        assert {"name", "n_sink", "window", "ppl", "ppl_by_chunk", "latency_ms_per_token", "cache_bytes"} <= set(c)
+        assert len(c["ppl_by_chunk"]) == math.ceil(100 / 16) and c["ppl"] > 1
+    assert data["command"].startswith("sinklab stream") and data["tokens"] == 100
+    table = pd.read_csv(out / "stream.csv")
+    assert list(table["name"]) == names
+    assert set(pd.read_csv(out / "stream_by_chunk.csv")["config"]) == set(names)
+    assert (out / "stream_ppl.png").stat().st_size > 0
+    assert "sinks_2" in stdout
+    # a second run with the same settings reuses every configuration
+    code, stdout2, err = run_cli_captured(argv, capsys)
+    assert code == 0, err
+    again = json.loads((out / "stream.json").read_text())
+    assert [c["ppl"] for c in again["configs"]] == [c["ppl"] for c in data["configs"]]
+    assert [c["latency_ms_per_token"] for c in again["configs"]] == [c["latency_ms_per_token"] for c in data["configs"]]
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--window", "0"], "--window must be >= 1"),
+    (["--window", "8", "--sinks", "-1"], "--sinks must be >= 0"),
+    (["--window", "126", "--sinks", "4"], "n_sink + window = 130 exceeds the model's context of 128 tokens"),
+    (["--window", "8", "--tokens", "100000"], "has 801 tokens in all, fewer than --tokens 100000"),
+])
+def test_cli_stream_bad_input(tiny_model_dir, text_corpus_dir, tmp_path, capsys, extra, msg):
+    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--out", str(tmp_path / "o"),
+            "--tokens", "50", *extra]
+    code, _, err = run_cli_captured(argv, capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_stream_refuses_model_without_rope(tokenizer, text_corpus_dir, tmp_path, capsys):
+    d = tmp_path / "gpt2"
+    tiny_gpt2(vocab_size=len(tokenizer)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    code, _, err = run_cli_captured(["stream", "--model", str(d), "--corpus", str(text_corpus_dir), "--tokens", "50",
+                                     "--window", "8", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "learned absolute position embeddings" in err
