@@ -364,8 +364,17 @@ def plot_ppl(results: Sequence[StreamConfigResult], chunk: int, path: Path, titl
     for r in results:
         xs = [(c + 0.5) * chunk for c, p in enumerate(r.ppl_by_chunk) if p is not None]
         ys = [p for p in r.ppl_by_chunk if p is not None]
-        style = "--" if r.name in ("full", "recompute") else "-"
+        if r.name == "recompute":  # sampled positions: a few per chunk, so points, not a line
+            per = max(1, round(r.evaluated / max(len(xs), 1)))
+            ax.plot(xs, ys, "x", color="0.35", ms=5,
+                    label=f"recompute (ppl {r.ppl:.1f} over {r.evaluated} sampled positions, ~{per} per chunk)")
+            continue
+        style = "--" if r.name == "full" else "-"
         ax.plot(xs, ys, style, marker="o", ms=3, label=f"{r.name} (ppl {r.ppl:.1f})")
+    windows = {r.window for r in results if r.window is not None and r.name != "recompute"}
+    if len(windows) == 1:
+        ax.axvline(next(iter(windows)), color="0.6", lw=0.8, ls=":")
+        ax.text(next(iter(windows)), ax.get_ylim()[1], " eviction starts", va="top", fontsize=7, color="0.4")
     ax.set_yscale("log")
     ax.set_xlabel("position in the stream (tokens)")
     ax.set_ylabel(f"perplexity per {chunk}-token chunk")

@@ -83,8 +83,8 @@ def stream(
     out = Path(out)
     key = {"model": loaded.info.name, "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
            "recompute_every": every, "stream_sha": _sha(ids)}
-    done = _resumable(out, key)
-    argv = " ".join(shlex.quote(a) for a in sys.argv) if Path(sys.argv[0]).name == "sinklab" else None
+    done, prev_meta = _resumable(out, key)
+    argv = " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]]) if Path(sys.argv[0]).name == "sinklab" else None
     cmd = ["sinklab", "stream", "--model", model, "--corpus", corpus, "--tokens", str(tokens), "--window", str(window),
            "--sinks", *map(str, sinks), "--out", str(out)]
     if chunk != window:
@@ -119,8 +119,8 @@ def stream(
 
     evaluate_stream(loaded.model, ids, specs, chunk=chunk, recompute_every=every, max_context=ctx, mode=mode,
                     progress=progress, done=done, on_result=save)
-    if done and all(s.name in done for s in specs):  # everything was already there: rewrite the files
-        write_outputs(out, {**meta, "wall_s": 0.0}, [results[s.name] for s in specs], chunk)
+    if done and all(s.name in done for s in specs):  # everything was already there: redraw from the file
+        write_outputs(out, prev_meta, [results[s.name] for s in specs], chunk)
     return json.loads((out / "stream.json").read_text())
 
 
@@ -139,18 +139,20 @@ def _sha(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
 
 
-def _resumable(out: Path, key: dict) -> dict[str, StreamConfigResult]:
-    """Configurations in ``out/stream.json`` computed with the same settings (else none)."""
+def _resumable(out: Path, key: dict) -> tuple[dict[str, StreamConfigResult], dict]:
+    """Configurations in ``out/stream.json`` computed with the same settings (else none), and that
+    file's other fields (command, versions, wall time...)."""
     path = out / "stream.json"
     if not path.exists():
-        return {}
+        return {}, {}
     try:
         prev = json.loads(path.read_text())
     except json.JSONDecodeError:
-        return {}
+        return {}, {}
     if any(prev.get(k) != v for k, v in key.items()):
-        return {}
-    return {c["name"]: result_from_dict(c) for c in prev.get("configs", [])}
+        return {}, {}
+    configs = prev.pop("configs", [])
+    return {c["name"]: result_from_dict(c) for c in configs}, prev
 
 
 __all__ = ["stream", "DEFAULT_SINKS"]
