@@ -73,6 +73,15 @@ BAD = [
     (["report", TMP + "/no-results"], "no sweep folders"),
     (["dynamics", "softmax=" + TMP + "/no-run", "--out", TMP + "/d.png"], "does not exist"),
     (["dynamics", "softmax=" + TMP + "/no-run", "--out", TMP + "/d.png", "--level", "high"], "valid number"),
+    # stream
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--window", "0", "--out", TMP + "/s"], "--window must be >= 1"),
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "-2", "--out", TMP + "/s"], "--sinks must be >= 0"),
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--window", "200", "--out", TMP + "/s"], "exceeds the model's context"),
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--tokens", "100000", "--window", "8", "--out", TMP + "/s"],
+     "fewer than --tokens 100000"),
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0", "x", "--out", TMP + "/s"], "--sinks takes integers"),
+    (["stream", "--model", MODEL, "--mode", "fast", "--corpus", CORPUS, "--window", "8", "--tokens", "20",
+      "--out", TMP + "/s"], "unknown mode"),
     (["nosuchcommand"], "No such command"),
 ]
 

@@ -68,6 +68,8 @@ def stream(
 
     if tokens < 2:
         raise InputError(f"--tokens must be >= 2, got {tokens}")
+    if mode not in ("parallel", "decode"):
+        raise InputError(f"unknown mode {mode!r}: parallel | decode")
     specs = cache_specs(window, sinks, full=full, recompute=recompute)
     chunk = chunk or window
     every = recompute_every or max(1, math.ceil(tokens / 128))
