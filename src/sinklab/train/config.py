@@ -158,6 +158,13 @@ class TrainConfig:
         log_every: steps between metrics.jsonl lines.
         checkpoint_every: steps between checkpoints (always one at the end; 0 = end only).
         tensorboard: also log to ``DIR/tb``.
+        parallel: data-parallel engine when launched on several processes (``torchrun`` or
+            ``sinklab train --nproc N``): None or "ddp" (DistributedDataParallel, the default) or
+            "fsdp" (FSDP2 ``fully_shard``: parameters, gradients and optimizer state sharded).
+            Ignored by a single process. ``batch_size`` stays the global batch: each of the W
+            ranks takes ``batch_size / W`` windows of every micro-batch, so the losses do not
+            depend on W (see :mod:`sinklab.train.distributed`). None is written as an absent key,
+            so configs written before this option existed read back byte-identical.
     """
 
     steps: int = 1000
@@ -171,9 +178,12 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 200
     tensorboard: bool = True
+    parallel: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "train")
+        if self.parallel not in (None, "ddp", "fsdp"):
+            raise ConfigError(f"train.parallel must be 'ddp' or 'fsdp', got {self.parallel!r}")
         for k in ("steps", "batch_size", "grad_accum", "log_every"):
             _positive(f"train.{k}", getattr(self, k))
         if self.prefix_len < 0 or self.checkpoint_every < 0:
