@@ -229,8 +229,10 @@ def tokenize_documents(
     return load_token_folder(folder)
 
 
-def load_documents(corpus: str | Sequence[str]) -> tuple[list[str], dict]:
-    """Documents of one corpus or a mix (list of names/paths) from :mod:`sinklab.zoo.corpora`.
+def load_documents(corpus: str | Sequence[str], *, text_field: str = "text",
+                   num_proc: int | None = None) -> tuple[list[str], dict]:
+    """Documents of one corpus or a mix (list of names/paths/datasets) from :mod:`sinklab.zoo.corpora`
+    (``text_field``, ``num_proc``: for datasets, see :mod:`sinklab.data.documents`).
 
     Returns (documents, source) where ``source`` maps each corpus name to its recorded provenance.
 
@@ -245,7 +247,7 @@ def load_documents(corpus: str | Sequence[str]) -> tuple[list[str], dict]:
     docs: list[str] = []
     source: dict = {}
     for n in names:
-        c = load_corpus(n)
+        c = load_corpus(n, text_field=text_field, num_proc=num_proc)
         docs.extend(c.documents)
         source[str(n)] = {"name": c.name, "n_docs": len(c.documents), **_jsonable(c.source)}
     return docs, source
@@ -266,9 +268,11 @@ def prepare_corpus(
     val_fraction: float = 0.05,
     split_seed: int = 0,
     cache_root: str | Path | None = None,
+    text_field: str = "text",
+    num_proc: int | None = None,
 ) -> TokenizedCorpus:
     """:func:`load_documents` followed by :func:`tokenize_documents` (see both)."""
-    docs, source = load_documents(corpus)
+    docs, source = load_documents(corpus, text_field=text_field, num_proc=num_proc)
     return tokenize_documents(
         docs,
         tokenizer=tokenizer,

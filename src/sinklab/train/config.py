@@ -54,6 +54,10 @@ class DataConfig:
             :data:`sinklab.data.synthetic.SYNTHETIC` (e.g. "synthetic-bigram-backcopy"); a
             synthetic source ignores corpus/tokenizer/vocab_size and brings its own vocabulary.
         synthetic: options of the synthetic source (e.g. ``{vocab = 64, n_triggers = 3}``).
+        text_field: column holding the text when ``corpus`` is a dataset (JSON lines, Parquet,
+            Arrow, ``hf:NAME``; see :mod:`sinklab.data.documents`); None = "text".
+        num_proc: processes for reading a dataset; None = automatic. Neither option changes the
+            tokens of a ``.txt`` or zoo corpus; None values are not written to ``config.toml``.
     """
 
     corpus: str | list[str] = "sotu"
@@ -69,9 +73,13 @@ class DataConfig:
     cache_dir: str = ""
     source: str = "corpus"
     synthetic: dict[str, Any] = field(default_factory=dict)
+    text_field: str | None = None
+    num_proc: int | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "data")
+        if self.num_proc is not None and self.num_proc < 1:
+            raise ConfigError(f"data.num_proc must be >= 1, got {self.num_proc}")
         if self.source != "corpus":
             from sinklab.data.synthetic import vocab_size as synthetic_vocab
 

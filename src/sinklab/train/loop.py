@@ -43,8 +43,8 @@ from sinklab.train.tracker import SinkTracker
 
 #: config keys that may change between a run and its resume without changing the losses
 RESUME_MAY_DIFFER = {
-    "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard", "train.parallel",
-    "track.every", "track.batch_size", "track.emerge_level",
+    "data.num_proc", "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard",
+    "train.parallel", "track.every", "track.batch_size", "track.emerge_level",
 }
 
 
@@ -125,7 +125,8 @@ def prepare_data(cfg: RunConfig, out: Path) -> TokenizedCorpus:
         return load_synthetic(d.source, d.synthetic, d.seq_len)
     cache = None if d.cache_dir == "" else (out / "tokens" if d.cache_dir == "run" else Path(d.cache_dir))
     return prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=d.vocab_size, val_fraction=d.val_fraction,
-                          split_seed=d.split_seed, cache_root=cache)
+                          split_seed=d.split_seed, cache_root=cache, text_field=d.text_field or "text",
+                          num_proc=d.num_proc)
 
 
 def _packing_context(cfg: RunConfig, tc: TokenizedCorpus) -> PackingContext:
