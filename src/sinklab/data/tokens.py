@@ -232,7 +232,7 @@ def tokenize_documents(
 def load_documents(corpus: str | Sequence[str], *, text_field: str = "text",
                    num_proc: int | None = None) -> tuple[list[str], dict]:
     """Documents of one corpus or a mix (list of names/paths/datasets) from :mod:`sinklab.zoo.corpora`
-    (``text_field``, ``num_proc``: for datasets, see :mod:`sinklab.data.documents`).
+    (``text_field``, ``num_proc``: for datasets, see :mod:`sinklab.zoo.datasets_io`).
 
     Returns (documents, source) where ``source`` maps each corpus name to its recorded provenance.
 

@@ -55,7 +55,7 @@ class DataConfig:
             synthetic source ignores corpus/tokenizer/vocab_size and brings its own vocabulary.
         synthetic: options of the synthetic source (e.g. ``{vocab = 64, n_triggers = 3}``).
         text_field: column holding the text when ``corpus`` is a dataset (JSON lines, Parquet,
-            Arrow, ``hf:NAME``; see :mod:`sinklab.data.documents`); None = "text".
+            Arrow, ``hf:NAME``; see :mod:`sinklab.zoo.datasets_io`); None = "text".
         num_proc: processes for reading a dataset; None = automatic. Neither option changes the
             tokens of a ``.txt`` or zoo corpus; None values are not written to ``config.toml``.
     """

@@ -538,7 +538,7 @@ def _read_path(path: Path, given: str) -> Corpus:
 
 def load_corpus(name_or_path: str, *, text_field: str = "text", num_proc: int | None = None) -> Corpus:
     """Load a zoo corpus (fetched and cached on first use), a ``.txt`` file, a folder of ``.txt`` files,
-    or a dataset (JSON lines, Parquet, Arrow, ``hf:NAME``; see :mod:`sinklab.data.documents`).
+    or a dataset (JSON lines, Parquet, Arrow, ``hf:NAME``; see :mod:`sinklab.zoo.datasets_io`).
 
     A file gives one document (its stem is the title); a folder gives one
     document per ``*.txt`` file, sorted by name. Empty documents are skipped.
@@ -554,7 +554,7 @@ def load_corpus(name_or_path: str, *, text_field: str = "text", num_proc: int | 
     """
     if name_or_path in CORPORA:
         return _read_cached(name_or_path, fetch_corpus(name_or_path))
-    from sinklab.data.documents import is_dataset, read_dataset
+    from sinklab.zoo.datasets_io import is_dataset, read_dataset
 
     if is_dataset(name_or_path):
         titles, docs, source = read_dataset(name_or_path, text_field=text_field, num_proc=num_proc,
