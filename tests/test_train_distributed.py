@@ -61,13 +61,15 @@ def losses(run: Path) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def one_process(corpus, tmp_path_factory):
-    """The reference: 4 steps on one process (no torchrun)."""
-    cfg = from_dict(apply_overrides(raw_cfg(corpus), ["train.steps=4"]))
+    """The reference: 5 steps on one process (no torchrun)."""
+    cfg = from_dict(apply_overrides(raw_cfg(corpus), ["train.steps=5"]))
     return loop.train(cfg, tmp_path_factory.mktemp("one") / "run", progress=False).losses
 
 
 @pytest.mark.parametrize("parallel,launcher", [("ddp", "sinklab"), ("fsdp", "torchrun")])
 def test_two_ranks_equal_one_process_and_resume_on_one(corpus, one_process, tmp_path, parallel, launcher):
+    """3 steps on 2 ranks == 3 steps on 1 process; that checkpoint resumed on 1 process gives the
+    4th loss; (FSDP2) that 1-process checkpoint resumed on 2 ranks gives the 5th."""
     cfg_file = tmp_path / "cfg.toml"
     cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), [f"train.parallel={parallel}"]))))
     out = tmp_path / "two"
@@ -88,6 +90,13 @@ def test_two_ranks_equal_one_process_and_resume_on_one(corpus, one_process, tmp_
     nxt = loop.train(cfg4, out, resume=True, progress=False).losses
     assert sorted(nxt) == [4]
     assert nxt[4] == pytest.approx(one_process[4], abs=2e-5)
+    if parallel == "fsdp":  # a full one-process checkpoint loaded into sharded parameters and optimizer state
+        p = subprocess.run([*cmd, "--resume", "--set", "train.steps=5"], env=env(), capture_output=True, text=True,
+                           timeout=180)
+        assert p.returncode == 0, p.stderr[-3000:]
+        five = losses(out)
+        assert sorted(five) == [1, 2, 3, 4, 5]
+        assert five[5] == pytest.approx(one_process[5], abs=2e-5)
 
 
 def test_dead_rank_fails_the_launch_with_a_clear_message(corpus, tmp_path):
