@@ -110,12 +110,29 @@ def _digest(documents: Sequence[str], settings: dict) -> str:
     return h.hexdigest()[:20]
 
 
-def _write_split(folder: Path, name: str, ids: list[list[int]], dtype: np.dtype) -> None:
-    lengths = np.array([len(x) for x in ids], dtype=np.int64)
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate([np.asarray(x, dtype=dtype) for x in ids]) if ids else np.zeros(0, dtype=dtype)
-    flat.tofile(folder / f"{name}.bin")
+#: documents encoded per ``encode_batch`` call (bounds the token ids held in memory at once)
+ENCODE_CHUNK = 4096
+
+
+def _encode_split(folder: Path, name: str, tok: Tokenizer, docs: Sequence[str], dtype: np.dtype) -> None:
+    """Encode ``docs`` (in order) into ``name.bin`` (flat ids) and ``name.idx.npy`` (offsets).
+
+    Chunks of :data:`ENCODE_CHUNK` documents are encoded in parallel by ``tokenizers`` and appended
+    to the file, so only one chunk's ids are in memory; a progress bar runs when stderr is a
+    terminal and there is more than one chunk. The bytes equal those of encoding all at once.
+    """
+    from tqdm.auto import tqdm
+
+    lengths: list[int] = []
+    with open(folder / f"{name}.bin", "wb") as f, tqdm(total=len(docs), desc=f"tokenizing {name}", unit="doc",
+                                                         disable=None if len(docs) > ENCODE_CHUNK else True) as bar:
+        for s in range(0, len(docs), ENCODE_CHUNK):
+            for e in tok.encode_batch(list(docs[s : s + ENCODE_CHUNK]), add_special_tokens=False):
+                np.asarray(e.ids, dtype=dtype).tofile(f)
+                lengths.append(len(e.ids))
+            bar.update(min(ENCODE_CHUNK, len(docs) - s))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
     np.save(folder / f"{name}.idx.npy", offsets)
 
 
@@ -205,8 +222,7 @@ def tokenize_documents(
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}.tmp"))
     try:
         for name, split_docs in (("train", train_docs), ("val", val_docs)):
-            ids = [e.ids for e in tok.encode_batch(split_docs, add_special_tokens=False)]
-            _write_split(tmp, name, ids, dtype)
+            _encode_split(tmp, name, tok, split_docs, dtype)
         tok.save(str(tmp / "tokenizer.json"))
         meta = {
             **settings,
