@@ -47,7 +47,19 @@ def token_bytes(spec, cache, **kw):
     return {f: (tc.folder / f).read_bytes() for f in TOKEN_FILES}
 
 
-def test_jsonl_and_parquet_give_the_txt_folder_token_files(sources, tmp_path):
+def test_jsonl_and_parquet_give_the_txt_folder_token_files(sources, tmp_path, monkeypatch):
+    """The dataset path never materialises the corpus (hashing, BPE training and encoding iterate
+    the on-disk documents, several read batches); its token files equal the .txt folder's."""
+    from sinklab.zoo.datasets_io import ArrowDocuments
+
+    monkeypatch.setattr(ArrowDocuments, "BATCH", 4)
+    by_slice = ArrowDocuments.__getitem__
+
+    def batches_only(self, i):  # one document at a time would mean a per-row Python loop over the corpus
+        assert isinstance(i, slice), "the dataset path read a single document"
+        return by_slice(self, i)
+
+    monkeypatch.setattr(ArrowDocuments, "__getitem__", batches_only)
     ref = token_bytes(sources["txt"], tmp_path / "a")
     assert len(ref["train.bin"]) > 0
     assert token_bytes(sources["jsonl"], tmp_path / "b", text_field="body") == ref  # separate caches: recomputed
@@ -56,7 +68,9 @@ def test_jsonl_and_parquet_give_the_txt_folder_token_files(sources, tmp_path):
 
 def test_dataset_documents_are_cleaned_like_txt_files(sources, texts):
     txt, jl = load_corpus(sources["txt"]), load_corpus(sources["jsonl"], text_field="body", num_proc=2)
-    assert jl.documents == txt.documents and len(jl.documents) == len(texts) - 1
+    assert list(jl.documents) == txt.documents and len(jl.documents) == len(texts) - 1
+    assert jl.documents[-1] == txt.documents[-1] and jl.documents[1:3] == txt.documents[1:3]
+    assert jl.titles[:2] == ["0", "1"] and jl.titles[5] == "6"  # row numbers; the empty row 5 is dropped
     assert jl.documents[0].startswith("Doc 0\n\n") and jl.source["text_field"] == "body"
 
 
@@ -65,7 +79,7 @@ def test_arrow_saved_dataset(sources, texts, tmp_path):
 
     datasets.Dataset.from_dict({"text": texts, "title": [f"t{i}" for i in range(len(texts))]}).save_to_disk(str(tmp_path / "ds"))
     c = load_corpus(str(tmp_path / "ds"))
-    assert c.documents == load_corpus(sources["txt"]).documents and c.titles[:2] == ["t0", "t1"]
+    assert list(c.documents) == load_corpus(sources["txt"]).documents and c.titles[:2] == ["t0", "t1"]
 
 
 def test_bad_datasets(sources, tmp_path, monkeypatch):

@@ -182,7 +182,9 @@ def tokenize_documents(
     training documents only.
 
     Args:
-        documents: the corpus, one string per document.
+        documents: the corpus, one string per document: a list, or a lazy sequence on disk with
+            ``select(indices)`` (:class:`sinklab.zoo.datasets_io.ArrowDocuments`, whose empty
+            documents are already dropped), which is only ever iterated in batches.
         tokenizer: "bpe" (train a byte-level BPE of ``vocab_size``) or "gpt2".
         vocab_size: BPE vocabulary size (ignored for gpt2).
         val_fraction: share of documents held out for validation and the probe set.
@@ -195,8 +197,9 @@ def tokenize_documents(
     """
     from sinklab.paths import cache_dir
 
-    docs = [d for d in documents if d and d.strip()]
-    if not docs:
+    lazy = callable(getattr(documents, "select", None))
+    docs = documents if lazy else [d for d in documents if d and d.strip()]
+    if not len(docs):
         raise InputError("the corpus has no non-empty documents")
     settings = {
         "format": FORMAT_VERSION,
@@ -212,8 +215,10 @@ def tokenize_documents(
         return load_token_folder(folder)
 
     train_idx, val_idx = split_documents(len(docs), val_fraction, split_seed)
-    train_docs = [docs[i] for i in train_idx]
-    val_docs = [docs[i] for i in val_idx]
+    if lazy:
+        train_docs, val_docs = docs.select(train_idx), docs.select(val_idx)
+    else:
+        train_docs, val_docs = [docs[i] for i in train_idx], [docs[i] for i in val_idx]
     tok = build_tokenizer(tokenizer, train_docs, vocab_size)
     n_vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(np.uint16 if n_vocab <= 1 << 16 else np.uint32)
@@ -251,6 +256,8 @@ def load_documents(corpus: str | Sequence[str], *, text_field: str = "text",
     (``text_field``, ``num_proc``: for datasets, see :mod:`sinklab.zoo.datasets_io`).
 
     Returns (documents, source) where ``source`` maps each corpus name to its recorded provenance.
+    ``documents`` is a list, except for a single dataset corpus: then its lazy on-disk
+    :class:`~sinklab.zoo.datasets_io.ArrowDocuments` (a mix of corpora is joined into a list).
 
     Raises:
         UnknownNameError / InputError / FetchError: from ``load_corpus``.
@@ -260,6 +267,9 @@ def load_documents(corpus: str | Sequence[str], *, text_field: str = "text",
     names = [corpus] if isinstance(corpus, str) else list(corpus)
     if not names:
         raise InputError("data.corpus is empty; give a corpus name, a path, or a list of them")
+    if len(names) == 1:  # one corpus: its documents as they are (a dataset's stay on disk)
+        c = load_corpus(names[0], text_field=text_field, num_proc=num_proc)
+        return c.documents, {str(names[0]): {"name": c.name, "n_docs": len(c.documents), **_jsonable(c.source)}}
     docs: list[str] = []
     source: dict = {}
     for n in names:

@@ -7,6 +7,12 @@ its cache under ``$SINKLAB_HOME/datasets``). One row is one document: its ``text
 empty rows are skipped, so a dataset holding the texts of a folder of ``.txt`` files, in file-name
 order, yields the same documents and hence the same token files (:mod:`sinklab.data.tokens`).
 
+The documents stay on disk: :func:`read_dataset` returns them as :class:`ArrowDocuments`, a
+sequence over the memory-mapped Arrow table that reads rows in batches, and the tokenizer pipeline
+iterates it (content hash, BPE training, chunked encoding) without ever holding the corpus as
+Python strings, so a corpus larger than memory can be tokenized. The cleaning pass is cached by
+``datasets`` (a second run reuses it).
+
 Accepted corpus strings (``data.corpus``):
 
 * ``PATH.jsonl`` / ``PATH.json`` (JSON lines), ``PATH.parquet``, ``PATH.arrow``: one file;
@@ -19,14 +25,52 @@ Accepted corpus strings (``data.corpus``):
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from sinklab.errors import FetchError, InputError
 
 #: file suffix -> ``datasets`` packaged builder
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 HUB_PREFIX = "hf:"
+
+
+class ArrowDocuments(Sequence):
+    """One string column of a ``datasets.Dataset`` as a read-only sequence of str, read from the
+    memory-mapped Arrow table on demand (iteration and slices: :attr:`BATCH` rows per read).
+
+    ``select(indices)`` gives the rows ``indices`` (0-based, in that order) as another lazy sequence.
+    """
+
+    BATCH = 1024
+
+    def __init__(self, ds, column: str) -> None:
+        self.ds = ds.select_columns([column])
+        self.column = column
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            return self.ds[start:stop][self.column] if stop > start else []
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"document {i} out of range ({n} documents)")
+        return self.ds[i][self.column]
+
+    def __iter__(self) -> Iterator[str]:
+        for s in range(0, len(self), self.BATCH):
+            yield from self.ds[s : s + self.BATCH][self.column]
+
+    def select(self, indices) -> "ArrowDocuments":
+        return ArrowDocuments(self.ds.select(indices), self.column)
 
 
 def is_dataset(spec: str) -> bool:
@@ -74,8 +118,8 @@ def _load(spec: str):
 
 
 def read_dataset(spec: str, *, text_field: str = "text", num_proc: int | None = None,
-                 clean: Callable[[str], str] = lambda t: t) -> tuple[list[str], list[str], dict]:
-    """Documents of a dataset: (titles, documents, source).
+                 clean: Callable[[str], str] = lambda t: t) -> tuple[ArrowDocuments, ArrowDocuments, dict]:
+    """Documents of a dataset: (titles, documents, source), both lazy sequences on disk.
 
     Args:
         spec: a dataset path or ``hf:NAME[:CONFIG]`` (module docstring).
@@ -85,8 +129,9 @@ def read_dataset(spec: str, *, text_field: str = "text", num_proc: int | None = 
         clean: text -> text applied to every row before empty rows are dropped.
 
     Returns:
-        titles (``title`` column when present, else ``"<row>"``, 0-based), documents, and a
-        provenance dict (``registry``, ``package``, ``n_documents``, ``n_chars``, ``text_field``).
+        titles (``title`` column when present, else the 0-based row number), documents (empty rows
+        dropped), and a provenance dict (``registry``, ``package``, ``n_documents``, ``n_chars``,
+        ``text_field``).
 
     Raises:
         InputError: unreadable file, missing column (names the columns), no text.
@@ -99,16 +144,19 @@ def read_dataset(spec: str, *, text_field: str = "text", num_proc: int | None = 
     if num_proc is None:
         num_proc = min(4, os.cpu_count() or 1) if len(ds) > 10_000 else 1
     has_title = "title" in ds.column_names
-    cleaned = ds.map(lambda row: {"_doc": clean(row[text_field] or "")}, num_proc=num_proc if num_proc > 1 else None,
-                     desc="cleaning documents", remove_columns=[c for c in ds.column_names if c != "title"])
-    docs = cleaned["_doc"]
-    titles = cleaned["title"] if has_title else [str(i) for i in range(len(docs))]
-    keep = [i for i, d in enumerate(docs) if d]
-    docs, titles = [docs[i] for i in keep], [str(titles[i]) for i in keep]
-    if not docs:
+
+    def row(r, i):
+        return {"_doc": clean(r[text_field] or ""), "_title": str(r["title"]) if has_title else str(i)}
+
+    proc = num_proc if num_proc > 1 else None
+    cleaned = ds.map(row, with_indices=True, num_proc=proc, desc="cleaning documents", remove_columns=ds.column_names)
+    cleaned = cleaned.filter(lambda r: bool(r["_doc"]), num_proc=proc, desc="dropping empty documents")
+    docs, titles = ArrowDocuments(cleaned, "_doc"), ArrowDocuments(cleaned, "_title")
+    if not len(docs):
         raise InputError(f"dataset {spec!r} contains no text in column {text_field!r}")
+    n_chars = sum(len(d) for d in docs)
     source = {"registry": "datasets" if spec.startswith(HUB_PREFIX) else "path",
               "package": spec if spec.startswith(HUB_PREFIX) else str(Path(spec).expanduser().resolve()),
               "version": None, "sha256": None, "license": None, "text_field": text_field,
-              "n_documents": len(docs), "n_chars": sum(len(d) for d in docs)}
+              "n_documents": len(docs), "n_chars": n_chars}
     return titles, docs, source
