@@ -1,6 +1,5 @@
 """Measuring a model spread over devices by an accelerate device map, and several models in one go."""
 
-import json
 
 import pytest
 import torch

@@ -35,8 +35,8 @@ from sinklab.data.packing import IGNORE_INDEX, PackedData, PackingContext, make_
 from sinklab.data.probe import probe_set
 from sinklab.data.tokens import TokenizedCorpus, prepare_corpus
 from sinklab.errors import ConfigError, InputError, SinklabError
-from sinklab.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from sinklab.train import distributed
+from sinklab.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from sinklab.train.config import RunConfig, diff_keys, flatten, to_toml
 from sinklab.train.schedule import lr_at
 from sinklab.train.tracker import SinkTracker
