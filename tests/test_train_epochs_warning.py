@@ -20,23 +20,25 @@ def test_warns_past_the_threshold_with_the_hand_worked_epoch_count():
     assert "8.0 times" in msg and "800 distinct" in msg and "6,400" not in msg and "128" in msg
 
 
-def test_cli_prints_the_warning(tmp_path, capsys):
+def test_train_reports_the_warning_before_training(tmp_path):
+    """The warning reaches ``notify`` (the CLI's stderr echo) with the run's real token count."""
     import random
 
-    from conftest import run_cli_captured
+    import sinklab.train.loop as loop
+    from sinklab.train.config import from_dict
 
     texts = tmp_path / "t"
     texts.mkdir()
     rng = random.Random(0)
     for i in range(6):
         (texts / f"d{i}.txt").write_text(" ".join(rng.choice("a b c the of and".split()) for _ in range(40)))
-    sets = [f"data.corpus={str(texts)!r}".replace("'", '"'), "data.vocab_size=280", "data.seq_len=16", "data.val_fraction=0.34",
-            "model.d_model=8", "model.n_layers=1", "model.n_heads=1", "model.d_ff=8", "train.batch_size=4",
-            "train.tensorboard=false", "train.device=\"cpu\"", "track.n_probe=2", "track.probe_len=16", "track.positions=2",
-            "track.val_windows=2"]
-    argv = ["train", "tiny-cpu", "--out", str(tmp_path / "run"), "--steps", "20", "--no-progress"]
-    for s in sets:
-        argv += ["--set", s]
-    code, _, err = run_cli_captured(argv, capsys)
-    assert code == 0, err
-    assert "warning: 20 steps x 64 tokens pass over the" in err and "memorise" in err
+    cfg = from_dict({
+        "model": {"d_model": 8, "n_layers": 1, "n_heads": 1, "d_ff": 8},
+        "data": {"corpus": str(texts), "vocab_size": 280, "seq_len": 16, "val_fraction": 0.34, "cache_dir": "run"},
+        "train": {"steps": 20, "batch_size": 4, "tensorboard": False, "device": "cpu"},
+        "track": {"n_probe": 2, "probe_len": 16, "positions": 2, "val_windows": 2},
+    })
+    said: list[str] = []
+    loop.train(cfg, tmp_path / "run", progress=False, stop_after=1, notify=said.append)
+    assert len(said) == 1
+    assert said[0].startswith("warning: 20 steps x 64 tokens pass over the") and "memorise" in said[0]
