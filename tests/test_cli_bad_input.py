@@ -54,6 +54,13 @@ BAD = [
     (["measure", "--model", MODEL, "--accept-license=yes"], "does not take a value"),
     (["measure", "--model", MODEL, "--allow-long-context=1"], "does not take a value"),
     (["measure", "--no-such-option"], "No such option"),
+    (["measure", "--model", MODEL, "--device", "tpu"], "--device"),
+    (["measure", "--model", MODEL, "--device-map", "balanced"], "--device-map"),
+    (["measure", "--model", MODEL, "--model", MODEL], "twice"),
+    # compare
+    (["compare"], "Missing argument"),
+    (["compare", TMP], "at least two"),
+    (["compare", TMP, TMP + "/x"], "no results.json"),
     # train
     (["train"], "Missing argument"),
     (["train", "tiny-cpuu", "--out", TMP + "/r"], "tiny-cpu"),
@@ -66,6 +73,9 @@ BAD = [
     (["train", CFG, "--out", TMP + "/r", "--steps", "ten"], "valid integer"),
     (["train", CFG, "--out", TMP + "/r", "--resume"], "no checkpoint"),
     (["train", CFG, "--out", TMP + "/r", "--no-progress=1"], "does not take a value"),
+    (["train", CFG, "--out", TMP + "/r", "--nproc", "0"], "--nproc"),
+    (["train", CFG, "--out", TMP + "/r", "--set", "train.parallel=zero3"], "train.parallel"),
+    (["train", CFG, "--out", TMP + "/r", "--set", "data.num_proc=0"], "data.num_proc"),
     # sweep, report, dynamics
     (["sweep", TMP + "/no-study.toml"], "does not exist"),
     (["sweep", TMP + "/no-study.toml", "--jobs", "two"], "valid integer"),
@@ -118,7 +128,7 @@ def test_every_command_is_covered():
     assert commands <= covered, commands - covered
 
 
-@pytest.mark.parametrize("command", ["list", "measure", "fetch", "train", "sweep", "report", "dynamics"])
+@pytest.mark.parametrize("command", ["list", "measure", "fetch", "train", "sweep", "report", "dynamics", "compare"])
 def test_help_shows_no_placeholder_on_flags(command, capsys):
     try:
         app([command, "--help"])

@@ -89,3 +89,23 @@ def test_corpus_mix_of_folders(tmp_path):
     docs, source = load_documents([str(tmp_path / "a"), str(tmp_path / "b")])
     assert docs == ["text a 0", "text a 1", "text a 2", "text b 0", "text b 1"]
     assert [s["n_docs"] for s in source.values()] == [3, 2]
+
+
+def test_chunked_encoding_writes_the_bytes_of_one_batch(tmp_path, monkeypatch):
+    """Token files are written chunk by chunk (bounded memory); the bytes equal encoding every
+    document in one batch and concatenating, across chunk boundaries and with empty documents."""
+    import random
+
+    import numpy as np
+
+    import sinklab.data.tokens as tokens
+    from sinklab.data.tokenizer import train_bpe
+
+    rng = random.Random(0)
+    docs = [" ".join(rng.choice("a b c the of x y zz".split()) for _ in range(rng.randint(0, 30))) for _ in range(10)]
+    tok = train_bpe(docs, 280)
+    monkeypatch.setattr(tokens, "ENCODE_CHUNK", 3)
+    tokens._encode_split(tmp_path, "x", tok, docs, np.dtype(np.uint16))
+    ids = [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)]
+    assert (tmp_path / "x.bin").read_bytes() == np.concatenate([np.asarray(i, dtype=np.uint16) for i in ids]).tobytes()
+    assert np.load(tmp_path / "x.idx.npy").tolist() == np.cumsum([0] + [len(i) for i in ids]).tolist()

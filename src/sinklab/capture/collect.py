@@ -55,7 +55,7 @@ def collect(
     if not 0 <= prefix_len <= input_ids.shape[1]:
         raise InputError(f"prefix_len must lie in [0, T={input_ids.shape[1]}], got {prefix_len}")
     collector = resolve_collector(collector)
-    device = next(model.parameters()).device
+    device = input_device(model)
     parts = []
     starts = range(0, input_ids.shape[0], batch_size)
     # disable=None: no bar when stderr is not a terminal (a log file gets no carriage-return lines)
@@ -64,6 +64,20 @@ def collect(
         rec = forward_native(model, batch, prefix_len) if is_native(model) else forward_hf(model, batch, collector)
         parts.append(rec.finish())
     return ProbeStats.concat(parts)
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where the input ids go: the device of the first module of an ``accelerate`` device map
+    (``model.hf_device_map``; a disk- or CPU-offloaded first module runs on CPU), else that of the
+    first parameter. Layers on other devices get their inputs moved by accelerate's hooks; the
+    recorder moves every statistic to CPU, so capture does not depend on where layers live."""
+    placement = getattr(model, "hf_device_map", None)
+    if placement:
+        first = next(iter(placement.values()))
+        if isinstance(first, int):
+            return torch.device("cuda", first)
+        return torch.device("cpu" if first in ("disk", "meta") else first)
+    return next(model.parameters()).device
 
 
 def resolve_collector(name: str) -> str:

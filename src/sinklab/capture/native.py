@@ -9,8 +9,9 @@ from sinklab.capture.recorder import BatchRecorder
 
 
 def is_native(model: nn.Module) -> bool:
-    """True for a sinklab-trained :class:`~sinklab.nn.SinkLM`."""
-    return type(model).__name__ == "SinkLM" and type(model).__module__.startswith("sinklab.")
+    """True for a sinklab-trained :class:`~sinklab.nn.SinkLM`, also one wrapped in place by FSDP2
+    ``fully_shard`` (whose class is a generated subclass ``FSDPSinkLM``)."""
+    return any(c.__name__ == "SinkLM" and c.__module__.startswith("sinklab.") for c in type(model).__mro__)
 
 
 def forward_native(model: nn.Module, input_ids: Tensor, prefix_len: int = 0) -> BatchRecorder:

@@ -48,6 +48,7 @@ def list_cmd(what: str = typer.Argument(..., help="models | corpora | attention 
 
 _COMMAND_MODULES = [
     "sinklab.cli.measure_cmd",
+    "sinklab.cli.compare_cmd",
     "sinklab.cli.zoo_cmd",
     "sinklab.cli.nn_cmd",
     "sinklab.cli.train_cmd",

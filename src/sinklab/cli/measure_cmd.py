@@ -1,4 +1,4 @@
-"""``sinklab measure``."""
+"""``sinklab measure`` (one model, or several: one folder each)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from sinklab.cli.main import cli
 
 @cli.command("measure")
 def measure_cmd(
-    model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab training run folder (or its final/), or hub id"),
+    model: list[str] = typer.Option(["smollm2-135m"], "--model", help="zoo name, HF model folder, sinklab training run folder "
+                                    "(or its final/), or hub id; repeat for several models (one folder each under --out)"),
     corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (natural input only; default sotu)"),
     input: str = typer.Option("auto", "--input", help="auto | run | natural | random | repeated | text; auto = run for a "
                               "sinklab training run (its own held-out data and packing), natural otherwise"),
@@ -22,7 +23,10 @@ def measure_cmd(
     positions: int = typer.Option(8, "--positions", "-k", help="report the sink rate at the first K positions"),
     bos: str = typer.Option("auto", help="auto (tokenizer's choice; a training run's packing) | always | never"),
     seed: Optional[int] = typer.Option(None, help="seed of the probe draw and the bootstrap (default 0, or the run tracker's)"),
-    dtype: str = typer.Option("float32", help="float32 | bfloat16"),
+    dtype: Optional[str] = typer.Option(None, help="float32 | bfloat16 (default: bfloat16 on CUDA, float32 otherwise)"),
+    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N | auto (CUDA when available)"),
+    device_map: Optional[str] = typer.Option(None, "--device-map", help="auto: spread the model over the GPUs, CPU and "
+                                             "disk with accelerate (models that do not fit one device)"),
     out: Path = typer.Option(Path("runs/measure"), help="output folder"),
     batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
     collector: str = typer.Option("auto", help="attention collector: auto | eager | blockwise"),
@@ -34,13 +38,24 @@ def measure_cmd(
     """Measure the attention sink of a model: sink rate per position, layer and head, norms, plots."""
     from sinklab.measure import MeasureConfig, measure
     from sinklab.measure.report import print_summary
+    from sinklab.measure.run import measure_many
 
     cfg = MeasureConfig(
-        model=model, corpus=corpus, input=input, num_samples=num_samples, seq_len=seq_len, eps=eps,
+        model=model[0], device=device, device_map=device_map, corpus=corpus, input=input, num_samples=num_samples, seq_len=seq_len, eps=eps,
         positions=positions, bos=bos, seed=seed, dtype=dtype, batch_size=batch_size, collector=collector,
         token=token, text=text, accept_license=accept_license, allow_long_context=allow_long_context,
     )
+    if len(model) > 1:
+        def report(folder: Path, result) -> None:
+            typer.echo(f"== {result.config.model}")
+            print_summary(result)
+            typer.echo(f"wrote {folder} ({result.wall_time_s:.1f} s)")
+
+        measure_many(model, out, cfg, on_result=report)
+        typer.echo(f"compare them: sinklab compare {' '.join(str(Path(out) / p.name) for p in sorted(Path(out).iterdir()) if (p / 'results.json').exists())}")
+        return
     result = measure(cfg, out=out)
     print_summary(result)
     typer.echo(f"probe: {result.probe_description()['description']}")
     typer.echo(f"wrote {out}/results.json, attention.csv, sink_rate.csv and 3 PNG plots ({result.wall_time_s:.1f} s)")
+

@@ -1,4 +1,8 @@
-"""``sinklab train CONFIG_OR_PRESET [--set key=value ...] [--steps N] [--resume] --out DIR``.
+"""``sinklab train CONFIG_OR_PRESET [--set key=value ...] [--steps N] [--resume] [--nproc N] --out DIR``.
+
+``--nproc N`` runs the same command on N local processes under ``torchrun`` (data parallel, see
+:mod:`sinklab.train.distributed`); ``torchrun ... -m sinklab train ...`` does the same by hand
+(several nodes). Under torchrun only rank 0 prints.
 
 Also registers ``sinklab list presets``.
 """
@@ -6,6 +10,7 @@ Also registers ``sinklab list presets``.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -31,8 +36,11 @@ def train_cmd(
     steps: Optional[int] = typer.Option(None, "--steps", help="number of optimizer steps (sets train.steps)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its checkpoint"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="data-parallel processes on this machine (launches torchrun; "
+                              "train.batch_size stays the global batch)"),
 ) -> None:
     """Pre-train a model from scratch and track its attention sinks on a fixed probe set."""
+    from sinklab.train import distributed
     from sinklab.train.config import load_config
     from sinklab.train.loop import train
 
@@ -41,6 +49,15 @@ def train_cmd(
         overrides.append(f"train.steps={steps}")
     cfg = load_config(config, overrides)
     _check_out(Path(out), resume)
+    if nproc > 1 and distributed.env_world_size() == 1:
+        distributed.check_batch(distributed.Dist(world=nproc), cfg.train.batch_size)
+        args = ["train", config, "--out", str(out), *[a for o in overrides for a in ("--set", o)]]
+        args += ["--resume"] * resume + ["--no-progress"] * no_progress
+        distributed.launch(nproc, args)
+        return
+    if os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0: train silently
+        train(cfg, out, resume=resume, progress=False)
+        return
     typer.echo(f"run folder {out}; {cfg.train.steps} steps x {cfg.tokens_per_step} tokens; "
                f"attention={cfg.model.attention}, packing={cfg.data.packing}, weight decay {cfg.optim.weight_decay} "
                f"on {cfg.optim.decay}", err=True)

@@ -228,9 +228,15 @@ class PackedData:
         Sample ``g = step * B + b`` is window ``perm_e[g mod n_windows]`` of epoch
         ``e = g // n_windows``; masked targets are -100. A pure function of (seed, step).
         """
+        return self.samples(step * batch_size, batch_size, prefix_len=prefix_len)
+
+    def samples(self, start: int, n: int, *, prefix_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples ``g = start, ..., start + n - 1`` (0-based global sample indices, as in :meth:`batch`):
+        (input_ids (n, T) int64, targets (n, T) int64). A distributed rank reads its slice of a
+        step's batch with this (see :func:`sinklab.train.distributed.micro_batch`).
+        """
         rows, tgts = [], []
-        for b in range(batch_size):
-            g = step * batch_size + b
+        for g in range(start, start + n):
             epoch, j = divmod(g, self.n_windows)
             ids, mask = self.window(int(self._order(epoch)[j]), index=g)
             rows.append(ids)

@@ -110,12 +110,29 @@ def _digest(documents: Sequence[str], settings: dict) -> str:
     return h.hexdigest()[:20]
 
 
-def _write_split(folder: Path, name: str, ids: list[list[int]], dtype: np.dtype) -> None:
-    lengths = np.array([len(x) for x in ids], dtype=np.int64)
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate([np.asarray(x, dtype=dtype) for x in ids]) if ids else np.zeros(0, dtype=dtype)
-    flat.tofile(folder / f"{name}.bin")
+#: documents encoded per ``encode_batch`` call (bounds the token ids held in memory at once)
+ENCODE_CHUNK = 4096
+
+
+def _encode_split(folder: Path, name: str, tok: Tokenizer, docs: Sequence[str], dtype: np.dtype) -> None:
+    """Encode ``docs`` (in order) into ``name.bin`` (flat ids) and ``name.idx.npy`` (offsets).
+
+    Chunks of :data:`ENCODE_CHUNK` documents are encoded in parallel by ``tokenizers`` and appended
+    to the file, so only one chunk's ids are in memory; a progress bar runs when stderr is a
+    terminal and there is more than one chunk. The bytes equal those of encoding all at once.
+    """
+    from tqdm.auto import tqdm
+
+    lengths: list[int] = []
+    with open(folder / f"{name}.bin", "wb") as f, tqdm(total=len(docs), desc=f"tokenizing {name}", unit="doc",
+                                                         disable=None if len(docs) > ENCODE_CHUNK else True) as bar:
+        for s in range(0, len(docs), ENCODE_CHUNK):
+            for e in tok.encode_batch(list(docs[s : s + ENCODE_CHUNK]), add_special_tokens=False):
+                np.asarray(e.ids, dtype=dtype).tofile(f)
+                lengths.append(len(e.ids))
+            bar.update(min(ENCODE_CHUNK, len(docs) - s))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
     np.save(folder / f"{name}.idx.npy", offsets)
 
 
@@ -165,7 +182,9 @@ def tokenize_documents(
     training documents only.
 
     Args:
-        documents: the corpus, one string per document.
+        documents: the corpus, one string per document: a list, or a lazy sequence on disk with
+            ``select(indices)`` (:class:`sinklab.zoo.datasets_io.ArrowDocuments`, whose empty
+            documents are already dropped), which is only ever iterated in batches.
         tokenizer: "bpe" (train a byte-level BPE of ``vocab_size``) or "gpt2".
         vocab_size: BPE vocabulary size (ignored for gpt2).
         val_fraction: share of documents held out for validation and the probe set.
@@ -178,8 +197,9 @@ def tokenize_documents(
     """
     from sinklab.paths import cache_dir
 
-    docs = [d for d in documents if d and d.strip()]
-    if not docs:
+    lazy = callable(getattr(documents, "select", None))
+    docs = documents if lazy else [d for d in documents if d and d.strip()]
+    if not len(docs):
         raise InputError("the corpus has no non-empty documents")
     settings = {
         "format": FORMAT_VERSION,
@@ -195,8 +215,10 @@ def tokenize_documents(
         return load_token_folder(folder)
 
     train_idx, val_idx = split_documents(len(docs), val_fraction, split_seed)
-    train_docs = [docs[i] for i in train_idx]
-    val_docs = [docs[i] for i in val_idx]
+    if lazy:
+        train_docs, val_docs = docs.select(train_idx), docs.select(val_idx)
+    else:
+        train_docs, val_docs = [docs[i] for i in train_idx], [docs[i] for i in val_idx]
     tok = build_tokenizer(tokenizer, train_docs, vocab_size)
     n_vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(np.uint16 if n_vocab <= 1 << 16 else np.uint32)
@@ -205,8 +227,7 @@ def tokenize_documents(
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}.tmp"))
     try:
         for name, split_docs in (("train", train_docs), ("val", val_docs)):
-            ids = [e.ids for e in tok.encode_batch(split_docs, add_special_tokens=False)]
-            _write_split(tmp, name, ids, dtype)
+            _encode_split(tmp, name, tok, split_docs, dtype)
         tok.save(str(tmp / "tokenizer.json"))
         meta = {
             **settings,
@@ -229,10 +250,14 @@ def tokenize_documents(
     return load_token_folder(folder)
 
 
-def load_documents(corpus: str | Sequence[str]) -> tuple[list[str], dict]:
-    """Documents of one corpus or a mix (list of names/paths) from :mod:`sinklab.zoo.corpora`.
+def load_documents(corpus: str | Sequence[str], *, text_field: str = "text",
+                   num_proc: int | None = None) -> tuple[list[str], dict]:
+    """Documents of one corpus or a mix (list of names/paths/datasets) from :mod:`sinklab.zoo.corpora`
+    (``text_field``, ``num_proc``: for datasets, see :mod:`sinklab.zoo.datasets_io`).
 
     Returns (documents, source) where ``source`` maps each corpus name to its recorded provenance.
+    ``documents`` is a list, except for a single dataset corpus: then its lazy on-disk
+    :class:`~sinklab.zoo.datasets_io.ArrowDocuments` (a mix of corpora is joined into a list).
 
     Raises:
         UnknownNameError / InputError / FetchError: from ``load_corpus``.
@@ -242,10 +267,13 @@ def load_documents(corpus: str | Sequence[str]) -> tuple[list[str], dict]:
     names = [corpus] if isinstance(corpus, str) else list(corpus)
     if not names:
         raise InputError("data.corpus is empty; give a corpus name, a path, or a list of them")
+    if len(names) == 1:  # one corpus: its documents as they are (a dataset's stay on disk)
+        c = load_corpus(names[0], text_field=text_field, num_proc=num_proc)
+        return c.documents, {str(names[0]): {"name": c.name, "n_docs": len(c.documents), **_jsonable(c.source)}}
     docs: list[str] = []
     source: dict = {}
     for n in names:
-        c = load_corpus(n)
+        c = load_corpus(n, text_field=text_field, num_proc=num_proc)
         docs.extend(c.documents)
         source[str(n)] = {"name": c.name, "n_docs": len(c.documents), **_jsonable(c.source)}
     return docs, source
@@ -266,9 +294,11 @@ def prepare_corpus(
     val_fraction: float = 0.05,
     split_seed: int = 0,
     cache_root: str | Path | None = None,
+    text_field: str = "text",
+    num_proc: int | None = None,
 ) -> TokenizedCorpus:
     """:func:`load_documents` followed by :func:`tokenize_documents` (see both)."""
-    docs, source = load_documents(corpus)
+    docs, source = load_documents(corpus, text_field=text_field, num_proc=num_proc)
     return tokenize_documents(
         docs,
         tokenizer=tokenizer,

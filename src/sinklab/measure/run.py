@@ -39,6 +39,11 @@ class MeasureConfig:
     :mod:`sinklab.measure.trained`), ``num_samples``/``seq_len``/``seed`` default to the run
     tracker's probe and ``bos="auto"`` to the run's packing; for any other model ``input="auto"``
     is ``natural`` on ``corpus`` (default ``sotu``), N = 100, T = 64, seed 0.
+
+    ``device`` ("cpu", "cuda", "cuda:N", "auto" = CUDA when available) places the model on one
+    device; ``device_map="auto"`` spreads it over the available devices with ``accelerate`` (GPUs,
+    then CPU, then disk) for models that do not fit one. ``dtype`` None = bfloat16 on CUDA (with a
+    device map that can use a GPU), float32 otherwise.
     """
 
     model: str = "smollm2-135m"
@@ -50,13 +55,15 @@ class MeasureConfig:
     positions: int = 8
     bos: str = "auto"
     seed: int | None = None
-    dtype: str = "float32"
+    dtype: str | None = None
     batch_size: int = 16
     collector: str = "auto"
     token: int | None = None
     text: str | None = None
     accept_license: bool = False
     allow_long_context: bool = False
+    device: str = "cpu"
+    device_map: str | None = None
 
     def __post_init__(self) -> None:
         from sinklab.capture import COLLECTORS
@@ -76,7 +83,11 @@ class MeasureConfig:
             raise InputError(f"--seed must be >= 0, got {self.seed}")
         if self.token is not None and self.token < 0:
             raise InputError(f"--token must be a token id >= 0, got {self.token}")
-        if self.dtype not in DTYPES:
+        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
+            raise InputError(f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        if self.device_map not in (None, "auto"):
+            raise InputError(f"--device-map must be auto (accelerate's placement), got {self.device_map!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
             raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.bos not in BOS_POLICIES:
             raise InputError(f"--bos must be one of {', '.join(BOS_POLICIES)}, got {self.bos!r}")
@@ -287,7 +298,8 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     if cfg.input == "natural":  # corpus problems surface before the model is loaded
         corpus = load_corpus(cfg.corpus)
     loaded = load_model(str(run.final) if run is not None else cfg.model, dtype=DTYPES[cfg.dtype],
-                        attn_implementation="sdpa", accept_license=cfg.accept_license)
+                        attn_implementation="sdpa", accept_license=cfg.accept_license, device=cfg.device,
+                        device_map=cfg.device_map)
     limit = loaded.info.max_context
     if limit is not None and cfg.seq_len > limit and not cfg.allow_long_context:
         raise InputError(
@@ -346,6 +358,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
 def resolve_config(cfg: MeasureConfig, run) -> MeasureConfig:
     """Fill the ``None``/``auto`` fields of ``cfg`` (see :class:`MeasureConfig`); ``run`` is the
     :class:`~sinklab.measure.trained.TrainedRun` behind ``cfg.model``, or None."""
+    cfg = replace(cfg, **resolve_device(cfg.device, cfg.device_map, cfg.dtype))
     if run is None:
         return replace(
             cfg, input="natural" if cfg.input == "auto" else cfg.input, corpus=cfg.corpus or DEFAULT_CORPUS,
@@ -364,6 +377,22 @@ def resolve_config(cfg: MeasureConfig, run) -> MeasureConfig:
     )
 
 
+def resolve_device(device: str, device_map: str | None, dtype: str | None) -> dict[str, str]:
+    """``device`` "auto" -> "cuda" when available else "cpu"; ``dtype`` None -> "bfloat16" when the
+    model will run on CUDA (a CUDA device, or a device map with a GPU present), else "float32".
+
+    Raises:
+        InputError: CUDA asked for but not available.
+    """
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device = "cuda" if cuda else "cpu"
+    if device.startswith("cuda") and not cuda:
+        raise InputError(f"--device {device} but CUDA is not available here; use --device cpu or auto")
+    on_gpu = device.startswith("cuda") or (device_map is not None and cuda)
+    return {"device": device, "dtype": dtype or ("bfloat16" if on_gpu else "float32")}
+
+
 def load_results(path: str | Path) -> dict[str, Any]:
     """Read a ``results.json`` written by :meth:`MeasureResult.save` (file or its folder)."""
     p = Path(path)
@@ -372,3 +401,43 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if not p.exists():
         raise InputError(f"no results.json at {p}")
     return json.loads(p.read_text())
+
+
+def model_slug(model: str) -> str:
+    """A folder name for a model spec: a path's last part (its run folder's for ``.../final``), a
+    hub id ``org/name`` as ``org--name``, a zoo name as is."""
+    p = Path(model).expanduser()
+    if p.exists():
+        p = p.resolve()
+        return p.parent.name if p.name == "final" else p.name
+    return model.replace("/", "--")
+
+
+def measure_many(models: list[str], out: str | Path, config: MeasureConfig | None = None, *, progress: bool = True,
+                 on_result=None) -> list[tuple[Path, MeasureResult]]:
+    """Measure several models with the same settings, one after the other, each into ``out/<slug>``
+    (:func:`model_slug`; ``-2``, ``-3``... appended to repeated slugs). ``on_result(folder, result)``
+    is called after each. Compare them with ``sinklab compare out/*`` (:mod:`sinklab.measure.compare`).
+
+    Raises:
+        InputError: no models, or a model given twice; anything :func:`measure` raises (the models
+            measured before it keep their folders).
+    """
+    if not models:
+        raise InputError("give at least one --model")
+    dupes = sorted({m for m in models if models.count(m) > 1})
+    if dupes:
+        raise InputError(f"--model given twice: {', '.join(dupes)}")
+    cfg = config or MeasureConfig()
+    slugs: list[str] = []
+    for m in models:
+        s = model_slug(m)
+        slugs.append(s if s not in slugs else f"{s}-{slugs.count(s) + 1}")
+    done = []
+    for m, s in zip(models, slugs):
+        folder = Path(out) / s
+        res = measure(replace(cfg, model=m), progress=progress, out=folder)
+        done.append((folder, res))
+        if on_result is not None:
+            on_result(folder, res)
+    return done

@@ -54,6 +54,10 @@ class DataConfig:
             :data:`sinklab.data.synthetic.SYNTHETIC` (e.g. "synthetic-bigram-backcopy"); a
             synthetic source ignores corpus/tokenizer/vocab_size and brings its own vocabulary.
         synthetic: options of the synthetic source (e.g. ``{vocab = 64, n_triggers = 3}``).
+        text_field: column holding the text when ``corpus`` is a dataset (JSON lines, Parquet,
+            Arrow, ``hf:NAME``; see :mod:`sinklab.zoo.datasets_io`); None = "text".
+        num_proc: processes for reading a dataset; None = automatic. Neither option changes the
+            tokens of a ``.txt`` or zoo corpus; None values are not written to ``config.toml``.
     """
 
     corpus: str | list[str] = "sotu"
@@ -69,9 +73,13 @@ class DataConfig:
     cache_dir: str = ""
     source: str = "corpus"
     synthetic: dict[str, Any] = field(default_factory=dict)
+    text_field: str | None = None
+    num_proc: int | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "data")
+        if self.num_proc is not None and self.num_proc < 1:
+            raise ConfigError(f"data.num_proc must be >= 1, got {self.num_proc}")
         if self.source != "corpus":
             from sinklab.data.synthetic import vocab_size as synthetic_vocab
 
@@ -158,6 +166,13 @@ class TrainConfig:
         log_every: steps between metrics.jsonl lines.
         checkpoint_every: steps between checkpoints (always one at the end; 0 = end only).
         tensorboard: also log to ``DIR/tb``.
+        parallel: data-parallel engine when launched on several processes (``torchrun`` or
+            ``sinklab train --nproc N``): None or "ddp" (DistributedDataParallel, the default) or
+            "fsdp" (FSDP2 ``fully_shard``: parameters, gradients and optimizer state sharded).
+            Ignored by a single process. ``batch_size`` stays the global batch: each of the W
+            ranks takes ``batch_size / W`` windows of every micro-batch, so the losses do not
+            depend on W (see :mod:`sinklab.train.distributed`). None is written as an absent key,
+            so configs written before this option existed read back byte-identical.
     """
 
     steps: int = 1000
@@ -171,9 +186,12 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 200
     tensorboard: bool = True
+    parallel: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "train")
+        if self.parallel not in (None, "ddp", "fsdp"):
+            raise ConfigError(f"train.parallel must be 'ddp' or 'fsdp', got {self.parallel!r}")
         for k in ("steps", "batch_size", "grad_accum", "log_every"):
             _positive(f"train.{k}", getattr(self, k))
         if self.prefix_len < 0 or self.checkpoint_every < 0:

@@ -35,6 +35,7 @@ from sinklab.data.packing import IGNORE_INDEX, PackedData, PackingContext, make_
 from sinklab.data.probe import probe_set
 from sinklab.data.tokens import TokenizedCorpus, prepare_corpus
 from sinklab.errors import ConfigError, InputError, SinklabError
+from sinklab.train import distributed
 from sinklab.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from sinklab.train.config import RunConfig, diff_keys, flatten, to_toml
 from sinklab.train.schedule import lr_at
@@ -42,8 +43,8 @@ from sinklab.train.tracker import SinkTracker
 
 #: config keys that may change between a run and its resume without changing the losses
 RESUME_MAY_DIFFER = {
-    "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard",
-    "track.every", "track.batch_size", "track.emerge_level",
+    "data.num_proc", "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard",
+    "train.parallel", "track.every", "track.batch_size", "track.emerge_level",
 }
 
 
@@ -124,7 +125,8 @@ def prepare_data(cfg: RunConfig, out: Path) -> TokenizedCorpus:
         return load_synthetic(d.source, d.synthetic, d.seq_len)
     cache = None if d.cache_dir == "" else (out / "tokens" if d.cache_dir == "run" else Path(d.cache_dir))
     return prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=d.vocab_size, val_fraction=d.val_fraction,
-                          split_seed=d.split_seed, cache_root=cache)
+                          split_seed=d.split_seed, cache_root=cache, text_field=d.text_field or "text",
+                          num_proc=d.num_proc)
 
 
 def _packing_context(cfg: RunConfig, tc: TokenizedCorpus) -> PackingContext:
@@ -138,12 +140,14 @@ def _packing_context(cfg: RunConfig, tc: TokenizedCorpus) -> PackingContext:
 
 
 class _MetricsLog:
-    """Appends JSON lines to ``metrics.jsonl`` and scalars to TensorBoard."""
+    """Appends JSON lines to ``metrics.jsonl`` and scalars to TensorBoard (``enabled=False``: writes nothing,
+    as on every distributed rank but rank 0)."""
 
-    def __init__(self, out: Path, tensorboard: bool, start: int = 0) -> None:
+    def __init__(self, out: Path, tensorboard: bool, start: int = 0, enabled: bool = True) -> None:
         self.path = out / "metrics.jsonl"
         self.tb = None
-        if tensorboard:
+        self.enabled = enabled
+        if tensorboard and enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             # on resume, drop TensorBoard events logged after the checkpoint by the killed run
@@ -151,12 +155,14 @@ class _MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop lines past ``step`` (a killed run may have logged beyond its last checkpoint)."""
-        if not self.path.exists():
+        if not self.enabled or not self.path.exists():
             return
         keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
         self.path.write_text("".join(ln + "\n" for ln in keep))
 
     def write(self, rec: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
         if self.tb is not None:
@@ -214,20 +220,20 @@ def train(
     with ``already_finished=True``, unless ``train.steps`` was raised: then it continues to the new
     step count (any schedule) and ``note`` states what that does to the learning-rate schedule.
 
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) every process calls this with the same arguments; the
+    ranks share the global batch and rank 0 writes the run folder (:mod:`sinklab.train.distributed`).
+
     Returns:
-        :class:`TrainResult`.
+        :class:`TrainResult` (losses: the global batch's, equal on every rank).
 
     Raises:
         InputError: corpus too small for one batch, DIR already holds a run without ``resume``,
             no checkpoint to resume.
-        ConfigError: resume with a differing config (names the keys).
+        ConfigError: resume with a differing config (names the keys); a global batch that does not
+            split over the processes.
         TrainingDiverged: non-finite loss or gradient (names the step; the last checkpoint is kept).
         CheckpointError: a checkpoint write failed (the previous one is intact).
     """
-    from sinklab.data.baseline import unigram_loss
-    from sinklab.nn.model import SinkLM
-    from sinklab.provenance import code_version
-
     t_start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -261,9 +267,29 @@ def train(
                 notify(note)
 
     device = resolve_device(t_cfg.device)
+    dd = distributed.setup(t_cfg.parallel, device)
+    try:
+        result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
+                      progress=progress, stop_after=stop_after, notify=notify)
+        distributed.barrier(dd)  # every rank done (rank 0 wrote final/ and summary.json) before the group goes
+        return result
+    finally:
+        distributed.teardown(dd)
 
-    # ---- data
-    tc = prepare_data(cfg, out)
+
+def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device, dd: distributed.Dist, *,
+         t_start: float, progress: bool, stop_after: int | None, notify: Callable[[str], None] | None) -> TrainResult:
+    """The body of :func:`train` once the resume checks passed and the process group (if any) is up."""
+    from sinklab.data.baseline import unigram_loss
+    from sinklab.nn.model import SinkLM
+    from sinklab.provenance import code_version
+
+    t_cfg = cfg.train
+    ckpt_path = out / CHECKPOINT_NAME
+
+    # ---- data (rank 0 tokenizes into the shared cache first)
+    with distributed.main_first(dd):
+        tc = prepare_data(cfg, out)
     packer = make_packer(cfg.data.packing, _packing_context(cfg, tc))
     T, B, p = cfg.data.seq_len, t_cfg.batch_size, t_cfg.prefix_len
     train_data = PackedData(tc.train, packer, T, max_tokens=cfg.data.max_train_tokens, seed=t_cfg.seed)
@@ -272,6 +298,10 @@ def train(
             f"the training data has {train_data.n_windows} windows of {T} tokens, fewer than one batch of {B}; "
             "use a larger corpus, a smaller train.batch_size or data.seq_len, or a larger data.max_train_tokens"
         )
+    distributed.check_batch(dd, B)
+    warn = epochs_warning(cfg, train_data.n_tokens)
+    if warn and dd.is_main:
+        (notify or _warn)(warn)
     try:
         val_data = PackedData(tc.val, packer, T, seed=t_cfg.seed)
     except InputError as e:
@@ -286,21 +316,22 @@ def train(
     model = SinkLM(cfg.model).to(device)
     if tc.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < tokenizer vocabulary {tc.vocab_size}")
+    wrapped = distributed.wrap(dd, model, device)  # DDP / FSDP2 from outside; `model` stays the plain module
     opt = build_optimizer(model, cfg, device)
     start = int(ckpt["step"]) if ckpt is not None else 0
-    log = _MetricsLog(out, t_cfg.tensorboard, start)
+    log = _MetricsLog(out, t_cfg.tensorboard, start, enabled=dd.is_main)
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        distributed.load_state(dd, model, opt, ckpt["model"], ckpt["optimizer"])
         set_rng_state(ckpt["rng"])
         tracker.history = list(ckpt.get("tracker", []))
         log.truncate_after(start)
     else:
         log.truncate_after(-1)
-    (out / "config.toml").write_text(to_toml(cfg))
+    if dd.is_main:
+        (out / "config.toml").write_text(to_toml(cfg))
 
     # compile and autocast are applied from outside the model (the model stays plain PyTorch)
-    fwd = torch.compile(model) if t_cfg.compile else model
+    fwd = torch.compile(wrapped) if t_cfg.compile else wrapped
     bf16 = t_cfg.precision == "bf16"
 
     def autocast():
@@ -312,22 +343,27 @@ def train(
 
     def checkpoint(step: int) -> None:
         nonlocal last_ckpt
+        model_sd, opt_sd = distributed.state_dicts(dd, model, opt)  # full, on rank 0 (a collective under FSDP2)
+        last_ckpt = step
+        if not dd.is_main:
+            distributed.barrier(dd)
+            return
         save_checkpoint(ckpt_path, {
             "step": step,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
+            "model": model_sd,
+            "optimizer": opt_sd,
             "rng": rng_state(),
             "data_position": {"samples": step * t_cfg.grad_accum * B, "seed": t_cfg.seed},
             "config": cfg.to_dict(),
             "tracker": tracker.history,
             "wall_s": wall_before + time.perf_counter() - t_start,
         })
-        last_ckpt = step
+        distributed.barrier(dd)  # no rank runs ahead of a checkpoint that is not on disk yet
 
     end = t_cfg.steps if stop_after is None else min(t_cfg.steps, stop_after)
     tokens_per_step = cfg.tokens_per_step
     bar = None
-    if progress:
+    if progress and dd.is_main:
         from tqdm.auto import tqdm
 
         # disable=None: no bar when stderr is not a terminal (a log file gets no carriage-return lines)
@@ -339,23 +375,28 @@ def train(
     try:
         for step in range(start, end):
             t0 = time.perf_counter()
+            distributed.maybe_fault(dd, step + 1)
             lr = lr_at(step, cfg.optim, t_cfg.steps)
             for g in opt.param_groups:
                 g["lr"] = lr
             loss_sum = 0.0
             for micro in range(t_cfg.grad_accum):
-                x, y = train_data.batch(step * t_cfg.grad_accum + micro, B, prefix_len=p)
+                # this rank's share of the global micro-batch and its loss weight (1.0 on one process)
+                x, y, w = distributed.micro_batch(dd, train_data, step, micro, t_cfg.grad_accum, B, prefix_len=p)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with autocast():
-                    logits = fwd(x, prefix_len=p).logits
-                loss = lm_loss(logits, y) / t_cfg.grad_accum
-                lv = float(loss.detach())
-                if not math.isfinite(lv):
-                    _diverged("loss", lv, step + 1, last_ckpt, ckpt_path)
-                loss.backward()
+                with distributed.grad_sync(dd, wrapped, sync=micro == t_cfg.grad_accum - 1):
+                    with autocast():
+                        logits = fwd(x, prefix_len=p).logits
+                    loss = lm_loss(logits, y) / t_cfg.grad_accum
+                    if w != 1.0:
+                        loss = loss * w
+                    lv = distributed.mean(dd, float(loss.detach()))
+                    if not math.isfinite(lv):
+                        _diverged("loss", lv, step + 1, last_ckpt, ckpt_path)
+                    loss.backward()
                 loss_sum += lv
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            gnv = float(gn)
+            gnv = distributed.as_float(gn)
             if not math.isfinite(gnv):
                 _diverged("gradient norm", gnv, step + 1, last_ckpt, ckpt_path)
             opt.step()
@@ -397,8 +438,10 @@ def train(
     result.wall_s = wall_before + time.perf_counter() - t_start
     result.tokens_per_s = end * tokens_per_step / max(result.wall_s, 1e-9)  # the run's average over its wall time
     result.emergence_step = tracker.emergence_step()
-    if end == t_cfg.steps:
-        _save_final(model, tc, out)
+    # the unsharded model on rank 0 (gathered under FSDP2); None on the other ranks
+    final_model = distributed.full_model(dd, model, lambda: SinkLM(cfg.model)) if end == t_cfg.steps else None
+    if final_model is not None:
+        _save_final(final_model, tc, out)
         summary = {
             "steps": t_cfg.steps,
             "tokens": t_cfg.steps * tokens_per_step,
@@ -409,18 +452,44 @@ def train(
             "emerge_level": cfg.track.emerge_level,
             "emergence_step": result.emergence_step,
             "weight_decay": {"value": cfg.optim.weight_decay, "applied_to": cfg.optim.decay},
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": sum(p.numel() for p in final_model.parameters()),
             "seconds_per_step": round(result.seconds_per_step, 4),
             "tokens_per_s": round(result.tokens_per_s, 1),
             "wall_s": round(result.wall_s, 3),
             "median_step_tokens_per_s": round(result.median_step_tokens_per_s, 1),
             "device": str(device),
+            "processes": dd.world,
             "unigram_loss": round(unigram_loss(train_data.stream, val_y, cfg.model.vocab_size), 6),
             "seed": t_cfg.seed,
             "code": code_version(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return result
+
+
+#: passes over the distinct training tokens above which :func:`train` warns (memorisation regime)
+EPOCHS_WARN = 4.0
+
+
+def epochs_warning(cfg: RunConfig, train_tokens: int) -> str:
+    """The warning for a run that passes over its distinct training tokens more than :data:`EPOCHS_WARN`
+    times ("" otherwise). ``train_tokens``: stream tokens in whole training windows (after any cap).
+
+    The data-amount study (README) shows that repeated passes put the model into a memorisation
+    regime whose sinks differ from those of a run on fresh tokens.
+    """
+    epochs = cfg.train.steps * cfg.tokens_per_step / max(train_tokens, 1)
+    if epochs <= EPOCHS_WARN:
+        return ""
+    return (f"warning: {cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens pass over the {train_tokens:,} distinct "
+            f"training tokens {epochs:.1f} times (more than {EPOCHS_WARN:g}): the model will memorise them; use a larger "
+            "corpus (a JSON-lines, Parquet or Arrow dataset, see 'Scaling out' in the README) or fewer steps")
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, stacklevel=3)
 
 
 def _extend_note(cfg: RunConfig, done: int, planned: int) -> str:

@@ -536,20 +536,30 @@ def _read_path(path: Path, given: str) -> Corpus:
     return Corpus(name=given, documents=docs, titles=titles, source=source)
 
 
-def load_corpus(name_or_path: str) -> Corpus:
-    """Load a zoo corpus (fetched and cached on first use), a ``.txt`` file, or a folder of ``.txt`` files.
+def load_corpus(name_or_path: str, *, text_field: str = "text", num_proc: int | None = None) -> Corpus:
+    """Load a zoo corpus (fetched and cached on first use), a ``.txt`` file, a folder of ``.txt`` files,
+    or a dataset (JSON lines, Parquet, Arrow, ``hf:NAME``; see :mod:`sinklab.zoo.datasets_io`).
 
     A file gives one document (its stem is the title); a folder gives one
     document per ``*.txt`` file, sorted by name. Empty documents are skipped.
+    A dataset gives one document per row (its ``text_field`` column, cleaned as a ``.txt``
+    file is, with ``num_proc`` processes).
     The cached text's sha256 is checked against ``source.json`` on every read.
 
     Raises:
         UnknownNameError: not a zoo name and not a path-like string (lists the corpora).
-        InputError: a path that does not exist, an empty folder, or non-UTF-8 text.
-        FetchError / ChecksumError: as :func:`fetch_corpus`.
+        InputError: a path that does not exist, an empty folder, non-UTF-8 text, an unreadable
+            dataset or one without ``text_field``.
+        FetchError / ChecksumError: as :func:`fetch_corpus`; a hub dataset that cannot be reached.
     """
     if name_or_path in CORPORA:
         return _read_cached(name_or_path, fetch_corpus(name_or_path))
+    from sinklab.zoo.datasets_io import is_dataset, read_dataset
+
+    if is_dataset(name_or_path):
+        titles, docs, source = read_dataset(name_or_path, text_field=text_field, num_proc=num_proc,
+                                            clean=normalise_whitespace)
+        return Corpus(name=name_or_path, documents=docs, titles=titles, source=source)
     path = Path(name_or_path).expanduser()
     if path.exists():
         return _read_path(path, name_or_path)

