@@ -31,6 +31,18 @@ def llama(layers: int = 2, attn: str = "eager"):
     return LlamaForCausalLM(cfg).eval().double()
 
 
+def tiny_gemma3(sliding_window: int):
+    """A random float64 Gemma 3 text model: layers 0, 2 sliding (window ``sliding_window``), 1, 3 global."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=sliding_window,
+                           layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=128,
+                           attn_implementation="eager")
+    return Gemma3ForCausalLM(cfg).eval().double()
+
+
 def stream_logits(model, ids, cache, *, cache_positions: bool):
     out = []
     with torch.no_grad():
@@ -185,14 +197,9 @@ def test_partial_rotary_model():
 def test_gemma3_sliding_layers_keep_their_own_window():
     """Gemma 3 mixes sliding and global layers: with global layers that never evict, the sink cache
     must equal transformers' own cache, whose sliding layers keep sliding_window - 1 tokens."""
-    from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers import DynamicCache
 
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=5,
-                           layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=128,
-                           attn_implementation="eager")
-    m = Gemma3ForCausalLM(cfg).eval().double()
+    m = tiny_gemma3(sliding_window=5)
     ids = torch.randint(0, 80, (1, 24), generator=torch.Generator().manual_seed(9))
     sink = SinkCache(m, n_sink=4, window=60)
     assert [layer.is_sliding for layer in sink.layers] == [True, False, True, False]

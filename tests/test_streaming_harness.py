@@ -19,7 +19,7 @@ from sinklab.errors import InputError
 from sinklab.streaming import SinkCache, cache_specs, evaluate_stream, token_stream
 from sinklab.streaming.harness import CacheSpec, run_recompute, stream_nll, stream_nll_decode
 from sinklab.streaming.parallel import sink_window_mode
-from test_streaming_cache import llama, stream_logits
+from test_streaming_cache import llama, stream_logits, tiny_gemma3
 
 
 def parallel_logits(model, ids, n_sink, window, block=5):
@@ -44,19 +44,12 @@ def test_parallel_full_is_plain_causal_attention():
 
 
 def test_parallel_forward_partial_rotary_and_gemma3():
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
     neox = tiny_neox().double()
     ids = torch.randint(0, 80, (1, 30), generator=torch.Generator().manual_seed(2))
     ref = stream_logits(neox, ids, SinkCache(neox, n_sink=2, window=5), cache_positions=True)
     assert torch.allclose(parallel_logits(neox, ids, 2, 5), ref, atol=1e-6)
 
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
-                           layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=128,
-                           attn_implementation="eager")
-    gemma = Gemma3ForCausalLM(cfg).eval().double()
+    gemma = tiny_gemma3(sliding_window=4)
     ref = stream_logits(gemma, ids, SinkCache(gemma, n_sink=2, window=6), cache_positions=True)
     assert torch.allclose(parallel_logits(gemma, ids, 2, 6), ref, atol=1e-6)
 
