@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from sinklab.errors import InputError
+from sinklab.streaming.cache import SinkCache
 from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, result_from_dict,
                                       token_stream, write_outputs)
 
@@ -76,6 +77,11 @@ def stream(
     if threads:
         torch.set_num_threads(threads)
     loaded = load_model(model, attn_implementation="sdpa")
+    if not hasattr(loaded.model, "set_attn_implementation") or loaded.info.is_encoder:
+        raise InputError(f"sinklab stream needs a transformers causal LM with RoPE; {model} is "
+                         + ("an encoder" if loaded.info.is_encoder else
+                            f"a {loaded.info.architecture} model (models trained with sinklab train have no KV cache yet)"))
+    SinkCache(loaded.model, 0, 1, max_context=None)  # refuses a model without a supported RoPE, naming why
     ctx = loaded.info.max_context
     for s in specs:  # check every configuration before the first long run
         if s.kind == "sink" and ctx is not None and s.n_sink + s.window > ctx:
