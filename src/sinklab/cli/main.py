@@ -52,6 +52,7 @@ _COMMAND_MODULES = [
     "sinklab.cli.nn_cmd",
     "sinklab.cli.train_cmd",
     "sinklab.cli.sweep_cmd",
+    "sinklab.cli.analyze_cmd",
 ]
 _loaded = False
 
