@@ -55,10 +55,12 @@ class Subject:
 
 
 def load_subject(
-    model: str, *, corpus: str = "sotu", num_samples: int = 32, seq_len: int = 64, seed: int = 0, bos: str = "auto"
+    model: str, *, corpus: str | None = None, num_samples: int = 32, seq_len: int = 64, seed: int = 0, bos: str = "auto"
 ) -> Subject:
     """Load a model (zoo name, Hugging Face folder, sinklab run or model folder) and draw ``num_samples``
-    windows of ``seq_len`` tokens of natural text from ``corpus`` (the probe of ``sinklab measure``).
+    windows of ``seq_len`` tokens of natural text from ``corpus`` (the probe of ``sinklab measure``;
+    default ``sotu``). For a ``sinklab train`` run folder and ``corpus=None`` the probe is the run's own
+    held-out data in its packing (:func:`sinklab.measure.trained.run_probe`).
 
     Raises:
         InputError / UnknownNameError / FetchError: as :func:`sinklab.measure.measure`.
@@ -70,10 +72,22 @@ def load_subject(
         raise InputError(f"--num-samples must be >= 1, got {num_samples}")
     if seq_len < 4:
         raise InputError(f"--seq-len must be >= 4, got {seq_len}")
-    check_model_spec(model)
+    from dataclasses import asdict
+
+    from sinklab.measure.trained import find_run, run_probe
+
+    run = find_run(model)
+    if run is None:
+        check_model_spec(model)
+    if run is not None and corpus is None:  # a training run: its own held-out data in its packing
+        loaded = load_model(str(run.final), dtype=torch.float32, attn_implementation="sdpa")
+        probe = run_probe(run, num_samples, seq_len, seed, "auto", loaded.tokenizer)
+        info = {**asdict(loaded.info), "run": str(run.folder)}
+        return Subject(loaded.model, probe.input_ids, loaded.tokenizer, info, {"name": "run", **probe.details},
+                       False, seed)
+    corpus = corpus or "sotu"
     text = load_corpus(corpus)
     loaded = load_model(model, dtype=torch.float32, attn_implementation="sdpa")
-    from dataclasses import asdict
 
     subj = Subject(loaded.model, torch.zeros(0, 0, dtype=torch.int64), loaded.tokenizer, asdict(loaded.info),
                    {"name": text.name, **text.source}, bool(loaded.info.is_encoder), seed, text.documents)

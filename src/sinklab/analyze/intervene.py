@@ -110,7 +110,7 @@ def _readout(res, targets_from: int) -> dict:
 def intervene(
     model: "str | Subject" = "smollm2-135m",
     *,
-    corpus: str = "sotu",
+    corpus: str | None = None,
     num_samples: int = 32,
     seq_len: int = 64,
     seed: int = 0,
@@ -136,10 +136,8 @@ def intervene(
         position: the sink position p (default the top one; checked by
             :func:`~sinklab.analyze.common.sink_position`).
         layers: layers for ``remove-sink`` (default all), 0-based.
-        dims: massive dimensions for ``massive-*`` (default: the top-1 ``|h|`` dimensions found at the sink
-            position, those that are the top-1 in at least 10% of (sample, layer) cells on p).
-        massive_layer: the block whose output is edited (default: the first layer whose median
-            top-1/median ratio exceeds 100 with the top-1 on p, else the layer of the largest ratio).
+        dims, massive_layer: massive dimensions and the block whose output is edited for ``massive-*``
+            (defaults: found by :func:`_massive_target`, where the sink's massive activation appears).
         token: the replacement first token for ``replace-first`` (default: random per sample, seeded).
         swap_to: t of the position swap (0-based; default 4 = the paper's p5).
         only: subset of :data:`INTERVENTIONS` (default: every one that applies to the model).
@@ -194,22 +192,9 @@ def intervene(
                         batch_size=batch_size)
         record("remove-sink", res, note=f"attention to position {pos} removed and rows renormalised in layers "
                                         f"{'all' if len(chosen) == L else sorted(chosen)}")
-    top = top_activations(base.hidden, 1)
     d_model = base.hidden.shape[-1]
     if any(x.startswith("massive-") for x in want):
-        on_sink = top["position"][..., 0] == pos  # (N, L)
-        ratio = (top["values"][..., 0] / top["median"]).median(dim=0).values  # (L,)
-        if massive_layer is None:
-            cands = [l for l in range(L) if ratio[l] > 100 and on_sink[:, l].double().mean() > 0.5]
-            massive_layer = cands[0] if cands else int(ratio.argmax())
-        elif not 0 <= massive_layer < L:
-            raise InputError(f"--massive-layer {massive_layer} is out of range: the model has {L} layers (0 to {L - 1})")
-        if dims is None:
-            cells = top["dim"][..., 0][on_sink]
-            counts = torch.bincount(cells, minlength=d_model) if cells.numel() else torch.zeros(d_model)
-            dims = [int(d) for d in torch.nonzero(counts >= max(1, 0.1 * on_sink.sum())).flatten()]
-            if not dims:
-                dims = [int(top["dim"][:, massive_layer, 0].mode().values)]
+        massive_layer, dims = _massive_target(base.hidden, pos, massive_layer, dims, L)
         bad = [d for d in dims if not 0 <= d < d_model]
         if bad:
             raise InputError(f"dimension {bad[0]} is out of range: hidden size {d_model} (0 to {d_model - 1})")
@@ -294,6 +279,42 @@ def intervene(
                 "massive_layer": massive_layer, "token": token, "swap_to": swap_to, "only": only}
     return AnalysisResult("intervene", summary, {"interventions": table}, {"intervene": plot}, settings,
                           subj.model_info, subj.corpus_info, command_line("intervene", settings))
+
+
+def _massive_target(hidden: Tensor, pos: int, layer: int | None, dims: list[int] | None, L: int,
+                    k: int = 3, ratio: float = 100.0) -> tuple[int, list[int]]:
+    """Where the massive activations of the sink token appear and in which dimensions.
+
+    Layer (default): the first layer whose mean top-1 ``|h|`` on position ``pos`` (over the samples whose
+    top-1 entry sits there) reaches half its largest value over layers -- where the massive activation
+    appears (Sun et al. 2024); if the top-1 entry is never on ``pos``, the layer of the largest
+    top-1/median ratio. Dims (default): the dimensions of the top-``k`` entries at that layer that sit on
+    ``pos`` and exceed ``ratio`` x the median ``|h|``, kept when found in at least 10% of the samples;
+    else the most common top-1 dimension at that layer.
+
+    Raises:
+        InputError: ``layer`` out of range.
+    """
+    top = top_activations(hidden, k)  # values/position/dim (N, L, k), median (N, L)
+    if layer is None:
+        on = top["position"][..., 0] == pos  # (N, L)
+        v = torch.where(on, top["values"][..., 0], torch.zeros_like(top["values"][..., 0]))
+        mean_on = v.sum(dim=0) / on.sum(dim=0).clamp_min(1)  # (L,)
+        if on.any():
+            layer = int(torch.nonzero(mean_on >= 0.5 * mean_on.max()).flatten()[0])
+        else:
+            layer = int((top["values"][..., 0] / top["median"]).median(dim=0).values.argmax())
+    elif not 0 <= layer < L:
+        raise InputError(f"--massive-layer {layer} is out of range: the model has {L} layers (0 to {L - 1})")
+    if dims is None:
+        sel = (top["position"][:, layer] == pos) & (top["values"][:, layer] > ratio * top["median"][:, layer, None])
+        cells = top["dim"][:, layer][sel]
+        N = hidden.shape[0]
+        counts = torch.bincount(cells, minlength=hidden.shape[-1]) if cells.numel() else torch.zeros(1)
+        dims = [int(d) for d in torch.nonzero(counts >= max(1, 0.1 * N)).flatten()]
+        if not dims:
+            dims = [int(top["dim"][:, layer, 0].mode().values)]
+    return layer, dims
 
 
 def _why_no_table(model) -> str:

@@ -108,7 +108,7 @@ def _detection_rows(stats, eps: float, min_rate: float, T: int, ks=(1, 2, 4)) ->
 def keybias(
     model: "str | Subject" = "smollm2-135m",
     *,
-    corpus: str = "sotu",
+    corpus: str | None = None,
     num_samples: int = 32,
     seq_len: int = 64,
     seed: int = 0,

@@ -39,12 +39,13 @@ def top_activations(hidden: Tensor, k: int = 3) -> dict[str, Tensor]:
 def massive(
     model: "str | Subject" = "smollm2-135m",
     *,
-    corpus: str = "sotu",
+    corpus: str | None = None,
     num_samples: int = 32,
     seq_len: int = 64,
     seed: int = 0,
     eps: float = 0.3,
     top_k: int = 3,
+    massive_ratio: float = 100.0,
     batch_size: int = 16,
 ) -> AnalysisResult:
     """Massive activations per layer: top-``top_k`` ``|h|`` entries, the median ``|h|`` and their ratio,
@@ -55,12 +56,15 @@ def massive(
     Args:
         model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe.
         eps: sink threshold for finding the sink position. top_k: entries per (sample, layer).
+        massive_ratio: an entry counts as massive when its magnitude exceeds this multiple of the
+            median ``|h|`` of its (sample, layer) (Sun et al. use about 1000; default 100).
 
     Returns:
         :class:`AnalysisResult` with tables ``layers`` (per layer: mean top-i magnitudes, mean median,
         ratio = median over samples of top-1 / median, most common dimension and position of the top-1
         entry and their shares, share of samples whose top-1 sits on the sink position) and ``dims``
-        (dimension, count of (sample, layer, rank) cells in the top-k, share), and plot ``massive``.
+        (dimension, count of massive cells among the (sample, layer) top-k, share of all N L k top-k cells),
+        and plot ``massive``.
     """
     import pandas as pd
 
@@ -86,9 +90,11 @@ def massive(
         })
         rows.append(row)
     layers = pd.DataFrame(rows)
-    cnt = Counter(top["dim"].flatten().tolist())
+    big = top["values"] > massive_ratio * top["median"][..., None]  # (N, L, k) massive cells
+    cnt = Counter(top["dim"][big].tolist())
     total = N * L * top_k
-    dims_df = pd.DataFrame([{"dim": d, "count": c, "share": c / total} for d, c in cnt.most_common()])
+    dims_df = pd.DataFrame([{"dim": d, "count": c, "share": c / total} for d, c in cnt.most_common()],
+                           columns=["dim", "count", "share"])
     best = int(layers["ratio"].idxmax())
     b = layers.iloc[best]
     summary = {
@@ -119,6 +125,6 @@ def massive(
         plt.close(fig)
 
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N,
-                "seq_len": summary["seq_len"], "seed": seed, "eps": eps, "top_k": top_k}
+                "seq_len": summary["seq_len"], "seed": seed, "eps": eps, "top_k": top_k, "massive_ratio": massive_ratio}
     return AnalysisResult("massive", summary, {"layers": layers, "dims": dims_df}, {"massive": plot}, settings,
                           subj.model_info, subj.corpus_info, command_line("massive", settings))

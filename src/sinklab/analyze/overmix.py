@@ -31,7 +31,7 @@ def sensitivity(base: Tensor, perturbed: Tensor, source: int) -> Tensor:
 def overmix(
     model: "str | Subject" = "smollm2-135m",
     *,
-    corpus: str = "sotu",
+    corpus: str | None = None,
     num_samples: int = 16,
     seq_len: int = 64,
     seed: int = 0,

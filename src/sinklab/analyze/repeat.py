@@ -29,7 +29,7 @@ def cosine_to_first(hidden: Tensor, start: int) -> Tensor:
 def repeat(
     model: "str | Subject" = "smollm2-135m",
     *,
-    corpus: str = "sotu",
+    corpus: str | None = None,
     num_samples: int = 32,
     seq_len: int = 64,
     seed: int = 0,

@@ -27,7 +27,8 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 def analyze_cmd(
     kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat"),
     model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run or model folder"),
-    corpus: str = typer.Option("sotu", help="corpus zoo name or a .txt file / folder"),
+    corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (default sotu; "
+                                         "for a sinklab training run: its own held-out data)"),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="probe windows N (default 32; overmix 16)"),
     seq_len: int = typer.Option(64, "--seq-len", "-t", help="tokens per window T"),
     seed: int = typer.Option(0, help="seed of the probe draw and of random choices"),
