@@ -49,16 +49,19 @@ def test_head_statistics_match_naive_loops(causal):
         for h in range(H):
             rows = [i for i in range(T) if (i >= p or not causal)]
             att = sum(float(w[b, h, i, p]) for i in rows) / len(rows)
-            outs = []
+            outs, nshares = [], []
             for i in rows:
                 o = sum(w[b, h, i, j] * v[b, h, j] for j in range(T))
                 outs.append(float((w[b, h, i, p] * v[b, h, p]).norm() / o.norm()))
+                nshares.append(float(w[b, h, i, p] * v[b, h, p].norm()
+                                     / sum(w[b, h, i, j] * v[b, h, j].norm() for j in range(T))))
             cos = lambda a, c: float(a @ c / (a.norm() * c.norm()))  # noqa: E731
             cs = [cos(q[b, h, i], k[b, h, p]) for i in rows if i != p]
             co = [cos(q[b, h, i], k[b, h, j]) for i in range(T) for j in range(T)
                   if j != p and (j <= i or not causal)]
             assert got["attention_share"][b, h] == pytest.approx(att, abs=1e-6)
             assert got["output_share"][b, h] == pytest.approx(sum(outs) / len(outs), abs=1e-6)
+            assert got["value_norm_share"][b, h] == pytest.approx(sum(nshares) / len(nshares), abs=1e-6)
             assert got["cos_sink"][b, h] == pytest.approx(sum(cs) / len(cs), abs=1e-9)
             assert got["cos_other"][b, h] == pytest.approx(sum(co) / len(co), abs=1e-9)
 
@@ -88,7 +91,7 @@ def test_keybias_shares_of_a_real_llama_layer_match_a_manual_recomputation():
     ref = head_statistics(out.attentions[0], q, k, v, res.summary["sink_position"])
     for h in range(q.shape[1]):
         row = heads[(heads.layer == 0) & (heads["head"] == h)].iloc[0]
-        for name in ("attention_share", "output_share", "cos_sink", "cos_other"):
+        for name in ("attention_share", "output_share", "value_norm_share", "cos_sink", "cos_other"):
             assert row[name] == pytest.approx(float(ref[name][:, h].mean()), abs=1e-5), name
 
 

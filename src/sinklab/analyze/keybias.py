@@ -28,6 +28,8 @@ def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, 
         ``attention_share``: mean over the queries that see p (i >= p; all i for an encoder) of A[i, p];
         ``output_share``: mean over the same queries of ``||A[i, p] v_p|| / ||sum_j A[i, j] v_j||``
         (0 where the head output is 0);
+        ``value_norm_share``: mean over the same queries of ``A[i, p] ||v_p|| / sum_j A[i, j] ||v_j||`` (the
+        sink's share of the weighted value norms, before the values cancel each other in the sum);
         ``cos_sink``: mean over queries i != p that see p of cos(q_i, k_p);
         ``cos_other``: mean over visible pairs (i, j), j != p, of cos(q_i, k_j).
     """
@@ -41,6 +43,8 @@ def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, 
     on = w[..., position] * value.double()[:, :, position].norm(dim=-1)[..., None]  # (B, H, T)
     on_norm = out.norm(dim=-1)
     share = torch.where(on_norm > 0, on / on_norm.clamp_min(1e-300), torch.zeros_like(on))
+    parts = (w * value.double().norm(dim=-1)[:, :, None, :]).sum(dim=-1)  # (B, H, T): sum_j A[i, j] ||v_j||
+    nshare = torch.where(parts > 0, on / parts.clamp_min(1e-300), torch.zeros_like(on))
     cos = torch.matmul(F.normalize(query.double(), dim=-1), F.normalize(key.double(), dim=-1).transpose(-1, -2))
     others = rows.clone()
     others[position] = False
@@ -49,6 +53,7 @@ def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, 
     return {
         "attention_share": w[..., rows, position].mean(dim=-1),
         "output_share": share[..., rows].mean(dim=-1),
+        "value_norm_share": nshare[..., rows].mean(dim=-1),
         "cos_sink": cos[..., others, position].mean(dim=-1) if others.any() else torch.full((B, H), float("nan")),
         "cos_other": (cos * other_pairs).sum(dim=(-1, -2)) / other_pairs.sum().clamp_min(1),
     }
@@ -180,6 +185,7 @@ def keybias(
         "median_output_share_sink_heads": float(s["output_share"].median()) if len(s) else None,
         "median_cos_sink_sink_heads": float(s["cos_sink"].median()) if len(s) else None,
         "median_cos_other_sink_heads": float(s["cos_other"].median()) if len(s) else None,
+        "median_value_norm_share_sink_heads": float(s["value_norm_share"].median()) if len(s) else None,
         "median_output_share_all_heads": float(heads["output_share"].median()),
         "detection": det,
         "num_samples": N, "seq_len": T, "long_seq_len": long_seq_len, "long_num_samples": long_num_samples,
@@ -195,7 +201,11 @@ def keybias(
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
         ax = axes[0]
-        sc = ax.scatter(heads["attention_share"], heads["output_share"], c=heads["layer"], s=12, cmap="viridis")
+        ax.scatter(heads["attention_share"], heads["value_norm_share"], marker="x", s=10, color="0.6",
+                   label="value-norm share (A_p ||v_p|| / sum_j A_j ||v_j||)")
+        sc = ax.scatter(heads["attention_share"], heads["output_share"], c=heads["layer"], s=12, cmap="viridis",
+                        label="output share")
+        ax.legend(fontsize=7, loc="upper left")
         ax.plot([0, 1], [0, 1], "k:", lw=1)
         ax.set_xlabel(f"attention share on position {pos} (mass)")
         ax.set_ylabel("output share (||a v_sink|| / ||head output||)")
