@@ -73,6 +73,17 @@ BAD = [
     (["report", TMP + "/no-results"], "no sweep folders"),
     (["dynamics", "softmax=" + TMP + "/no-run", "--out", TMP + "/d.png"], "does not exist"),
     (["dynamics", "softmax=" + TMP + "/no-run", "--out", TMP + "/d.png", "--level", "high"], "valid number"),
+    # analyze (more in tests/test_analyze.py)
+    (["analyze", "nonsense"], "unknown analysis"),
+    (["analyze", "massive", "--model", MODEL, "--corpus", CORPUS, "--num-samples", "0"], "--num-samples"),
+    (["analyze", "intervene", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--layers", "x"],
+     "comma-separated"),
+    (["analyze", "intervene", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--only", "magic"],
+     "unknown intervention"),
+    (["analyze", "repeat", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--prompt-len", "99"],
+     "--prompt-len"),
+    (["analyze", "overmix", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--directions", "0"],
+     "--directions"),
     (["nosuchcommand"], "No such command"),
 ]
 
@@ -109,7 +120,7 @@ def test_every_command_is_covered():
     assert commands <= covered, commands - covered
 
 
-@pytest.mark.parametrize("command", ["list", "measure", "fetch", "train", "sweep", "report", "dynamics"])
+@pytest.mark.parametrize("command", ["list", "measure", "fetch", "train", "sweep", "report", "dynamics", "analyze"])
 def test_help_shows_no_placeholder_on_flags(command, capsys):
     try:
         app([command, "--help"])
