@@ -283,6 +283,20 @@ def test_massive_ablation_edits_only_the_named_cells():
     assert not torch.equal(edited.hidden[:, 1], base.hidden[:, 1])
     t = res.tables["interventions"].set_index("intervention")
     assert t.loc["massive-zero", "loss"] == pytest.approx(float(edited.nll[:, 1:].mean()), abs=1e-12)
+    # samplemean: the sink token's own mean over the samples, at that layer
+    res2 = intervene(Subject(m, ids, model_info={"name": "t"}), eps=0.05, only=["massive-samplemean"], dims=[3, 5],
+                     massive_layer=0, position=0)
+
+    def to_mean(layer, h):
+        if layer != 0:
+            return None
+        h = h.clone()
+        h[:, 0, [3, 5]] = base.hidden[:, 0, 0][:, [3, 5]].mean(dim=0)
+        return h
+
+    ref = run_model(m, ids, nll=True, hidden_edit=to_mean)
+    t2 = res2.tables["interventions"].set_index("intervention")
+    assert t2.loc["massive-samplemean", "loss"] == pytest.approx(float(ref.nll[:, 1:].mean()), abs=1e-12)
     # default target on a planted activation: the layer where it appears, its dimension
     h = torch.rand(3, 4, 6, 8)
     h[:, 2:, 0, 5] = 1000.0

@@ -1,8 +1,9 @@
 """``intervene``: interventions on the sink with a language-modelling readout.
 
 (a) remove attention to the sink position and renormalise (:func:`remove_key`, through the capture
-seam's attention edit); (b) set the massive-activation dimensions of the sink token to zero or to their
-mean over the other tokens (Sun et al. 2024; the seam's block-output edit); (c) drop the first token or
+seam's attention edit); (b) set the massive-activation dimensions of the sink token to zero, to their
+mean over the other tokens, or to the sink token's own mean value over the samples (Sun et al. 2024 use
+zero and that mean; the seam's block-output edit); (c) drop the first token or
 replace it; (d) for learned absolute positions, give position 0 the embedding of position t, or swap the
 two (:func:`swapped_positions`; the paper's GPT2-XL experiment).
 """
@@ -22,8 +23,12 @@ from sinklab.capture.native import is_native
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 
-INTERVENTIONS = ("noop", "remove-sink", "massive-zero", "massive-mean", "drop-first", "replace-first",
-                 "position-replace", "position-swap")
+INTERVENTIONS = ("noop", "remove-sink", "massive-zero", "massive-mean", "massive-samplemean", "drop-first",
+                 "replace-first", "position-replace", "position-swap")
+
+
+_MASSIVE_VALUE = {"zero": "0", "mean": "their mean over the other tokens of the sample",
+                  "samplemean": "the sink token's own mean value over the samples"}
 
 
 def remove_key(weights: Tensor, position: int) -> Tensor:
@@ -199,7 +204,8 @@ def intervene(
         if bad:
             raise InputError(f"dimension {bad[0]} is out of range: hidden size {d_model} (0 to {d_model - 1})")
         idx = torch.tensor(dims)
-        for mode in ("zero", "mean"):
+        sample_mean = base.hidden[:, massive_layer, pos][:, idx].mean(dim=0)  # (len(dims),)
+        for mode in ("zero", "mean", "samplemean"):
             if f"massive-{mode}" not in want:
                 continue
 
@@ -211,13 +217,14 @@ def intervene(
                 others[pos] = False
                 if mode == "zero":
                     h[:, pos, idx] = 0
-                else:
+                elif mode == "mean":
                     h[:, pos, idx] = h[:, others][:, :, idx].mean(dim=1)
+                else:
+                    h[:, pos, idx] = sample_mean.to(h.dtype)
                 return h
 
             record(f"massive-{mode}", run_model(m, ids, hidden_edit=hedit, nll=lm, batch_size=batch_size),
-                   note=f"dims {dims} of position {pos} set to {'0' if mode == 'zero' else 'their mean over the other tokens'} "
-                        f"at the output of layer {massive_layer}")
+                   note=f"dims {dims} of position {pos} set to {_MASSIVE_VALUE[mode]} at the output of layer {massive_layer}")
     if "drop-first" in want:
         record("drop-first", run_model(m, ids[:, 1:], nll=lm, batch_size=batch_size), targets_from=0,
                note="first token removed; loss over the same targets")

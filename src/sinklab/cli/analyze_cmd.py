@@ -42,7 +42,7 @@ def analyze_cmd(
     token: Optional[int] = typer.Option(None, help="intervene: replacement first token; repeat: the repeated token"),
     swap_to: Optional[int] = typer.Option(None, "--swap-to", help="intervene: 0-based t of the position swap (default 4)"),
     only: Optional[str] = typer.Option(None, help="intervene: comma-separated subset of noop, remove-sink, massive-zero, "
-                                       "massive-mean, drop-first, replace-first, position-replace, position-swap"),
+                                       "massive-mean, massive-samplemean, drop-first, replace-first, position-replace, position-swap"),
     min_rate: Optional[float] = typer.Option(None, "--min-rate", help="keybias: per-sample sink rate (%) that makes a true sink (default 10)"),
     long_seq_len: Optional[int] = typer.Option(None, "--long-seq-len", help="keybias: long-context T for sink detection (default 512)"),
     long_num_samples: Optional[int] = typer.Option(None, "--long-num-samples", help="keybias: windows at the long T (default 8)"),
