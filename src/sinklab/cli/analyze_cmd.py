@@ -35,6 +35,9 @@ def analyze_cmd(
     eps: float = typer.Option(0.3, help="sink threshold on attention mass"),
     out: Optional[Path] = typer.Option(None, help="output folder (default runs/analyze/KIND)"),
     batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="massive: largest entries per (sample, layer) (default 3)"),
+    massive_ratio: Optional[float] = typer.Option(None, "--massive-ratio", help="massive: multiple of the median |h| "
+                                                  "that makes an entry massive (default 100)"),
     position: Optional[int] = typer.Option(None, help="keybias, intervene: 0-based sink position (default: the top one)"),
     layers: Optional[str] = typer.Option(None, help="intervene: layers for remove-sink, e.g. 0,1,2 (default all)"),
     dims: Optional[str] = typer.Option(None, help="intervene: massive dimensions to ablate (default: found)"),
@@ -62,7 +65,7 @@ def analyze_cmd(
         raise InputError(f"unknown analysis {kind!r}; choose from {', '.join(analyze.KINDS)}")
     fn = analyze.KINDS[kind]
     given = {
-        "position": position, "layers": _ints(layers, "--layers"), "dims": _ints(dims, "--dims"),
+        "top_k": top_k, "massive_ratio": massive_ratio, "position": position, "layers": _ints(layers, "--layers"), "dims": _ints(dims, "--dims"),
         "massive_layer": massive_layer, "token": token, "swap_to": swap_to,
         "only": [x.strip() for x in only.split(",")] if only else None, "min_rate": min_rate,
         "long_seq_len": long_seq_len, "long_num_samples": long_num_samples, "sources": _ints(sources, "--sources"),
