@@ -375,3 +375,21 @@ def test_cli_writes_json_csv_png(tiny_model_dir, text_corpus_dir, tmp_path, caps
     layers = pd.read_csv(out / "layers.csv")
     assert len(layers) == 2 and layers["ratio"].tolist() == pytest.approx(data["tables"]["layers"]["ratio"])
     assert (out / "massive.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------ real models (cached weights)
+@pytest.mark.slow
+def test_smollm2_interventions_and_minilm_swap(real_home):
+    """SmolLM2: the no-op edit is bit-identical, removing position 0 everywhere equals dropping the first
+    token (RoPE), zeroing the massive dimensions hurts far more than removing the sink. MiniLM (learned
+    positions): swapping positions 0 and 4 moves sink rate from position 0 to position 4."""
+    res = intervene("smollm2-135m", num_samples=4, seq_len=32,
+                    only=["noop", "remove-sink", "drop-first", "massive-zero"])
+    t = res.tables["interventions"].set_index("intervention")
+    assert t.loc["noop", "loss"] == t.loc["baseline", "loss"]
+    assert t.loc["remove-sink", "loss"] == pytest.approx(t.loc["drop-first", "loss"], abs=1e-3)
+    assert t.loc["massive-zero", "loss_change"] > 10 * t.loc["remove-sink", "loss_change"] > 0
+    enc = intervene("minilm-l6", num_samples=8, seq_len=64, only=["position-swap"], swap_to=4)
+    e = enc.tables["interventions"].set_index("intervention")
+    assert e.loc["position-swap", "sink_rate_pos0"] < e.loc["baseline", "sink_rate_pos0"] / 2
+    assert e.loc["position-swap", "sink_rate_swap_to"] > e.loc["baseline", "sink_rate_swap_to"] + 5

@@ -292,7 +292,7 @@ def command_line(kind: str, settings: dict) -> str:
     """The ``sinklab analyze`` command that reproduces a result: ``sys.argv`` when run from the CLI,
     else rebuilt from the settings."""
     if Path(sys.argv[0]).name == "sinklab":
-        return " ".join(shlex.quote(a) for a in sys.argv)
+        return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
     parts = ["sinklab", "analyze", kind]
     for k, v in settings.items():
         if v is not None and not isinstance(v, (list, dict)):

@@ -53,6 +53,11 @@ def overmix(
         sources: 0-based positions s (default T/8, T/4, T/2, all > the sink position).
         directions: random directions per source. scale: perturbation size relative to ``||e_s||``.
 
+    Returns:
+        :class:`AnalysisResult`: table ``sensitivity`` (condition, layer, distance from s, mean relative
+        change, number of (source, direction) pairs), plot ``overmix``; the summary's
+        ``last_layer_curve_by_distance`` is indexed by distance (index 0 = the perturbed token itself).
+
     Raises:
         InputError: a source outside (sink position, T - 1), directions < 1 or scale <= 0.
     """
@@ -108,7 +113,7 @@ def overmix(
         "num_samples": N, "seq_len": T,
         "last_layer_mean_sensitivity_distance_ge1": {c: float(v[last, far].mean()) for c, v in curves.items()},
         "all_layers_mean_sensitivity_distance_ge1": {c: float(v[:, far].mean()) for c, v in curves.items()},
-        "last_layer_curve": {c: [float(x) for x in v[last, : len(far) + 1]] for c, v in curves.items()},
+        "last_layer_curve_by_distance": {c: [float(x) for x in v[last, : len(far) + 1]] for c, v in curves.items()},
     }
 
     def plot(path):
