@@ -272,8 +272,11 @@ def intervene(
             axes[0, 0].set_ylabel("loss (nats)")
             axes[0, 0].set_ylim(min(table["loss"]) * 0.9, max(table["loss"]) * 1.05)
         ax = axes[0, -1]
-        ax.bar([i - 0.2 for i in x], table["sink_rate_pos0"], 0.4, label="Sink at position 0")
-        ax.bar([i + 0.2 for i in x], table["sink_rate_sink"], 0.4, label=f"Sink at position {pos}")
+        other = ("sink_rate_sink", pos) if pos != 0 else ("sink_rate_swap_to", swap_to) if learned else None
+        width = 0.4 if other else 0.8
+        ax.bar([i - (0.2 if other else 0) for i in x], table["sink_rate_pos0"], width, label="Sink at position 0")
+        if other:
+            ax.bar([i + 0.2 for i in x], table[other[0]].fillna(0), width, label=f"Sink at position {other[1]}")
         ax.set_xticks(list(x), table["intervention"], rotation=40, ha="right")
         ax.set_ylabel("sink rate (%)")
         ax.legend()
