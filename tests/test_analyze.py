@@ -180,7 +180,7 @@ def test_remove_key_matches_a_loop_and_leaves_untouched_rows_bit_identical():
 def test_noop_intervention_is_bit_identical(which):
     m = tiny_llama() if which == "llama" else _sinklm(positional="learned")
     res = intervene(Subject(m, _ids(3, 10), model_info={"name": which}), eps=0.05,
-                    only=["noop"] + (["position-replace"] if which == "sinklm" else []), swap_to=0 + 3)
+                    only=["noop"] + (["position-replace"] if which == "sinklm" else []), swap_to=3)
     t = res.tables["interventions"].set_index("intervention")
     assert t.loc["noop", "loss"] == t.loc["baseline", "loss"]  # exact
     assert t.loc["noop", "sink_rate_pos0"] == t.loc["baseline", "sink_rate_pos0"]
