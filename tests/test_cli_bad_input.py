@@ -92,6 +92,17 @@ BAD = [
     (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0", "x", "--out", TMP + "/s"], "--sinks takes integers"),
     (["stream", "--model", MODEL, "--mode", "fast", "--corpus", CORPUS, "--window", "8", "--tokens", "20",
       "--out", TMP + "/s"], "unknown mode"),
+    # analyze (more in tests/test_analyze.py)
+    (["analyze", "nonsense"], "unknown analysis"),
+    (["analyze", "massive", "--model", MODEL, "--corpus", CORPUS, "--num-samples", "0"], "--num-samples"),
+    (["analyze", "intervene", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--layers", "x"],
+     "comma-separated"),
+    (["analyze", "intervene", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--only", "magic"],
+     "unknown intervention"),
+    (["analyze", "repeat", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--prompt-len", "99"],
+     "--prompt-len"),
+    (["analyze", "overmix", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--directions", "0"],
+     "--directions"),
     (["nosuchcommand"], "No such command"),
 ]
 
@@ -128,7 +139,8 @@ def test_every_command_is_covered():
     assert commands <= covered, commands - covered
 
 
-@pytest.mark.parametrize("command", ["list", "measure", "fetch", "train", "sweep", "report", "dynamics", "compare"])
+@pytest.mark.parametrize("command", ["list", "measure", "fetch", "train", "sweep", "report", "dynamics", "compare",
+                                     "analyze", "stream"])
 def test_help_shows_no_placeholder_on_flags(command, capsys):
     try:
         app([command, "--help"])

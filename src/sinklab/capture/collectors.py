@@ -61,6 +61,7 @@ def eager_collector(
     softcap: float | None = None,
     sinks: Tensor | None = None,
     sliding_window: int | None = None,
+    edit=None,
 ) -> tuple[Tensor, Tensor]:
     """Plain matmul-mask-softmax attention that also returns the column sums.
 
@@ -68,7 +69,9 @@ def eager_collector(
     soft-capped (``softcap * tanh(s / softcap)``, Gemma 2), masked, and normalised with
     a softmax in float32; ``sinks`` (H_q,) are per-head sink logits added to the
     softmax denominator (gpt-oss) and receive no output. Memory: O(B H T_q T_k) for
-    this one layer.
+    this one layer. ``edit`` (used by :mod:`sinklab.analyze`): a callable that gets the
+    weights (B, H_q, T_q, T_k) float32 and returns replacement weights or None (no change);
+    the output and the column sums then come from the replacement.
 
     Returns:
         output (B, T_q, H_q, D) in value's dtype, column sums (B, H_q, T_k) float64.
@@ -91,5 +94,8 @@ def eager_collector(
     else:
         probs = torch.softmax(scores, dim=-1)
     probs = torch.nan_to_num(probs)  # fully masked rows (padding) contribute nothing
+    if edit is not None:
+        edited = edit(probs)
+        probs = probs if edited is None else edited
     out = torch.matmul(probs.to(v.dtype), v)  # (B, Hq, Tq, D)
     return out.transpose(1, 2).contiguous(), probs.sum(dim=-2, dtype=torch.float64)

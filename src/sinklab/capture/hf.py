@@ -15,21 +15,30 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
+from sinklab.attention_masks import repeat_kv
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.errors import CaptureError
 
 ATTN_NAME = "sinklab_capture"
+
+#: An intervention on attention weights: ``edit(layer, weights, *, query, key, value)`` with 0-based
+#: ``layer``, ``weights`` (B, H, T_q, T_k) float32 after softmax, ``query`` (B, H, T_q, D) after RoPE,
+#: ``key``/``value`` (B, H, T_k, D) with grouped-query heads repeated to H; returns replacement
+#: weights of the same shape, or None to leave them unchanged (an inspection).
+AttentionEdit = Callable[..., "torch.Tensor | None"]
+#: An intervention on a block's output: ``hidden_edit(layer, hidden (B, T, d)) -> hidden | None``.
+HiddenEdit = Callable[[int, "torch.Tensor"], "torch.Tensor | None"]
 _state = threading.local()
 
 
-def _active() -> tuple[BatchRecorder, str] | None:
+def _active() -> tuple[BatchRecorder, str, "AttentionEdit | None"] | None:
     return getattr(_state, "active", None)
 
 
@@ -43,9 +52,14 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    recorder, collector_name = active
+    recorder, collector_name, edit = active
     collector = COLLECTORS.get(collector_name)
     layer = recorder.next_layer()
+    more = {}
+    if edit is not None:  # an intervention (sinklab.analyze): the eager collector applies it to the weights
+        collector = COLLECTORS.get("eager")
+        n_rep = query.shape[1] // key.shape[1]
+        more["edit"] = lambda w: edit(layer, w, query=query, key=repeat_kv(key, n_rep), value=repeat_kv(value, n_rep))
     # The window of a sliding layer whose mask capture_mask skipped (None otherwise):
     # the `sliding_window` kwarg (Gemma 3, Mistral, gpt-oss...), else the module's
     # attribute, else the skipped mask's own window (models that pass neither).
@@ -62,6 +76,7 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         softcap=kwargs.get("softcap"),
         sinks=kwargs.get("s_aux"),
         sliding_window=window,
+        **more,
     )
     extra = None
     if kwargs.get("s_aux") is not None:
@@ -99,10 +114,20 @@ def find_layers(model: nn.Module) -> nn.ModuleList:
 
 
 @contextlib.contextmanager
-def capturing(model: nn.Module, recorder: BatchRecorder, collector: str = "eager") -> Iterator[BatchRecorder]:
+def capturing(
+    model: nn.Module,
+    recorder: BatchRecorder,
+    collector: str = "eager",
+    *,
+    edit: AttentionEdit | None = None,
+    hidden_edit: HiddenEdit | None = None,
+) -> Iterator[BatchRecorder]:
     """Within the block, forward passes of ``model`` record into ``recorder``.
 
-    The model is restored exactly (attention implementation, hooks) on exit.
+    ``edit`` (see :data:`AttentionEdit`) changes or inspects every layer's attention weights
+    (the eager collector is then used); ``hidden_edit`` (see :data:`HiddenEdit`) may replace
+    each block's output before it is recorded and passed on. The model is restored exactly
+    (attention implementation, hooks) on exit.
 
     Raises:
         UnknownNameError: unknown collector name.
@@ -115,7 +140,13 @@ def capturing(model: nn.Module, recorder: BatchRecorder, collector: str = "eager
 
     def hook(idx: int):
         def fn(_mod, _inp, out):
-            recorder.add_hidden(idx, out[0] if isinstance(out, (tuple, list)) else out)
+            h = out[0] if isinstance(out, (tuple, list)) else out
+            new = hidden_edit(idx, h) if hidden_edit is not None else None
+            if new is not None:
+                h = new
+                out = (new, *out[1:]) if isinstance(out, tuple) else new
+            recorder.add_hidden(idx, h)
+            return out if new is not None else None
 
         return fn
 
@@ -124,7 +155,7 @@ def capturing(model: nn.Module, recorder: BatchRecorder, collector: str = "eager
         for i, layer in enumerate(layers):
             handles.append(layer.register_forward_hook(hook(i)))
         set_capture_active(True)
-        _state.active = (recorder, collector)
+        _state.active = (recorder, collector, edit)
         yield recorder
     finally:
         _state.active = None
@@ -134,24 +165,42 @@ def capturing(model: nn.Module, recorder: BatchRecorder, collector: str = "eager
         model.set_attn_implementation(previous)
 
 
-def forward_hf(model: nn.Module, input_ids: torch.Tensor, collector: str) -> BatchRecorder:
+def forward_hf(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    collector: str,
+    *,
+    edit: AttentionEdit | None = None,
+    hidden_edit: HiddenEdit | None = None,
+    logits: bool = False,
+    keep_hidden: bool = False,
+) -> BatchRecorder:
     """One forward pass of ``input_ids`` (B, T) with statistics recorded.
 
     Falls back to ``output_attentions=True`` (eager, all layers at once) when the
     model does not route attention through ``AttentionInterface``, noting it.
+    ``edit``/``hidden_edit``: interventions, see :func:`capturing`. ``logits``: run the LM
+    head too and keep ``recorder.logits`` (B, T, V). ``keep_hidden``: keep every block's
+    output in ``recorder.full_hidden``.
 
     Raises:
-        CaptureError: the model exposes no attention weights at all.
+        CaptureError: the model exposes no attention weights at all, or an ``edit`` was
+            given for a model whose attention does not go through ``AttentionInterface``.
     """
     L = model.config.num_hidden_layers
-    recorder = BatchRecorder(L, collector)
-    # The backbone alone (no LM head): the statistics never need logits, and the
-    # head is a large matmul over the vocabulary.
-    backbone = getattr(model, "base_model", model)
-    with capturing(model, recorder, collector), torch.no_grad():
-        backbone(input_ids=input_ids, use_cache=False)
+    recorder = BatchRecorder(L, collector, keep_hidden=keep_hidden)
+    # The backbone alone (no LM head) unless logits are asked for: the statistics never need
+    # them, and the head is a large matmul over the vocabulary.
+    runner = model if logits else getattr(model, "base_model", model)
+    with capturing(model, recorder, collector, edit=edit, hidden_edit=hidden_edit), torch.no_grad():
+        out = runner(input_ids=input_ids, use_cache=False)
     if recorder.attn_calls == L:
+        if logits:
+            recorder.logits = out.logits
         return recorder
+    if edit is not None or hidden_edit is not None or logits or keep_hidden:
+        raise CaptureError(f"{type(model).__name__} does not route attention through transformers' "
+                           "AttentionInterface: interventions and analyses need that seam")
     # Fallback: the model's code does not use the AttentionInterface.
     recorder = BatchRecorder(L, "output_attentions")
     recorder.notes.append("attention not interceptable: fell back to eager output_attentions")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from sinklab.attention_masks import repeat_kv
 from sinklab.capture.recorder import BatchRecorder
 
 
@@ -14,20 +15,40 @@ def is_native(model: nn.Module) -> bool:
     return any(c.__name__ == "SinkLM" and c.__module__.startswith("sinklab.") for c in type(model).__mro__)
 
 
-def forward_native(model: nn.Module, input_ids: Tensor, prefix_len: int = 0) -> BatchRecorder:
+def forward_native(
+    model: nn.Module,
+    input_ids: Tensor,
+    prefix_len: int = 0,
+    *,
+    edit=None,
+    hidden_edit=None,
+    logits: bool = False,
+    keep_hidden: bool = False,
+) -> BatchRecorder:
     """One forward pass of a SinkLM on ``input_ids`` (B, T) with statistics recorded.
 
     The model's observer hands over each layer's (possibly renormalised) attention
     weights (B, H, T, T), which are reduced to column sums at once. The model runs with
     the mask it was trained with: its own sliding window (``config.sliding_window``) and
     the bidirectional prefix ``prefix_len`` (prefix LM; 0 = causal).
+
+    ``edit`` (:data:`sinklab.capture.hf.AttentionEdit`) inspects or replaces each layer's
+    weights through the observer (the model recomputes the output from the replacement);
+    ``hidden_edit`` (:data:`sinklab.capture.hf.HiddenEdit`) may replace each block's output.
+    ``logits`` keeps ``recorder.logits`` (B, T, V); ``keep_hidden`` keeps every block's output.
     """
     L = model.config.n_layers
-    recorder = BatchRecorder(L, "observer")
+    recorder = BatchRecorder(L, "observer", keep_hidden=keep_hidden)
     window = getattr(model.config, "sliding_window", None)
+    H = model.config.n_heads
 
-    def observer(layer: int, weights: Tensor, *, renormalised: bool, extra=None, key=None, value=None) -> None:
+    def observer(layer: int, weights: Tensor, *, renormalised: bool, extra=None, key=None, value=None, query=None):
         recorder.attn_calls += 1
+        edited = None
+        if edit is not None:
+            rep = H // key.shape[1]
+            edited = edit(layer, weights, query=query, key=repeat_kv(key, rep), value=repeat_kv(value, rep))
+            weights = weights if edited is None else edited
         recorder.add_attention(
             layer,
             weights.sum(dim=-2, dtype=torch.float64),
@@ -40,9 +61,21 @@ def forward_native(model: nn.Module, input_ids: Tensor, prefix_len: int = 0) -> 
             extra=extra,
             renormalised=renormalised,
         )
+        return edited
 
-    with torch.no_grad():
-        out = model(input_ids, observer=observer, output_hidden_states=True, prefix_len=prefix_len)
+    observer.wants_query = edit is not None
+    handles = []
+    if hidden_edit is not None:
+        for i, block in enumerate(model.layers):
+            handles.append(block.register_forward_hook(lambda _m, _i, o, i=i: hidden_edit(i, o)))
+    try:
+        with torch.no_grad():
+            out = model(input_ids, observer=observer, output_hidden_states=True, prefix_len=prefix_len)
+    finally:
+        for h in handles:
+            h.remove()
     for i, h in enumerate(out.hidden_states[1:]):
         recorder.add_hidden(i, h)
+    if logits:
+        recorder.logits = out.logits
     return recorder

@@ -22,8 +22,13 @@ from sinklab.metrics.sink import (
 class BatchRecorder:
     """Per-layer statistics of one batch of ``B`` sequences of ``T`` tokens."""
 
-    def __init__(self, num_layers: int, collector: str) -> None:
+    def __init__(self, num_layers: int, collector: str, *, keep_hidden: bool = False) -> None:
         self.num_layers = num_layers
+        #: with ``keep_hidden``, ``full_hidden[l]`` keeps layer l's whole output (B, T, d) float32
+        self.keep_hidden = keep_hidden
+        self.full_hidden: list[Tensor | None] = [None] * num_layers
+        #: (B, T, V) logits when the seam ran the model's head (``logits=True``), else None
+        self.logits: Tensor | None = None
         self.collector = collector
         self.attn_calls = 0
         self.mass: list[Tensor | None] = [None] * num_layers
@@ -103,6 +108,8 @@ class BatchRecorder:
     def add_hidden(self, layer: int, hidden: Tensor) -> None:
         """Record a layer's output hidden state ``hidden`` (B, T, d)."""
         h = hidden.detach().float()
+        if self.keep_hidden:
+            self.full_hidden[layer] = h.cpu()
         B, T, d = h.shape
         a = h.abs().reshape(B, T * d)
         max_abs, flat = a.max(dim=1)

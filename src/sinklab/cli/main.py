@@ -54,6 +54,7 @@ _COMMAND_MODULES = [
     "sinklab.cli.train_cmd",
     "sinklab.cli.sweep_cmd",
     "sinklab.cli.stream_cmd",
+    "sinklab.cli.analyze_cmd",
 ]
 _loaded = False
 

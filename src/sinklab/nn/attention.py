@@ -382,6 +382,12 @@ class Attention(nn.Module):
         renormalised to sum to 1 (all-zero rows stay 0) and ``renormalised=True``, as
         the paper's own code does. ``extra`` (B, H, T) is the weight on the virtual key
         (sink token, key bias, sink logit, off-by-one's implicit zero logit) or None.
+
+        An observer with the attribute ``wants_query = True`` also gets ``query`` (B, H, T, d_h),
+        after positions. An observer that returns a tensor (B, H, T, T) replaces the weights on
+        the real keys (same normalisation as it was given; used by :mod:`sinklab.analyze` for
+        interventions): the output is recomputed as ``weights @ v`` (+ the virtual key's
+        unchanged share of its value). Returning None (the usual case) changes nothing.
         """
         vk, vv, vlogit = self._virtual(q.dtype)
         out, w, w_extra = reference_attention(
@@ -396,7 +402,17 @@ class Attention(nn.Module):
             total = torch.where(total > 0, total, torch.ones_like(total))
             w = w / total
             w_extra = None if w_extra is None else w_extra / total
-        observer(self.layer_idx, w.detach(), renormalised=renorm,
-                 extra=None if w_extra is None else w_extra.squeeze(-1).detach(),
-                 key=k.detach(), value=v.detach())
+        more = {"query": q.detach()} if getattr(observer, "wants_query", False) else {}
+        edited = observer(self.layer_idx, w.detach(), renormalised=renorm,
+                          extra=None if w_extra is None else w_extra.squeeze(-1).detach(),
+                          key=k.detach(), value=v.detach(), **more)
+        if edited is not None:
+            # the observer replaced the weights (an intervention, sinklab.analyze): recompute the output
+            # from them, in the normalisation the observer saw (undo the renormalisation), virtual key kept
+            w_new = edited * total if renorm else edited  # (B, H, T, T)
+            vr = repeat_kv(v, self.n_heads // v.shape[1])  # (B, H, T, d_h)
+            out = torch.matmul(w_new.to(vr.dtype), vr)  # (B, H, T, d_h)
+            if w_extra is not None and vv is not None:
+                w_x = w_extra * total if renorm else w_extra  # (B, H, T, 1)
+                out = out + w_x.to(vr.dtype) * repeat_kv(vv[None, :, None, :], self.n_heads // vv.shape[0])
         return out

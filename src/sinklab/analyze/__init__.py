@@ -1,0 +1,27 @@
+"""Why sinks exist: analyses of a measured sink (``sinklab analyze KIND``).
+
+Each kind is a function returning an :class:`~sinklab.analyze.common.AnalysisResult` (``.save(out)``
+writes ``analysis.json``, CSV tables and PNG plots):
+
+* :func:`massive` -- massive activations per layer, their dimensions and positions (Sun et al. 2024).
+* :func:`keybias` -- key/value norms, query-key cosines, attention share vs output share of the sink;
+  finding sinks without attention weights.
+* :func:`intervene` -- remove the sink, ablate massive activations, drop/replace the first token,
+  swap learned positions; loss and sink rate after each.
+* :func:`overmix` -- spread of a one-token perturbation with and without the sink (Barbero et al. 2025).
+* :func:`repeat` -- a prompt followed by one repeated token: similarity to the first position, sink rate.
+
+All forward passes go through the capture seam (:mod:`sinklab.capture.hf`, :mod:`sinklab.capture.native`);
+interventions are its optional attention / block-output edits.
+"""
+
+from sinklab.analyze.common import AnalysisResult, Subject, load_subject
+from sinklab.analyze.intervene import intervene
+from sinklab.analyze.keybias import keybias
+from sinklab.analyze.massive import massive
+from sinklab.analyze.overmix import overmix
+from sinklab.analyze.repeat import repeat
+
+KINDS = {"massive": massive, "keybias": keybias, "intervene": intervene, "overmix": overmix, "repeat": repeat}
+
+__all__ = ["AnalysisResult", "Subject", "load_subject", "massive", "keybias", "intervene", "overmix", "repeat", "KINDS"]

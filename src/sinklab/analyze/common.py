@@ -1,0 +1,305 @@
+"""What every analysis shares: the subject (model + probe), batched forward passes through the
+capture seam, the sink position, the result object and its files.
+
+Positions are 0-based everywhere (position 0 is the paper's token 1); layers and heads 0-based.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from sinklab.capture.hf import forward_hf
+from sinklab.capture.native import forward_native, is_native
+from sinklab.capture.stats import ProbeStats
+from sinklab.errors import InputError
+from sinklab.metrics import sink_rate
+from sinklab.metrics.summary import rankable_positions
+
+
+@dataclass
+class Subject:
+    """A model and the probe it is analysed on.
+
+    Attributes:
+        model: a ``transformers`` model or a :class:`sinklab.nn.SinkLM`, eval mode.
+        input_ids: (N, T) int64 probe token ids (position 0 first).
+        tokenizer: its tokenizer, or None (a model built in a test).
+        model_info: provenance of the model (JSON-serialisable).
+        corpus_info: provenance of the text, or None.
+        is_encoder: bidirectional encoder (no LM head, no loss readout).
+        seed: seed of the probe draw and of every random choice of the analysis.
+        documents: the corpus' documents (for analyses that draw more text), or None.
+    """
+
+    model: nn.Module
+    input_ids: Tensor
+    tokenizer: Any = None
+    model_info: dict = field(default_factory=dict)
+    corpus_info: dict | None = None
+    is_encoder: bool = False
+    seed: int = 0
+    documents: list | None = None
+
+    @property
+    def num_layers(self) -> int:
+        c = self.model.config
+        return c.n_layers if is_native(self.model) else c.num_hidden_layers
+
+
+def load_subject(
+    model: str, *, corpus: str | None = None, num_samples: int = 32, seq_len: int = 64, seed: int = 0, bos: str = "auto"
+) -> Subject:
+    """Load a model (zoo name, Hugging Face folder, sinklab run or model folder) and draw ``num_samples``
+    windows of ``seq_len`` tokens of natural text from ``corpus`` (the probe of ``sinklab measure``;
+    default ``sotu``). For a ``sinklab train`` run folder and ``corpus=None`` the probe is the run's own
+    held-out data in its packing (:func:`sinklab.measure.trained.run_probe`).
+
+    Raises:
+        InputError / UnknownNameError / FetchError: as :func:`sinklab.measure.measure`.
+    """
+    from sinklab.zoo.corpora import load_corpus
+    from sinklab.zoo.models import check_model_spec, load_model
+
+    if num_samples < 1:
+        raise InputError(f"--num-samples must be >= 1, got {num_samples}")
+    if seq_len < 4:
+        raise InputError(f"--seq-len must be >= 4, got {seq_len}")
+    from dataclasses import asdict
+
+    from sinklab.measure.trained import find_run, run_probe
+
+    run = find_run(model)
+    if run is None:
+        check_model_spec(model)
+    if run is not None and corpus is None:  # a training run: its own held-out data in its packing
+        loaded = load_model(str(run.final), dtype=torch.float32, attn_implementation="sdpa")
+        probe = run_probe(run, num_samples, seq_len, seed, "auto", loaded.tokenizer)
+        info = {**asdict(loaded.info), "run": str(run.folder)}
+        return Subject(loaded.model, probe.input_ids, loaded.tokenizer, info, {"name": "run", **probe.details},
+                       False, seed)
+    corpus = corpus or "sotu"
+    text = load_corpus(corpus)
+    loaded = load_model(model, dtype=torch.float32, attn_implementation="sdpa")
+
+    subj = Subject(loaded.model, torch.zeros(0, 0, dtype=torch.int64), loaded.tokenizer, asdict(loaded.info),
+                   {"name": text.name, **text.source}, bool(loaded.info.is_encoder), seed, text.documents)
+    subj.input_ids = natural_ids(subj, num_samples, seq_len, bos=bos)
+    return subj
+
+
+def natural_ids(subj: Subject, num_samples: int, seq_len: int, *, bos: str = "auto") -> Tensor:
+    """(num_samples, seq_len) windows of the subject's corpus (:func:`sinklab.probe.make_probe`, natural,
+    seeded with ``subj.seed``).
+
+    Raises:
+        InputError: the subject has no tokenizer or corpus, T past the model's context, too few windows.
+    """
+    from sinklab.probe import make_probe
+    from sinklab.probe.cache import tokenize_documents
+
+    docs = subj.documents
+    if subj.tokenizer is None or docs is None:
+        raise InputError("this analysis needs natural text: give a model name or folder and a corpus")
+    limit = subj.model_info.get("max_context")
+    if limit is not None and seq_len > limit:
+        raise InputError(f"--seq-len {seq_len} is past {subj.model_info.get('name')}'s context of {limit} tokens")
+    probe = make_probe("natural", subj.tokenizer, documents=docs, num_samples=num_samples, seq_len=seq_len,
+                       bos=bos, seed=subj.seed, token_docs=tokenize_documents(subj.tokenizer, docs))
+    return probe.input_ids
+
+
+@dataclass
+class Pass:
+    """The outcome of :func:`run_model` on N sequences of T tokens.
+
+    stats: :class:`ProbeStats` of the (possibly edited) pass. hidden: (N, L, T, d) float32 block
+    outputs, or None. nll: (N, T - 1) float64, ``nll[n, t] = -log p(x[t + 1] | x[:t + 1])``, or None.
+    """
+
+    stats: ProbeStats
+    hidden: Tensor | None = None
+    nll: Tensor | None = None
+
+
+def run_model(
+    model: nn.Module,
+    input_ids: Tensor,
+    *,
+    edit: Callable | None = None,
+    hidden_edit: Callable | None = None,
+    hidden: bool = False,
+    nll: bool = False,
+    batch_size: int = 16,
+    embed_delta: Tensor | None = None,
+) -> Pass:
+    """Forward passes through the capture seam (:mod:`sinklab.capture.hf` for ``transformers`` models,
+    the observer of :mod:`sinklab.capture.native` for sinklab models), with optional interventions.
+
+    ``transformers`` models always use the eager collector here, so a pass with a no-op ``edit``
+    is bit-identical to one without.
+
+    Args:
+        model: the model. input_ids: (N, T) int64.
+        edit: attention intervention :data:`sinklab.capture.hf.AttentionEdit` or None.
+        hidden_edit: block-output intervention :data:`sinklab.capture.hf.HiddenEdit` or None.
+        hidden: keep every block's output (N, L, T, d).
+        nll: compute the next-token negative log-likelihood (needs an LM head).
+        embed_delta: (N, T, d) added to the input token embeddings (over-mixing probe), or None.
+
+    Raises:
+        InputError: ``nll`` for a model without an LM head.
+        CaptureError: the model's attention does not go through the seam.
+    """
+    native = is_native(model)
+    if nll and not native and not hasattr(model, "lm_head") and getattr(model, "get_output_embeddings", lambda: None)() is None:
+        raise InputError(f"{type(model).__name__} has no language-modelling head: no loss readout")
+    parts, hids, nlls = [], [], []
+    emb = model.embed if native else model.get_input_embeddings()
+    for s in range(0, input_ids.shape[0], batch_size):
+        ids = input_ids[s : s + batch_size]
+        handle = None
+        if embed_delta is not None:
+            delta = embed_delta[s : s + batch_size]
+            handle = emb.register_forward_hook(lambda _m, _i, o, d=delta: o + d.to(o.dtype))
+        try:
+            kw = dict(edit=edit, hidden_edit=hidden_edit, logits=nll, keep_hidden=hidden)
+            rec = forward_native(model, ids, **kw) if native else forward_hf(model, ids, "eager", **kw)
+        finally:
+            if handle is not None:
+                handle.remove()
+        parts.append(rec.finish())
+        if hidden:
+            hids.append(torch.stack(rec.full_hidden, dim=1))  # (B, L, T, d)
+        if nll:
+            logp = torch.log_softmax(rec.logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
+            nlls.append(-logp.gather(-1, ids[:, 1:, None]).squeeze(-1))  # (B, T-1)
+    return Pass(ProbeStats.concat(parts), torch.cat(hids) if hidden else None, torch.cat(nlls) if nll else None)
+
+
+def sink_position(stats: ProbeStats, eps: float = 0.3, requested: int | None = None) -> tuple[int, float]:
+    """The sink position to analyse (0-based) and its sink rate Sink^eps (percent).
+
+    Default: the position with the highest sink rate among those seen by at least 10% of the
+    queries (:func:`~sinklab.metrics.summary.rankable_positions`). ``requested`` is checked.
+
+    Raises:
+        InputError: ``requested`` outside [0, T) or a position the model never uses as a sink
+            (sink rate 0: the message names the top sink position and its rate).
+    """
+    rates = sink_rate(stats.mass, eps)  # (T,) percent
+    T = rates.shape[0]
+    k = rankable_positions(T, stats.causal)
+    top = int(rates[:k].argmax())
+    if requested is None:
+        return top, float(rates[top])
+    if not 0 <= requested < T:
+        raise InputError(f"--position {requested} is outside the sequence (0-based, T={T})")
+    if float(rates[requested]) == 0.0:
+        raise InputError(f"position {requested} is never a sink: its sink rate (eps={eps}) is 0%; "
+                         f"the top sink position is {top} ({float(rates[top]):.1f}%)")
+    return requested, float(rates[requested])
+
+
+def check_layers(layers: list[int] | None, num_layers: int) -> list[int]:
+    """The 0-based layers to act on (None = all). Raises InputError for an index out of range."""
+    if layers is None:
+        return list(range(num_layers))
+    bad = [l for l in layers if not 0 <= l < num_layers]
+    if bad:
+        raise InputError(f"layer {bad[0]} is out of range: the model has {num_layers} layers (0 to {num_layers - 1})")
+    return sorted(set(layers))
+
+
+def _versions() -> dict[str, str]:
+    from sinklab.measure.run import versions
+    from sinklab.provenance import code_version
+
+    return {**versions(), "code": code_version()}
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.tolist()
+    if isinstance(x, float):
+        return round(x, 6)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+@dataclass
+class AnalysisResult:
+    """The outcome of one ``sinklab analyze`` kind.
+
+    Attributes:
+        kind: ``massive``, ``keybias``, ``intervene``, ``overmix`` or ``repeat``.
+        summary: the headline numbers (JSON-serialisable).
+        tables: tidy tables by name (pandas DataFrames), written as ``NAME.csv``.
+        plots: plot makers by name, ``fn(path)`` writes ``NAME.png``.
+        settings: the analysis' settings. model, corpus: provenance.
+    """
+
+    kind: str
+    summary: dict
+    tables: dict = field(default_factory=dict)
+    plots: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    corpus: dict | None = None
+    command: str = ""
+
+    def to_dict(self) -> dict:
+        """The content of ``analysis.json``: every number, the command, versions, provenance, settings."""
+        return _jsonable({
+            "kind": self.kind, "summary": self.summary, "settings": self.settings, "model": self.model,
+            "corpus": self.corpus, "command": self.command, "versions": _versions(),
+            "tables": {name: df.to_dict(orient="list") for name, df in self.tables.items()},
+            "positions_are": "0-based indices; index 0 is the paper's token 1",
+        })
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``analysis.json``, one CSV per table and one PNG per plot into ``out``.
+
+        Raises:
+            InputError: ``out`` is a file.
+        """
+        import matplotlib
+
+        matplotlib.use("Agg")
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--out {out} is a file; give a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "analysis.json").write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        for name, df in self.tables.items():
+            df.to_csv(out / f"{name}.csv", index=False)
+        for name, fn in self.plots.items():
+            fn(out / f"{name}.png")
+        return out
+
+
+def command_line(kind: str, settings: dict) -> str:
+    """The ``sinklab analyze`` command that reproduces a result: ``sys.argv`` when run from the CLI,
+    else rebuilt from the settings."""
+    if Path(sys.argv[0]).name == "sinklab":
+        return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
+    parts = ["sinklab", "analyze", kind]
+    for k, v in settings.items():
+        if v is not None and not isinstance(v, (list, dict)):
+            parts += ["--" + k.replace("_", "-"), str(v)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def resolve_subject(model: "str | Subject", **probe) -> Subject:
+    """``model`` as a :class:`Subject`: a given Subject is used as is, a name/path is loaded with the probe settings."""
+    return model if isinstance(model, Subject) else load_subject(model, **probe)

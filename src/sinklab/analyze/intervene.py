@@ -1,0 +1,335 @@
+"""``intervene``: interventions on the sink with a language-modelling readout.
+
+(a) remove attention to the sink position and renormalise (:func:`remove_key`, through the capture
+seam's attention edit); (b) set the massive-activation dimensions of the sink token to zero, to their
+mean over the other tokens, or to the sink token's own mean value over the samples (Sun et al. 2024 use
+zero and that mean; the seam's block-output edit); (c) drop the first token or
+replace it; (d) for learned absolute positions, give position 0 the embedding of position t, or swap the
+two (:func:`swapped_positions`; the paper's GPT2-XL experiment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch import Tensor, nn
+
+from sinklab.analyze.common import (AnalysisResult, Subject, check_layers, command_line, resolve_subject, run_model,
+                                    sink_position)
+from sinklab.analyze.massive import top_activations
+from sinklab.capture.native import is_native
+from sinklab.errors import InputError
+from sinklab.metrics import sink_rate
+
+INTERVENTIONS = ("noop", "remove-sink", "massive-zero", "massive-mean", "massive-samplemean", "drop-first",
+                 "replace-first", "position-replace", "position-swap")
+
+
+_MASSIVE_VALUE = {"zero": "0", "mean": "their mean over the other tokens of the sample",
+                  "samplemean": "the sink token's own mean value over the samples"}
+
+
+def remove_key(weights: Tensor, position: int) -> Tensor:
+    """Attention weights with key ``position`` removed and each row renormalised to its old total.
+
+    Args:
+        weights: (B, H, T_q, T_k) attention weights. position: 0-based key index.
+
+    Returns:
+        (B, H, T_q, T_k): rows that gave key ``position`` weight 0, and rows that gave it all their
+        weight (nothing left to renormalise, e.g. query 0 attending only to itself), are returned
+        exactly as they were; other rows get 0 on the key and the rest scaled by
+        ``row_total / (row_total - removed)``.
+
+    Raises:
+        InputError: ``position`` outside [0, T_k).
+    """
+    if not 0 <= position < weights.shape[-1]:
+        raise InputError(f"position {position} is outside the {weights.shape[-1]} keys")
+    removed = weights[..., position : position + 1]  # (B, H, T_q, 1)
+    total = weights.sum(dim=-1, keepdim=True)
+    rest = total - removed
+    act = (removed != 0) & (rest > 0)
+    new = weights.clone()
+    new[..., position] = 0
+    new = new * (total / torch.where(act, rest, torch.ones_like(rest)))
+    return torch.where(act, new, weights)
+
+
+def position_table(model: nn.Module) -> nn.Embedding:
+    """The learned absolute position-embedding table of ``model`` (rows = 0-based positions).
+
+    Raises:
+        InputError: the model has none (rotary, ALiBi, relative or no positions): says which.
+    """
+    if is_native(model):
+        kind = model.config.positional
+        if kind != "learned":
+            raise InputError(f"a position swap needs learned absolute position embeddings; this sinklab model "
+                             f"uses positional = {kind!r}")
+        return model.positional.table
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Embedding) and name.split(".")[-1] in ("position_embeddings", "wpe", "embed_positions"):
+            return mod
+    rope = getattr(model.config, "rope_theta", None) or getattr(model.config, "rope_parameters", None)
+    why = "rotary position embeddings (RoPE) rotate queries and keys; there is no position vector to swap" if rope \
+        else "no learned absolute position-embedding table was found"
+    raise InputError(f"a position swap needs learned absolute position embeddings; {type(model).__name__}: {why}")
+
+
+@contextlib.contextmanager
+def swapped_positions(model: nn.Module, t: int, *, swap: bool = True):
+    """Within the block, position 0 uses the embedding of position ``t`` and (``swap``) ``t`` that of 0;
+    with ``swap=False`` only position 0 is replaced. Restored exactly on exit.
+
+    Raises:
+        InputError: no learned position table (see :func:`position_table`), or ``t`` outside [1, table size).
+    """
+    table = position_table(model)
+    n = table.weight.shape[0]
+    if not 1 <= t < n:
+        raise InputError(f"position {t} is outside the position table (1 to {n - 1})")
+    saved = table.weight.data.clone()
+    try:
+        with torch.no_grad():
+            table.weight[0] = saved[t]
+            if swap:
+                table.weight[t] = saved[0]
+        yield
+    finally:
+        with torch.no_grad():
+            table.weight.copy_(saved)
+
+
+def _readout(res, targets_from: int) -> dict:
+    """Mean loss (nats) and perplexity over ``res.nll[:, targets_from:]``: the targets from 0-based position
+    ``targets_from + 1`` of the sequence that was fed (1 = from position 2 of the full window; 0 for the
+    window without its first token, whose position 1 is the window's position 2)."""
+    nll = res.nll[:, targets_from:]
+    loss = float(nll.mean())
+    return {"loss": loss, "perplexity": math.exp(loss)}
+
+
+def intervene(
+    model: "str | Subject" = "smollm2-135m",
+    *,
+    corpus: str | None = None,
+    num_samples: int = 32,
+    seq_len: int = 64,
+    seed: int = 0,
+    eps: float = 0.3,
+    position: int | None = None,
+    layers: list[int] | None = None,
+    dims: list[int] | None = None,
+    massive_layer: int | None = None,
+    token: int | None = None,
+    swap_to: int = 4,
+    only: list[str] | None = None,
+    batch_size: int = 16,
+) -> AnalysisResult:
+    """Interventions on the sink with loss / perplexity and the sink rate after the change.
+
+    The readout is the mean next-token loss (nats) over the targets at 0-based positions 2 to T-1, the
+    same tokens for every intervention (dropping the first token shifts the rest); the sink rate is
+    Sink^eps at position 0 and at the sink position after the change. Encoders (no LM head) get the
+    sink rates only.
+
+    Args:
+        model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe.
+        position: the sink position p (default the top one; checked by
+            :func:`~sinklab.analyze.common.sink_position`).
+        layers: layers for ``remove-sink`` (default all), 0-based.
+        dims, massive_layer: massive dimensions and the block whose output is edited for ``massive-*``
+            (defaults: found by :func:`_massive_target`, where the sink's massive activation appears).
+        token: the replacement first token for ``replace-first`` (default: random per sample, seeded).
+        swap_to: t of the position swap (0-based; default 4 = the paper's p5).
+        only: subset of :data:`INTERVENTIONS` (default: every one that applies to the model).
+
+    Raises:
+        InputError: unknown intervention; a layer or dimension index out of range; a position swap on a
+            model without learned absolute positions (says why); a sink position never used.
+    """
+    import pandas as pd
+
+    if only is not None:
+        bad = [x for x in only if x not in INTERVENTIONS]
+        if bad:
+            raise InputError(f"unknown intervention {bad[0]!r}; choose from {', '.join(INTERVENTIONS)}")
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    m, ids = subj.model, subj.input_ids
+    N, T = ids.shape
+    L = subj.num_layers
+    lm = not subj.is_encoder
+    layers = check_layers(layers, L)
+    want = list(only) if only is not None else [x for x in INTERVENTIONS
+                                                 if lm or x not in ("drop-first", "replace-first")]
+    learned = True
+    try:
+        position_table(m)
+    except InputError:
+        learned = False
+        if only is not None and any(x.startswith("position-") for x in only):
+            raise
+        want = [x for x in want if not x.startswith("position-")]
+    if only is not None and not lm and any(x in ("drop-first", "replace-first") for x in only):
+        raise InputError("drop-first / replace-first need a language-modelling head; this model is an encoder")
+    base = run_model(m, ids, hidden=True, nll=lm, batch_size=batch_size)
+    pos, rate = sink_position(base.stats, eps, position)
+    rows = []
+
+    def record(name: str, res, *, targets_from: int = 1, note: str = "") -> None:
+        r = sink_rate(res.stats.mass, eps)
+        row = {"intervention": name, "sink_rate_pos0": float(r[0]), "sink_rate_sink": float(r[pos]) if pos < len(r) else float("nan"),
+               "top_sink_position_after": int(r[: max(1, len(r) - len(r) // 10)].argmax()), "note": note}
+        if lm and res.nll is not None:
+            row.update(_readout(res, targets_from))
+        rows.append(row)
+
+    record("baseline", base)
+    if "noop" in want:
+        record("noop", run_model(m, ids, edit=lambda l, w, **_: w, nll=lm, batch_size=batch_size),
+               note="identity attention edit: must equal baseline exactly")
+    if "remove-sink" in want:
+        chosen = set(layers)
+        res = run_model(m, ids, edit=lambda l, w, **_: remove_key(w, pos) if l in chosen else None, nll=lm,
+                        batch_size=batch_size)
+        record("remove-sink", res, note=f"attention to position {pos} removed and rows renormalised in layers "
+                                        f"{'all' if len(chosen) == L else sorted(chosen)}")
+    d_model = base.hidden.shape[-1]
+    if any(x.startswith("massive-") for x in want):
+        massive_layer, dims = _massive_target(base.hidden, pos, massive_layer, dims, L)
+        bad = [d for d in dims if not 0 <= d < d_model]
+        if bad:
+            raise InputError(f"dimension {bad[0]} is out of range: hidden size {d_model} (0 to {d_model - 1})")
+        idx = torch.tensor(dims)
+        sample_mean = base.hidden[:, massive_layer, pos][:, idx].mean(dim=0)  # (len(dims),)
+        for mode in ("zero", "mean", "samplemean"):
+            if f"massive-{mode}" not in want:
+                continue
+
+            def hedit(layer, h, mode=mode):
+                if layer != massive_layer:
+                    return None
+                h = h.clone()
+                others = torch.ones(h.shape[1], dtype=torch.bool)
+                others[pos] = False
+                if mode == "zero":
+                    h[:, pos, idx] = 0
+                elif mode == "mean":
+                    h[:, pos, idx] = h[:, others][:, :, idx].mean(dim=1)
+                else:
+                    h[:, pos, idx] = sample_mean.to(h.dtype)
+                return h
+
+            record(f"massive-{mode}", run_model(m, ids, hidden_edit=hedit, nll=lm, batch_size=batch_size),
+                   note=f"dims {dims} of position {pos} set to {_MASSIVE_VALUE[mode]} at the output of layer {massive_layer}")
+    if "drop-first" in want:
+        record("drop-first", run_model(m, ids[:, 1:], nll=lm, batch_size=batch_size), targets_from=0,
+               note="first token removed; loss over the same targets")
+    if "replace-first" in want:
+        ids2 = ids.clone()
+        if token is None:
+            g = torch.Generator().manual_seed(subj.seed)
+            vocab = subj.tokenizer.vocab_size if subj.tokenizer is not None else int(ids.max()) + 1
+            ids2[:, 0] = torch.randint(0, vocab, (N,), generator=g)
+            what = "a random token per sample (seeded)"
+        else:
+            ids2[:, 0] = token
+            what = f"token {token}"
+        record("replace-first", run_model(m, ids2, nll=lm, batch_size=batch_size), note=f"first token replaced by {what}")
+    for name, swap in (("position-replace", False), ("position-swap", True)):
+        if name in want:
+            with swapped_positions(m, swap_to, swap=swap):
+                res = run_model(m, ids, nll=lm, batch_size=batch_size)
+            r = sink_rate(res.stats.mass, eps)
+            record(name, res, note=(f"positions 0 and {swap_to} swapped" if swap else
+                                    f"position 0 given the embedding of position {swap_to}")
+                   + f"; Sink at 0: {float(r[0]):.2f}%, at {swap_to}: {float(r[swap_to]):.2f}%")
+            rows[-1]["sink_rate_swap_to"] = float(r[swap_to])
+    table = pd.DataFrame(rows)
+    if learned:
+        table.loc[table["intervention"] == "baseline", "sink_rate_swap_to"] = float(sink_rate(base.stats.mass, eps)[swap_to])
+    if lm:
+        b = table.loc[table["intervention"] == "baseline", "loss"].iloc[0]
+        table["loss_change"] = table["loss"] - b
+    summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T,
+               "readout": "mean next-token loss (nats) over targets at 0-based positions 2..T-1" if lm else "sink rate only (encoder)",
+               "massive_dims": dims, "massive_layer": massive_layer,
+               "results": table.to_dict(orient="records")}
+    if not learned:
+        summary["position_swap"] = "not applicable: " + _why_no_table(m)
+
+    def plot(path):
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2 if lm else 1, figsize=(11 if lm else 6, 4), squeeze=False)
+        x = range(len(table))
+        if lm:
+            axes[0, 0].bar(x, table["loss"], color="C0")
+            axes[0, 0].set_xticks(list(x), table["intervention"], rotation=40, ha="right")
+            axes[0, 0].set_ylabel("loss (nats)")
+            axes[0, 0].set_ylim(min(table["loss"]) * 0.9, max(table["loss"]) * 1.05)
+        ax = axes[0, -1]
+        other = ("sink_rate_sink", pos) if pos != 0 else ("sink_rate_swap_to", swap_to) if learned else None
+        width = 0.4 if other else 0.8
+        ax.bar([i - (0.2 if other else 0) for i in x], table["sink_rate_pos0"], width, label="Sink at position 0")
+        if other:
+            ax.bar([i + 0.2 for i in x], table[other[0]].fillna(0), width, label=f"Sink at position {other[1]}")
+        ax.set_xticks(list(x), table["intervention"], rotation=40, ha="right")
+        ax.set_ylabel("sink rate (%)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
+                "seed": seed, "eps": eps, "position": position, "layers": layers, "dims": dims,
+                "massive_layer": massive_layer, "token": token, "swap_to": swap_to, "only": only}
+    return AnalysisResult("intervene", summary, {"interventions": table}, {"intervene": plot}, settings,
+                          subj.model_info, subj.corpus_info, command_line("intervene", settings))
+
+
+def _massive_target(hidden: Tensor, pos: int, layer: int | None, dims: list[int] | None, L: int,
+                    k: int = 3, ratio: float = 100.0) -> tuple[int, list[int]]:
+    """Where the massive activations of the sink token appear and in which dimensions.
+
+    Layer (default): the first layer whose mean top-1 ``|h|`` on position ``pos`` (over the samples whose
+    top-1 entry sits there) reaches half its largest value over layers -- where the massive activation
+    appears (Sun et al. 2024); if the top-1 entry is never on ``pos``, the layer of the largest
+    top-1/median ratio. Dims (default): the dimensions of the top-``k`` entries at that layer that sit on
+    ``pos`` and exceed ``ratio`` x the median ``|h|``, kept when found in at least 10% of the samples;
+    else the most common top-1 dimension at that layer.
+
+    Raises:
+        InputError: ``layer`` out of range.
+    """
+    top = top_activations(hidden, k)  # values/position/dim (N, L, k), median (N, L)
+    if layer is None:
+        on = top["position"][..., 0] == pos  # (N, L)
+        v = torch.where(on, top["values"][..., 0], torch.zeros_like(top["values"][..., 0]))
+        mean_on = v.sum(dim=0) / on.sum(dim=0).clamp_min(1)  # (L,)
+        if on.any():
+            layer = int(torch.nonzero(mean_on >= 0.5 * mean_on.max()).flatten()[0])
+        else:
+            layer = int((top["values"][..., 0] / top["median"]).median(dim=0).values.argmax())
+    elif not 0 <= layer < L:
+        raise InputError(f"--massive-layer {layer} is out of range: the model has {L} layers (0 to {L - 1})")
+    if dims is None:
+        sel = (top["position"][:, layer] == pos) & (top["values"][:, layer] > ratio * top["median"][:, layer, None])
+        cells = top["dim"][:, layer][sel]
+        N = hidden.shape[0]
+        counts = torch.bincount(cells, minlength=hidden.shape[-1]) if cells.numel() else torch.zeros(1)
+        dims = [int(d) for d in torch.nonzero(counts >= max(1, 0.1 * N)).flatten()]
+        if not dims:
+            dims = [int(top["dim"][:, layer, 0].mode().values)]
+    return layer, dims
+
+
+def _why_no_table(model) -> str:
+    try:
+        position_table(model)
+        return ""
+    except InputError as e:
+        return str(e)

@@ -1,0 +1,230 @@
+"""``keybias``: what the sink's key and value look like, attention share against output share, and
+finding sinks without attention weights (what a KV-cache compressor needs)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sinklab.analyze.common import (AnalysisResult, Subject, command_line, natural_ids, resolve_subject, run_model,
+                                    sink_position)
+from sinklab.errors import InputError
+from sinklab.metrics import sink_rate_per_sample
+from sinklab.metrics.summary import rankable_positions
+
+
+def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, position: int, *,
+                    causal: bool = True) -> dict[str, Tensor]:
+    """Per-head statistics of one layer for the sink at ``position`` (0-based).
+
+    Args:
+        weights: (B, H, T, T) attention weights (rows = queries). query: (B, H, T, D);
+            key, value: (B, H, T, D) (grouped-query heads repeated to H).
+        position: the sink position p. causal: query i sees key j iff j <= i (else all keys).
+
+    Returns:
+        (B, H) float64 tensors:
+        ``attention_share``: mean over the queries that see p (i >= p; all i for an encoder) of A[i, p];
+        ``output_share``: mean over the same queries of ``||A[i, p] v_p|| / ||sum_j A[i, j] v_j||``
+        (0 where the head output is 0);
+        ``value_norm_share``: mean over the same queries of ``A[i, p] ||v_p|| / sum_j A[i, j] ||v_j||`` (the
+        sink's share of the weighted value norms, before the values cancel each other in the sum);
+        ``cos_sink``: mean over queries i != p that see p of cos(q_i, k_p);
+        ``cos_other``: mean over visible pairs (i, j), j != p, of cos(q_i, k_j).
+    """
+    B, H, T, _ = weights.shape
+    w = weights.double()
+    vis = torch.ones(T, T, dtype=torch.bool, device=w.device)
+    if causal:
+        vis = vis.tril()
+    rows = vis[:, position]  # (T,) queries that see p
+    out = torch.matmul(w, value.double())  # (B, H, T, D)
+    on = w[..., position] * value.double()[:, :, position].norm(dim=-1)[..., None]  # (B, H, T)
+    on_norm = out.norm(dim=-1)
+    share = torch.where(on_norm > 0, on / on_norm.clamp_min(1e-300), torch.zeros_like(on))
+    parts = (w * value.double().norm(dim=-1)[:, :, None, :]).sum(dim=-1)  # (B, H, T): sum_j A[i, j] ||v_j||
+    nshare = torch.where(parts > 0, on / parts.clamp_min(1e-300), torch.zeros_like(on))
+    cos = torch.matmul(F.normalize(query.double(), dim=-1), F.normalize(key.double(), dim=-1).transpose(-1, -2))
+    others = rows.clone()
+    others[position] = False
+    other_pairs = vis.clone()
+    other_pairs[:, position] = False
+    return {
+        "attention_share": w[..., rows, position].mean(dim=-1),
+        "output_share": share[..., rows].mean(dim=-1),
+        "value_norm_share": nshare[..., rows].mean(dim=-1),
+        "cos_sink": cos[..., others, position].mean(dim=-1) if others.any() else torch.full((B, H), float("nan")),
+        "cos_other": (cos * other_pairs).sum(dim=(-1, -2)) / other_pairs.sum().clamp_min(1),
+    }
+
+
+def detection(scores: Tensor, truth: Tensor, k: int) -> tuple[float, float]:
+    """Precision and recall of the top-``k`` positions by ``scores`` against ``truth``.
+
+    Args:
+        scores: (N, T) higher = more sink-like. truth: (N, T) bool, the true sink positions.
+        k: positions predicted per sample.
+
+    Returns:
+        (precision, recall) in [0, 1]: precision = hits / k averaged over all samples, recall = hits /
+        #true averaged over samples with at least one true sink (nan if none has any).
+    """
+    top = scores.topk(min(k, scores.shape[1]), dim=1).indices  # (N, k)
+    hits = truth.gather(1, top).double().sum(dim=1)  # (N,)
+    n_true = truth.double().sum(dim=1)
+    prec = float((hits / top.shape[1]).mean())
+    has = n_true > 0
+    rec = float((hits[has] / n_true[has]).mean()) if has.any() else float("nan")
+    return prec, rec
+
+
+def _layer_stats(subj: Subject, position: int, batch_size: int):
+    """Run the subject with an inspecting edit; per-layer (N, H) statistics of :func:`head_statistics`."""
+    L = subj.num_layers
+    per_layer: list[list[dict]] = [[] for _ in range(L)]
+
+    def inspect(layer, w, *, query, key, value):
+        per_layer[layer].append(head_statistics(w, query, key, value, position, causal=not subj.is_encoder))
+        return None
+
+    res = run_model(subj.model, subj.input_ids, edit=inspect, batch_size=batch_size)
+    stacked = {name: torch.stack([torch.cat([d[name] for d in per_layer[l]]) for l in range(L)], dim=1)
+               for name in per_layer[0][0]}  # name -> (N, L, H)
+    return res, stacked
+
+
+def _detection_rows(stats, eps: float, min_rate: float, T: int, ks=(1, 2, 4)) -> list[dict]:
+    k_max = rankable_positions(T, stats.causal)
+    truth = sink_rate_per_sample(stats.mass, eps)[:, :k_max] >= min_rate  # (N, T')
+    by_hidden = stats.hidden_norms.double().mean(dim=1)[:, :k_max]  # (N, T'), mean over layers
+    rows = []
+    methods = {"hidden_norm": by_hidden}
+    if stats.key_norms is not None:
+        methods["low_key_norm"] = -stats.key_norms.double().mean(dim=(1, 2))[:, :k_max]
+    for name, score in methods.items():
+        for k in ks:
+            p, r = detection(score, truth, k)
+            rows.append({"seq_len": T, "method": name, "k": k, "precision": p, "recall": r,
+                         "true_sinks_per_sample": float(truth.double().sum(dim=1).mean())})
+    return rows
+
+
+def keybias(
+    model: "str | Subject" = "smollm2-135m",
+    *,
+    corpus: str | None = None,
+    num_samples: int = 32,
+    seq_len: int = 64,
+    seed: int = 0,
+    eps: float = 0.3,
+    position: int | None = None,
+    min_rate: float = 10.0,
+    long_seq_len: int | None = 512,
+    long_num_samples: int = 8,
+    batch_size: int = 16,
+) -> AnalysisResult:
+    """The key-bias view of the sink at ``position`` (default: the top sink position), per layer and head.
+
+    Per (layer, head): key and value l2 norms at the sink against the mean over the other positions,
+    cosine between queries and the sink key against the cosine with other keys (see
+    :func:`head_statistics`), attention share against output share. A head "has a sink" when its
+    attention share, averaged over samples, exceeds ``eps``. Sink detection without attention
+    weights: rank the positions of each sample by hidden-state norm (mean over layers), and by low key
+    norm (mean over layers and KV heads); truth = positions whose per-sample sink rate Sink^eps is at
+    least ``min_rate`` percent; precision and recall at k = 1, 2, 4 (:func:`detection`), at ``seq_len``
+    and at ``long_seq_len`` (None: skipped; needs a corpus).
+
+    Raises:
+        InputError: ``position`` outside the sequence or never a sink (names the top sink position).
+    """
+    import pandas as pd
+
+    if not 0.0 < min_rate <= 100.0:
+        raise InputError(f"--min-rate must lie in (0, 100], got {min_rate}")
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    base = run_model(subj.model, subj.input_ids, batch_size=batch_size)
+    pos, rate = sink_position(base.stats, eps, position)
+    res, st = _layer_stats(subj, pos, batch_size)
+    stats = res.stats
+    N, L, H = st["attention_share"].shape
+    T = subj.input_ids.shape[1]
+    kn, vn = stats.key_norms, stats.value_norms  # (N, L, H_kv, T)
+    rep = H // kn.shape[2] if kn is not None else 1
+    others = torch.ones(T, dtype=torch.bool)
+    others[pos] = False
+    rows = []
+    for l in range(L):
+        for h in range(H):
+            g = h // rep
+            row = {"layer": l, "head": h, "kv_head": g}
+            for name, t in st.items():
+                row[name] = float(t[:, l, h].mean())
+            if kn is not None:
+                row.update({
+                    "key_norm_sink": float(kn[:, l, g, pos].mean()), "key_norm_others": float(kn[:, l, g, others].mean()),
+                    "value_norm_sink": float(vn[:, l, g, pos].mean()),
+                    "value_norm_others": float(vn[:, l, g, others].mean()),
+                })
+            row["has_sink"] = row["attention_share"] > eps
+            rows.append(row)
+    heads = pd.DataFrame(rows)
+    det = _detection_rows(base.stats, eps, min_rate, T)
+    long_note = None
+    if long_seq_len is not None and subj.documents is not None and long_seq_len != T:
+        long_ids = natural_ids(subj, long_num_samples, long_seq_len)
+        det += _detection_rows(run_model(subj.model, long_ids, batch_size=max(1, batch_size // 4)).stats, eps,
+                               min_rate, long_seq_len)
+    elif long_seq_len is not None:
+        long_note = "long-context detection skipped: needs a corpus (model given as an object) or equals --seq-len"
+    detect = pd.DataFrame(det)
+    s = heads[heads["has_sink"]]
+    summary = {
+        "sink_position": pos, "sink_rate": rate, "heads": int(len(heads)), "heads_with_sink": int(len(s)),
+        "median_attention_share_sink_heads": float(s["attention_share"].median()) if len(s) else None,
+        "median_output_share_sink_heads": float(s["output_share"].median()) if len(s) else None,
+        "median_cos_sink_sink_heads": float(s["cos_sink"].median()) if len(s) else None,
+        "median_cos_other_sink_heads": float(s["cos_other"].median()) if len(s) else None,
+        "median_value_norm_share_sink_heads": float(s["value_norm_share"].median()) if len(s) else None,
+        "median_output_share_all_heads": float(heads["output_share"].median()),
+        "detection": det,
+        "num_samples": N, "seq_len": T, "long_seq_len": long_seq_len, "long_num_samples": long_num_samples,
+    }
+    if "key_norm_sink" in heads:
+        summary["median_key_norm_ratio_sink_heads"] = float((s["key_norm_sink"] / s["key_norm_others"]).median()) if len(s) else None
+        summary["median_value_norm_ratio_sink_heads"] = float((s["value_norm_sink"] / s["value_norm_others"]).median()) if len(s) else None
+    if long_note:
+        summary["note"] = long_note
+
+    def plot(path):
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+        ax = axes[0]
+        ax.scatter(heads["attention_share"], heads["value_norm_share"], marker="x", s=10, color="0.6",
+                   label="value-norm share (A_p ||v_p|| / sum_j A_j ||v_j||)")
+        sc = ax.scatter(heads["attention_share"], heads["output_share"], c=heads["layer"], s=12, cmap="viridis",
+                        label="output share")
+        ax.legend(fontsize=7, loc="upper left")
+        ax.plot([0, 1], [0, 1], "k:", lw=1)
+        ax.set_xlabel(f"attention share on position {pos} (mass)")
+        ax.set_ylabel("output share (||a v_sink|| / ||head output||)")
+        ax.set_title("attention share vs output share, one dot per head")
+        fig.colorbar(sc, ax=ax, label="layer")
+        ax = axes[1]
+        ax.scatter(heads["cos_other"], heads["cos_sink"], c=heads["has_sink"].map({True: "C3", False: "C0"}), s=12)
+        lo = float(min(heads["cos_other"].min(), heads["cos_sink"].min()))
+        hi = float(max(heads["cos_other"].max(), heads["cos_sink"].max()))
+        ax.plot([lo, hi], [lo, hi], "k:", lw=1)
+        ax.set_xlabel("mean cos(q, k) other keys")
+        ax.set_ylabel("mean cos(q, k_sink)")
+        ax.set_title("red: heads with a sink")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
+                "seed": seed, "eps": eps, "position": position, "min_rate": min_rate,
+                "long_seq_len": long_seq_len, "long_num_samples": long_num_samples}
+    return AnalysisResult("keybias", summary, {"heads": heads, "detection": detect}, {"keybias": plot}, settings,
+                          subj.model_info, subj.corpus_info, command_line("keybias", settings))

@@ -1,0 +1,93 @@
+"""``sinklab analyze KIND``: why sinks exist (massive activations, key bias, interventions, over-mixing,
+repeated tokens)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sinklab.cli.main import cli
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    from sinklab.errors import InputError
+
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+@cli.command("analyze")
+def analyze_cmd(
+    kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat"),
+    model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run or model folder"),
+    corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (default sotu; "
+                                         "for a sinklab training run: its own held-out data)"),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="probe windows N (default 32; overmix 16)"),
+    seq_len: int = typer.Option(64, "--seq-len", "-t", help="tokens per window T"),
+    seed: int = typer.Option(0, help="seed of the probe draw and of random choices"),
+    eps: float = typer.Option(0.3, help="sink threshold on attention mass"),
+    out: Optional[Path] = typer.Option(None, help="output folder (default runs/analyze/KIND)"),
+    batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="massive: largest entries per (sample, layer) (default 3)"),
+    massive_ratio: Optional[float] = typer.Option(None, "--massive-ratio", help="massive: multiple of the median |h| "
+                                                  "that makes an entry massive (default 100)"),
+    position: Optional[int] = typer.Option(None, help="keybias, intervene: 0-based sink position (default: the top one)"),
+    layers: Optional[str] = typer.Option(None, help="intervene: layers for remove-sink, e.g. 0,1,2 (default all)"),
+    dims: Optional[str] = typer.Option(None, help="intervene: massive dimensions to ablate (default: found)"),
+    massive_layer: Optional[int] = typer.Option(None, "--massive-layer", help="intervene: block whose output is ablated"),
+    token: Optional[int] = typer.Option(None, help="intervene: replacement first token; repeat: the repeated token"),
+    swap_to: Optional[int] = typer.Option(None, "--swap-to", help="intervene: 0-based t of the position swap (default 4)"),
+    only: Optional[str] = typer.Option(None, help="intervene: comma-separated subset of noop, remove-sink, massive-zero, "
+                                       "massive-mean, massive-samplemean, drop-first, replace-first, position-replace, position-swap"),
+    min_rate: Optional[float] = typer.Option(None, "--min-rate", help="keybias: per-sample sink rate (%) that makes a true sink (default 10)"),
+    long_seq_len: Optional[int] = typer.Option(None, "--long-seq-len", help="keybias: long-context T for sink detection (default 512)"),
+    long_num_samples: Optional[int] = typer.Option(None, "--long-num-samples", help="keybias: windows at the long T (default 8)"),
+    sources: Optional[str] = typer.Option(None, help="overmix: perturbed positions, e.g. 8,16,32"),
+    directions: Optional[int] = typer.Option(None, help="overmix: random directions per source (default 3)"),
+    scale: Optional[float] = typer.Option(None, help="overmix: perturbation size relative to the embedding norm (default 0.01)"),
+    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="repeat: natural prompt tokens before the repeats (default 8)"),
+    counts: Optional[str] = typer.Option(None, help="repeat: numbers of repeats, e.g. 1,4,16,64"),
+) -> None:
+    """Why sinks exist: massive activations, the key-bias view, interventions, over-mixing, repeated tokens.
+
+    Writes OUT/analysis.json (every number, command, versions, provenance), CSV tables and PNG plots."""
+    from sinklab import analyze
+    from sinklab.errors import InputError
+
+    if kind not in analyze.KINDS:
+        raise InputError(f"unknown analysis {kind!r}; choose from {', '.join(analyze.KINDS)}")
+    fn = analyze.KINDS[kind]
+    given = {
+        "top_k": top_k, "massive_ratio": massive_ratio, "position": position, "layers": _ints(layers, "--layers"), "dims": _ints(dims, "--dims"),
+        "massive_layer": massive_layer, "token": token, "swap_to": swap_to,
+        "only": [x.strip() for x in only.split(",")] if only else None, "min_rate": min_rate,
+        "long_seq_len": long_seq_len, "long_num_samples": long_num_samples, "sources": _ints(sources, "--sources"),
+        "directions": directions, "scale": scale, "prompt_len": prompt_len, "counts": _ints(counts, "--counts"),
+    }
+    params = inspect.signature(fn).parameters
+    kwargs = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name not in params:
+            raise InputError(f"--{name.replace('_', '-')} does not apply to `analyze {kind}`")
+        kwargs[name] = value
+    if num_samples is not None:
+        kwargs["num_samples"] = num_samples
+    result = fn(model, corpus=corpus, seq_len=seq_len, seed=seed, eps=eps, batch_size=batch_size, **kwargs)
+    folder = result.save(out or Path("runs/analyze") / kind)
+    for k, v in result.summary.items():
+        if isinstance(v, (int, float, str)) or v is None:
+            typer.echo(f"{k}: {v}")
+    for name, df in result.tables.items():
+        if len(df) <= 12:
+            typer.echo(f"\n{name}:\n{df.to_string(index=False)}")
+    typer.echo(f"\nwrote {folder}/analysis.json, {', '.join(n + '.csv' for n in result.tables)} and "
+               f"{', '.join(n + '.png' for n in result.plots)}")

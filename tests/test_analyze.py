@@ -1,0 +1,395 @@
+"""sinklab.analyze: every statistic against a naive float64 computation, interventions that must be no-ops,
+a planted sink that moves with a position swap, and bad input through the CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import run_cli_captured, tiny_llama
+from sinklab.analyze import Subject, intervene, keybias, massive, overmix, repeat
+from sinklab.analyze.common import run_model
+from sinklab.analyze.intervene import remove_key
+from sinklab.analyze.keybias import detection, head_statistics
+from sinklab.analyze.massive import top_activations
+from sinklab.analyze.overmix import sensitivity
+from sinklab.analyze.repeat import cosine_to_first
+from sinklab.errors import InputError
+from sinklab.nn.config import ModelConfig
+from sinklab.nn.model import SinkLM
+
+
+def _ids(n=3, t=10, vocab=80, seed=0):
+    return torch.randint(0, vocab, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _sinklm(**kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=80, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=16)
+    cfg.update(kw)
+    return SinkLM(ModelConfig(**cfg)).eval()
+
+
+# ------------------------------------------------------------------ pure statistics vs naive loops
+@pytest.mark.parametrize("causal", [True, False])
+def test_head_statistics_match_naive_loops(causal):
+    g = torch.Generator().manual_seed(0)
+    B, H, T, D, p = 2, 3, 6, 4, 1
+    logits = torch.randn(B, H, T, T, generator=g)
+    if causal:
+        logits = logits.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    w = logits.softmax(-1)
+    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
+    got = head_statistics(w, q, k, v, p, causal=causal)
+    w, q, k, v = w.double(), q.double(), k.double(), v.double()
+    for b in range(B):
+        for h in range(H):
+            rows = [i for i in range(T) if (i >= p or not causal)]
+            att = sum(float(w[b, h, i, p]) for i in rows) / len(rows)
+            outs, nshares = [], []
+            for i in rows:
+                o = sum(w[b, h, i, j] * v[b, h, j] for j in range(T))
+                outs.append(float((w[b, h, i, p] * v[b, h, p]).norm() / o.norm()))
+                nshares.append(float(w[b, h, i, p] * v[b, h, p].norm()
+                                     / sum(w[b, h, i, j] * v[b, h, j].norm() for j in range(T))))
+            cos = lambda a, c: float(a @ c / (a.norm() * c.norm()))  # noqa: E731
+            cs = [cos(q[b, h, i], k[b, h, p]) for i in rows if i != p]
+            co = [cos(q[b, h, i], k[b, h, j]) for i in range(T) for j in range(T)
+                  if j != p and (j <= i or not causal)]
+            assert got["attention_share"][b, h] == pytest.approx(att, abs=1e-6)
+            assert got["output_share"][b, h] == pytest.approx(sum(outs) / len(outs), abs=1e-6)
+            assert got["value_norm_share"][b, h] == pytest.approx(sum(nshares) / len(nshares), abs=1e-6)
+            assert got["cos_sink"][b, h] == pytest.approx(sum(cs) / len(cs), abs=1e-9)
+            assert got["cos_other"][b, h] == pytest.approx(sum(co) / len(co), abs=1e-9)
+
+
+def test_keybias_shares_of_a_real_llama_layer_match_a_manual_recomputation():
+    """Layer 0 of a tiny LLaMA: q, k, v recomputed from the weights (RMSNorm, projections, RoPE), weights from
+    eager output_attentions; the seam's per-head statistics must agree."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    m = tiny_llama()
+    ids = _ids(2, 9)
+    res = keybias(Subject(m, ids, model_info={"name": "tiny"}), eps=0.05, long_seq_len=None)
+    heads = res.tables["heads"]
+    m.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = m(ids, output_attentions=True, output_hidden_states=True)
+        attn = m.model.layers[0].self_attn
+        x = m.model.layers[0].input_layernorm(out.hidden_states[0])
+        B, T, _ = x.shape
+        q = attn.q_proj(x).view(B, T, -1, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(B, T, -1, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(B, T, -1, attn.head_dim).transpose(1, 2)
+        cos, sin = m.model.rotary_emb(x, torch.arange(T)[None])
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    ref = head_statistics(out.attentions[0], q, k, v, res.summary["sink_position"])
+    for h in range(q.shape[1]):
+        row = heads[(heads.layer == 0) & (heads["head"] == h)].iloc[0]
+        for name in ("attention_share", "output_share", "value_norm_share", "cos_sink", "cos_other"):
+            assert row[name] == pytest.approx(float(ref[name][:, h].mean()), abs=1e-5), name
+
+
+def test_detection_precision_recall_hand_worked():
+    scores = torch.tensor([[5.0, 1.0, 4.0, 0.0], [0.0, 3.0, 2.0, 1.0]])
+    truth = torch.tensor([[True, False, False, True], [False, False, False, False]])
+    # sample 0: top-2 = {0, 2}, one hit of 2 true; sample 1: no true sink (precision 0, not in recall)
+    assert detection(scores, truth, 2) == (pytest.approx((0.5 + 0.0) / 2), pytest.approx(0.5))
+    assert detection(scores, truth, 1) == (pytest.approx(0.5), pytest.approx(0.5))
+
+
+def test_top_activations_finds_a_planted_entry_and_matches_a_loop():
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 3, 5, 7, generator=g)
+    h[1, 2, 4, 6] = -1000.0
+    got = top_activations(h, 3)
+    assert int(got["position"][1, 2, 0]) == 4 and int(got["dim"][1, 2, 0]) == 6
+    assert float(got["values"][1, 2, 0]) == 1000.0
+    for n in range(2):
+        for l in range(3):
+            cells = sorted(((abs(float(h[n, l, t, d])), t, d) for t in range(5) for d in range(7)), reverse=True)
+            for i in range(3):
+                assert float(got["values"][n, l, i]) == pytest.approx(cells[i][0])
+                assert (int(got["position"][n, l, i]), int(got["dim"][n, l, i])) == cells[i][1:]
+            mags = sorted(c[0] for c in cells)
+            assert float(got["median"][n, l]) == pytest.approx(mags[(len(mags) - 1) // 2])
+
+
+def test_massive_finds_a_planted_activation_in_a_model():
+    """A token whose embedding holds 500 in dimension 3: the residual stream carries it to every layer."""
+    m = _sinklm(positional="nope")
+    with torch.no_grad():
+        m.embed.weight[7, 3] = 500.0
+    ids = _ids(4, 10, vocab=7)  # ids < 7, then token 7 planted at position 5
+    ids[:, 5] = 7
+    res = massive(Subject(m, ids, model_info={"name": "planted"}), eps=0.05)
+    layers = res.tables["layers"]
+    assert (layers["top1_dim"] == 3).all() and (layers["top1_position"] == 5).all()
+    assert (layers["top1_dim_share"] == 1.0).all()
+    assert res.summary["recurring_dims"][0]["dim"] == 3
+    assert res.summary["max_ratio"] > 100
+
+
+def test_sensitivity_and_cosine_match_loops():
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(2, 3, 6, 4, generator=g), torch.randn(2, 3, 6, 4, generator=g)
+    s = 2
+    got = sensitivity(a, b, s)
+    cos = cosine_to_first(a, 1)
+    for l in range(3):
+        for k in range(6 - s):
+            ref = sum(float((b[n, l, s + k] - a[n, l, s + k]).double().norm() / a[n, l, s + k].double().norm())
+                      for n in range(2)) / 2
+            assert float(got[l, k]) == pytest.approx(ref)
+        for n in range(2):
+            for i in range(5):
+                x, y = a[n, l, 1 + i].double(), a[n, l, 0].double()
+                assert float(cos[n, l, i]) == pytest.approx(float(x @ y / (x.norm() * y.norm())))
+
+
+# ------------------------------------------------------------------ interventions
+def test_remove_key_matches_a_loop_and_leaves_untouched_rows_bit_identical():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1, 2, 5, 5, generator=g).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    w[0, 1, 3] = torch.tensor([0.0, 0.5, 0.25, 0.25, 0.0])  # a row that gives key 0 nothing
+    new = remove_key(w, 0)
+    for h in range(2):
+        for i in range(5):
+            row = w[0, h, i].double()
+            if i == 0 or row[0] == 0:  # all weight on key 0, or none: unchanged, bit for bit
+                assert torch.equal(new[0, h, i], w[0, h, i])
+                continue
+            ref = row.clone()
+            ref[0] = 0
+            ref = ref / ref.sum() * row.sum()
+            assert torch.allclose(new[0, h, i].double(), ref, atol=1e-6)
+    # a key nobody attends to: removing it changes nothing at all
+    w2 = w.clone()
+    w2[..., 2] = 0
+    assert torch.equal(remove_key(w2, 2), w2)
+    with pytest.raises(InputError):
+        remove_key(w, 5)
+
+
+@pytest.mark.parametrize("which", ["llama", "sinklm"])
+def test_noop_intervention_is_bit_identical(which):
+    m = tiny_llama() if which == "llama" else _sinklm(positional="learned")
+    res = intervene(Subject(m, _ids(3, 10), model_info={"name": which}), eps=0.05,
+                    only=["noop"] + (["position-replace"] if which == "sinklm" else []), swap_to=3)
+    t = res.tables["interventions"].set_index("intervention")
+    assert t.loc["noop", "loss"] == t.loc["baseline", "loss"]  # exact
+    assert t.loc["noop", "sink_rate_pos0"] == t.loc["baseline", "sink_rate_pos0"]
+
+
+def test_noop_edit_gives_identical_hidden_states_and_loss_on_both_seams():
+    for m in (tiny_llama(), _sinklm()):
+        ids = _ids(2, 8)
+        a = run_model(m, ids, hidden=True, nll=True)
+        b = run_model(m, ids, hidden=True, nll=True, edit=lambda l, w, **_: w, hidden_edit=lambda l, h: None)
+        assert torch.equal(a.hidden, b.hidden) and torch.equal(a.nll, b.nll)
+
+
+def test_removing_the_first_key_everywhere_equals_dropping_the_first_token_under_rope():
+    """With RoPE, scores depend only on relative positions: removing attention to position 0 in every
+    layer leaves the other tokens exactly as if token 0 were not there (two independent paths)."""
+    res = intervene(Subject(tiny_llama(), _ids(3, 10), model_info={"name": "t"}), eps=0.01,
+                    only=["remove-sink", "drop-first"], position=0)
+    t = res.tables["interventions"].set_index("intervention")
+    assert t.loc["remove-sink", "loss"] == pytest.approx(t.loc["drop-first", "loss"], abs=1e-5)
+    assert t.loc["remove-sink", "loss"] != t.loc["baseline", "loss"]
+
+
+def test_remove_sink_through_the_observer_matches_a_manual_forward():
+    """SinkLM: the edited pass equals one computed by hand from the same weights (1 layer, so the
+    attention input is the embedding)."""
+    m = _sinklm(n_layers=1, positional="learned")
+    ids = _ids(2, 6)
+    res = run_model(m, ids, nll=True, edit=lambda l, w, **_: remove_key(w, 0))
+    with torch.no_grad():
+        x = m.embed(ids) + m.positional.table.weight[:6]
+        blk = m.layers[0]
+        a = blk.attn
+        h = blk.attn_norm(x)
+        B, T, _ = h.shape
+        q = a.q_proj(h).view(B, T, 2, 8).transpose(1, 2).double()
+        k = a.k_proj(h).view(B, T, 2, 8).transpose(1, 2).double()
+        v = a.v_proj(h).view(B, T, 2, 8).transpose(1, 2).double()
+        s = (q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        w = s.softmax(-1)
+        w[:, :, 1:, 0] = 0
+        w = w / w.sum(-1, keepdim=True)
+        y = (w @ v).transpose(1, 2).reshape(B, T, 16).float()
+        x = x + a.o_proj(y)
+        x = x + blk.ffn(blk.ffn_norm(x))
+        logits = m.lm_head(m.final_norm(x)).double()
+        nll = -logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert torch.allclose(res.nll, nll, atol=1e-5)
+
+
+def _planted_sink_model():
+    """1 layer, learned positions, every query aligned with a large key built from position 0's embedding."""
+    m = _sinklm(n_layers=1, positional="learned", d_model=16, n_heads=2)
+    with torch.no_grad():
+        m.embed.weight.normal_(0, 0.02)
+        m.embed.weight[:, 1] = 1.0
+        m.positional.table.weight.zero_()
+        m.positional.table.weight[0, 0] = 10.0
+        a = m.layers[0].attn
+        a.q_proj.weight.zero_()
+        a.k_proj.weight.zero_()
+        for h in range(2):
+            a.q_proj.weight[h * 8, 1] = 5.0
+            a.k_proj.weight[h * 8, 0] = 5.0
+    return m
+
+
+def test_position_swap_moves_a_planted_sink():
+    m = _planted_sink_model()
+    res = intervene(Subject(m, _ids(3, 10), model_info={"name": "planted"}), only=["position-swap"], swap_to=2)
+    t = res.tables["interventions"].set_index("intervention")
+    assert t.loc["baseline", "sink_rate_pos0"] == 100.0 and t.loc["baseline", "sink_rate_swap_to"] == 0.0
+    assert t.loc["position-swap", "sink_rate_pos0"] == 0.0 and t.loc["position-swap", "sink_rate_swap_to"] == 100.0
+    assert torch.equal(m.positional.table.weight[0, 0], torch.tensor(10.0))  # restored
+
+
+def test_massive_ablation_edits_only_the_named_cells():
+    """massive-zero at layer 0, dims 3 and 5 of position 0: the edited pass' layer-0 output is the plain
+    one with exactly those cells zeroed, and the change reaches layer 1 and the loss."""
+    from sinklab.analyze.intervene import _massive_target
+
+    m = _sinklm()
+    ids = _ids(2, 8)
+    base = run_model(m, ids, hidden=True, nll=True)
+    res = intervene(Subject(m, ids, model_info={"name": "t"}), eps=0.05, only=["massive-zero"], dims=[3, 5],
+                    massive_layer=0, position=0)
+    assert res.summary["massive_dims"] == [3, 5] and res.summary["massive_layer"] == 0
+
+    def zero(layer, h):
+        if layer != 0:
+            return None
+        h = h.clone()
+        h[:, 0, [3, 5]] = 0
+        return h
+
+    edited = run_model(m, ids, hidden=True, nll=True, hidden_edit=zero)
+    want = base.hidden[:, 0].clone()
+    want[:, 0, [3, 5]] = 0
+    assert torch.equal(edited.hidden[:, 0], want)
+    assert not torch.equal(edited.hidden[:, 1], base.hidden[:, 1])
+    t = res.tables["interventions"].set_index("intervention")
+    assert t.loc["massive-zero", "loss"] == pytest.approx(float(edited.nll[:, 1:].mean()), abs=1e-12)
+    # samplemean: the sink token's own mean over the samples, at that layer
+    res2 = intervene(Subject(m, ids, model_info={"name": "t"}), eps=0.05, only=["massive-samplemean"], dims=[3, 5],
+                     massive_layer=0, position=0)
+
+    def to_mean(layer, h):
+        if layer != 0:
+            return None
+        h = h.clone()
+        h[:, 0, [3, 5]] = base.hidden[:, 0, 0][:, [3, 5]].mean(dim=0)
+        return h
+
+    ref = run_model(m, ids, nll=True, hidden_edit=to_mean)
+    t2 = res2.tables["interventions"].set_index("intervention")
+    assert t2.loc["massive-samplemean", "loss"] == pytest.approx(float(ref.nll[:, 1:].mean()), abs=1e-12)
+    # default target on a planted activation: the layer where it appears, its dimension
+    h = torch.rand(3, 4, 6, 8)
+    h[:, 2:, 0, 5] = 1000.0
+    assert _massive_target(h, 0, None, None, 4) == (2, [5])
+    with pytest.raises(InputError, match="out of range"):
+        _massive_target(h, 0, 9, None, 4)
+
+
+# ------------------------------------------------------------------ repeat, overmix
+def test_repeat_cosine_is_one_without_positions():
+    """NoPE, one token repeated from position 0: every position computes the same thing, cos = 1."""
+    m = _sinklm(positional="nope")
+    res = repeat(Subject(m, _ids(2, 8), model_info={"name": "t"}), prompt_len=0, counts=[4, 8], eps=0.05)
+    cos = res.tables["cosine"]
+    assert ((cos["mean_cos_to_first"] - 1).abs() < 1e-5).all()
+
+
+def test_repeat_cosine_matches_the_models_own_hidden_states():
+    m = _sinklm(positional="learned")
+    ids = _ids(2, 8)
+    res = repeat(Subject(m, ids, model_info={"name": "t"}), prompt_len=3, counts=[5], token=11, eps=0.05)
+    seq = torch.cat([ids[:, :3], torch.full((2, 5), 11)], dim=1)
+    with torch.no_grad():
+        hs = m(seq, output_hidden_states=True).hidden_states[1:]
+    for l, h in enumerate(hs):
+        h = h.double()
+        ref = sum(float(F.cosine_similarity(h[n, 3 + i], h[n, 0], dim=0)) for n in range(2) for i in range(5)) / 10
+        row = res.tables["cosine"].query("layer == @l").iloc[0]
+        assert row["mean_cos_to_first"] == pytest.approx(ref, abs=1e-6)
+
+
+def test_overmix_is_causal_and_zero_without_a_perturbation():
+    m = _sinklm()
+    ids = _ids(2, 10)
+    base = run_model(m, ids, hidden=True)
+    d = torch.zeros(2, 10, 16)
+    assert torch.equal(run_model(m, ids, hidden=True, embed_delta=d).hidden, base.hidden)
+    d[:, 4] = 0.1
+    pert = run_model(m, ids, hidden=True, embed_delta=d).hidden
+    assert torch.equal(pert[:, :, :4], base.hidden[:, :, :4])  # earlier tokens never see token 4
+    res = overmix(Subject(m, ids, model_info={"name": "t"}), eps=0.05, sources=[4, 6], directions=2)
+    t = res.tables["sensitivity"]
+    assert set(t["condition"]) == {"sink intact", "sink removed"}
+    assert (t["sensitivity"] > 0).all()
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, text_corpus_dir, capsys):
+    base = ["analyze", "intervene", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir),
+            "--num-samples", "2", "--seq-len", "8"]
+    cases = [
+        (base + ["--only", "position-swap"], "RoPE"),
+        (base + ["--layers", "7"], "layer 7 is out of range"),
+        (base + ["--only", "massive-zero", "--dims", "999"], "dimension 999 is out of range"),
+        (base + ["--position", "3", "--eps", "0.9"], "never a sink"),
+        (base + ["--sources", "3"], "does not apply"),
+        (["analyze", "nonsense"], "unknown analysis"),
+    ]
+    for argv, words in cases:
+        code, out, err = run_cli_captured(argv, capsys)
+        assert code == 2, (argv, err)
+        assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_writes_json_csv_png(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "m"
+    code, _, err = run_cli_captured(["analyze", "massive", "--model", str(tiny_model_dir), "--corpus",
+                                     str(text_corpus_dir), "-n", "2", "-t", "8", "--out", str(out)], capsys)
+    assert code == 0, err
+    data = json.loads((out / "analysis.json").read_text())
+    assert data["kind"] == "massive" and "versions" in data and data["command"].startswith("sinklab analyze")
+    layers = pd.read_csv(out / "layers.csv")
+    assert len(layers) == 2 and layers["ratio"].tolist() == pytest.approx(data["tables"]["layers"]["ratio"])
+    assert (out / "massive.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------ real models (cached weights)
+@pytest.mark.slow
+def test_smollm2_interventions_and_minilm_swap(real_home):
+    """SmolLM2: the no-op edit is bit-identical, removing position 0 everywhere equals dropping the first
+    token (RoPE), zeroing the massive dimensions hurts far more than removing the sink. MiniLM (learned
+    positions): swapping positions 0 and 4 moves sink rate from position 0 to position 4."""
+    res = intervene("smollm2-135m", num_samples=4, seq_len=32,
+                    only=["noop", "remove-sink", "drop-first", "massive-zero"])
+    t = res.tables["interventions"].set_index("intervention")
+    assert t.loc["noop", "loss"] == t.loc["baseline", "loss"]
+    assert t.loc["remove-sink", "loss"] == pytest.approx(t.loc["drop-first", "loss"], abs=1e-3)
+    assert t.loc["massive-zero", "loss_change"] > 10 * t.loc["remove-sink", "loss_change"] > 0
+    enc = intervene("minilm-l6", num_samples=8, seq_len=64, only=["position-swap"], swap_to=4)
+    e = enc.tables["interventions"].set_index("intervention")
+    assert e.loc["position-swap", "sink_rate_pos0"] < e.loc["baseline", "sink_rate_pos0"] / 2
+    assert e.loc["position-swap", "sink_rate_swap_to"] > e.loc["baseline", "sink_rate_swap_to"] + 5
