@@ -89,7 +89,9 @@ BAD = [
     (["stream", "--model", MODEL, "--corpus", CORPUS, "--window", "200", "--out", TMP + "/s"], "exceeds the model's context"),
     (["stream", "--model", MODEL, "--corpus", CORPUS, "--tokens", "100000", "--window", "8", "--out", TMP + "/s"],
      "fewer than --tokens 100000"),
-    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0", "x", "--out", TMP + "/s"], "--sinks takes integers"),
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0", "x", "--out", TMP + "/s"], "valid integer"),
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0", "-2", "--out", TMP + "/s"], "--sinks must be >= 0"),
+    (["stream", "9000", "--model", MODEL, "--corpus", CORPUS, "--out", TMP + "/s"], "unexpected extra argument"),
     (["stream", "--model", MODEL, "--mode", "fast", "--corpus", CORPUS, "--window", "8", "--tokens", "20",
       "--out", TMP + "/s"], "unknown mode"),
     # analyze (more in tests/test_analyze.py)

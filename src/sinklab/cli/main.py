@@ -75,6 +75,33 @@ def _load_commands() -> None:
     _loaded = True
 
 
+#: options that take several values after one flag (``--sinks 0 1 2 4 8``), per command: the argv is
+#: rewritten to the repeated form typer parses (``--sinks 0 --sinks 1 ...``).
+MULTI_VALUE_OPTIONS: dict[str, set[str]] = {"stream": {"--sinks"}}
+
+
+def _expand_multi_value(argv: list[str]) -> list[str]:
+    """``CMD ... --opt a b c ...`` -> ``CMD ... --opt a --opt b --opt c ...`` for the options in
+    :data:`MULTI_VALUE_OPTIONS`; the values run until the next token that starts with ``--``."""
+    if not argv or argv[0] not in MULTI_VALUE_OPTIONS:
+        return argv
+    multi, out, i = MULTI_VALUE_OPTIONS[argv[0]], [argv[0]], 1
+    while i < len(argv):
+        tok = argv[i]
+        if tok in multi:
+            i += 1
+            values = []
+            while i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+            for v in values or [""]:
+                out += [tok, v] if v != "" else [tok]
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
 def _one_line(text: str) -> str:
     return " ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
 
@@ -82,6 +109,7 @@ def _one_line(text: str) -> str:
 def app(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input exits 2 with a one-line message."""
     _load_commands()
+    argv = _expand_multi_value(list(sys.argv[1:] if argv is None else argv))
     try:
         code = cli(args=argv, prog_name="sinklab", standalone_mode=False)
     except cx.NoArgsIsHelpError as e:  # `sinklab` or a group without arguments: its help

@@ -10,9 +10,8 @@ import typer
 from sinklab.cli.main import cli
 
 
-@cli.command("stream", context_settings={"allow_extra_args": True})
+@cli.command("stream")
 def stream_cmd(
-    ctx: typer.Context,
     model: str = typer.Option("smollm2-135m", help="zoo name or Hugging Face folder of a RoPE causal LM"),
     corpus: str = typer.Option("sotu", help="corpus zoo name or a .txt file / folder (documents concatenated in order)"),
     tokens: int = typer.Option(4096, "--tokens", "-n", help="stream length N: the first N tokens of the corpus"),
@@ -22,7 +21,7 @@ def stream_cmd(
     out: Path = typer.Option(Path("runs/stream"), help="output folder (a stopped run resumes there)"),
     chunk: Optional[int] = typer.Option(None, help="positions per perplexity chunk (default: the window)"),
     recompute_every: Optional[int] = typer.Option(None, "--recompute-every", help="score every k-th position with "
-                                                  "recomputation (default: N/256 rounded up)"),
+                                                  "recomputation (default: N/128 rounded up)"),
     mode: str = typer.Option("parallel", help="parallel (one exact forward per cache configuration) | decode "
                              "(token by token through the real cache: same numbers, much slower)"),
     no_full: bool = typer.Option(False, "--no-full", help="skip the full cache"),
@@ -31,14 +30,8 @@ def stream_cmd(
 ) -> None:
     """StreamingLLM on one long stream: perplexity, decode latency and cache memory for the full cache,
     window only, sinks + window and sliding window with recomputation."""
-    from sinklab.errors import InputError
     from sinklab.streaming import stream
 
-    if ctx.args:  # `--sinks 0 1 2 4 8`: the values after the first arrive as extra arguments
-        try:
-            sinks = [*sinks, *(int(a) for a in ctx.args)]
-        except ValueError:
-            raise InputError(f"unexpected argument(s) {' '.join(ctx.args)} (--sinks takes integers)") from None
     res = stream(model, corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,
                  recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute, threads=threads)
     typer.echo(f"{res['title']}")
@@ -47,7 +40,7 @@ def stream_cmd(
     for c in res["configs"]:
         last = next((p for p in reversed(c["ppl_by_chunk"]) if p is not None), float("nan"))
         ns = "-" if c["n_sink"] is None else str(c["n_sink"])
-        matched = float("nan") if c["ppl_matched"] is None else c["ppl_matched"]
-        typer.echo(f"{c['name']:<11} {ns:>6} {c['ppl']:>9.2f} {matched:>10.2f} {last:>10.2f} "
+        matched = "-" if c["ppl_matched"] is None else f"{c['ppl_matched']:.2f}"
+        typer.echo(f"{c['name']:<11} {ns:>6} {c['ppl']:>9.2f} {matched:>10} {last:>10.2f} "
                    f"{c['latency_ms_per_token']:>9.1f} {c['cache_bytes'] / 2**20:>9.2f}")
     typer.echo(f"wrote {out}/stream.json, stream.csv, stream_by_chunk.csv, stream_ppl.png")

@@ -342,14 +342,15 @@ def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], 
     tmp = out / ".stream.json.tmp"
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
     tmp.replace(out / "stream.json")
+    ints = {"n_sink": "Int64", "window": "Int64"}  # None (full, recompute) stays empty, not 0.0
     pd.DataFrame([{k: v for k, v in asdict(r).items() if not k.endswith("by_chunk") and k != "positions"}
-                  for r in results]).to_csv(out / "stream.csv", index=False)
+                  for r in results]).astype(ints).to_csv(out / "stream.csv", index=False)
     rows = []
     for r in results:
         for c, p in enumerate(r.ppl_by_chunk):
             rows.append({"config": r.name, "n_sink": r.n_sink, "window": r.window, "chunk": c,
                          "start": c * chunk, "end": (c + 1) * chunk, "ppl": p})
-    pd.DataFrame(rows).to_csv(out / "stream_by_chunk.csv", index=False)
+    pd.DataFrame(rows).astype(ints).to_csv(out / "stream_by_chunk.csv", index=False)
     plot_ppl(results, chunk, out / "stream_ppl.png", title=meta.get("title", ""))
 
 

@@ -26,11 +26,14 @@ ROTATE_HALF_MODEL_TYPES = frozenset({
     "gemma3_text", "phi", "phi3", "stablelm", "olmo", "olmo2", "granite", "smollm3", "starcoder2", "gpt_neox",
     "helium", "glm4",
 })
+_LEARNED = ("learned absolute position embeddings, which are baked into the hidden states, so positions cannot be "
+            "reassigned inside the cache")
+_ALIBI = ("ALiBi, a distance bias inside attention; StreamingLLM gives ALiBi models contiguous biases over the cache, "
+          "which this cache does not implement")
 #: model types with learned absolute positions or ALiBi: keys carry no rotation a cache could move.
 NO_ROPE_MODEL_TYPES = {
-    "gpt2": "learned absolute position embeddings", "opt": "learned absolute position embeddings",
-    "gpt_bigcode": "learned absolute position embeddings", "bloom": "ALiBi", "mpt": "ALiBi",
-    "bert": "learned absolute position embeddings (and it is an encoder)",
+    "gpt2": _LEARNED, "opt": _LEARNED, "gpt_bigcode": _LEARNED, "bert": _LEARNED + " (and it is an encoder)",
+    "bloom": _ALIBI, "mpt": _ALIBI,
 }
 
 
@@ -125,8 +128,7 @@ def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation]
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     mt = getattr(cfg, "model_type", "?")
     if mt in NO_ROPE_MODEL_TYPES:
-        raise InputError(f"SinkCache needs a RoPE model: {mt} uses {NO_ROPE_MODEL_TYPES[mt]}, whose positions are "
-                         "baked into the hidden states and cannot be reassigned inside the cache")
+        raise InputError(f"SinkCache needs a RoPE model: {mt} uses {NO_ROPE_MODEL_TYPES[mt]}")
     if mt not in ROTATE_HALF_MODEL_TYPES:
         raise InputError(f"SinkCache does not know the RoPE convention of model type {mt!r}: it supports the "
                          f"rotate-half RoPE of {', '.join(sorted(ROTATE_HALF_MODEL_TYPES))}")
