@@ -102,6 +102,8 @@ def _detection_rows(stats, eps: float, min_rate: float, T: int, ks=(1, 2, 4)) ->
     methods = {"hidden_norm": by_hidden}
     if stats.key_norms is not None:
         methods["low_key_norm"] = -stats.key_norms.double().mean(dim=(1, 2))[:, :k_max]
+    # baseline without any model signal: the first k positions (k = 1: "always position 0")
+    methods["first_positions"] = -torch.arange(k_max, dtype=torch.float64).expand(by_hidden.shape[0], k_max)
     for name, score in methods.items():
         for k in ks:
             p, r = detection(score, truth, k)
@@ -131,7 +133,8 @@ def keybias(
     :func:`head_statistics`), attention share against output share. A head "has a sink" when its
     attention share, averaged over samples, exceeds ``eps``. Sink detection without attention
     weights: rank the positions of each sample by hidden-state norm (mean over layers), and by low key
-    norm (mean over layers and KV heads); truth = positions whose per-sample sink rate Sink^eps is at
+    norm (mean over layers and KV heads), against the baseline ``first_positions`` (the first k positions,
+    for k = 1 "always position 0"); truth = positions whose per-sample sink rate Sink^eps is at
     least ``min_rate`` percent; precision and recall at k = 1, 2, 4 (:func:`detection`), at ``seq_len``
     and at ``long_seq_len`` (None: skipped; needs a corpus).
 
@@ -227,4 +230,4 @@ def keybias(
                 "seed": seed, "eps": eps, "position": position, "min_rate": min_rate,
                 "long_seq_len": long_seq_len, "long_num_samples": long_num_samples}
     return AnalysisResult("keybias", summary, {"heads": heads, "detection": detect}, {"keybias": plot}, settings,
-                          subj.model_info, subj.corpus_info, command_line("keybias", settings))
+                          subj.model_info, subj.corpus_info, command_line("keybias", settings, subj))
