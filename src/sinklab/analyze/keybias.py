@@ -190,6 +190,14 @@ def keybias(
         "median_cos_other_sink_heads": float(s["cos_other"].median()) if len(s) else None,
         "median_value_norm_share_sink_heads": float(s["value_norm_share"].median()) if len(s) else None,
         "median_output_share_all_heads": float(heads["output_share"].median()),
+        # the hypothesis "stores attention, contributes little" predicts output share << attention share
+        "median_output_over_attention_share_sink_heads":
+            float((s["output_share"] / s["attention_share"]).median()) if len(s) else None,
+        "share_of_sink_heads_output_below_attention": float((s["output_share"] < s["attention_share"]).mean()) if len(s) else None,
+        "share_of_sink_heads_output_below_half_attention":
+            float((s["output_share"] < 0.5 * s["attention_share"]).mean()) if len(s) else None,
+        "pearson_attention_vs_output_share_sink_heads":
+            float(s[["attention_share", "output_share"]].corr().iloc[0, 1]) if len(s) > 1 else None,
         "detection": det,
         "num_samples": N, "seq_len": T, "long_seq_len": long_seq_len, "long_num_samples": long_num_samples,
     }
