@@ -117,5 +117,5 @@ def _print_summary(result) -> None:
     for w in result.summary.get("warnings", []):
         typer.echo(f"warning: {w}")
     for name, df in result.tables.items():
-        if len(df) <= _MAX_ROWS:
+        if 0 < len(df) <= _MAX_ROWS:
             typer.echo(f"\n{name}:\n{df.to_string(index=False)}")
