@@ -353,6 +353,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, text_corpus_dir, capsy
         (base + ["--only", "massive-zero", "--dims", "999"], "dimension 999 is out of range"),
         (base + ["--position", "3", "--eps", "0.9"], "never a sink"),
         (base + ["--sources", "3"], "does not apply"),
+        (base + ["--only", "replace-first", "--token", "999999"], "outside the vocabulary"),
         (["analyze", "nonsense"], "unknown analysis"),
     ]
     for argv, words in cases:
@@ -375,6 +376,156 @@ def test_cli_writes_json_csv_png(tiny_model_dir, text_corpus_dir, tmp_path, caps
     layers = pd.read_csv(out / "layers.csv")
     assert len(layers) == 2 and layers["ratio"].tolist() == pytest.approx(data["tables"]["layers"]["ratio"])
     assert (out / "massive.png").stat().st_size > 0
+
+
+def test_swap_to_past_the_sequence_is_refused():
+    m = _sinklm(positional="learned")
+    with pytest.raises(InputError, match="--swap-to 20 is outside the sequence"):
+        intervene(Subject(m, _ids(2, 10), model_info={"name": "t"}), eps=0.05, only=["position-swap"], swap_to=20)
+
+
+def test_cli_prints_the_headlines_and_warnings(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
+    args = ["--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "-n", "2", "-t", "8"]
+    code, out, err = run_cli_captured(["analyze", "massive", *args, "--out", str(tmp_path / "m")], capsys)
+    assert code == 0, err
+    assert "warning: no massive activation" in out and "\nlayers:\n" in out  # random weights: nothing massive
+    code, out, err = run_cli_captured(["analyze", "overmix", *args, "--sources", "3", "--directions", "1",
+                                       "--out", str(tmp_path / "o")], capsys)
+    assert code == 0, err
+    assert "last_layer_mean_sensitivity_distance_ge1: sink intact=" in out and "sink removed=" in out
+    assert "last_layer_verdict:" in out
+
+
+# ------------------------------------------------------------------ review additions
+def test_massive_layer_table_matches_a_naive_computation():
+    m = _sinklm(positional="learned")
+    ids = _ids(3, 10)
+    res = massive(Subject(m, ids, model_info={"name": "t"}), eps=0.05)
+    hidden = run_model(m, ids, hidden=True).hidden.double()  # (N, L, T, d)
+    layers = res.tables["layers"]
+    for l in range(hidden.shape[1]):
+        tops, meds, ratios = [], [], []
+        for n in range(hidden.shape[0]):
+            mags = sorted(abs(float(x)) for x in hidden[n, l].flatten())
+            tops.append(mags[-1])
+            meds.append(mags[(len(mags) - 1) // 2])
+            ratios.append(mags[-1] / meds[-1])
+        row = layers.iloc[l]
+        assert row["top1"] == pytest.approx(sum(tops) / len(tops))
+        assert row["median"] == pytest.approx(sum(meds) / len(meds))
+        assert row["ratio"] == pytest.approx(sorted(ratios)[(len(ratios) - 1) // 2])  # median of per-sample ratios
+
+
+def test_massive_mean_ablation_matches_a_loop():
+    m = _sinklm()
+    ids = _ids(2, 8)
+    res = intervene(Subject(m, ids, model_info={"name": "t"}), eps=0.05, only=["massive-mean"], dims=[2, 9],
+                    massive_layer=0, position=0)
+
+    def by_loop(layer, h):
+        if layer != 0:
+            return None
+        h = h.clone()
+        for n in range(h.shape[0]):
+            for d in (2, 9):
+                h[n, 0, d] = sum(float(h[n, t, d]) for t in range(1, h.shape[1])) / (h.shape[1] - 1)
+        return h
+
+    ref = run_model(m, ids, nll=True, hidden_edit=by_loop)
+    t = res.tables["interventions"].set_index("intervention")
+    assert t.loc["massive-mean", "loss"] == pytest.approx(float(ref.nll[:, 1:].mean()), abs=1e-6)
+    assert t.loc["massive-mean", "loss"] != t.loc["baseline", "loss"]
+
+
+def test_removing_attention_to_a_position_that_receives_none_changes_nothing():
+    """Planted model whose key at position 2 scores far below key 0 for every query: its weights underflow to 0,
+    so removing it (end to end, through the seam) leaves the loss and every hidden state bit-identical."""
+    m = _planted_sink_model()
+    with torch.no_grad():
+        m.positional.table.weight[2, 0] = -10.0  # key 2 points away from every query ...
+        m.positional.table.weight[2, 1] = 10.0  # ... and query 2 keeps a large norm, so it too ignores key 2
+    ids = _ids(3, 10)
+    captured = []
+    base = run_model(m, ids, nll=True, hidden=True, edit=lambda l, w, **_: captured.append(w.clone()))
+    assert all(float(w[..., 2].abs().max()) == 0.0 for w in captured)
+    cut = run_model(m, ids, nll=True, hidden=True, edit=lambda l, w, **_: remove_key(w, 2))
+    assert torch.equal(cut.nll, base.nll) and torch.equal(cut.hidden, base.hidden)
+    live = _sinklm(n_layers=1, positional="learned")  # the same edit where key 2 gets weight: the loss moves
+    assert not torch.equal(run_model(live, ids, nll=True, edit=lambda l, w, **_: remove_key(w, 2)).nll,
+                           run_model(live, ids, nll=True).nll)
+
+
+def test_intervene_reports_where_the_sink_goes():
+    """remove-sink on position 0: the top sink position and rate after the change equal those of a pass
+    edited by hand, and the sink has moved off position 0."""
+    from sinklab.metrics import sink_rate
+
+    m = tiny_llama()
+    ids = _ids(3, 30)
+    res = intervene(Subject(m, ids, model_info={"name": "t"}), eps=0.05, only=["remove-sink"], position=0)
+    row = res.tables["interventions"].set_index("intervention").loc["remove-sink"]
+    r = sink_rate(run_model(m, ids, edit=lambda l, w, **_: remove_key(w, 0)).stats.mass, 0.05)[:27]  # 90% rankable
+    assert row["top_sink_position_after"] == int(r.argmax()) != 0
+    assert row["top_sink_rate_after"] == pytest.approx(float(r.max())) and row["top_sink_rate_after"] > 0
+
+
+def test_edit_outside_the_readout_warns_and_changes_nothing():
+    m = _sinklm(n_layers=2)
+    res = intervene(Subject(m, _ids(2, 8), model_info={"name": "t"}), eps=0.05, only=["massive-zero"],
+                    dims=[1], massive_layer=1, position=0)
+    t = res.tables["interventions"].set_index("intervention")
+    assert t.loc["massive-zero", "loss_change"] == 0.0
+    text = " ".join(res.summary["warnings"])
+    assert "outside the readout" in text and "no massive activation" in text
+
+
+def test_analysis_json_is_strict_json_and_marks_python_calls(tmp_path):
+    import json
+
+    res = intervene(Subject(_sinklm(positional="learned"), _ids(2, 8), model_info={"name": "t"}), eps=0.05,
+                    only=["noop", "position-swap"], swap_to=3)
+    assert res.tables["interventions"]["sink_rate_swap_to"].isna().any()  # NaN cells exist
+    res.save(tmp_path)
+
+    def refuse(c):
+        raise AssertionError(f"bare {c} in analysis.json")
+
+    data = json.loads((tmp_path / "analysis.json").read_text(), parse_constant=refuse)
+    assert None in data["tables"]["interventions"]["sink_rate_swap_to"]
+    assert data["command"].startswith("python: sinklab.analyze.intervene(Subject(<model object 't'")
+
+
+def test_overmix_is_paired_and_matches_a_manual_pair():
+    """One source, one direction: both conditions use the same direction (drawn as overmix draws it)."""
+    m = _sinklm()
+    ids = _ids(2, 10)
+    res = overmix(Subject(m, ids, model_info={"name": "t"}), eps=0.05, sources=[4], directions=1, scale=0.05)
+    e = m.embed(ids).detach().float()
+    u = torch.randn(2, 16, generator=torch.Generator().manual_seed(0))
+    u = u / u.norm(dim=-1, keepdim=True)
+    delta = torch.zeros_like(e)
+    delta[:, 4] = 0.05 * e[:, 4].norm(dim=-1, keepdim=True) * u
+    pos = res.summary["sink_position"]
+    per = res.tables["per_layer"]
+    for col, edit in (("intact", None), ("removed", lambda l, w, **_: remove_key(w, pos))):
+        ref = run_model(m, ids, edit=edit, hidden=True).hidden
+        pert = run_model(m, ids, edit=edit, hidden=True, embed_delta=delta).hidden
+        want = sensitivity(ref, pert, 4)[:, 1:].mean(dim=1)  # (L,)
+        assert per[col].tolist() == pytest.approx(want.tolist(), rel=1e-9)
+    assert (per["pairs"] == 1).all()
+
+
+def test_repeat_natural_control_is_the_sink_rate_of_prefixes():
+    from sinklab.metrics import sink_rate
+
+    m = _sinklm(positional="learned")
+    ids = _ids(3, 12)
+    res = repeat(Subject(m, ids, model_info={"name": "t"}), prompt_len=3, counts=[2, 9, 12], eps=0.05)
+    sr = res.tables["sink_rate"].set_index("repeats")
+    for n in (2, 9):
+        want = float(sink_rate(run_model(m, ids[:, : 3 + n]).stats.mass, 0.05)[0])
+        assert sr.loc[n, "sink_rate_pos0_natural_same_len"] == pytest.approx(want)
+    assert math.isnan(sr.loc[12, "sink_rate_pos0_natural_same_len"])  # 15 > T = 12, no corpus
 
 
 # ------------------------------------------------------------------ real models (cached weights)

@@ -7,6 +7,7 @@ Positions are 0-based everywhere (position 0 is the paper's token 1); layers and
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class Subject:
     is_encoder: bool = False
     seed: int = 0
     documents: list | None = None
+    source: str | None = None  # the name/path it was loaded from (None: a model object given in Python)
 
     @property
     def num_layers(self) -> int:
@@ -84,13 +86,14 @@ def load_subject(
         probe = run_probe(run, num_samples, seq_len, seed, "auto", loaded.tokenizer)
         info = {**asdict(loaded.info), "run": str(run.folder)}
         return Subject(loaded.model, probe.input_ids, loaded.tokenizer, info, {"name": "run", **probe.details},
-                       False, seed)
+                       False, seed, source=model)
     corpus = corpus or "sotu"
     text = load_corpus(corpus)
     loaded = load_model(model, dtype=torch.float32, attn_implementation="sdpa")
 
     subj = Subject(loaded.model, torch.zeros(0, 0, dtype=torch.int64), loaded.tokenizer, asdict(loaded.info),
-                   {"name": text.name, **text.source}, bool(loaded.info.is_encoder), seed, text.documents)
+                   {"name": text.name, **text.source}, bool(loaded.info.is_encoder), seed, text.documents,
+                   source=model)
     subj.input_ids = natural_ids(subj, num_samples, seq_len, bos=bos)
     return subj
 
@@ -226,10 +229,13 @@ def _versions() -> dict[str, str]:
 
 
 def _jsonable(x: Any) -> Any:
+    """``x`` with tensors as lists, floats rounded to 6 decimals and NaN / infinity as None (JSON null)."""
     if isinstance(x, Tensor):
-        return x.tolist()
+        return _jsonable(x.tolist())
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", None) == 0:  # numpy scalar
+        x = x.item()
     if isinstance(x, float):
-        return round(x, 6)
+        return round(x, 6) if math.isfinite(x) else None
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -280,7 +286,7 @@ class AnalysisResult:
         if out.exists() and not out.is_dir():
             raise InputError(f"--out {out} is a file; give a folder")
         out.mkdir(parents=True, exist_ok=True)
-        (out / "analysis.json").write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        (out / "analysis.json").write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
         for name, df in self.tables.items():
             df.to_csv(out / f"{name}.csv", index=False)
         for name, fn in self.plots.items():
@@ -288,15 +294,34 @@ class AnalysisResult:
         return out
 
 
-def command_line(kind: str, settings: dict) -> str:
-    """The ``sinklab analyze`` command that reproduces a result: ``sys.argv`` when run from the CLI,
-    else rebuilt from the settings."""
+def command_line(kind: str, settings: dict, subj: Subject | None = None) -> str:
+    """How a result was made: the ``sinklab analyze`` command (``sys.argv``) when run from the CLI; else the
+    Python call, marked as such (``python: sinklab.analyze.KIND(...)``); a model object given as a
+    :class:`Subject` (not reproducible from the command line) is written ``Subject(<name>)``."""
+    if Path(sys.argv[0]).name == "sinklab":
+        return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
+    if subj is not None and subj.source is None:
+        model = f"Subject(<model object {settings.get('model')!r}, input_ids {tuple(subj.input_ids.shape)}>)"
+    else:
+        model = repr(subj.source if subj is not None else settings.get("model"))
+    args = [f"{k}={v!r}" for k, v in settings.items() if k != "model" and v is not None]
+    return f"python: sinklab.analyze.{kind}({', '.join([model, *args])})"
+
+
+def cli_command(kind: str, settings: dict) -> str:
+    """The ``sinklab analyze`` command line of a CLI run: ``sys.argv`` when the ``sinklab`` program runs,
+    else (the CLI called in-process) rebuilt from the settings."""
     if Path(sys.argv[0]).name == "sinklab":
         return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
     parts = ["sinklab", "analyze", kind]
     for k, v in settings.items():
-        if v is not None and not isinstance(v, (list, dict)):
-            parts += ["--" + k.replace("_", "-"), str(v)]
+        if v is None:
+            continue
+        if isinstance(v, (list, tuple)):
+            v = ",".join(str(x) for x in v)
+        elif isinstance(v, dict):
+            continue
+        parts += ["--" + k.replace("_", "-"), str(v)]
     return " ".join(shlex.quote(p) for p in parts)
 
 

@@ -22,6 +22,7 @@ from sinklab.analyze.massive import top_activations
 from sinklab.capture.native import is_native
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
+from sinklab.metrics.summary import rankable_positions
 
 INTERVENTIONS = ("noop", "remove-sink", "massive-zero", "massive-mean", "massive-samplemean", "drop-first",
                  "replace-first", "position-replace", "position-swap")
@@ -147,9 +148,19 @@ def intervene(
         swap_to: t of the position swap (0-based; default 4 = the paper's p5).
         only: subset of :data:`INTERVENTIONS` (default: every one that applies to the model).
 
+    Returns:
+        :class:`AnalysisResult` with table ``interventions``: one row per variant with ``sink_rate_pos0``
+        (Sink^eps at 0-based position 0 of the sequence fed), ``sink_rate_sink`` (at the sink position p),
+        ``top_sink_position_after`` / ``top_sink_rate_after`` (the position with the highest sink rate
+        after the change, among those seen by >= 10% of the queries, and its rate: where the sink went;
+        for ``drop-first`` positions are those of the shortened sequence), loss, perplexity, loss_change.
+        ``summary["warnings"]`` lists edits that cannot mean what they seem (massive dims that are not
+        massive, an edit the readout cannot see).
+
     Raises:
         InputError: unknown intervention; a layer or dimension index out of range; a position swap on a
-            model without learned absolute positions (says why); a sink position never used.
+            model without learned absolute positions (says why) or with ``swap_to`` outside [1, T); a
+            replacement token outside the model's vocabulary; a sink position never used.
     """
     import pandas as pd
 
@@ -175,14 +186,21 @@ def intervene(
         want = [x for x in want if not x.startswith("position-")]
     if only is not None and not lm and any(x in ("drop-first", "replace-first") for x in only):
         raise InputError("drop-first / replace-first need a language-modelling head; this model is an encoder")
+    if any(x.startswith("position-") for x in want) and not 1 <= swap_to < T:
+        raise InputError(f"--swap-to {swap_to} is outside the sequence: give a 0-based position in [1, {T - 1}] (T={T})")
+    emb = m.embed if is_native(m) else m.get_input_embeddings()
+    vocab_rows = int(emb.num_embeddings)
+    if token is not None and "replace-first" in want and not 0 <= token < vocab_rows:
+        raise InputError(f"--token {token} is outside the vocabulary: token ids 0 to {vocab_rows - 1}")
     base = run_model(m, ids, hidden=True, nll=lm, batch_size=batch_size)
     pos, rate = sink_position(base.stats, eps, position)
-    rows = []
+    rows, warnings = [], []
 
     def record(name: str, res, *, targets_from: int = 1, note: str = "") -> None:
         r = sink_rate(res.stats.mass, eps)
+        top = int(r[: rankable_positions(len(r), res.stats.causal)].argmax())
         row = {"intervention": name, "sink_rate_pos0": float(r[0]), "sink_rate_sink": float(r[pos]) if pos < len(r) else float("nan"),
-               "top_sink_position_after": int(r[: max(1, len(r) - len(r) // 10)].argmax()), "note": note}
+               "top_sink_position_after": top, "top_sink_rate_after": float(r[top]), "note": note}
         if lm and res.nll is not None:
             row.update(_readout(res, targets_from))
         rows.append(row)
@@ -204,6 +222,15 @@ def intervene(
         if bad:
             raise InputError(f"dimension {bad[0]} is out of range: hidden size {d_model} (0 to {d_model - 1})")
         idx = torch.tensor(dims)
+        edited_ratio = _cell_ratio(base.hidden, massive_layer, pos, dims)
+        if edited_ratio < MASSIVE_RATIO:
+            warnings.append(f"no massive activation: dims {dims} of position {pos} at layer {massive_layer} are at most "
+                            f"{edited_ratio:.1f}x the median |h| (median over samples), below {MASSIVE_RATIO:g}x; the "
+                            f"massive-* rows ablate ordinary entries")
+        if lm and massive_layer == L - 1 and pos + 1 < 2:
+            warnings.append(f"the massive-* edit (output of the last layer {massive_layer}, position {pos}) only changes "
+                            f"the prediction of token {pos + 1}, outside the readout (targets 2..T-1): its loss change is 0 "
+                            f"by construction")
         sample_mean = base.hidden[:, massive_layer, pos][:, idx].mean(dim=0)  # (len(dims),)
         for mode in ("zero", "mean", "samplemean"):
             if f"massive-{mode}" not in want:
@@ -257,7 +284,9 @@ def intervene(
     summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T,
                "readout": "mean next-token loss (nats) over targets at 0-based positions 2..T-1" if lm else "sink rate only (encoder)",
                "massive_dims": dims, "massive_layer": massive_layer,
-               "results": table.to_dict(orient="records")}
+               "results": table.to_dict(orient="records"), "warnings": warnings}
+    if any(x.startswith("massive-") for x in want):
+        summary["massive_dims_ratio_to_median"] = edited_ratio
     if not learned:
         summary["position_swap"] = "not applicable: " + _why_no_table(m)
 
@@ -288,11 +317,26 @@ def intervene(
                 "seed": seed, "eps": eps, "position": position, "layers": layers, "dims": dims,
                 "massive_layer": massive_layer, "token": token, "swap_to": swap_to, "only": only}
     return AnalysisResult("intervene", summary, {"interventions": table}, {"intervene": plot}, settings,
-                          subj.model_info, subj.corpus_info, command_line("intervene", settings))
+                          subj.model_info, subj.corpus_info, command_line("intervene", settings, subj))
+
+
+MASSIVE_RATIO = 100.0  # an entry is massive above this multiple of the median |h| (as ``massive``'s default)
+
+
+def _cell_ratio(hidden: Tensor, layer: int, pos: int, dims: list[int]) -> float:
+    """Median over samples of ``max_d |h[n, layer, pos, d]| / median |h[n, layer]|`` for d in ``dims``.
+
+    Args:
+        hidden: (N, L, T, d) block outputs. layer, pos: 0-based. dims: hidden dimensions.
+    """
+    a = hidden[:, layer].abs().double()  # (N, T, d)
+    med = a.reshape(a.shape[0], -1).median(dim=-1).values  # (N,)
+    cells = a[:, pos][:, torch.tensor(dims)].amax(dim=-1)  # (N,)
+    return float((cells / med.clamp_min(1e-30)).median())
 
 
 def _massive_target(hidden: Tensor, pos: int, layer: int | None, dims: list[int] | None, L: int,
-                    k: int = 3, ratio: float = 100.0) -> tuple[int, list[int]]:
+                    k: int = 3, ratio: float = MASSIVE_RATIO) -> tuple[int, list[int]]:
     """Where the massive activations of the sink token appear and in which dimensions.
 
     Layer (default): the first layer whose mean top-1 ``|h|`` on position ``pos`` (over the samples whose

@@ -102,6 +102,8 @@ def _detection_rows(stats, eps: float, min_rate: float, T: int, ks=(1, 2, 4)) ->
     methods = {"hidden_norm": by_hidden}
     if stats.key_norms is not None:
         methods["low_key_norm"] = -stats.key_norms.double().mean(dim=(1, 2))[:, :k_max]
+    # baseline without any model signal: the first k positions (k = 1: "always position 0")
+    methods["first_positions"] = -torch.arange(k_max, dtype=torch.float64).expand(by_hidden.shape[0], k_max)
     for name, score in methods.items():
         for k in ks:
             p, r = detection(score, truth, k)
@@ -131,7 +133,8 @@ def keybias(
     :func:`head_statistics`), attention share against output share. A head "has a sink" when its
     attention share, averaged over samples, exceeds ``eps``. Sink detection without attention
     weights: rank the positions of each sample by hidden-state norm (mean over layers), and by low key
-    norm (mean over layers and KV heads); truth = positions whose per-sample sink rate Sink^eps is at
+    norm (mean over layers and KV heads), against the baseline ``first_positions`` (the first k positions,
+    for k = 1 "always position 0"); truth = positions whose per-sample sink rate Sink^eps is at
     least ``min_rate`` percent; precision and recall at k = 1, 2, 4 (:func:`detection`), at ``seq_len``
     and at ``long_seq_len`` (None: skipped; needs a corpus).
 
@@ -187,6 +190,14 @@ def keybias(
         "median_cos_other_sink_heads": float(s["cos_other"].median()) if len(s) else None,
         "median_value_norm_share_sink_heads": float(s["value_norm_share"].median()) if len(s) else None,
         "median_output_share_all_heads": float(heads["output_share"].median()),
+        # the hypothesis "stores attention, contributes little" predicts output share << attention share
+        "median_output_over_attention_share_sink_heads":
+            float((s["output_share"] / s["attention_share"]).median()) if len(s) else None,
+        "share_of_sink_heads_output_below_attention": float((s["output_share"] < s["attention_share"]).mean()) if len(s) else None,
+        "share_of_sink_heads_output_below_half_attention":
+            float((s["output_share"] < 0.5 * s["attention_share"]).mean()) if len(s) else None,
+        "pearson_attention_vs_output_share_sink_heads":
+            float(s[["attention_share", "output_share"]].corr().iloc[0, 1]) if len(s) > 1 else None,
         "detection": det,
         "num_samples": N, "seq_len": T, "long_seq_len": long_seq_len, "long_num_samples": long_num_samples,
     }
@@ -227,4 +238,4 @@ def keybias(
                 "seed": seed, "eps": eps, "position": position, "min_rate": min_rate,
                 "long_seq_len": long_seq_len, "long_num_samples": long_num_samples}
     return AnalysisResult("keybias", summary, {"heads": heads, "detection": detect}, {"keybias": plot}, settings,
-                          subj.model_info, subj.corpus_info, command_line("keybias", settings))
+                          subj.model_info, subj.corpus_info, command_line("keybias", settings, subj))

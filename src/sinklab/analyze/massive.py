@@ -61,7 +61,8 @@ def massive(
 
     Returns:
         :class:`AnalysisResult` with tables ``layers`` (per layer: mean top-i magnitudes, mean median,
-        ratio = median over samples of top-1 / median, most common dimension and position of the top-1
+        ratio = median over samples of the per-sample top-1 / median (so not top1 / median of the row, which
+        are means over samples), most common dimension and position of the top-1
         entry and their shares, share of samples whose top-1 sits on the sink position) and ``dims``
         (dimension, count of massive cells among the (sample, layer) top-k, share of all N L k top-k cells),
         and plot ``massive``.
@@ -106,6 +107,9 @@ def massive(
         "top1_on_sink_share_all_layers": float((top["position"][..., 0] == sink).double().mean()),
         "recurring_dims": [{"dim": int(d), "share": c / total} for d, c in cnt.most_common(5)],
         "num_samples": N, "seq_len": int(subj.input_ids.shape[1]), "num_layers": L,
+        "warnings": [] if float(b["ratio"]) > massive_ratio else [
+            f"no massive activation: the largest top-1/median ratio is {float(b['ratio']):.1f} (layer {best}), "
+            f"below --massive-ratio {massive_ratio:g}"],
     }
 
     def plot(path):
@@ -127,4 +131,4 @@ def massive(
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N,
                 "seq_len": summary["seq_len"], "seed": seed, "eps": eps, "top_k": top_k, "massive_ratio": massive_ratio}
     return AnalysisResult("massive", summary, {"layers": layers, "dims": dims_df}, {"massive": plot}, settings,
-                          subj.model_info, subj.corpus_info, command_line("massive", settings))
+                          subj.model_info, subj.corpus_info, command_line("massive", settings, subj))

@@ -46,8 +46,10 @@ def overmix(
     For each source position s and each of ``directions`` random unit directions u (seeded), the input
     embedding of token s is replaced by ``e_s + scale * ||e_s|| * u``; :func:`sensitivity` gives the
     relative change of every later token's block output. Averaged over sources and directions. Done
-    twice: with the sink intact, and with attention to the sink position removed in every layer
-    (intervention (a), :func:`~sinklab.analyze.intervene.remove_key`), each against its own unperturbed pass.
+    twice, paired (the same sources and directions): with the sink intact, and with attention to the sink
+    position removed in every layer (intervention (a), :func:`~sinklab.analyze.intervene.remove_key`), each
+    against its own unperturbed pass. The spread over the (source, direction) pairs of the relative change
+    removed / intact - 1 is reported per layer, so a difference can be told from noise.
 
     Args:
         sources: 0-based positions s (default T/8, T/4, T/2, all > the sink position).
@@ -55,7 +57,9 @@ def overmix(
 
     Returns:
         :class:`AnalysisResult`: table ``sensitivity`` (condition, layer, distance from s, mean relative
-        change, number of (source, direction) pairs), plot ``overmix``; the summary's
+        change, number of (source, direction) pairs), table ``per_layer`` (per layer: intact and removed
+        sensitivity averaged over pairs, each pair's value the mean over its distances >= 1; the relative
+        change's mean, std, min, max over pairs and the number of pairs where it is > 0), plot ``overmix``; the summary's
         ``last_layer_curve_by_distance`` is indexed by distance (index 0 = the perturbed token itself).
 
     Raises:
@@ -81,23 +85,29 @@ def overmix(
     with torch.no_grad():
         e = emb(ids).float()  # (N, T, d)
     g = torch.Generator().manual_seed(subj.seed)
+    # paired design: the same sources, directions (and probe) for both conditions
+    pairs = []  # (source, direction index, (N, d) unit vectors)
+    for s in sources:
+        for j in range(directions):
+            u = torch.randn(N, e.shape[-1], generator=g)
+            pairs.append((s, j, u / u.norm(dim=-1, keepdim=True)))
     conditions = {"sink intact": None, "sink removed": lambda l, w, **_: remove_key(w, pos)}
-    rows = []
+    rows, pair_rows = [], []
     curves = {}
     for cond, edit in conditions.items():
         ref = run_model(m, ids, edit=edit, hidden=True, batch_size=batch_size).hidden
         acc = torch.zeros(ref.shape[1], T, dtype=torch.float64)
         cnt = torch.zeros(T, dtype=torch.float64)
-        for s in sources:
-            for _ in range(directions):
-                u = torch.randn(N, e.shape[-1], generator=g)
-                u = u / u.norm(dim=-1, keepdim=True)
-                delta = torch.zeros_like(e)
-                delta[:, s] = scale * e[:, s].norm(dim=-1, keepdim=True) * u
-                pert = run_model(m, ids, edit=edit, hidden=True, batch_size=batch_size, embed_delta=delta).hidden
-                sens = sensitivity(ref, pert, s)  # (L, T - s)
-                acc[:, : T - s] += sens
-                cnt[: T - s] += 1
+        for s, j, u in pairs:
+            delta = torch.zeros_like(e)
+            delta[:, s] = scale * e[:, s].norm(dim=-1, keepdim=True) * u
+            pert = run_model(m, ids, edit=edit, hidden=True, batch_size=batch_size, embed_delta=delta).hidden
+            sens = sensitivity(ref, pert, s)  # (L, T - s)
+            acc[:, : T - s] += sens
+            cnt[: T - s] += 1
+            for l in range(sens.shape[0]):
+                pair_rows.append({"condition": cond, "source": s, "direction": j, "layer": l,
+                                  "sensitivity_distance_ge1": float(sens[l, 1:].mean())})
         curve = acc / cnt.clamp_min(1)  # (L, T): by distance
         curves[cond] = curve
         for l in range(curve.shape[0]):
@@ -108,11 +118,33 @@ def overmix(
     table = pd.DataFrame(rows)
     last = ref.shape[1] - 1
     far = [k for k in range(1, T) if cnt[k] > 0]
+    pt = pd.DataFrame(pair_rows).pivot_table(index=["source", "direction", "layer"], columns="condition",
+                                             values="sensitivity_distance_ge1").reset_index()
+    pt["relative_change"] = pt["sink removed"] / pt["sink intact"] - 1  # per (source, direction) pair
+    per_layer = pt.groupby("layer").agg(
+        intact=("sink intact", "mean"), removed=("sink removed", "mean"),
+        change_mean=("relative_change", "mean"), change_std=("relative_change", "std"),
+        change_min=("relative_change", "min"), change_max=("relative_change", "max"),
+        pairs_removed_higher=("relative_change", lambda x: int((x > 0).sum())),
+        pairs=("relative_change", "size")).reset_index()
+    lastrow = per_layer.iloc[last]
+    higher, npairs = int(lastrow["pairs_removed_higher"]), int(lastrow["pairs"])
     summary = {
         "sink_position": pos, "sink_rate": rate, "sources": sources, "directions": directions, "scale": scale,
-        "num_samples": N, "seq_len": T,
+        "num_samples": N, "seq_len": T, "design": "paired: the same sources and directions in both conditions",
+        "averaging": "mean over distances >= 1, unweighted over distance bins (each distance counts once, "
+                     "whatever its number of (source, direction) pairs)",
         "last_layer_mean_sensitivity_distance_ge1": {c: float(v[last, far].mean()) for c, v in curves.items()},
         "all_layers_mean_sensitivity_distance_ge1": {c: float(v[:, far].mean()) for c, v in curves.items()},
+        "last_layer_relative_change_over_pairs": {
+            "mean": float(lastrow["change_mean"]), "std": float(lastrow["change_std"]),
+            "min": float(lastrow["change_min"]), "max": float(lastrow["change_max"]),
+            "pairs_removed_higher": higher, "pairs": npairs},
+        "last_layer_verdict": ("removing the sink increases sensitivity in every (source, direction) pair" if higher == npairs
+                               else "removing the sink decreases sensitivity in every (source, direction) pair" if higher == 0
+                               else f"inconclusive: removing the sink increases sensitivity in {higher} of {npairs} "
+                                    f"(source, direction) pairs"),
+        "relative_change_by_layer": [float(x) for x in per_layer["change_mean"]],
         "last_layer_curve_by_distance": {c: [float(x) for x in v[last, : len(far) + 1]] for c, v in curves.items()},
     }
 
@@ -138,5 +170,5 @@ def overmix(
 
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
                 "seed": seed, "eps": eps, "sources": sources, "directions": directions, "scale": scale}
-    return AnalysisResult("overmix", summary, {"sensitivity": table}, {"overmix": plot}, settings,
-                          subj.model_info, subj.corpus_info, command_line("overmix", settings))
+    return AnalysisResult("overmix", summary, {"sensitivity": table, "per_layer": per_layer}, {"overmix": plot}, settings,
+                          subj.model_info, subj.corpus_info, command_line("overmix", settings, subj))

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.analyze.common import AnalysisResult, Subject, command_line, resolve_subject, run_model
+from sinklab.analyze.common import AnalysisResult, Subject, command_line, natural_ids, resolve_subject, run_model
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
@@ -45,7 +45,11 @@ def repeat(
     Per n and layer: the mean over samples and repeated positions of the cosine between each repeated
     token's block output and position 0's (:func:`cosine_to_first`), and for the last repeated token;
     per n: Sink^eps at position 0, and the largest sink rate among the repeated positions (those seen
-    by at least 10% of the queries). ``prompt_len = 0`` is the fully repeated sequence (the paper's
+    by at least 10% of the queries), and the control ``sink_rate_pos0_natural_same_len``: Sink^eps at
+    position 0 of natural windows of the same total length ``prompt_len + n`` (prefixes of the probe
+    windows, which begin with the same prompt; when ``prompt_len + max(counts)`` exceeds T, prefixes of
+    new natural windows of that length from the corpus; without a corpus, NaN past T), so the effect of
+    repetition can be told from that of length. ``prompt_len = 0`` is the fully repeated sequence (the paper's
     repeated-token probe; position 0 then holds the repeated token too).
 
     Args:
@@ -82,6 +86,9 @@ def repeat(
         else:
             pool = torch.arange(vocab)
         toks = pool[torch.randint(0, len(pool), (N,), generator=g)]
+    # control: natural text of the same total lengths (sink rates fall with length alone)
+    longest = prompt_len + max(counts)
+    control = natural_ids(subj, N, longest) if longest > T and subj.documents is not None else ids
     rows, sink_rows = [], []
     for n in counts:
         seq = torch.cat([ids[:, :prompt_len], toks[:, None].expand(N, n)], dim=1)
@@ -92,8 +99,12 @@ def repeat(
         Tn = seq.shape[1]
         rankable = rankable_positions(Tn, res.stats.causal)
         rep = rate[start:rankable]
+        natural = float("nan")
+        if Tn <= control.shape[1]:
+            natural = float(sink_rate(run_model(m, control[:, :Tn], batch_size=batch_size).stats.mass, eps)[0])
         sink_rows.append({"repeats": n, "seq_len": Tn, "sink_rate_pos0": float(rate[0]),
-                          "max_sink_rate_repeated": float(rep.max()) if len(rep) else float("nan")})
+                          "max_sink_rate_repeated": float(rep.max()) if len(rep) else float("nan"),
+                          "sink_rate_pos0_natural_same_len": natural})
         for l in range(cos.shape[1]):
             if cos.shape[2] == 0:
                 continue
@@ -105,6 +116,8 @@ def repeat(
     summary = {
         "prompt_len": prompt_len, "counts": counts, "num_samples": N,
         "sink_rate_pos0_by_repeats": dict(zip(sink_df["repeats"].tolist(), sink_df["sink_rate_pos0"].tolist())),
+        "sink_rate_pos0_natural_same_len_by_repeats": dict(zip(sink_df["repeats"].tolist(),
+                                                               sink_df["sink_rate_pos0_natural_same_len"].tolist())),
         "max_sink_rate_repeated_by_repeats": dict(zip(sink_df["repeats"].tolist(), sink_df["max_sink_rate_repeated"].tolist())),
         "mean_cos_to_first_at_max_repeats_by_layer": at_max["mean_cos_to_first"].tolist(),
         "last_cos_to_first_at_max_repeats_by_layer": at_max["last_cos_to_first"].tolist(),
@@ -123,6 +136,8 @@ def repeat(
         axes[0].legend(fontsize=7)
         axes[1].plot(sink_df["repeats"], sink_df["sink_rate_pos0"], marker="o", label="Sink at position 0")
         axes[1].plot(sink_df["repeats"], sink_df["max_sink_rate_repeated"], marker="s", label="max Sink, repeated positions")
+        axes[1].plot(sink_df["repeats"], sink_df["sink_rate_pos0_natural_same_len"], marker="^", ls="--",
+                     label="Sink at position 0, natural text of the same length")
         axes[1].set_xscale("log", base=2)
         axes[1].set_xlabel("repeats n")
         axes[1].set_ylabel("sink rate (%)")
@@ -134,4 +149,4 @@ def repeat(
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
                 "seed": seed, "eps": eps, "prompt_len": prompt_len, "counts": counts, "token": token}
     return AnalysisResult("repeat", summary, {"cosine": cos_df, "sink_rate": sink_df}, {"repeat": plot}, settings,
-                          subj.model_info, subj.corpus_info, command_line("repeat", settings))
+                          subj.model_info, subj.corpus_info, command_line("repeat", settings, subj))

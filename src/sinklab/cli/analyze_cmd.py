@@ -82,12 +82,40 @@ def analyze_cmd(
     if num_samples is not None:
         kwargs["num_samples"] = num_samples
     result = fn(model, corpus=corpus, seq_len=seq_len, seed=seed, eps=eps, batch_size=batch_size, **kwargs)
+    from sinklab.analyze.common import cli_command
+
+    result.command = cli_command(kind, result.settings)
     folder = result.save(out or Path("runs/analyze") / kind)
-    for k, v in result.summary.items():
-        if isinstance(v, (int, float, str)) or v is None:
-            typer.echo(f"{k}: {v}")
-    for name, df in result.tables.items():
-        if len(df) <= 12:
-            typer.echo(f"\n{name}:\n{df.to_string(index=False)}")
+    _print_summary(result)
     typer.echo(f"\nwrote {folder}/analysis.json, {', '.join(n + '.csv' for n in result.tables)} and "
                f"{', '.join(n + '.png' for n in result.plots)}")
+
+
+_MAX_ROWS = 64  # tables up to this many rows are printed in full (massive's per-layer table, ...)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
+    return str(v)
+
+
+def _print_summary(result) -> None:
+    """Headline numbers: scalars, flat dicts and lists of numbers (overmix intact vs removed, repeat's
+    cosines by layer), warnings, and every table of at most ``_MAX_ROWS`` rows."""
+    for k, v in result.summary.items():
+        if k == "warnings":
+            continue
+        flat_dict = isinstance(v, dict) and all(isinstance(x, (int, float, str)) or x is None for x in v.values())
+        flat_list = isinstance(v, list) and all(isinstance(x, (int, float)) for x in v)
+        if isinstance(v, (int, float, str)) or v is None or flat_dict or flat_list:
+            typer.echo(f"{k}: {_fmt(v)}")
+    for w in result.summary.get("warnings", []):
+        typer.echo(f"warning: {w}")
+    for name, df in result.tables.items():
+        if 0 < len(df) <= _MAX_ROWS:
+            typer.echo(f"\n{name}:\n{df.to_string(index=False)}")
