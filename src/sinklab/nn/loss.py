@@ -1,0 +1,110 @@
+"""Next-token cross-entropy from the final hidden states, chunked over tokens.
+
+``linear_cross_entropy(h, W, y)`` equals ``F.cross_entropy((h @ W.T).float(), y,
+ignore_index=-100)`` (mean over the targets that are not ignored) but never holds the
+(N, V) float32 logits of the whole batch: rows are processed in chunks of at most
+``chunk_elems`` logits, and each chunk's gradient with respect to ``h`` and ``W`` is
+computed right away in the forward pass (the softmax minus the one-hot target,
+``d loss / d logits = (softmax(z) - onehot(y)) / n``), so the backward pass only
+scales the stored gradients by the incoming gradient. This is the "fused linear
+cross-entropy" of Liger-Kernel (Hsu et al. 2024), written in plain PyTorch for CPU.
+
+Precision follows autocast as the unfused ``lm_head`` + ``F.cross_entropy`` would:
+under autocast the matmuls run in the autocast dtype (bf16), the log-sum-exp and the
+softmax in float32; the weight gradient is accumulated in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from sinklab.data.packing import IGNORE_INDEX
+from sinklab.errors import InputError
+
+__all__ = ["linear_cross_entropy"]
+
+CHUNK_ELEMS = 1 << 21
+"""Default logits per chunk (8 MiB of float32)."""
+
+
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    dev = t.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return t.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Loss and both gradients in one chunked pass; backward scales them."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_elems: int) -> Tensor:
+        cdtype = _compute_dtype(h)
+        N, V = h.shape[0], weight.shape[0]
+        rows = max(1, chunk_elems // max(1, V))
+        valid = targets != IGNORE_INDEX  # (N,)
+        n_valid = valid.sum()
+        inv_n = 1.0 / n_valid.clamp_min(1).to(torch.float32)  # 0/0 handled below: loss is nan like F.cross_entropy
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        with torch.autocast(h.device.type, enabled=False):
+            hc, wc = h.detach().to(cdtype), weight.detach().to(cdtype)  # (N, d), (V, d)
+            grad_h = torch.empty(N, h.shape[1], dtype=h.dtype, device=h.device) if need_h else None
+            grad_w = torch.zeros(V, h.shape[1], dtype=torch.float32, device=h.device) if need_w else None
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            for i0 in range(0, N, rows):
+                i1 = min(N, i0 + rows)
+                z = (hc[i0:i1] @ wc.T).float()  # (n, V) logits
+                y = targets[i0:i1]
+                ok = valid[i0:i1]  # (n,)
+                yc = torch.where(ok, y, 0)  # (n,) safe index
+                lse = torch.logsumexp(z, dim=-1)  # (n,)
+                zy = z.gather(1, yc[:, None]).squeeze(1)  # (n,)
+                total += ((lse - zy) * ok).sum()
+                if not (need_h or need_w):
+                    continue
+                p = z.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place
+                p[torch.arange(i1 - i0, device=h.device), yc] -= 1.0
+                p.mul_((ok.to(torch.float32) * inv_n)[:, None])  # d loss / d logits
+                pc = p.to(cdtype)
+                if need_h:
+                    grad_h[i0:i1] = (pc @ wc).to(h.dtype)  # (n, d)
+                if need_w:
+                    grad_w += (pc.T @ hc[i0:i1]).float()  # (V, d)
+        ctx.save_for_backward(grad_h if need_h else None, grad_w if need_w else None)
+        ctx.weight_dtype = weight.dtype
+        loss = total / n_valid.to(torch.float32)  # nan when no target counts, as F.cross_entropy
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
+        gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
+        return gh, gw, None, None
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_elems: int = CHUNK_ELEMS) -> Tensor:
+    """Mean cross-entropy (nats) of the logits ``hidden @ weight.T`` against ``targets``.
+
+    Args:
+        hidden: (..., d) final hidden states (after the final norm), any float dtype.
+        weight: (V, d) output-embedding (LM head) matrix.
+        targets: (...) int64 target ids in [0, V), or -100 (:data:`IGNORE_INDEX`) to
+            leave a position out; same leading shape as ``hidden``.
+        chunk_elems: logits computed at once (memory bound of the float32 chunk).
+
+    Returns:
+        0-dim float32 tensor: sum over counted positions of ``logsumexp(z) - z[y]``,
+        divided by their number (nan when no position counts, as ``F.cross_entropy``).
+        Differentiable with respect to ``hidden`` and ``weight``.
+
+    Raises:
+        InputError: shapes that do not match, or a non-positive ``chunk_elems``.
+    """
+    if hidden.shape[:-1] != targets.shape or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+        raise InputError(f"expected hidden (..., d), weight (V, d), targets (...), got {tuple(hidden.shape)}, "
+                         f"{tuple(weight.shape)}, {tuple(targets.shape)}")
+    if chunk_elems <= 0:
+        raise InputError(f"chunk_elems must be positive, got {chunk_elems}")
+    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk_elems)
