@@ -308,7 +308,7 @@ class Attention(nn.Module):
     #: operations with an analytic tile gradient train through :class:`_TileAttention`
     tile_autograd: bool = True
     #: logits per query chunk of :class:`_TileAttention` (small tiles stay in cache)
-    tile_elems: int = 1 << 18
+    tile_elems: int = 1 << 20
     #: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
     #: the parameters stay q_proj/k_proj/v_proj)
     fused_qkv: bool = True
