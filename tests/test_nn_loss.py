@@ -26,7 +26,7 @@ def test_forward_and_gradients_equal_full_logits(chunk_elems):
     ref = F.cross_entropy(h1 @ w1.T, y, ignore_index=-100)
     ref.backward(torch.tensor(2.5, dtype=torch.float64))
     h2, w2 = h.clone().requires_grad_(), w.clone().requires_grad_()
-    got = linear_cross_entropy(h2, w2, y, chunk_elems=chunk_elems)
+    got = linear_cross_entropy(h2, w2, y, chunk_elems=chunk_elems, min_rows=1)
     got.backward(torch.tensor(2.5, dtype=torch.float64))
     torch.testing.assert_close(got, ref.float(), rtol=1e-6, atol=1e-6)  # logsumexp in float32
     torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-7)
@@ -60,7 +60,7 @@ def test_bf16_autocast_matches_unfused_head():
     ref.backward()
     h2, w2 = h.clone().requires_grad_(), w.clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = linear_cross_entropy(h2, w2, y, chunk_elems=40 * 10)
+        got = linear_cross_entropy(h2, w2, y, chunk_elems=40 * 10, min_rows=1)
     got.backward()
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     # bf16 matmuls: the weight gradient is summed over chunks of bf16 products (one rounding per chunk)
@@ -95,3 +95,5 @@ def test_bad_shapes():
         linear_cross_entropy(h, w[:, :3], y)
     with pytest.raises(InputError, match="chunk_elems"):
         linear_cross_entropy(h, w, y, chunk_elems=0)
+    with pytest.raises(InputError, match="min_rows"):
+        linear_cross_entropy(h, w, y, min_rows=0)

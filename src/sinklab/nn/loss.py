@@ -28,8 +28,15 @@ __all__ = ["linear_cross_entropy"]
 
 _LOG2E = 1.0 / math.log(2.0)
 
-CHUNK_ELEMS = 1 << 20
-"""Default logits per chunk (4 MiB of float32)."""
+CHUNK_ELEMS = 1 << 21
+"""Default logits per chunk (8 MiB of float32)."""
+
+MIN_ROWS = 256
+"""Fewest rows per chunk (and at least d rows): every chunk adds a (V, d) product into the float32
+weight gradient, so chunks of few rows would spend more on that than on their own logits (at
+V 32000, d 768 and 32 rows per chunk the step took 1.7x as long as with the full logits:
+``benchmarks/results/train_throughput_paper60m-rows32.json``). A chunk is then at most as large
+as the weight gradient itself (V x d float32) or ``chunk_elems``."""
 
 
 def _compute_dtype(t: Tensor) -> torch.dtype:
@@ -43,10 +50,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Loss and both gradients in one chunked pass; backward scales them."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_elems: int) -> Tensor:
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_elems: int, min_rows: int) -> Tensor:
         cdtype = _compute_dtype(h)
         N, V = h.shape[0], weight.shape[0]
-        rows = max(1, chunk_elems // max(1, V))
+        rows = max(min_rows, chunk_elems // max(1, V))
         valid = targets != IGNORE_INDEX  # (N,)
         n_valid = valid.sum()
         inv_n = 1.0 / n_valid.clamp_min(1).to(torch.float32)  # 0/0 handled below: loss is nan like F.cross_entropy
@@ -76,7 +83,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if need_h:
                     grad_h[i0:i1] = (pc @ wc).to(h.dtype)  # (n, d)
                 if need_w:
-                    grad_w += (pc.T @ hc[i0:i1]).float()  # (V, d)
+                    grad_w.add_(pc.T @ hc[i0:i1])  # (V, d), accumulated in float32
         ctx.save_for_backward(grad_h if need_h else None, grad_w if need_w else None)
         ctx.weight_dtype = weight.dtype
         loss = total / n_valid.to(torch.float32)  # nan when no target counts, as F.cross_entropy
@@ -87,10 +94,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
         gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
-        return gh, gw, None, None
+        return gh, gw, None, None, None
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_elems: int = CHUNK_ELEMS) -> Tensor:
+def linear_cross_entropy(
+    hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_elems: int = CHUNK_ELEMS, min_rows: int | None = None
+) -> Tensor:
     """Mean cross-entropy (nats) of the logits ``hidden @ weight.T`` against ``targets``.
 
     Args:
@@ -98,7 +107,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chu
         weight: (V, d) output-embedding (LM head) matrix.
         targets: (...) int64 target ids in [0, V), or -100 (:data:`IGNORE_INDEX`) to
             leave a position out; same leading shape as ``hidden``.
-        chunk_elems: logits computed at once (memory bound of the float32 chunk).
+        chunk_elems: logits computed at once (memory bound of the float32 chunk), but at
+            least ``min_rows`` rows per chunk.
+        min_rows: default ``max(MIN_ROWS, d)`` (:data:`MIN_ROWS`), so that a chunk holds at most
+            ``max(chunk_elems, V x d)`` logits.
 
     Returns:
         0-dim float32 tensor: sum over counted positions of ``logsumexp(z) - z[y]``,
@@ -111,6 +123,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chu
     if hidden.shape[:-1] != targets.shape or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
         raise InputError(f"expected hidden (..., d), weight (V, d), targets (...), got {tuple(hidden.shape)}, "
                          f"{tuple(weight.shape)}, {tuple(targets.shape)}")
-    if chunk_elems <= 0:
-        raise InputError(f"chunk_elems must be positive, got {chunk_elems}")
-    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk_elems)
+    if chunk_elems <= 0 or (min_rows is not None and min_rows <= 0):
+        raise InputError(f"chunk_elems and min_rows must be positive, got {chunk_elems} and {min_rows}")
+    min_rows = max(MIN_ROWS, hidden.shape[-1]) if min_rows is None else min_rows
+    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk_elems, min_rows)
