@@ -7,6 +7,9 @@ joined, cut to T tokens) at T = 1024, 2048, 4096, 8192. For each T and each mode
                     without capture: no LM head);
 * ``blockwise``  -- ``collect(..., collector="blockwise")`` (exact statistics, no T x T);
 * ``eager``      -- ``collect(..., collector="eager")`` (one layer's T x T matrix at a time);
+* ``paired``     -- (not in the default set) ``plain`` and ``blockwise`` in one process,
+                    timed in the order plain, blockwise, blockwise, plain: the time ratio
+                    with both under the same machine load (no memory numbers);
 * ``output_attentions`` -- the eager path the paper's script uses: every layer's
                     (B, H, T, T) attention returned at once (skipped when its estimated
                     memory exceeds ``--max-gb``).
@@ -26,6 +29,7 @@ Usage::
 
     .venv/bin/python benchmarks/long_context.py                 # the full table
     .venv/bin/python benchmarks/long_context.py --seq-lens 1024 --modes plain blockwise
+    .venv/bin/python benchmarks/long_context.py --seq-lens 4096 8192 --modes paired --threads 1   # time ratio, one process
     # before/after a change: the same script with the old sources first on the path
     PYTHONPATH=/path/to/old/src .venv/bin/python benchmarks/long_context.py --threads 1 --json before.json
 """
@@ -40,6 +44,7 @@ import sys
 import time
 
 MODES = ("plain", "blockwise", "eager", "output_attentions")
+PAIRED = "paired"  # plain and blockwise timed in one process, in the order plain, blockwise, blockwise, plain
 
 
 def _rss_mb(field: str) -> float:
@@ -97,6 +102,21 @@ def worker(mode: str, seq_len: int, block_size: int | None, threads: int | None 
             else:
                 raise ValueError(mode)
 
+    if mode == PAIRED:  # time ratio with both modes under the same load (no memory numbers)
+        for m in ("plain", "blockwise"):
+            mode = m
+            run(ids[:, :64])
+        times = {"plain": [], "blockwise": []}
+        for m in ("plain", "blockwise", "blockwise", "plain"):
+            mode = m
+            t0, c0 = time.perf_counter(), time.process_time()
+            run(ids)
+            times[m].append((time.perf_counter() - t0, time.process_time() - c0))
+        wall = {m: sum(t[0] for t in v) for m, v in times.items()}
+        cpu = {m: sum(t[1] for t in v) for m, v in times.items()}
+        return {"mode": PAIRED, "T": seq_len, "runs": times, "ratio_wall": wall["blockwise"] / wall["plain"],
+                "ratio_cpu": cpu["blockwise"] / cpu["plain"], "threads": torch.get_num_threads()}
+
     run(ids[:, :64])  # warm-up: lazy imports, kernel selection
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
@@ -120,7 +140,8 @@ def estimate_gb(mode: str, seq_len: int, layers: int = 30, heads: int = 9) -> fl
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES + (PAIRED,),
+                   help=f"'{PAIRED}': plain and blockwise in one process, 2 runs each (ABBA), time ratio only")
     p.add_argument("--max-gb", type=float, default=16.0, help="skip a mode whose estimated memory exceeds this")
     p.add_argument("--eager-max-t", type=int, default=4096, help="longest T for the eager collector (time)")
     p.add_argument("--block-size", type=int, default=None, help="blockwise block size (default: automatic)")
@@ -159,6 +180,10 @@ def main() -> None:
                 continue
             row = json.loads(lines[-1][len("RESULT "):])
             rows.append(row)
+            if mode == PAIRED:
+                print(f"T={T:5d} {mode:18s} blockwise / plain = {row['ratio_wall']:.2f} wall, {row['ratio_cpu']:.2f} CPU "
+                      f"(runs as (wall, CPU) s: {row['runs']})", flush=True)
+                continue
             print(f"T={T:5d} {mode:18s} {row['seconds']:8.2f} s  CPU {row['cpu_seconds']:8.2f} s  peak +{row['peak_mb']:8.1f} MB",
                   flush=True)
     print(f"load average at end: {os.getloadavg()}\n")
@@ -168,6 +193,9 @@ def main() -> None:
     print(header)
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        if r["mode"] == PAIRED:
+            print(f"| {r['T']} | blockwise vs plain, same process (ABBA) | | | | {r['ratio_wall']:.2f} | {r['ratio_cpu']:.2f} | |")
+            continue
         if "seconds" not in r:
             print(f"| {r['T']} | {r['mode']} | skipped: {r['skipped']} | | | | | |")
             continue
