@@ -237,11 +237,15 @@ def column_sums_from_lse(
     ka = ka.reshape(B * Hkv, Tk, D + 1)
     col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
     n = block_size if block_size is not None else max(16, tile_bytes // max(1, B * Hq * Tk * 4))
+    # one buffer for every tile: a fresh multi-MB tensor per block costs an mmap and page faults
+    buf = torch.empty(B * Hq * min(n, Tq) * Tk, dtype=torch.float32, device=query.device)
     for q0 in range(0, Tq, n):
         q1 = min(Tq, q0 + n)
         k1 = q1 if is_causal else Tk
         qb = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1)  # (B*H_kv, n_rep*n, D+1)
-        tile = torch.bmm(qb, ka[:, :k1].transpose(1, 2)).view(B, Hq, q1 - q0, k1)  # log2-probabilities
+        tile = buf[: B * Hq * (q1 - q0) * k1].view(B * Hkv, n_rep * (q1 - q0), k1)
+        torch.bmm(qb, ka[:, :k1].transpose(1, 2), out=tile)
+        tile = tile.view(B, Hq, q1 - q0, k1)  # log2-probabilities
         if is_causal:  # key j > query i hidden: the upper triangle of the diagonal block
             hidden = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=query.device).triu_(1)
             tile[..., q0:k1].masked_fill_(hidden, float("-inf"))

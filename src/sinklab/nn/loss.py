@@ -34,7 +34,7 @@ CHUNK_ELEMS = 1 << 21
 MIN_ROWS = 256
 """Fewest rows per chunk (and at least d rows): every chunk adds a (V, d) product into the float32
 weight gradient, so chunks of few rows would spend more on that than on their own logits (at
-V 32000, d 768 and 32 rows per chunk the step took 1.7x as long as with the full logits:
+V 32000, d 768 and 32 rows per chunk the training step took 1.55x the CPU time of the one with full logits:
 ``benchmarks/results/train_throughput_paper60m-rows32.json``). A chunk is then at most as large
 as the weight gradient itself (V x d float32) or ``chunk_elems``."""
 
