@@ -21,7 +21,6 @@ import math
 import torch
 from torch import Tensor
 
-from sinklab.data.packing import IGNORE_INDEX
 from sinklab.errors import InputError
 
 __all__ = ["linear_cross_entropy"]
@@ -50,11 +49,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Loss and both gradients in one chunked pass; backward scales them."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_elems: int, min_rows: int) -> Tensor:
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_elems: int, min_rows: int, ignore_index: int) -> Tensor:
         cdtype = _compute_dtype(h)
         N, V = h.shape[0], weight.shape[0]
         rows = max(min_rows, chunk_elems // max(1, V))
-        valid = targets != IGNORE_INDEX  # (N,)
+        valid = targets != ignore_index  # (N,)
         n_valid = valid.sum()
         inv_n = 1.0 / n_valid.clamp_min(1).to(torch.float32)  # 0/0 handled below: loss is nan like F.cross_entropy
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -94,23 +93,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
         gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
-        return gh, gw, None, None, None
+        return gh, gw, None, None, None, None
 
 
 def linear_cross_entropy(
-    hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_elems: int = CHUNK_ELEMS, min_rows: int | None = None
+    hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_elems: int = CHUNK_ELEMS, min_rows: int | None = None,
+    ignore_index: int = -100,
 ) -> Tensor:
     """Mean cross-entropy (nats) of the logits ``hidden @ weight.T`` against ``targets``.
 
     Args:
         hidden: (..., d) final hidden states (after the final norm), any float dtype.
         weight: (V, d) output-embedding (LM head) matrix.
-        targets: (...) int64 target ids in [0, V), or -100 (:data:`IGNORE_INDEX`) to
-            leave a position out; same leading shape as ``hidden``.
+        targets: (...) int64 target ids in [0, V), or ``ignore_index`` to leave a position
+            out; same leading shape as ``hidden``.
         chunk_elems: logits computed at once (memory bound of the float32 chunk), but at
             least ``min_rows`` rows per chunk.
         min_rows: default ``max(MIN_ROWS, d)`` (:data:`MIN_ROWS`), so that a chunk holds at most
             ``max(chunk_elems, V x d)`` logits.
+        ignore_index: target value not counted (-100, as ``F.cross_entropy`` and
+            ``sinklab.data.packing.IGNORE_INDEX``).
 
     Returns:
         0-dim float32 tensor: sum over counted positions of ``logsumexp(z) - z[y]``,
@@ -126,4 +128,5 @@ def linear_cross_entropy(
     if chunk_elems <= 0 or (min_rows is not None and min_rows <= 0):
         raise InputError(f"chunk_elems and min_rows must be positive, got {chunk_elems} and {min_rows}")
     min_rows = max(MIN_ROWS, hidden.shape[-1]) if min_rows is None else min_rows
-    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk_elems, min_rows)
+    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk_elems, min_rows,
+                                     ignore_index)
