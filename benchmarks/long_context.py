@@ -7,6 +7,9 @@ joined, cut to T tokens) at T = 1024, 2048, 4096, 8192. For each T and each mode
                     without capture: no LM head);
 * ``blockwise``  -- ``collect(..., collector="blockwise")`` (exact statistics, no T x T);
 * ``eager``      -- ``collect(..., collector="eager")`` (one layer's T x T matrix at a time);
+* ``paired``     -- (not in the default set) ``plain`` and ``blockwise`` in one process,
+                    timed in the order plain, blockwise, blockwise, plain: the time ratio
+                    with both under the same machine load (no memory numbers);
 * ``output_attentions`` -- the eager path the paper's script uses: every layer's
                     (B, H, T, T) attention returned at once (skipped when its estimated
                     memory exceeds ``--max-gb``).
@@ -17,7 +20,8 @@ forward runs once, and the peak RSS (``VmHWM``) minus the RSS before the forward
 reported. RSS is what the machine actually has to provide (torch's CPU allocator
 returns large blocks to the OS, so the peak is not hidden by caching); tracemalloc
 would miss torch's allocations and the torch profiler only sees tensors. Time is wall
-clock of that one forward (CPU threads: torch's default). Workers run with
+clock and process CPU time of that one forward (CPU threads: torch's default, or
+``--threads``; with 1 thread the CPU time is the number to read on a busy machine). Workers run with
 ``MALLOC_MMAP_THRESHOLD_=1048576`` so that glibc heap fragmentation does not
 masquerade as peak memory. Linux only.
 
@@ -25,6 +29,9 @@ Usage::
 
     .venv/bin/python benchmarks/long_context.py                 # the full table
     .venv/bin/python benchmarks/long_context.py --seq-lens 1024 --modes plain blockwise
+    .venv/bin/python benchmarks/long_context.py --seq-lens 4096 8192 --modes paired --threads 1   # time ratio, one process
+    # before/after a change: the same script with the old sources first on the path
+    PYTHONPATH=/path/to/old/src .venv/bin/python benchmarks/long_context.py --threads 1 --json before.json
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import sys
 import time
 
 MODES = ("plain", "blockwise", "eager", "output_attentions")
+PAIRED = "paired"  # plain and blockwise timed in one process, in the order plain, blockwise, blockwise, plain
 
 
 def _rss_mb(field: str) -> float:
@@ -64,9 +72,12 @@ def _tokens(tokenizer, seq_len: int):
     return torch.tensor([ids[:seq_len]], dtype=torch.long)
 
 
-def worker(mode: str, seq_len: int, block_size: int | None) -> dict:
+def worker(mode: str, seq_len: int, block_size: int | None, threads: int | None = None) -> dict:
     """Run one configuration in this (fresh) process and return its measurements."""
     import torch
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from sinklab.capture import collect
     from sinklab.capture.blockwise import blockwise_options
@@ -91,15 +102,30 @@ def worker(mode: str, seq_len: int, block_size: int | None) -> dict:
             else:
                 raise ValueError(mode)
 
+    if mode == PAIRED:  # time ratio with both modes under the same load (no memory numbers)
+        for m in ("plain", "blockwise"):
+            mode = m
+            run(ids[:, :64])
+        times = {"plain": [], "blockwise": []}
+        for m in ("plain", "blockwise", "blockwise", "plain"):
+            mode = m
+            t0, c0 = time.perf_counter(), time.process_time()
+            run(ids)
+            times[m].append((time.perf_counter() - t0, time.process_time() - c0))
+        wall = {m: sum(t[0] for t in v) for m, v in times.items()}
+        cpu = {m: sum(t[1] for t in v) for m, v in times.items()}
+        return {"mode": PAIRED, "T": seq_len, "runs": times, "ratio_wall": wall["blockwise"] / wall["plain"],
+                "ratio_cpu": cpu["blockwise"] / cpu["plain"], "threads": torch.get_num_threads()}
+
     run(ids[:, :64])  # warm-up: lazy imports, kernel selection
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     base = _rss_mb("VmRSS")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     run(ids)
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     return {
-        "mode": mode, "T": seq_len, "seconds": seconds, "peak_mb": _rss_mb("VmHWM") - base,
+        "mode": mode, "T": seq_len, "seconds": seconds, "cpu_seconds": cpu_seconds, "peak_mb": _rss_mb("VmHWM") - base,
         "base_mb": base, "threads": torch.get_num_threads(),
     }
 
@@ -114,15 +140,17 @@ def estimate_gb(mode: str, seq_len: int, layers: int = 30, heads: int = 9) -> fl
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES + (PAIRED,),
+                   help=f"'{PAIRED}': plain and blockwise in one process, 2 runs each (ABBA), time ratio only")
     p.add_argument("--max-gb", type=float, default=16.0, help="skip a mode whose estimated memory exceeds this")
     p.add_argument("--eager-max-t", type=int, default=4096, help="longest T for the eager collector (time)")
     p.add_argument("--block-size", type=int, default=None, help="blockwise block size (default: automatic)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--threads", type=int, default=None, help="torch threads in each worker (default: torch's)")
     p.add_argument("--worker", nargs=2, metavar=("MODE", "T"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.worker[0], int(args.worker[1]), args.block_size)), flush=True)
+        print("RESULT " + json.dumps(worker(args.worker[0], int(args.worker[1]), args.block_size, args.threads)), flush=True)
         return
 
     rows = []
@@ -137,6 +165,8 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--worker", mode, str(T)]
             if args.block_size:
                 cmd += ["--block-size", str(args.block_size)]
+            if args.threads:
+                cmd += ["--threads", str(args.threads)]
             # a fixed glibc mmap threshold: with the default dynamic one, freed blocks of up to
             # 32 MiB stay in the heap and fragmentation inflates the peak RSS (seen: 2.1-2.4 GB
             # instead of 0.31 GB for blockwise at T = 8192)
@@ -150,21 +180,30 @@ def main() -> None:
                 continue
             row = json.loads(lines[-1][len("RESULT "):])
             rows.append(row)
-            print(f"T={T:5d} {mode:18s} {row['seconds']:8.2f} s  peak +{row['peak_mb']:8.1f} MB", flush=True)
+            if mode == PAIRED:
+                print(f"T={T:5d} {mode:18s} blockwise / plain = {row['ratio_wall']:.2f} wall, {row['ratio_cpu']:.2f} CPU "
+                      f"(runs as (wall, CPU) s: {row['runs']})", flush=True)
+                continue
+            print(f"T={T:5d} {mode:18s} {row['seconds']:8.2f} s  CPU {row['cpu_seconds']:8.2f} s  peak +{row['peak_mb']:8.1f} MB",
+                  flush=True)
     print(f"load average at end: {os.getloadavg()}\n")
 
     plain = {r["T"]: r for r in rows if r["mode"] == "plain" and "seconds" in r}
-    header = f"| T | mode | time (s) | peak RSS delta (MB) | time / plain | memory / plain |"
+    header = "| T | mode | time (s) | CPU time (s) | peak RSS delta (MB) | time / plain | CPU time / plain | memory / plain |"
     print(header)
-    print("|---:|---|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        if r["mode"] == PAIRED:
+            print(f"| {r['T']} | blockwise vs plain, same process (ABBA) | | | | {r['ratio_wall']:.2f} | {r['ratio_cpu']:.2f} | |")
+            continue
         if "seconds" not in r:
-            print(f"| {r['T']} | {r['mode']} | skipped: {r['skipped']} | | | |")
+            print(f"| {r['T']} | {r['mode']} | skipped: {r['skipped']} | | | | | |")
             continue
         base = plain.get(r["T"])
         tr = f"{r['seconds'] / base['seconds']:.2f}" if base else ""
+        cr = f"{r['cpu_seconds'] / base['cpu_seconds']:.2f}" if base else ""
         mr = f"{r['peak_mb'] / base['peak_mb']:.2f}" if base and base["peak_mb"] > 0 else ""
-        print(f"| {r['T']} | {r['mode']} | {r['seconds']:.2f} | {r['peak_mb']:.0f} | {tr} | {mr} |")
+        print(f"| {r['T']} | {r['mode']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['peak_mb']:.0f} | {tr} | {cr} | {mr} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/train_throughput.py [--quick] [--threads N] [--only hf|ops|mfu]
+    python benchmarks/train_throughput.py [--quick] [--threads N] [--only hf|ops|mfu|p60] [--no-naive] [--out FILE]
 
 Prints three tables and writes ``benchmarks/results/train_throughput[-quick].json``.
 
@@ -11,23 +11,31 @@ Prints three tables and writes ``benchmarks/results/train_throughput[-quick].jso
    built from the same config (``sinklab.nn.export.llama_config``) and started from the *same
    weights*, trained on the same random token batches with the same AdamW (lr 1e-3, weight decay
    0.1 on matrices, as ``sinklab train``), gradient clipping at 1.0, bf16 autocast and the same
-   float32 cross-entropy. After warm-up steps the two are timed in alternating rounds (order
+   float32 cross-entropy on the full logits for transformers; sinklab trains with its own loss
+   (``SinkLM(x, targets=y).loss``: chunked cross-entropy, :mod:`sinklab.nn.loss`), and
+   ``sinklab-logits-ce`` is sinklab with transformers' full-logits loss. After warm-up steps the two are timed in alternating rounds (order
    flipped each round) so that load from other processes on a shared machine hits both alike;
    tokens/s = tokens / summed step time of each model, ratio = sinklab / transformers.
 2. **Attention operations.** Every name in :data:`sinklab.nn.ATTENTION` on a small model at
    T = 256 and T = 1024 (same tokens per step), timed in rounds alongside softmax; reported as
    tokens/s relative to softmax at the same T, plus the path each op trains on (``sdpa``: fused
-   ``F.scaled_dot_product_attention``; ``chunked``: matmul-mask-normalise in checkpointed chunks).
+   ``F.scaled_dot_product_attention``; ``tile``: query chunks with the operation's analytic tile
+   gradient; ``chunked``: matmul-mask-normalise in checkpointed chunks), and relative to the same
+   operation on the naive full-matrix path (:func:`make_naive`: matmul-mask-normalise over T x T
+   under plain autograd, as the paper's code does; ``--no-naive`` skips it).
 3. **MFU.** The machine's dense matmul rate (``torch.matmul`` of two N x N matrices, bf16 and
    fp32) and model FLOPs utilisation ``MFU = flops_per_token * tokens/s / matmul rate`` with
    ``flops_per_token = 6 N + 6 L T d`` (N = parameters in matmuls: every weight except the token
    embedding and norm gains; 6 L T d = causal attention scores and weighted values, forward +
    backward, half of PaLM's 12 L T d because of the causal mask; Chowdhery et al. 2022, App. B).
 
+4. **paper-60m** (``--only p60``, not in the default set): part 1 at the paper-60m shapes
+   (d 768, 10 layers, vocabulary 32000), B 1, T 2048, 1 warm-up + 2 timed steps each.
+
 Default: 1 torch thread (``--threads``): per-core numbers, robust on a shared machine. Every step's
 wall time and process CPU time are both recorded; on a busy machine the CPU-time ratio is the
 steadier one. ``sinklab-unfused`` is SinkLM with ``Attention.fused_qkv`` and
-``Attention.cpu_fp32_sdpa_backward`` switched off (the model before those speed changes).
+``Attention.cpu_fp32_sdpa_backward`` switched off and the full-logits loss (the model before those speed changes).
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TINY = dict(vocab_size=8192, d_model=192, n_layers=4, n_heads=4, d_ff=512)
 # small model for the per-operation table (attention is a larger share of its time)
 SMALL = dict(vocab_size=2048, d_model=128, n_layers=2, n_heads=4, d_ff=344)
+# paper-60m preset shapes (src/sinklab/presets/paper-60m.toml), vocabulary 32000 as the preset's BPE
+PAPER60M = dict(vocab_size=32000, d_model=768, n_layers=10, n_heads=8, d_ff=1536)
 
 
 # ------------------------------------------------------------------ helpers
@@ -64,11 +74,28 @@ def param_groups(model: torch.nn.Module, wd: float = 0.1) -> list[dict]:
             {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
 
 
-class Trainee:
-    """A model, its optimizer and a step function timed in seconds."""
+def make_naive(model: SinkLM) -> SinkLM:
+    """Every layer on the plain full-matrix path (what the paper's code does): matmul-mask-normalise
+    over the whole T x T under ordinary autograd, one chunk, no checkpointing, no SDPA, no tile autograd."""
+    for block in model.layers:
+        attn = block.attn
+        attn.op.sdpa = False
+        attn.tile_autograd = attn.checkpoint_chunks = False
+        attn.chunk_elems = 1 << 62
+    return model
 
-    def __init__(self, name: str, model: torch.nn.Module, hf: bool = False, unfused: bool = False) -> None:
+
+class Trainee:
+    """A model, its optimizer and a step function timed in seconds.
+
+    ``logits_loss``: the loss is ``F.cross_entropy`` on the full float32 logits (what transformers
+    does; sinklab before :mod:`sinklab.nn.loss`) instead of sinklab's chunked ``SinkLM(targets=)``.
+    """
+
+    def __init__(self, name: str, model: torch.nn.Module, hf: bool = False, unfused: bool = False,
+                 logits_loss: bool = False) -> None:
         self.name, self.model, self.hf, self.unfused = name, model, hf, unfused
+        self.logits_loss = logits_loss or hf
         self.opt = torch.optim.AdamW(param_groups(model), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
         self.seconds, self.cpu_seconds, self.steps, self.losses = 0.0, 0.0, 0, []
         model.train()
@@ -81,8 +108,14 @@ class Trainee:
         try:
             t0, c0 = time.perf_counter(), time.process_time()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = self.model(x, use_cache=False).logits if self.hf else self.model(x).logits  # (B, T, V)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                if self.hf:
+                    logits = self.model(x, use_cache=False).logits  # (B, T, V)
+                elif self.logits_loss:
+                    logits = self.model(x).logits
+                else:
+                    loss = self.model(x, targets=y).loss  # sinklab's training loss (sinklab.nn.loss)
+            if self.logits_loss:
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.opt.step()
@@ -153,12 +186,12 @@ def sink_config(T: int, attention: str = "softmax", **shape) -> ModelConfig:
 
 
 # ------------------------------------------------------------------ parts
-def bench_hf(quick: bool) -> dict:
-    """sinklab SinkLM vs transformers LlamaForCausalLM (SDPA), tiny-cpu shapes."""
+def bench_hf(quick: bool, shape: dict = TINY, T: int = 256, B: int = 16, steps: tuple[int, int, int] | None = None) -> dict:
+    """sinklab SinkLM vs transformers LlamaForCausalLM (SDPA), at ``shape`` (default tiny-cpu).
+    ``steps``: (warm-up, rounds, steps per round)."""
     from transformers import LlamaForCausalLM
 
-    T, B = 256, 16
-    cfg = sink_config(T, **TINY)
+    cfg = sink_config(T, **shape)
     torch.manual_seed(0)
     sl = SinkLM(cfg)
     hcfg = llama_config(cfg)
@@ -175,29 +208,35 @@ def bench_hf(quick: bool) -> dict:
     with torch.no_grad():
         diff = (sl(x0).logits - hf(x0, use_cache=False).logits).abs().max().item()
     assert diff < 1e-4, f"sinklab and HF logits differ by {diff}"
-    warmup, rounds, per_round = (1, 2, 1) if quick else (2, 6, 2)
+    warmup, rounds, per_round = steps or ((1, 2, 1) if quick else (2, 6, 2))
     data = batches(warmup + rounds * per_round, B, T, cfg.vocab_size)
     sl0 = SinkLM(cfg)
     sl0.load_state_dict(sl.state_dict())
+    sl1 = SinkLM(cfg)
+    sl1.load_state_dict(sl.state_dict())
     a, b = Trainee("sinklab", sl), Trainee("transformers", hf, hf=True)
-    c = Trainee("sinklab-unfused", sl0, unfused=True)
-    interleave([a, b, c], data, warmup, rounds, per_round)
+    c = Trainee("sinklab-unfused", sl0, unfused=True, logits_loss=True)
+    d = Trainee("sinklab-logits-ce", sl1, logits_loss=True)
+    interleave([a, b, c, d], data, warmup, rounds, per_round)
     tok = B * T
     res = {"T": T, "batch": B, "params": n_sl, "warmup_steps": warmup, "timed_steps": a.steps,
            "initial_logit_max_abs_diff": diff, "hf_attn_implementation": hf.config._attn_implementation}
-    for t in (a, b, c):
+    for t in (a, b, c, d):
         res[t.name] = {"tokens_per_s": tok * t.steps / t.seconds, "s_per_step": t.seconds / t.steps,
                        "cpu_tokens_per_s": tok * t.steps / t.cpu_seconds, "cpu_s_per_step": t.cpu_seconds / t.steps,
                        "final_loss": t.losses[-1]}
     res["ratio_sinklab_over_hf"] = res["sinklab"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
     res["cpu_ratio_sinklab_over_hf"] = res["sinklab"]["cpu_tokens_per_s"] / res["transformers"]["cpu_tokens_per_s"]
     res["ratio_unfused_over_hf"] = res["sinklab-unfused"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
+    res["ratio_logits_ce_over_hf"] = res["sinklab-logits-ce"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
+    res["cpu_ratio_logits_ce_over_hf"] = res["sinklab-logits-ce"]["cpu_tokens_per_s"] / res["transformers"]["cpu_tokens_per_s"]
     res["loss_max_abs_diff"] = max(abs(p - q) for p, q in zip(a.losses, b.losses))
     return res
 
 
-def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096) -> dict:
-    """Every attention operation vs softmax on the SMALL model at each T (tokens per step fixed)."""
+def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096, naive: bool = True) -> dict:
+    """Every attention operation vs softmax on the SMALL model at each T (tokens per step fixed), and
+    (``naive``) vs the same operation on the plain full-matrix path (:func:`make_naive`)."""
     names = ATTENTION.names()
     out: dict = {}
     for T in lengths:
@@ -207,19 +246,34 @@ def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096) -> dict:
             torch.manual_seed(0)
             m = SinkLM(sink_config(T, attention=name, **SMALL))
             t = Trainee(name, m)
-            t.path = "sdpa" if m.layers[0].attn.op.sdpa else "chunked"
+            op = m.layers[0].attn.op
+            t.path = "sdpa" if op.sdpa else ("tile" if op.has_tile_grad and Attention.tile_autograd else "chunked")
             trainees.append(t)
+            if naive:
+                torch.manual_seed(0)
+                trainees.append(Trainee(name + "@naive", make_naive(SinkLM(sink_config(T, attention=name, **SMALL)))))
         warmup, rounds, per_round = (1, 1, 1) if quick else (1, 2, 1)
         data = batches(warmup + rounds * per_round, B, T, SMALL["vocab_size"], seed=T)
         # softmax's own time is measured in every round between the others
         interleave(trainees, data, warmup, rounds, per_round)
         base = next(t for t in trainees if t.name == "softmax")
         base_tps, base_cpu = B * T * base.steps / base.seconds, B * T * base.steps / base.cpu_seconds
-        out[T] = {"batch": B, "softmax_tokens_per_s": base_tps, "softmax_cpu_tokens_per_s": base_cpu, "ops": {
-            t.name: {"tokens_per_s": B * T * t.steps / t.seconds, "relative_to_softmax": (B * T * t.steps / t.seconds) / base_tps,
-                     "cpu_tokens_per_s": B * T * t.steps / t.cpu_seconds,
-                     "cpu_relative_to_softmax": (B * T * t.steps / t.cpu_seconds) / base_cpu,
-                     "path": t.path} for t in trainees}}
+        by_name = {t.name: t for t in trainees}
+        ops = {}
+        for t in trainees:
+            if t.name.endswith("@naive"):
+                continue
+            r = ops[t.name] = {
+                "tokens_per_s": B * T * t.steps / t.seconds, "relative_to_softmax": (B * T * t.steps / t.seconds) / base_tps,
+                "cpu_tokens_per_s": B * T * t.steps / t.cpu_seconds,
+                "cpu_relative_to_softmax": (B * T * t.steps / t.cpu_seconds) / base_cpu, "path": t.path}
+            nv = by_name.get(t.name + "@naive")
+            if nv is not None:
+                r["naive_tokens_per_s"] = B * T * nv.steps / nv.seconds
+                r["naive_cpu_tokens_per_s"] = B * T * nv.steps / nv.cpu_seconds
+                r["relative_to_naive"] = r["tokens_per_s"] / r["naive_tokens_per_s"]
+                r["cpu_relative_to_naive"] = r["cpu_tokens_per_s"] / r["naive_cpu_tokens_per_s"]
+        out[T] = {"batch": B, "softmax_tokens_per_s": base_tps, "softmax_cpu_tokens_per_s": base_cpu, "ops": ops}
     return out
 
 
@@ -245,8 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, numbers are noisy)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: per-core numbers on a shared machine)")
-    ap.add_argument("--only", choices=["hf", "ops", "mfu"], action="append", help="run only these parts")
+    ap.add_argument("--only", choices=["hf", "ops", "mfu", "p60"], action="append",
+                    help="run only these parts (p60: the paper-60m shapes, B 1, T 2048, 3 steps; not in the default set)")
     ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024], help="sequence lengths of the op table")
+    ap.add_argument("--no-naive", action="store_true", help="skip the naive full-matrix version of each operation")
+    ap.add_argument("--out", default=None, help="JSON file to write (default benchmarks/results/train_throughput[-quick].json)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     parts = set(args.only or ["hf", "ops", "mfu"])
@@ -260,18 +317,29 @@ def main(argv: list[str] | None = None) -> int:
         res["transformers"] = transformers.__version__
     except ImportError:  # pragma: no cover
         parts.discard("hf")
+        parts.discard("p60")
 
     if "hf" in parts:
         h = res["sinklab_vs_transformers"] = bench_hf(args.quick)
         print(f"\n== sinklab vs transformers LlamaForCausalLM (SDPA): tiny-cpu shapes, B={h['batch']}, T={h['T']}, "
               f"{h['params']/1e6:.2f}M params, {h['timed_steps']} timed steps each (interleaved), {res['threads']} threads")
         print(f"{'model':<18}{'tokens/s':>10}{'s/step':>9}{'CPU tokens/s':>14}{'CPU s/step':>12}")
-        for who in ("sinklab", "transformers", "sinklab-unfused"):
+        for who in ("sinklab", "transformers", "sinklab-logits-ce", "sinklab-unfused"):
             r = h[who]
             print(f"{who:<18}{r['tokens_per_s']:>10.0f}{r['s_per_step']:>9.3f}{r['cpu_tokens_per_s']:>14.0f}{r['cpu_s_per_step']:>12.3f}")
         print(f"ratio sinklab / transformers = {h['ratio_sinklab_over_hf']:.2f}x wall, {h['cpu_ratio_sinklab_over_hf']:.2f}x CPU time; "
-              f"unfused projections {h['ratio_unfused_over_hf']:.2f}x "
+              f"full-logits cross-entropy {h['ratio_logits_ce_over_hf']:.2f}x wall, {h['cpu_ratio_logits_ce_over_hf']:.2f}x CPU; "
+              f"unfused projections + full-logits CE {h['ratio_unfused_over_hf']:.2f}x "
               f"(max |loss difference| sinklab vs transformers over the steps {h['loss_max_abs_diff']:.2e})")
+    if "p60" in parts:
+        h = res["paper60m_vs_transformers"] = bench_hf(args.quick, PAPER60M, T=2048, B=1, steps=(1, 2, 1))
+        print(f"\n== sinklab vs transformers at the paper-60m shapes: B={h['batch']}, T={h['T']}, {h['params']/1e6:.1f}M params, "
+              f"{h['timed_steps']} timed steps each")
+        print(f"{'model':<18}{'tokens/s':>10}{'s/step':>9}{'CPU tokens/s':>14}{'CPU s/step':>12}")
+        for who in ("sinklab", "transformers", "sinklab-logits-ce", "sinklab-unfused"):
+            r = h[who]
+            print(f"{who:<18}{r['tokens_per_s']:>10.0f}{r['s_per_step']:>9.3f}{r['cpu_tokens_per_s']:>14.0f}{r['cpu_s_per_step']:>12.3f}")
+        print(f"ratio sinklab / transformers = {h['ratio_sinklab_over_hf']:.2f}x wall, {h['cpu_ratio_sinklab_over_hf']:.2f}x CPU time")
     if "mfu" in parts:
         m = res["mfu"] = bench_mfu(args.quick, res.get("sinklab_vs_transformers"))
         r = m["matmul_flops_per_s"]
@@ -284,20 +352,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{who:<14}{r['model_flops_per_s']/1e9:>9.2f}{r['mfu_vs_bf16']:>10.1%}{r['mfu_vs_fp32']:>10.1%}{'':>19}"
                       f"{r['cpu_model_flops_per_s']/1e9:>9.2f}{r['cpu_mfu_vs_bf16']:>10.1%}{r['cpu_mfu_vs_fp32']:>10.1%}")
     if "ops" in parts:
-        o = res["attention_ops"] = bench_ops(args.quick, tuple(args.lengths))
+        o = res["attention_ops"] = bench_ops(args.quick, tuple(args.lengths), naive=not args.no_naive)
         Ts = list(o)
         names = list(o[Ts[0]]["ops"])
         print(f"\n== attention operations: d_model {SMALL['d_model']}, {SMALL['n_layers']} layers, "
               f"{SMALL['n_heads']} heads, 4096 tokens/step; tokens/s relative to softmax")
-        print(f"{'operation':<20}{'path':<9}" + "".join(f"{'T=' + str(T) + ' wall':>12}{'CPU':>6}" for T in Ts))
-        print(f"{'softmax tokens/s':<29}" + "".join(f"{o[T]['softmax_tokens_per_s']:>12.0f}{o[T]['softmax_cpu_tokens_per_s']:>6.0f}" for T in Ts))
+        print("(wall and CPU: relative to softmax's tokens/s; 'vs naive': CPU tokens/s relative to the same operation "
+              "on the plain full-matrix path)")
+        print(f"{'operation':<20}{'path':<9}" + "".join(f"{'T=' + str(T) + ' wall':>12}{'CPU':>6}{'vs naive':>10}" for T in Ts))
+        print(f"{'softmax tokens/s':<29}" + "".join(f"{o[T]['softmax_tokens_per_s']:>12.0f}{o[T]['softmax_cpu_tokens_per_s']:>6.0f}{'':>10}"
+                                                 for T in Ts))
         for n in names:
             print(f"{n:<20}{o[Ts[0]]['ops'][n]['path']:<9}" + "".join(
-                f"{o[T]['ops'][n]['relative_to_softmax']:>12.2f}{o[T]['ops'][n]['cpu_relative_to_softmax']:>6.2f}" for T in Ts))
+                f"{o[T]['ops'][n]['relative_to_softmax']:>12.2f}{o[T]['ops'][n]['cpu_relative_to_softmax']:>6.2f}"
+                f"{o[T]['ops'][n].get('cpu_relative_to_naive', float('nan')):>10.2f}" for T in Ts))
     res["load_avg_end"] = os.getloadavg()
     res["wall_s"] = time.perf_counter() - t_start
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / ("train_throughput-quick.json" if args.quick else "train_throughput.json")
+    path = Path(args.out) if args.out else RESULTS / ("train_throughput-quick.json" if args.quick else "train_throughput.json")
     path.write_text(json.dumps(res, indent=2) + "\n")
     print(f"\nwrote {path} ({res['wall_s']:.0f} s)")
     return 0

@@ -46,15 +46,17 @@ def run(attn: Attention, positional, x, *, prefix_len=0, window=None, path="fast
                       pos_state=positional.prepare(Tn, x.device))
     if path == "fast":
         return attn(x, ctx)
-    if path == "chunked":
-        old_fast, old_elems = type(attn.op).sdpa, attn.chunk_elems
-        attn.chunk_elems = x.shape[0] * attn.n_heads * Tn * 3  # chunks of 3 queries
+    if path in ("chunked", "checkpointed"):  # tile autograd where the op has it / checkpointed chunks
+        old_fast, old_elems, old_tile = type(attn.op).sdpa, attn.chunk_elems, attn.tile_elems
+        attn.chunk_elems = attn.tile_elems = x.shape[0] * attn.n_heads * Tn * 3  # chunks of 3 queries
+        attn.tile_autograd = path == "chunked"
         try:
             attn.op.sdpa = False
             return attn(x, ctx)
         finally:
             attn.op.sdpa = old_fast
-            attn.chunk_elems = old_elems
+            attn.chunk_elems, attn.tile_elems = old_elems, old_tile
+            del attn.tile_autograd
     seen = {}
 
     def obs(layer, w, **kw):
@@ -452,3 +454,33 @@ def test_raw_attention_weights_switch_gives_unnormalised_weights():
     torch.testing.assert_close(seen["w"].double(), ref_w, atol=2e-5, rtol=1e-4)
     _, seen = run(attn, pos, x, path="reference")  # switch restored on exit
     assert seen["renormalised"] is True
+
+
+TILE_OPS = [n for n in OPS if ATTENTION.get(n).has_tile_grad]
+
+
+def test_every_non_sdpa_op_has_tile_autograd():
+    assert TILE_OPS == [n for n in OPS if not ATTENTION.get(n).sdpa]
+
+
+@pytest.mark.parametrize("name", TILE_OPS)
+@pytest.mark.parametrize("positional", ["rope", "alibi"])
+def test_tile_autograd_equals_reference_forward_and_backward(name, positional):
+    """The tile path (analytic gradient per chunk) == the reference path, outputs and every gradient,
+    for the causal, sliding-window, prefix and prefix + window masks."""
+    if positional == "alibi" and not ATTENTION.get(name).accepts_logit_bias:
+        pytest.skip("kernels take no logit bias")
+    attn, pos = attn_module(config(name, positional=positional))
+    x0 = torch.randn(2, T, D)
+    for mask in MASKS:
+        results = []
+        for path in ("chunked", "reference", "checkpointed"):
+            x = x0.clone().requires_grad_()
+            out = run(attn, pos, x, path=path, **mask)
+            y = out[0] if isinstance(out, tuple) else out
+            attn.zero_grad()
+            (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+            results.append([y.detach(), x.grad] + [p.grad for p in attn.parameters()])
+        for ref in results[1:]:
+            for a, b in zip(results[0], ref):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

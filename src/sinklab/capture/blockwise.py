@@ -18,10 +18,10 @@ Three paths, chosen per layer:
   matters -- the common case at long context):
   ``aten._scaled_dot_product_flash_attention_for_cpu`` returns the output *and* the
   LSE in one call -- the same kernel ``F.scaled_dot_product_attention`` dispatches to
-  on CPU, so the output is bit-identical to the plain SDPA forward. A second call of
-  the same kernel on the transposed problem (keys as queries, ``-LSE`` as a bias)
-  returns ``log c_j`` for every key (:func:`column_sums_from_lse`); the kernel tiles
-  over queries and keys internally, so the cost is about one more attention call.
+  on CPU, so the output is bit-identical to the plain SDPA forward. The column sums
+  then cost one more Q K^T over the visible keys with ``-LSE`` folded into the GEMM,
+  an ``exp2`` and a sum, in small cache-sized tiles, but no P V product
+  (:func:`column_sums_from_lse`).
 * **fused + tiles** (CPU with a padding mask): output and LSE from the fused kernel;
   each query block's tile of probabilities costs one batched GEMM (with
   ``-LSE + bias`` folded into its accumulator), one in-place ``exp`` and one GEMV
@@ -189,46 +189,68 @@ def _block_keys(
     return key_range(q0, q1, t_k, offset=offset, window=window)
 
 
-def column_sums_from_lse(query: Tensor, key: Tensor, lse: Tensor, *, scaling: float, is_causal: bool) -> Tensor:
-    """Column sums of softmax attention from each query's log-sum-exp, by a second fused call.
+_LOG2E = 1.0 / math.log(2.0)
 
-    With ``s_ij = scaling * q_i . k_j`` and ``LSE_i = log sum_j exp(s_ij)`` (over the keys
-    query ``i`` sees), the column sum is::
+COLSUM_TILE_BYTES = 4 * 2**20
+"""Bytes of float32 probability tile per block of :func:`column_sums_from_lse` (small: stays in cache)."""
 
-        c_j = sum_i exp(s_ij - LSE_i) = exp( log sum_i exp(s_ji^T + b_i) ),   b_i = -LSE_i
 
-    i.e. the log-sum-exp of a *transposed* attention in which the keys act as queries,
-    the queries as keys, and ``-LSE_i`` is an additive bias on "key" ``i``. The fused CPU
-    flash-attention kernel returns that log-sum-exp, tiling over both axes internally
-    (no T x T tensor; the bias is a stride-0 broadcast of a (B, H, 1, T) row). For a
-    causal layer key ``j`` is seen by queries ``i >= j``; reversing the order of both
-    turns that into an ordinary causal pattern. Requires T_q == T_k when causal.
+def column_sums_from_lse(
+    query: Tensor, key: Tensor, lse: Tensor, *, scaling: float, is_causal: bool, tile_bytes: int = COLSUM_TILE_BYTES,
+    block_size: int | None = None,
+) -> Tensor:
+    """Column sums of softmax attention from each query's log-sum-exp: one more Q K^T, no P V.
+
+    ``c_j = sum_i exp(scaling * q_i . k_j - LSE_i)`` over the queries ``i`` that see key ``j``
+    (Vaswani et al. 2017 softmax; the LSE comes from the fused kernel's forward). The
+    ``-LSE_i`` is folded into the GEMM as one more head dimension (``q'_i = [scaling q_i,
+    -LSE_i]``, ``k'_j = [k_j, 1]``), so each query block costs one batched GEMM over the keys
+    the block can see (causal: keys ``j <= i``), one in-place ``exp2`` (the GEMM gives base-2
+    log-probabilities: both columns carry a factor log2(e)) and one sum over the
+    block's queries; only the diagonal block needs a mask. The tile (B, H_q, block, span)
+    is at most ``tile_bytes`` of float32 (at least 16 queries), so it stays in cache; a
+    fixed ``block_size`` (queries per block) overrides that. (A second fused-kernel call on
+    the transposed problem, keys as queries, would also multiply by the values.)
 
     Args:
-        query: (B, H_q, T, D); key: (B, H_kv, T, D) (grouped-query heads not repeated).
-        lse: (B, H_q, T) float log-sum-exp of each query's scaled scores (0-based positions).
+        query: (B, H_q, T_q, D); key: (B, H_kv, T_k, D) (grouped-query heads not repeated).
+        lse: (B, H_q, T_q) log-sum-exp of each query's scaled scores, finite (every query
+            sees a key), 0-based positions.
         scaling: the score scale used for ``lse``.
-        is_causal: causal (query i sees keys j <= i) or bidirectional without a mask.
+        is_causal: query i sees keys j <= i (then T_q == T_k), or every key (no mask).
 
     Returns:
         (B, H_q, T_k) float64 column sums ``sum_i A[b, h, i, j]``.
+
+    Raises:
+        InputError: ``is_causal`` with T_q != T_k.
     """
     B, Hq, Tq, D = query.shape
-    Tk = key.shape[2]
-    keys_as_queries = repeat_kv(key, Hq // key.shape[1]).float()  # (B, H_q, T_k, D)
-    queries_as_keys = query.float()  # (B, H_q, T_q, D)
-    bias = -lse.float()  # (B, H_q, T_q)
-    if is_causal:
-        keys_as_queries = keys_as_queries.flip(2)
-        queries_as_keys = queries_as_keys.flip(2)
-        bias = bias.flip(2)
-    # the kernel's LSE is laid out (B, T, H): a strided mask row would take its slow path
-    bias = bias.contiguous()[:, :, None, :].expand(B, Hq, Tk, Tq)  # stride 0 over the "query" axis: no T x T storage
-    dummy_values = torch.zeros(B, Hq, Tq, D, device=query.device)  # the kernel needs values; only the LSE is used
-    _, key_lse = _FUSED_CPU(keys_as_queries, queries_as_keys, dummy_values, 0.0, bool(is_causal), attn_mask=bias, scale=scaling)
-    if is_causal:
-        key_lse = key_lse.flip(2)
-    return torch.exp(key_lse.double())
+    Hkv, Tk = key.shape[1], key.shape[2]
+    if is_causal and Tq != Tk:
+        raise InputError(f"causal column sums need as many queries as keys, got {Tq} and {Tk}")
+    n_rep = Hq // Hkv
+    # base-2 log-probabilities (torch's exp2 is several times faster than exp on CPU)
+    qa = torch.cat([query.float() * (scaling * _LOG2E), -lse.float()[..., None] * _LOG2E], dim=-1)  # (B, H_q, T_q, D+1)
+    qa = qa.view(B, Hkv, n_rep, Tq, D + 1)
+    ka = torch.cat([key.float(), key.new_ones(B, Hkv, Tk, 1, dtype=torch.float32)], dim=-1)  # (B, H_kv, T_k, D+1)
+    ka = ka.reshape(B * Hkv, Tk, D + 1)
+    col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
+    n = block_size if block_size is not None else max(16, tile_bytes // max(1, B * Hq * Tk * 4))
+    # one buffer for every tile: a fresh multi-MB tensor per block costs an mmap and page faults
+    buf = torch.empty(B * Hq * min(n, Tq) * Tk, dtype=torch.float32, device=query.device)
+    for q0 in range(0, Tq, n):
+        q1 = min(Tq, q0 + n)
+        k1 = q1 if is_causal else Tk
+        qb = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1)  # (B*H_kv, n_rep*n, D+1)
+        tile = buf[: B * Hq * (q1 - q0) * k1].view(B * Hkv, n_rep * (q1 - q0), k1)
+        torch.bmm(qb, ka[:, :k1].transpose(1, 2), out=tile)
+        tile = tile.view(B, Hq, q1 - q0, k1)  # log2-probabilities
+        if is_causal:  # key j > query i hidden: the upper triangle of the diagonal block
+            hidden = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=query.device).triu_(1)
+            tile[..., q0:k1].masked_fill_(hidden, float("-inf"))
+        col[..., :k1] += tile.exp2_().sum(dim=2)  # (B, H_q, k1)
+    return col
 
 
 def blockwise_attention(
@@ -293,6 +315,7 @@ def blockwise_attention(
         raise InputError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
     opts = current_options()
     block_size = block_size if block_size is not None else opts.block_size
+    fixed_block = block_size
     budget_bytes = budget_bytes if budget_bytes is not None else opts.budget_bytes
     fused = opts.fused if fused is None else fused
     if block_size is None:
@@ -315,11 +338,11 @@ def blockwise_attention(
 
     use_fused = fused and _FUSED_CPU is not None and query.device.type == "cpu" and value.shape[-1] == D
     if use_fused and not tiled_output and mask is None:
-        # output and LSE from the fused kernel, column sums from the key side (see column_sums_from_lse)
+        # output and LSE from the fused kernel, column sums from one more Q K^T (see column_sums_from_lse)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal), scale=scale)
         if query.dtype != torch.float32:  # the LSE of the float32 scores the statistics use
             _, lse = _FUSED_CPU(query.float(), key.float(), value.float(), 0.0, bool(is_causal), scale=scale)
-        col = column_sums_from_lse(query, key, lse, scaling=scale, is_causal=is_causal)
+        col = column_sums_from_lse(query, key, lse, scaling=scale, is_causal=is_causal, block_size=fixed_block)
         return out.transpose(1, 2).contiguous(), col
 
     lse = None  # (B, H_q, T_q) float32, when the output kernel provides it

@@ -13,6 +13,10 @@ Three paths compute the same thing (tests check they agree):
 * **chunked** (memory-frugal): queries in chunks of at most ``chunk_elems`` logits,
   only the key range a chunk can see, each chunk under activation checkpointing when
   gradients are needed, so no layer keeps a T x T matrix for the backward pass.
+  Operations with ``op.has_tile_grad`` (every non-SDPA operation) run the chunks in
+  :class:`_TileAttention`, an autograd function whose backward recomputes each chunk's
+  scores and applies the operation's analytic gradient (:meth:`AttentionOp.tile_grad`)
+  instead of re-running the chunk under autograd; the others use activation checkpointing.
 * **reference**: :func:`reference_attention`, plain matmul-mask-normalise over the full
   T x T, used when an observer asks for the weights.
 
@@ -205,6 +209,88 @@ def reference_attention(
     return attend_block(op, q, k, v, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)
 
 
+# ====================================================== tile autograd
+def _tile_scores(q: Tensor, k: Tensor, op: AttentionOp, mask: Tensor, bias: Tensor | None, scale: float) -> Tensor:
+    """(B*H, C, Tk) float32 logits ``scale * q.k (+ bias)``, -inf where masked if ``op.mask_as_bias``.
+
+    q: (B, H, C, d_h), k: (B, H, Tk, d_h), mask (C, Tk) bool, bias (H, C, Tk) or None.
+    """
+    B, H, C, dh = q.shape
+    add = None
+    if op.mask_as_bias:
+        add = torch.zeros(mask.shape, device=q.device).masked_fill_(~mask, float("-inf"))  # (C, Tk)
+    if bias is not None:
+        add = bias.float() if add is None else bias.float() + add  # (H, C, Tk)
+        add = add.expand(B, H, C, add.shape[-1]).reshape(B * H, C, -1)
+    q3 = q.reshape(B * H, C, dh).float()
+    kT = k.reshape(B * H, -1, dh).float().transpose(1, 2)  # (B*H, d_h, Tk)
+    if add is None:
+        return torch.bmm(q3, kT).mul_(scale)
+    return torch.baddbmm(add, q3, kT, alpha=scale)
+
+
+class _TileAttention(torch.autograd.Function):
+    """Query-chunked attention of an operation with an analytic tile gradient.
+
+    Forward: for each chunk of queries, logits over the keys the chunk can see (one
+    GEMM with the mask folded in), weights by ``op.tile_weights``, output ``W V``; only
+    q, k, v are kept. Backward: per chunk, the logits and weights are recomputed (one
+    GEMM), ``dW = dO V^T``, ``dV += W^T dO``, ``dS = op.tile_grad(...)``,
+    ``dQ = scale dS K``, ``dK += scale dS^T Q``. Memory: one (B, H, C, Tk) tile (plus a
+    few of the operation's temporaries) at a time, nothing T x T kept.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, op, scale, chunk, prefix_len, window, positional):
+        # q (B, H, T, d_h) after phi; k, v (B, H, T, d_h) after phi (k) and kv-head repetition
+        B, H, T, dh = q.shape
+        out = torch.empty(B, H, T, v.shape[-1], dtype=v.dtype, device=v.device)
+        with torch.autocast(q.device.type, enabled=False), torch.no_grad():
+            for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, prefix_len, window, positional, q.device):
+                s = _tile_scores(q[:, :, i0:i1], k[:, :, j0:j1], op, mask, bias, scale)  # (B*H, C, Tk)
+                w, _ = op.tile_weights(s, mask)
+                vc = v[:, :, j0:j1].reshape(B * H, j1 - j0, -1)
+                out[:, :, i0:i1] = torch.bmm(w.to(v.dtype), vc).view(B, H, i1 - i0, -1)
+        ctx.save_for_backward(q, k, v)
+        ctx.op, ctx.scale, ctx.chunk, ctx.prefix_len, ctx.window, ctx.positional = op, scale, chunk, prefix_len, window, positional
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        op, scale = ctx.op, ctx.scale
+        B, H, T, dh = q.shape
+        f32 = torch.float32
+        dq = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
+        dk = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
+        dv = torch.zeros(B, H, T, v.shape[-1], dtype=f32, device=q.device)
+        with torch.autocast(q.device.type, enabled=False), torch.no_grad():
+            for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.prefix_len, ctx.window, ctx.positional, q.device):
+                C, Tk = i1 - i0, j1 - j0
+                qc = q[:, :, i0:i1].reshape(B * H, C, dh).float()
+                kc = k[:, :, j0:j1].reshape(B * H, Tk, dh).float()
+                vc = v[:, :, j0:j1].reshape(B * H, Tk, -1).float()
+                do = dout[:, :, i0:i1].reshape(B * H, C, -1).float()
+                s = _tile_scores(q[:, :, i0:i1], k[:, :, j0:j1], op, mask, bias, scale)
+                w, aux = op.tile_weights(s, mask)  # (B*H, C, Tk)
+                dv[:, :, j0:j1] += torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
+                dw = torch.bmm(do, vc.transpose(1, 2))  # (B*H, C, Tk)
+                ds = op.tile_grad(w, aux, dw, mask)  # (B*H, C, Tk)
+                dq[:, :, i0:i1] = torch.bmm(ds, kc).mul_(scale).view(B, H, C, dh)
+                dk[:, :, j0:j1] += torch.bmm(ds.transpose(1, 2), qc).mul_(scale).view(B, H, Tk, dh)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+
+
+def _tiles(T: int, chunk: int, prefix_len: int, window: int | None, positional: Positional, device):
+    """Query chunks [i0, i1) with their key ranges [j0, j1), (C, Tk) masks and (H, C, Tk) biases (or None)."""
+    for i0 in range(0, T, chunk):
+        i1 = min(T, i0 + chunk)
+        j0, j1 = key_range(i0, i1, T, prefix_len=prefix_len, window=window)
+        qpos = torch.arange(i0, i1, device=device)
+        kpos = torch.arange(j0, j1, device=device)
+        yield i0, i1, j0, j1, visible(qpos, kpos, prefix_len=prefix_len, window=window), positional.logit_bias(qpos, kpos)
+
+
 # ============================================================ the module
 class Attention(nn.Module):
     """Multi-head (grouped-query) self-attention with a pluggable operation.
@@ -219,6 +305,10 @@ class Attention(nn.Module):
 
     chunk_elems: int = 1 << 23
     checkpoint_chunks: bool = True
+    #: operations with an analytic tile gradient train through :class:`_TileAttention`
+    tile_autograd: bool = True
+    #: logits per query chunk of :class:`_TileAttention` (small tiles stay in cache)
+    tile_elems: int = 1 << 20
     #: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
     #: the parameters stay q_proj/k_proj/v_proj)
     fused_qkv: bool = True
@@ -350,6 +440,11 @@ class Attention(nn.Module):
         B, H, T, dh = q.shape
         k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
         vk, vv, vlogit = self._virtual(q.dtype)
+        if (self.tile_autograd and self.op.has_tile_grad and vk is None and vlogit is None
+                and not (ctx.positional.learned_bias and torch.is_grad_enabled())):
+            C = max(1, min(T, self.tile_elems // max(1, B * H * T)))
+            phi = self.op.feature_map
+            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.prefix_len, ctx.window, ctx.positional)
         if vk is not None:
             vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])

@@ -25,6 +25,7 @@ from sinklab.errors import ConfigError, InputError
 from sinklab.nn.attention import Attention, AttnContext, Observer
 from sinklab.nn.config import ModelConfig
 from sinklab.nn.ffn import FFN
+from sinklab.nn.loss import linear_cross_entropy
 from sinklab.nn.norm import NORM
 from sinklab.nn.positional import POSITIONAL
 
@@ -37,14 +38,17 @@ FORMAT_VERSION = 1
 class LMOutput:
     """Output of :meth:`SinkLM.forward`.
 
-    logits: (B, T, V) next-token logits at every position.
+    logits: (B, T, V) next-token logits at every position; None when the forward was
+        given ``targets`` (the loss is then computed without them).
+    loss: 0-dim float32 mean next-token cross-entropy when ``targets`` were given, else None.
     hidden_states: None, or a tuple of n_layers + 1 tensors (B, T, d): the embedding
         output (absolute positions included) and the residual stream after each block,
         *before* the final norm (unlike HF, whose last entry is normed).
     """
 
-    logits: Tensor
+    logits: Tensor | None
     hidden_states: tuple[Tensor, ...] | None = None
+    loss: Tensor | None = None
 
 
 class Block(nn.Module):
@@ -122,6 +126,7 @@ class SinkLM(nn.Module):
         prefix_len: int = 0,
         observer: Observer | None = None,
         output_hidden_states: bool = False,
+        targets: Tensor | None = None,
     ) -> LMOutput:
         """Logits for every position.
 
@@ -141,6 +146,9 @@ class SinkLM(nn.Module):
                 Every layer then uses its reference path (full T x T, one layer at a
                 time); weights are not kept.
             output_hidden_states: also return the n_layers + 1 residual-stream states.
+            targets: (B, T) int64 next-token ids (-100 = not counted): return the mean
+                cross-entropy as ``loss`` from :func:`sinklab.nn.loss.linear_cross_entropy`
+                (chunked, no (B, T, V) float32 logits) and ``logits=None``.
 
         Returns:
             :class:`LMOutput`.
@@ -170,8 +178,12 @@ class SinkLM(nn.Module):
                 hidden.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        hidden_out = tuple(hidden) if hidden is not None else None
+        if targets is not None:
+            loss = linear_cross_entropy(x, self.lm_head.weight, targets)  # x (B, T, d), targets (B, T)
+            return LMOutput(logits=None, hidden_states=hidden_out, loss=loss)
         logits = self.lm_head(x)  # (B, T, V)
-        return LMOutput(logits=logits, hidden_states=tuple(hidden) if hidden is not None else None)
+        return LMOutput(logits=logits, hidden_states=hidden_out)
 
     # ------------------------------------------------------------ save / load
     def save_pretrained(self, folder: str | os.PathLike) -> Path:

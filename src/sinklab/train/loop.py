@@ -79,6 +79,18 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
+def next_token_loss(model: torch.nn.Module, x: torch.Tensor, targets: torch.Tensor, prefix_len: int = 0) -> torch.Tensor:
+    """The training loss: mean next-token cross-entropy (nats) of ``model`` (a SinkLM, maybe compiled).
+
+    Same value as :func:`lm_loss` on the model's logits, but computed chunk by chunk from the
+    final hidden states (:func:`sinklab.nn.loss.linear_cross_entropy`): no (B, T, V) float32 logits.
+
+    Args:
+        x: (B, T) int64 input ids; targets: (B, T) int64, -100 = not counted; prefix_len: see SinkLM.
+    """
+    return model(x, prefix_len=prefix_len, targets=targets).loss
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU. Raises InputError when CUDA is asked for but absent."""
     if name == "auto":
@@ -386,8 +398,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with distributed.grad_sync(dd, wrapped, sync=micro == t_cfg.grad_accum - 1):
                     with autocast():
-                        logits = fwd(x, prefix_len=p).logits
-                    loss = lm_loss(logits, y) / t_cfg.grad_accum
+                        loss = next_token_loss(fwd, x, y, p) / t_cfg.grad_accum
                     if w != 1.0:
                         loss = loss * w
                     lv = distributed.mean(dd, float(loss.detach()))
