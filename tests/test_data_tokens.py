@@ -109,3 +109,60 @@ def test_chunked_encoding_writes_the_bytes_of_one_batch(tmp_path, monkeypatch):
     ids = [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)]
     assert (tmp_path / "x.bin").read_bytes() == np.concatenate([np.asarray(i, dtype=np.uint16) for i in ids]).tobytes()
     assert np.load(tmp_path / "x.idx.npy").tolist() == np.cumsum([0] + [len(i) for i in ids]).tolist()
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_interrupted_tokenization_resumes_after_the_last_complete_chunk(tmp_path, monkeypatch):
+    """A run stopped mid-split keeps its trained tokenizer and finished chunks; the rerun encodes only
+    the rest and writes the same token folder as an uninterrupted run."""
+    import random
+
+    import numpy as np
+
+    import sinklab.data.tokens as tokens
+
+    rng = random.Random(1)
+    docs = [" ".join(rng.choice("a b c the of x y zz".split()) for _ in range(rng.randint(1, 30))) for _ in range(40)]
+    monkeypatch.setattr(tokens, "ENCODE_CHUNK", 4)
+    clean = tokens.tokenize_documents(docs, vocab_size=280, cache_root=tmp_path / "clean")
+
+    calls = {"encode": 0, "build": 0}
+    real_build = tokens.build_tokenizer
+
+    def counting_build(*a, **k):
+        calls["build"] += 1
+        return real_build(*a, **k)
+
+    monkeypatch.setattr(tokens, "build_tokenizer", counting_build)
+    real_encode = tokens._encode_split
+
+    def flaky_encode(folder, name, tok, split_docs, dtype, fail_after=None):
+        class Wrapped:
+            def encode_batch(self, batch, **k):
+                calls["encode"] += 1
+                if fail_after is not None and calls["encode"] > fail_after:
+                    raise _Interrupt()
+                return tok.encode_batch(batch, **k)
+        return real_encode(folder, name, Wrapped(), split_docs, dtype)
+
+    monkeypatch.setattr(tokens, "_encode_split", lambda *a: flaky_encode(*a, fail_after=3))
+    with pytest.raises(_Interrupt):
+        tokens.tokenize_documents(docs, vocab_size=280, cache_root=tmp_path / "resumed")
+    partial = next((tmp_path / "resumed").glob(".*.partial"))
+    assert (partial / "tokenizer.json").exists()
+    assert len(np.fromfile(partial / "train.len.bin", dtype=np.int64)) == 12  # 3 chunks of 4 documents
+    monkeypatch.setattr(tokens, "_encode_split", lambda *a: flaky_encode(*a))
+    calls["encode"] = 0
+    resumed = tokens.tokenize_documents(docs, vocab_size=280, cache_root=tmp_path / "resumed")
+    n_train = len(clean.meta["train_docs"])
+    n_val = len(clean.meta["val_docs"])
+    expect_chunks = -(-(n_train - 12) // 4) + -(-n_val // 4)
+    assert calls["build"] == 1 and calls["encode"] == expect_chunks
+    for split in ("train", "val"):
+        a, b = getattr(clean, split), getattr(resumed, split)
+        assert np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens)) and np.array_equal(a.offsets, b.offsets)
+    assert not list((tmp_path / "resumed").glob(".*.partial"))
+    assert resumed.folder.name == clean.folder.name

@@ -10,8 +10,11 @@ Layout of a token folder (cached under ``$SINKLAB_HOME/tokens/<key>/`` or a chos
     meta.json               key inputs, dtype, counts, document indices of each split
 
 The key is a sha256 of the document texts and every setting that changes the tokens, so a
-changed corpus or tokenizer never reuses a stale cache. The folder is written to a temporary
-name and renamed into place, so an interrupted run never leaves a half-written cache.
+changed corpus or tokenizer never reuses a stale cache. The folder is written under the name
+``.<key>.partial`` and renamed into place when complete, so an interrupted run never leaves a
+half-written cache; it resumes: the trained tokenizer is kept there, and each split's documents
+are appended chunk by chunk with their lengths (``<split>.len.bin``), so a rerun continues after
+the last complete chunk instead of starting over.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -120,20 +122,39 @@ def _encode_split(folder: Path, name: str, tok: Tokenizer, docs: Sequence[str], 
     Chunks of :data:`ENCODE_CHUNK` documents are encoded in parallel by ``tokenizers`` and appended
     to the file, so only one chunk's ids are in memory; a progress bar runs when stderr is a
     terminal and there is more than one chunk. The bytes equal those of encoding all at once.
+
+    Resumable: after each chunk its document lengths are appended to ``name.len.bin`` (int64),
+    after its ids. A rerun on the same folder keeps the documents whose lengths were written,
+    cuts ``name.bin`` back to their ids (a chunk cut off mid-write is redone), and continues
+    with the next chunk. Nothing is done when ``name.idx.npy`` exists.
     """
     from tqdm.auto import tqdm
 
-    lengths: list[int] = []
-    with open(folder / f"{name}.bin", "wb") as f, tqdm(total=len(docs), desc=f"tokenizing {name}", unit="doc",
-                                                         disable=None if len(docs) > ENCODE_CHUNK else True) as bar:
-        for s in range(0, len(docs), ENCODE_CHUNK):
+    idx_path, bin_path, len_path = folder / f"{name}.idx.npy", folder / f"{name}.bin", folder / f"{name}.len.bin"
+    if idx_path.exists():
+        return
+    done = np.fromfile(len_path, dtype=np.int64) if len_path.exists() else np.zeros(0, dtype=np.int64)
+    n_done = len(done)
+    keep_bytes = int(done.sum()) * dtype.itemsize
+    with open(bin_path, "ab") as f:  # drop ids written after the last complete chunk
+        f.truncate(keep_bytes)
+    with open(bin_path, "ab") as f, open(len_path, "ab") as lf, tqdm(
+            total=len(docs), initial=n_done, desc=f"tokenizing {name}", unit="doc",
+            disable=None if len(docs) > ENCODE_CHUNK else True) as bar:
+        for s in range(n_done, len(docs), ENCODE_CHUNK):
+            lengths = []
             for e in tok.encode_batch(list(docs[s : s + ENCODE_CHUNK]), add_special_tokens=False):
                 np.asarray(e.ids, dtype=dtype).tofile(f)
                 lengths.append(len(e.ids))
-            bar.update(min(ENCODE_CHUNK, len(docs) - s))
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
-    np.save(folder / f"{name}.idx.npy", offsets)
+            f.flush()
+            np.asarray(lengths, dtype=np.int64).tofile(lf)
+            lf.flush()
+            bar.update(len(lengths))
+    lengths_all = np.fromfile(len_path, dtype=np.int64)
+    offsets = np.zeros(len(lengths_all) + 1, dtype=np.int64)
+    np.cumsum(lengths_all, out=offsets[1:])
+    np.save(idx_path, offsets)
+    len_path.unlink()
 
 
 def _read_split(folder: Path, name: str, dtype: str) -> TokenSplit:
@@ -219,16 +240,21 @@ def tokenize_documents(
         train_docs, val_docs = docs.select(train_idx), docs.select(val_idx)
     else:
         train_docs, val_docs = [docs[i] for i in train_idx], [docs[i] for i in val_idx]
-    tok = build_tokenizer(tokenizer, train_docs, vocab_size)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{key}.partial"  # a stopped run resumes here (same key = same documents and settings)
+    tmp.mkdir(exist_ok=True)
+    if (tmp / "tokenizer.json").exists():
+        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+    else:
+        tok = build_tokenizer(tokenizer, train_docs, vocab_size)
+        tok.save(str(tmp / "tokenizer.json.tmp"))
+        os.replace(tmp / "tokenizer.json.tmp", tmp / "tokenizer.json")
     n_vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(np.uint16 if n_vocab <= 1 << 16 else np.uint32)
 
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}.tmp"))
     try:
         for name, split_docs in (("train", train_docs), ("val", val_docs)):
             _encode_split(tmp, name, tok, split_docs, dtype)
-        tok.save(str(tmp / "tokenizer.json"))
         meta = {
             **settings,
             "key": key,
@@ -244,7 +270,7 @@ def tokenize_documents(
             os.replace(tmp, folder)
         except OSError:  # another process won the race: use its folder
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
+    except (InputError, ValueError, TypeError):  # bad input: nothing worth resuming
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return load_token_folder(folder)
