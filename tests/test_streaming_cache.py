@@ -161,9 +161,11 @@ def test_generate_with_sink_cache():
     with torch.no_grad():
         ref = m.generate(prompt, **kw)
         big = m.generate(prompt, cache=SinkCache(m, n_sink=4, window=60), **kw)
+        with pytest.warns(FutureWarning):  # the older keyword, deprecated in transformers 5 but accepted
+            old_kw = m.generate(prompt, past_key_values=SinkCache(m, n_sink=4, window=60), **kw)
         cache = SinkCache(m, n_sink=2, window=4)
         small = m.generate(prompt, cache=cache, **kw)
-    assert torch.equal(big, ref)  # nothing evicted: greedy decoding is unchanged
+    assert torch.equal(big, ref) and torch.equal(old_kw, ref)  # nothing evicted: greedy decoding is unchanged
     assert small.shape == ref.shape and torch.equal(small[:, :6], prompt)
     assert cache.get_seq_length() == 6 + 20 - 1 and cache.kept_length() == 6
     # the same tokens as a manual loop with the same cache semantics
