@@ -83,6 +83,8 @@ class AttnContext:
     prefix_len: int = 0
     window: int | None = None
     pos_state: Any = None
+    kv_cache: Any = None  # incremental decoding: an object with ``layers[l].update(k, v, position_ids=)`` and ``.kept``
+    position_ids: Tensor | None = None  # (1, T) positions of the new tokens when ``kv_cache`` is set
     _mask: Tensor | None = field(default=None, repr=False)
     _bias: Tensor | None = field(default=None, repr=False)
     _sdpa_masks: dict = field(default_factory=dict, repr=False)
@@ -356,7 +358,9 @@ class Attention(nn.Module):
         k = k.view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
         v = v.view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
         q, k = ctx.positional.apply_qk(q, k, ctx.pos_state)
-        if observer is not None:
+        if ctx.kv_cache is not None:
+            y = self._cached(q, k, v, ctx)
+        elif observer is not None:
             y = self._reference(q, k, v, ctx, observer)
         elif self.op.sdpa and not (ctx.positional.learned_bias and torch.is_grad_enabled()):
             # (SDPA's fused CPU kernels give no gradient to a learned attn_mask: it would fall
@@ -385,6 +389,27 @@ class Attention(nn.Module):
         return vk, vv, vlogit
 
     # ---------------------------------------------------------------- paths
+    def _cached(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
+        """Incremental decoding (reference formula): the T new tokens attend causally to the K tokens
+        the cache layer keeps and to each other; positions (RoPE's re-rotation, ALiBi's distances)
+        are cache positions. q (B, H, T, d_h); k, v (B, H_kv, T, d_h) -> (B, H, T, d_h)."""
+        layer = ctx.kv_cache.layers[self.layer_idx]
+        K = layer.kept
+        k_all, v_all = layer.update(k, v, position_ids=ctx.position_ids)  # (B, H_kv, K + T, d_h)
+        B, H, T, _ = q.shape
+        qpos = torch.arange(K, K + T, device=q.device)
+        kpos = torch.arange(k_all.shape[-2], device=q.device)
+        mask = kpos[None, :] <= qpos[:, None]  # (T, K + T)
+        bias = ctx.positional.logit_bias(qpos, kpos) if ctx.positional.logit_bias_kind else None
+        vk, vv, vlogit = self._virtual(q.dtype)
+        if vk is not None:
+            vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
+            vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
+        rep = H // k_all.shape[1]
+        out, _, _ = attend_block(self.op, q, repeat_kv(k_all, rep), repeat_kv(v_all, rep), mask, self.scale,
+                                 bias=bias, vk=vk, vv=vv, vlogit=vlogit)
+        return out
+
     def _fast(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
         """SDPA path (softmax family). q (B, H, T, d_h); k, v (B, H_kv, T, d_h) -> (B, H, T, d_h)."""
         B, H, T, dh = q.shape

@@ -127,6 +127,7 @@ class SinkLM(nn.Module):
         observer: Observer | None = None,
         output_hidden_states: bool = False,
         targets: Tensor | None = None,
+        cache=None,
     ) -> LMOutput:
         """Logits for every position.
 
@@ -149,6 +150,11 @@ class SinkLM(nn.Module):
             targets: (B, T) int64 next-token ids (-100 = not counted): return the mean
                 cross-entropy as ``loss`` from :func:`sinklab.nn.loss.linear_cross_entropy`
                 (chunked, no (B, T, V) float32 logits) and ``logits=None``.
+            cache: incremental decoding with a KV cache (:class:`sinklab.streaming.SinkCache` built
+                for this model): the T tokens continue the stream the cache holds, at cache
+                positions ``cache.kept_length() ..`` (StreamingLLM's positions inside the cache);
+                relative positional encodings only (RoPE, ALiBi, T5 buckets, none); no prefix,
+                observer or targets.
 
         Returns:
             :class:`LMOutput`.
@@ -163,6 +169,8 @@ class SinkLM(nn.Module):
             raise InputError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
         if not 0 <= prefix_len <= T:
             raise InputError(f"prefix_len must be in [0, T={T}], got {prefix_len}")
+        if cache is not None:
+            return self._forward_cached(input_ids, cache)
         self.positional.check_length(T)
         device = input_ids.device
         x = self.embed(input_ids)  # (B, T, d)
@@ -184,6 +192,27 @@ class SinkLM(nn.Module):
             return LMOutput(logits=None, hidden_states=hidden_out, loss=loss)
         logits = self.lm_head(x)  # (B, T, V)
         return LMOutput(logits=logits, hidden_states=hidden_out)
+
+    def _forward_cached(self, input_ids: Tensor, cache) -> LMOutput:
+        """Logits (B, T, V) of T new tokens after the tokens ``cache`` keeps (see :meth:`forward`)."""
+        if self.positional.absolute(1, input_ids.device) is not None:
+            raise InputError(f"a KV cache needs relative positions; this model uses {self.config.positional!r} "
+                             "absolute positions")
+        B, T = input_ids.shape
+        device = input_ids.device
+        start = cache.kept_length()
+        self.positional.check_length(start + T)
+        state = self.positional.prepare(start + T, device)
+        if isinstance(state, tuple):  # RoPE's (cos, sin) for positions start .. start + T - 1
+            state = tuple(t[start:] for t in state)
+        ctx = AttnContext(T=T, device=device, positional=self.positional, pos_state=state, kv_cache=cache,
+                          position_ids=torch.arange(start, start + T, device=device)[None])
+        x = self.embed(input_ids)
+        for block in self.layers:
+            x = block(x, ctx, None)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return LMOutput(logits=self.lm_head(x))
 
     # ------------------------------------------------------------ save / load
     def save_pretrained(self, folder: str | os.PathLike) -> Path:

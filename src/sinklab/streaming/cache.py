@@ -177,6 +177,31 @@ class SinkCacheLayer(CacheLayerMixin):
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
 
 
+def _native_layers(model, n_sink: int, window: int, max_context: int | None) -> list[SinkCacheLayer]:
+    """Cache layers for a model trained with ``sinklab train`` (:class:`sinklab.nn.SinkLM`).
+
+    Its learned sinks (a sink token, key/value biases, a sink logit) live in the attention
+    operation and are always attended, whatever the cache keeps: ``n_sink = 0`` is the
+    learned-sink variant of StreamingLLM (Xiao et al. 2024, sec. 3.3).
+
+    Raises:
+        InputError: absolute positions (learned, sinusoidal), a sliding-window model, or
+            ``n_sink + window`` above ``max_seq_len``.
+    """
+    cfg = model.config
+    if model.positional.absolute(1, torch.device("cpu")) is not None:
+        raise InputError(f"SinkCache needs relative positions; this sinklab model uses {cfg.positional!r} absolute "
+                         "positions, baked into the hidden states")
+    if cfg.sliding_window is not None:
+        raise InputError("SinkCache does not support sinklab models trained with a sliding window")
+    limit = cfg.max_seq_len if max_context == -1 else max_context
+    if limit is not None and n_sink + window > limit:
+        raise InputError(f"n_sink + window = {n_sink + window} exceeds the model's context of {limit} tokens")
+    inv = getattr(model.positional, "inv_freq", None)
+    rotation = KeyRotation(inv) if isinstance(inv, Tensor) else None  # RoPE; None: NoPE / ALiBi / T5 buckets
+    return [SinkCacheLayer(n_sink, window, rotation) for _ in range(cfg.n_layers)]
+
+
 class SinkCache(Cache):
     """StreamingLLM cache for a ``transformers`` RoPE decoder: attention sinks + a window.
 
@@ -190,7 +215,10 @@ class SinkCache(Cache):
     Args:
         model: a ``transformers`` causal LM with RoPE (LLaMA, Mistral, Qwen, Gemma 1-3, Phi, ...;
             see :data:`sinklab.streaming.rope.ROTATE_HALF_MODEL_TYPES`); grouped-query attention
-            and partial rotary are handled.
+            and partial rotary are handled. Or a model trained with ``sinklab train``
+            (:class:`sinklab.nn.SinkLM`, relative positions), decoded with ``model(ids, cache=cache)``:
+            its learned sinks (sink token, key/value bias, sink logit) stay in every step, so
+            ``n_sink = 0`` is the learned-sink variant.
         n_sink: initial tokens kept (0 = a plain window cache).
         window: most recent tokens kept (>= 1).
         max_context: refuse ``n_sink + window`` above this many tokens (default: the model's
@@ -207,6 +235,13 @@ class SinkCache(Cache):
             raise InputError(f"window must be an integer >= 1, got {window!r}")
         if not isinstance(n_sink, int) or n_sink < 0:
             raise InputError(f"n_sink (number of sink tokens) must be an integer >= 0, got {n_sink!r}")
+        from sinklab.nn import SinkLM
+
+        if isinstance(model, SinkLM):
+            layers = _native_layers(model, n_sink, window, max_context)
+            super().__init__(layers=layers)
+            self.n_sink, self.window = n_sink, window
+            return
         config = getattr(model, "config", None)
         if config is None or not hasattr(config, "num_hidden_layers"):
             raise InputError(f"SinkCache needs a transformers model with a config, got {type(model).__name__}")
