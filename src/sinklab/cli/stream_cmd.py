@@ -12,8 +12,10 @@ from sinklab.cli.main import cli
 
 @cli.command("stream")
 def stream_cmd(
-    model: str = typer.Option("smollm2-135m", help="zoo name or Hugging Face folder of a RoPE causal LM"),
-    corpus: str = typer.Option("sotu", help="corpus zoo name or a .txt file / folder (documents concatenated in order)"),
+    model: str = typer.Option("smollm2-135m", help="zoo name or Hugging Face folder of a RoPE causal LM, or a "
+                              "sinklab train run with relative positions"),
+    corpus: str = typer.Option("sotu", help="corpus zoo name, a .txt file / folder (documents concatenated in order), "
+                               "or run (a sinklab run's own validation documents)"),
     tokens: int = typer.Option(4096, "--tokens", "-n", help="stream length N: the first N tokens of the corpus"),
     window: int = typer.Option(256, "--window", "-w", help="recent tokens kept by the sink caches (and seen by recompute)"),
     sinks: List[int] = typer.Option([0, 1, 2, 4, 8], "--sinks", help="numbers of sink tokens, e.g. --sinks 0 1 2 4 8 "

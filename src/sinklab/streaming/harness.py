@@ -153,6 +153,34 @@ def _result(spec: CacheSpec, nll: dict[int, float], n: int, chunk: int, latency_
         ppl_matched=math.exp(float(np.mean(common))) if common else None, nll_by_chunk=by_chunk_nll)
 
 
+def _is_native(model) -> bool:
+    from sinklab.nn import SinkLM
+
+    return isinstance(model, SinkLM)
+
+
+def _new_cache(model, spec: CacheSpec, max_context: int | None):
+    """The cache of ``spec``: transformers' DynamicCache for ``full`` (for a sinklab model: a SinkCache
+    that never evicts within its context), else :class:`SinkCache`."""
+    if spec.kind != "full":
+        return SinkCache(model, spec.n_sink, spec.window)
+    if _is_native(model):
+        return SinkCache(model, 0, max_context or model.config.max_seq_len)
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _step(model, ids: Tensor, cache, start: int, *, last_only: bool = False) -> Tensor:
+    """Feed ``ids`` (1, q) at positions ``start ..`` through ``cache``; logits (q or 1, V)."""
+    if _is_native(model):  # sinklab models take cache positions from the cache itself
+        logits = model(ids, cache=cache).logits[0]
+        return logits[-1:] if last_only else logits
+    kw = {"logits_to_keep": 1} if last_only else {}
+    pos = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
+    return model(ids, cache=cache, use_cache=True, position_ids=pos, **kw).logits[0]
+
+
 def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     """(n, V) logits, (n,) targets -> (n,) float64 NLL in nats."""
     logits = logits.float()
@@ -197,18 +225,20 @@ def stream_nll_decode(model, ids: Tensor, spec: CacheSpec, *, max_context: int |
     """The same NLLs fed one token at a time through the real cache (``--mode decode``): sink caches
     get cache positions (0 .. kept), the full cache absolute ones up to ``max_context``."""
     from tqdm.auto import tqdm
-    from transformers import DynamicCache
 
     n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
-    cache = DynamicCache(config=model.config) if spec.kind == "full" else SinkCache(model, spec.n_sink, spec.window)
-    x = ids.view(1, -1).to(model.device)
+    cache = _new_cache(model, spec, max_context)
+    x = ids.view(1, -1).to(_device(model))
     out: dict[int, float] = {}
     for t in tqdm(range(n - 1), desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
         pos = t if spec.kind == "full" else cache.kept_length()
-        logits = model(x[:, t : t + 1], cache=cache, use_cache=True,
-                       position_ids=torch.tensor([[pos]], device=x.device)).logits[0]
+        logits = _step(model, x[:, t : t + 1], cache, pos)
         out[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
     return out
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 @torch.no_grad()
@@ -223,23 +253,20 @@ def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int =
     Returns:
         (ms per token, cache bytes after the timed steps).
     """
-    from transformers import DynamicCache
-
     if at + steps > ids.numel():
         raise InputError(f"latency at {at} tokens with {steps} steps needs {at + steps} tokens, the stream has {ids.numel()}")
-    cache = DynamicCache(config=model.config) if spec.kind == "full" else SinkCache(model, spec.n_sink, spec.window)
-    x = ids.view(1, -1).to(model.device)
+    cache = _new_cache(model, spec, None if spec.kind != "full" else ids.numel())
+    x = ids.view(1, -1).to(_device(model))
 
-    def pos(t: int, q: int) -> Tensor:
-        start = t if spec.kind == "full" else cache.kept_length()
-        return torch.arange(start, start + q, device=x.device)[None]
+    def start(t: int) -> int:
+        return t if spec.kind == "full" else cache.kept_length()
 
     for a in range(0, at, prefill_chunk):
         b = min(at, a + prefill_chunk)
-        model(x[:, a:b], cache=cache, use_cache=True, position_ids=pos(a, b - a), logits_to_keep=1)
+        _step(model, x[:, a:b], cache, start(a), last_only=True)
     t0 = time.perf_counter()
     for t in range(at, at + steps):
-        model(x[:, t : t + 1], cache=cache, use_cache=True, position_ids=pos(t, 1))
+        _step(model, x[:, t : t + 1], cache, start(t))
     ms = 1000.0 * (time.perf_counter() - t0) / steps
     return ms, _cache_nbytes(cache)
 
@@ -251,18 +278,17 @@ def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int
     ``ids[max(0, t - window) : t + 1]`` (positions from 0) scores token t + 1; latency is the mean
     time of one such forward."""
     from tqdm.auto import tqdm
-    from transformers import DynamicCache
 
     n, w = ids.numel(), spec.window
-    x = ids.view(1, -1).to(model.device)
+    x = ids.view(1, -1).to(_device(model))
     nll: dict[int, float] = {}
     elapsed, nbytes = 0.0, 0
     todo = list(range(0, n - 1, every))
     for t in tqdm(todo, desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
         ctx = x[:, max(0, t - w) : t + 1]
-        cache = DynamicCache(config=model.config)
+        cache = _new_cache(model, CacheSpec("full", "full", None, None), ctx.shape[1])
         t0 = time.perf_counter()
-        logits = model(ctx, cache=cache, use_cache=True, logits_to_keep=1).logits[0]
+        logits = _step(model, ctx, cache, 0, last_only=True)
         elapsed += time.perf_counter() - t0
         nll[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
         nbytes = _cache_nbytes(cache)
@@ -282,7 +308,8 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         recompute_every: score every k-th position under ``recompute``.
         max_context: the model's context (the full cache stops there; sink windows must fit in it).
         mode: ``parallel`` (one forward per configuration, :func:`stream_nll`) or ``decode`` (token
-            by token through the real cache, :func:`stream_nll_decode`); the same numbers.
+            by token through the real cache, :func:`stream_nll_decode`); the same numbers. Models
+            trained with ``sinklab train`` are always decoded token by token.
         latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`).
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).
@@ -312,7 +339,7 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
             if spec.kind == "sink" and max_context is not None and spec.n_sink + spec.window > max_context:
                 raise InputError(f"n_sink + window = {spec.n_sink + spec.window} exceeds the model's context of "
                                  f"{max_context} tokens")
-            if mode == "parallel":
+            if mode == "parallel" and not _is_native(model):  # sinklab models: token by token (small, fast)
                 nll = stream_nll(model, ids, spec, max_context=max_context)
             else:
                 nll = stream_nll_decode(model, ids, spec, max_context=max_context, progress=progress)
@@ -324,6 +351,28 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
             on_result(res)
         out.append(res)
     return out
+
+
+def run_stream(run_folder, n_tokens: int) -> Tensor:
+    """The held-out stream of a ``sinklab train`` run: BOS, then its validation documents in order
+    (as the data pipeline prepares them now), the first ``n_tokens`` ids.
+
+    Raises:
+        InputError: fewer validation tokens than ``n_tokens`` (says how many).
+    """
+    from sinklab.measure.trained import find_run
+    from sinklab.train.loop import prepare_data
+
+    run = find_run(str(run_folder))
+    if run is None:
+        raise InputError(f"--corpus run needs a sinklab train run folder as --model, got {run_folder}")
+    tc = prepare_data(run.config, run.folder)
+    val = np.asarray(tc.val.tokens, dtype=np.int64)
+    ids = np.concatenate([[int(tc.bos_id)], val])
+    if ids.size < n_tokens:
+        raise InputError(f"the validation split of {run.folder} has {ids.size} tokens in all (BOS included), "
+                         f"fewer than --tokens {n_tokens}")
+    return torch.from_numpy(ids[:n_tokens].copy())
 
 
 def result_from_dict(d: dict) -> StreamConfigResult:

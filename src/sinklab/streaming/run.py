@@ -40,8 +40,10 @@ def stream(
     """Evaluate full / window / sinks_k / recompute caches of ``model`` on one stream of ``corpus``.
 
     Args:
-        model: zoo name or Hugging Face folder of a RoPE causal LM (``sinklab list models``).
-        corpus: zoo corpus name, or a ``.txt`` file / folder (documents in order).
+        model: zoo name or Hugging Face folder of a RoPE causal LM (``sinklab list models``), or a
+            ``sinklab train`` run (or its ``final/``) with relative positions, decoded token by token.
+        corpus: zoo corpus name, a ``.txt`` file / folder (documents in order), or ``run``: a
+            sinklab run's own validation documents after one BOS.
         tokens: stream length N (the first N tokens).
         window: recent tokens kept by the sink caches and seen by ``recompute``.
         sinks: numbers of sink tokens; 0 is the window-only cache.
@@ -77,17 +79,25 @@ def stream(
     if threads:
         torch.set_num_threads(threads)
     loaded = load_model(model, attn_implementation="sdpa")
-    if not hasattr(loaded.model, "set_attn_implementation") or loaded.info.is_encoder:
-        raise InputError(f"sinklab stream needs a transformers causal LM with RoPE; {model} is "
-                         + ("an encoder" if loaded.info.is_encoder else
-                            f"a {loaded.info.architecture} model (models trained with sinklab train have no KV cache yet)"))
-    SinkCache(loaded.model, 0, 1, max_context=None)  # refuses a model without a supported RoPE, naming why
+    native = loaded.info.architecture.startswith("sinklab:")
+    if loaded.info.is_encoder or not (native or hasattr(loaded.model, "set_attn_implementation")):
+        raise InputError(f"sinklab stream needs a causal LM with relative positions; {model} is "
+                         + ("an encoder" if loaded.info.is_encoder else f"a {loaded.info.architecture} model"))
+    if corpus == "run" and not native:
+        raise InputError("--corpus run needs a model trained with sinklab train (its held-out data)")
+    SinkCache(loaded.model, 0, 1, max_context=None)  # refuses a model without supported positions, naming why
     ctx = loaded.info.max_context
     for s in specs:  # check every configuration before the first long run
         if s.kind == "sink" and ctx is not None and s.n_sink + s.window > ctx:
             raise InputError(f"n_sink + window = {s.n_sink + s.window} exceeds the model's context of {ctx} tokens")
-    corp = load_corpus(corpus)
-    ids = token_stream(loaded.tokenizer, corp.documents, tokens, corpus_name=corp.name)
+    if corpus == "run":
+        from sinklab.streaming.harness import run_stream
+
+        ids = run_stream(model, tokens)
+        corp = type("RunCorpus", (), {"name": "run", "source": {"run": str(model), "split": "validation"}})()
+    else:
+        corp = load_corpus(corpus)
+        ids = token_stream(loaded.tokenizer, corp.documents, tokens, corpus_name=corp.name)
     out = Path(out)
     key = {"model": loaded.info.name, "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
            "recompute_every": every, "stream_sha": _sha(ids)}
