@@ -66,3 +66,33 @@ def test_refused_sinklab_models():
     cache = SinkCache(sinklm(), n_sink=1, window=4)
     with pytest.raises(InputError, match="relative positions"):
         m(torch.zeros(1, 2, dtype=torch.long), cache=cache)
+
+
+def test_cli_stream_on_a_sinklab_run_and_its_own_data(tmp_path, capsys):
+    """`sinklab stream --model RUN --corpus run`: the run's validation documents after one BOS, decoded
+    through the native SinkCache; with a window that keeps the whole stream, `window` equals `full`."""
+    import json
+
+    from conftest import run_cli_captured, synthetic_run_toml
+    from sinklab.streaming.harness import run_stream
+    from sinklab.train import loop
+    from sinklab.train.config import load_config
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(synthetic_run_toml(steps=2).replace("[model]\n", "[model]\nmax_seq_len = 64\n"))
+    run = tmp_path / "run"
+    loop.train(load_config(cfg, []), run, progress=False)
+    ids = run_stream(run, 40)
+    tc = loop.prepare_data(load_config(cfg, []), run)
+    assert ids[0] == tc.bos_id and ids[1:].tolist() == list(tc.val.tokens[:39])
+    out = tmp_path / "st"
+    code, stdout, err = run_cli_captured(["stream", "--model", str(run), "--corpus", "run", "--tokens", "40",
+                                          "--window", "60", "--sinks", "0", "2", "--chunk", "8", "--out", str(out)], capsys)
+    assert code == 0, err
+    res = {c["name"]: c for c in json.loads((out / "stream.json").read_text())["configs"]}
+    assert list(res) == ["full", "window", "sinks_2", "recompute"]
+    assert res["window"]["ppl"] == pytest.approx(res["full"]["ppl"], rel=1e-5)
+    assert res["recompute"]["ppl"] == pytest.approx(res["full"]["ppl_matched"], rel=1e-4)
+    code, _, err = run_cli_captured(["stream", "--model", str(run), "--corpus", "run", "--tokens", "100000",
+                                     "--window", "8", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "fewer than --tokens 100000" in err
