@@ -1,0 +1,23 @@
+"""Collect results/streaming/learned_sink/<op>/seed<k>/stream.json into summary.csv (one row per op and
+config: perplexity per seed, median over the seeds). Run from the repository root:
+    python results/streaming/learned_sink/summarize.py
+"""
+import json
+from pathlib import Path
+
+import pandas as pd
+
+root = Path(__file__).parent
+rows = []
+for f in sorted(root.glob("*/seed*/stream.json")):
+    d = json.loads(f.read_text())
+    for c in d["configs"]:
+        rows.append({"op": f.parent.parent.name, "seed": int(f.parent.name[4:]), "config": c["name"],
+                     "n_sink": c["n_sink"], "window": c["window"], "ppl": c["ppl"], "ppl_matched": c["ppl_matched"],
+                     "evaluated": c["evaluated"], "code": d["code"]["commit"], "command": d["command"]})
+df = pd.DataFrame(rows)
+df.to_csv(root / "runs.csv", index=False)
+wide = df.pivot_table(index=["op", "config"], columns="seed", values="ppl").add_prefix("ppl_seed")
+wide["ppl_median"] = wide.median(axis=1)
+wide.reset_index().to_csv(root / "summary.csv", index=False, float_format="%.4g")
+print(wide.reset_index().to_string(index=False, float_format=lambda x: f"{x:.4g}"))
