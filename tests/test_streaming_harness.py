@@ -166,13 +166,13 @@ def test_cli_stream_refuses_model_without_rope(tokenizer, text_corpus_dir, tmp_p
     assert code == 2 and "learned absolute position embeddings" in err
 
 
-def test_cli_stream_refuses_a_sinklab_trained_model(tokenizer, text_corpus_dir, tmp_path, capsys):
+def test_cli_stream_refuses_a_sinklab_model_with_absolute_positions(tokenizer, text_corpus_dir, tmp_path, capsys):
     from sinklab.nn import ModelConfig, SinkLM
 
     d = tmp_path / "native"
     SinkLM(ModelConfig(vocab_size=len(tokenizer), d_model=32, n_layers=1, n_heads=4, d_ff=64,
-                       max_seq_len=64)).save_pretrained(d)
+                       max_seq_len=64, positional="learned")).save_pretrained(d)
     tokenizer.save_pretrained(d)
     code, _, err = run_cli_captured(["stream", "--model", str(d), "--corpus", str(text_corpus_dir), "--tokens", "50",
                                      "--window", "8", "--out", str(tmp_path / "o")], capsys)
-    assert code == 2 and "models trained with sinklab train have no KV cache yet" in err
+    assert code == 2 and "'learned' absolute positions" in err
