@@ -23,9 +23,14 @@ def sinklm(attention="softmax", positional="rope", layers=2, **kw):
     return SinkLM(cfg).eval().double()
 
 
-@pytest.mark.parametrize("positional", ["rope", "alibi", "nope"])
-@pytest.mark.parametrize("attention", ["softmax", "sink_token", "sink_logit", "kv_bias", "softmax_off_by_one",
-                                       "sigmoid", "relu_norm", "gated_headwise"])
+from sinklab.nn.ops import ATTENTION
+
+SOME_OPS = ["softmax", "sink_token", "sink_logit", "kv_bias", "softmax_off_by_one", "sigmoid", "relu_norm",
+            "gated_headwise"]
+CASES = [(op, "rope") for op in ATTENTION.names()] + [(op, p) for p in ("alibi", "t5", "nope") for op in SOME_OPS]
+
+
+@pytest.mark.parametrize("attention,positional", CASES)
 def test_decode_with_cache_equals_full_forward(attention, positional):
     m = sinklm(attention, positional)
     ids = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(1))

@@ -115,7 +115,7 @@ def stream(
         "command": argv or " ".join(shlex.quote(c) for c in cmd), **key, "max_context": ctx,
         "title": f"{loaded.info.name} · {corp.name} · {tokens} tokens · window {window}",
         "model_info": loaded.info.to_dict(), "corpus_source": corp.source, "versions": versions(),
-        "mode": mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
+        "mode": "decode" if native else mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
         "load_average_at_start": _load(),
         "definitions": {
             "ppl": "exp(mean next-token NLL in nats); position t predicts token t+1 (0-based)",
