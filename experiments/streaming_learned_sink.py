@@ -1,13 +1,18 @@
-"""Collect results/streaming/learned_sink/<op>/seed<k>/stream.json into summary.csv (one row per op and
-config: perplexity per seed, median over the seeds). Run from the repository root:
-    python results/streaming/learned_sink/summarize.py
+"""The learned-sink streaming experiment (issue 9): collect results/streaming/learned_sink/<op>/seed<k>/stream.json
+into runs.csv (one row per run and configuration) and summary.csv (perplexity per seed, median over the seeds).
+
+The runs themselves, for OP in softmax sink_token learned_sink_logit and K in 0 1 2:
+    sinklab stream --model results/attention_operation/runs/OP/seedK --corpus run --tokens 2048 --window 32 \
+        --sinks 0 1 2 4 --chunk 256 --out results/streaming/learned_sink/OP/seedK --threads 1
+Then, from the repository root:
+    python experiments/streaming_learned_sink.py
 """
 import json
 from pathlib import Path
 
 import pandas as pd
 
-root = Path(__file__).parent
+root = Path(__file__).resolve().parent.parent / "results" / "streaming" / "learned_sink"
 rows = []
 for f in sorted(root.glob("*/seed*/stream.json")):
     d = json.loads(f.read_text())
