@@ -52,6 +52,7 @@ def main() -> None:
 
     from sinklab.provenance import code_version
     from sinklab.streaming import SinkCache, token_stream
+    from sinklab.streaming.harness import _cache_nbytes
     from sinklab.zoo.corpora import load_corpus
     from sinklab.zoo.models import load_model
 
@@ -78,8 +79,7 @@ def main() -> None:
                 model(ids[:, t : t + 1], cache=cache, use_cache=True, position_ids=torch.tensor([[start]]))
             ms = 1000 * (time.perf_counter() - t0) / args.steps
             filled += args.steps
-            nbytes = cache.nbytes if isinstance(cache, SinkCache) else sum(
-                layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
+            nbytes = _cache_nbytes(cache)
             rows.append({"cache": name, "at_tokens": at, "ms_per_token": ms, "cache_mib": nbytes / 2**20})
             print(f"{name:<16} at {at:>6} tokens: {ms:7.1f} ms/token, cache {nbytes / 2**20:8.2f} MiB", flush=True)
 

@@ -33,6 +33,20 @@ from sinklab.streaming.rope import KeyRotation, key_rotations
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+def layer_windows(model) -> list[int | None]:
+    """Per decoder layer of a ``transformers`` model: its own sliding window (tokens), or None for a
+    full-attention layer.
+
+    Raises:
+        InputError: a layer type other than full or sliding attention (linear, chunked, ...).
+    """
+    types, kws = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    bad = sorted({t for t in types if t not in SUPPORTED_LAYER_TYPES})
+    if bad:
+        raise InputError(f"SinkCache supports full and sliding attention layers, this model has {', '.join(bad)}")
+    return [int(kw["sliding_window"]) if t == "sliding_attention" else None for t, kw in zip(types, kws)]
+
+
 def _position_start(kwargs: dict, recorded: Tensor | None, default: int) -> int:
     """First position id of the new tokens.
 
@@ -131,7 +145,7 @@ class SinkCacheLayer(CacheLayerMixin):
         full_k = torch.cat((keys_old, key_states), dim=-2)
         full_v = torch.cat((self.values, value_states), dim=-2)
         # keep the model's own rotation and its position; evict the middle
-        keys = torch.cat((self.keys, key_states), dim=-2)
+        keys = full_k if keys_old is self.keys else torch.cat((self.keys, key_states), dim=-2)
         positions = torch.cat((self.positions, new_pos))
         n = keys.shape[-2]
         if n > self.n_sink + self.window:
@@ -202,6 +216,26 @@ def _native_layers(model, n_sink: int, window: int, max_context: int | None) -> 
     return [SinkCacheLayer(n_sink, window, rotation) for _ in range(cfg.n_layers)]
 
 
+def _hf_layers(model, n_sink: int, window: int, max_context: int | None) -> list[SinkCacheLayer]:
+    """Cache layers for a ``transformers`` RoPE decoder (sliding layers keep their own window, no sinks).
+
+    Raises:
+        InputError: not a transformers model, ``n_sink + window`` above the context, an unsupported
+            layer type or RoPE convention.
+    """
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_hidden_layers"):
+        raise InputError(f"SinkCache needs a transformers model with a config, got {type(model).__name__}")
+    if max_context == -1:
+        max_context = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if max_context is not None and n_sink + window > max_context:
+        raise InputError(f"n_sink + window = {n_sink + window} exceeds the model's context of {max_context} tokens")
+    windows = layer_windows(model)
+    rotations = key_rotations(model, [("full_attention" if w is None else "sliding_attention") for w in windows])
+    return [SinkCacheLayer(n_sink, window, rot) if w is None else SinkCacheLayer(0, w - 1, rot, is_sliding=True)
+            for w, rot in zip(windows, rotations)]
+
+
 class SinkCache(Cache):
     """StreamingLLM cache for a ``transformers`` RoPE decoder: attention sinks + a window.
 
@@ -239,28 +273,8 @@ class SinkCache(Cache):
 
         if isinstance(model, SinkLM):
             layers = _native_layers(model, n_sink, window, max_context)
-            super().__init__(layers=layers)
-            self.n_sink, self.window = n_sink, window
-            return
-        config = getattr(model, "config", None)
-        if config is None or not hasattr(config, "num_hidden_layers"):
-            raise InputError(f"SinkCache needs a transformers model with a config, got {type(model).__name__}")
-        cfg = config.get_text_config(decoder=True)
-        if max_context == -1:
-            max_context = getattr(cfg, "max_position_embeddings", None)
-        if max_context is not None and n_sink + window > max_context:
-            raise InputError(f"n_sink + window = {n_sink + window} exceeds the model's context of {max_context} tokens")
-        layer_types, layer_kwargs = get_layer_types_and_kwargs(cfg)
-        bad = sorted({t for t in layer_types if t not in SUPPORTED_LAYER_TYPES})
-        if bad:
-            raise InputError(f"SinkCache supports full and sliding attention layers, this model has {', '.join(bad)}")
-        rotations = key_rotations(model, layer_types)
-        layers = []
-        for lt, kw, rot in zip(layer_types, layer_kwargs, rotations):
-            if lt == "sliding_attention":
-                layers.append(SinkCacheLayer(0, int(kw["sliding_window"]) - 1, rot, is_sliding=True))
-            else:
-                layers.append(SinkCacheLayer(n_sink, window, rot))
+        else:
+            layers = _hf_layers(model, n_sink, window, max_context)
         super().__init__(layers=layers)
         self.n_sink, self.window = n_sink, window
 

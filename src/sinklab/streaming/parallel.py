@@ -128,17 +128,12 @@ def sink_window_mode(model, n_sink: int, window: int | None, *, block: int = 256
     Raises:
         InputError: as :class:`~sinklab.streaming.SinkCache` for an unsupported model.
     """
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
+    from sinklab.streaming.cache import layer_windows
     from sinklab.streaming.rope import key_rotations
 
     global _PLAN
-    cfg = model.config.get_text_config(decoder=True)
-    types, kws = get_layer_types_and_kwargs(cfg)
-    bad = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
-    if bad:
-        raise InputError(f"sinklab stream supports full and sliding attention layers, this model has {', '.join(bad)}")
-    sliding = [int(kw["sliding_window"]) if t == "sliding_attention" else None for t, kw in zip(types, kws)]
+    sliding = layer_windows(model)
+    types = ["full_attention" if w is None else "sliding_attention" for w in sliding]
     plan = _Plan(n_sink, window, key_rotations(model, types), sliding, block)
     _register()
     before = model.config._attn_implementation

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import InputError
+from sinklab.nn.positional import rotate_half  # the LLaMA/NeoX convention, shared with SinkLM's RoPE
 
 #: model_type values whose attention applies RoPE with ``rotate_half`` to the first rotary_dim dims.
 ROTATE_HALF_MODEL_TYPES = frozenset({
@@ -35,12 +36,6 @@ NO_ROPE_MODEL_TYPES = {
     "gpt2": _LEARNED, "opt": _LEARNED, "gpt_bigcode": _LEARNED, "bert": _LEARNED + " (and it is an encoder)",
     "bloom": _ALIBI, "mpt": _ALIBI,
 }
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    """(..., 2m) -> (..., 2m): ``[x1, x2] -> [-x2, x1]`` (the LLaMA/NeoX RoPE convention)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 class KeyRotation:
