@@ -9,6 +9,7 @@ import torch
 
 import sinklab.train.checkpoint as ckmod
 import sinklab.train.loop as loop
+import sinklab.train.objective as objective_mod
 from sinklab.errors import ConfigError, InputError
 from sinklab.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from sinklab.train.config import apply_overrides, from_dict
@@ -84,7 +85,7 @@ def test_resume_without_checkpoint(corpus, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
-    real = loop.next_token_loss
+    real = objective_mod.CausalObjective.loss
     calls = {"n": 0}
 
     def flaky(*args):
@@ -92,7 +93,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeyp
         out = real(*args)
         return out * float("nan") if calls["n"] == 5 else out
 
-    monkeypatch.setattr(loop, "next_token_loss", flaky)
+    monkeypatch.setattr(objective_mod.CausalObjective, "loss", flaky)
     with pytest.raises(loop.TrainingDiverged) as e:
         loop.train(make_cfg(corpus), tmp_path, progress=False)
     msg = str(e.value)

@@ -30,7 +30,8 @@ def forward_native(
     The model's observer hands over each layer's (possibly renormalised) attention
     weights (B, H, T, T), which are reduced to column sums at once. The model runs with
     the mask it was trained with: its own sliding window (``config.sliding_window``) and
-    the bidirectional prefix ``prefix_len`` (prefix LM; 0 = causal).
+    the bidirectional prefix ``prefix_len`` (prefix LM; 0 = causal); a model with
+    ``config.causal = False`` (masked diffusion LM) is recorded as bidirectional, like an encoder.
 
     ``edit`` (:data:`sinklab.capture.hf.AttentionEdit`) inspects or replaces each layer's
     weights through the observer (the model recomputes the output from the replacement);
@@ -38,6 +39,9 @@ def forward_native(
     ``logits`` keeps ``recorder.logits`` (B, T, V); ``keep_hidden`` keeps every block's output.
     """
     L = model.config.n_layers
+    causal = getattr(model.config, "causal", True)
+    if not causal:
+        prefix_len = 0  # a bidirectional model: no prefix, every query sees every key
     recorder = BatchRecorder(L, "observer", keep_hidden=keep_hidden)
     window = getattr(model.config, "sliding_window", None)
     H = model.config.n_heads
@@ -55,7 +59,7 @@ def forward_native(
             causal_column_sums=weights.tril().sum(dim=-2, dtype=torch.float64) if prefix_len > 1 else None,
             prefix_len=prefix_len if prefix_len > 1 else 0,
             window=window,
-            causal=True,
+            causal=causal,
             key=key,
             value=value,
             extra=extra,

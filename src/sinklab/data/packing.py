@@ -56,6 +56,11 @@ class Packer:
     def __init__(self, ctx: PackingContext) -> None:
         self.ctx = ctx
 
+    @property
+    def inserted_position(self) -> int | None:
+        """0-based position of the token this packing inserts into every window (not text), or None."""
+        return None
+
     def stream(self, split: TokenSplit) -> np.ndarray:
         """1-D stream of the split's documents, each followed by EOS. Shape (n_tokens + n_docs,)."""
         return _join(split, self.ctx.eos_id, None)
@@ -130,6 +135,10 @@ class RandomFirstPacker(Packer):
         super().__init__(ctx)
         self._ids = _normal_ids(ctx)
 
+    @property
+    def inserted_position(self) -> int | None:
+        return 0
+
     def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.ctx.seed, 0x5EED, index])
         first = self._ids[rng.integers(len(self._ids))]
@@ -142,6 +151,10 @@ class FixedTokenPacker(Packer):
     name = "fixed_token"
     n_inserted = 1
     n_probe_inserted = 1
+
+    @property
+    def inserted_position(self) -> int | None:
+        return self.ctx.position
 
     def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.ctx.position

@@ -127,6 +127,18 @@ def build_tokenizer(kind: str, train_texts: Iterable[str], vocab_size: int) -> T
     raise ConfigError(f"unknown tokenizer {kind!r}; valid: {', '.join(TOKENIZER_KINDS)}")
 
 
+def with_mask_token(tok: Tokenizer) -> Tokenizer:
+    """A copy of ``tok`` with the masked diffusion mask token ``<|mask|>`` added as a special token,
+    with id ``tok.get_vocab_size(with_added_tokens=True)`` (the first id past the tokenizer's).
+    ``tok`` is unchanged; a tokenizer that already has the token is returned as a copy."""
+    from sinklab.diffusion.masking import MASK_TOKEN
+
+    out = Tokenizer.from_str(tok.to_str())
+    if out.token_to_id(MASK_TOKEN) is None:
+        out.add_special_tokens([MASK_TOKEN])
+    return out
+
+
 def save_hf(tok: Tokenizer, folder: str | Path) -> None:
     """Save ``tok`` as a Hugging Face fast tokenizer (``tokenizer.json`` + configs) into ``folder``.
 
@@ -135,5 +147,8 @@ def save_hf(tok: Tokenizer, folder: str | Path) -> None:
     """
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=BOS, unk_token=None)
+    from sinklab.diffusion.masking import MASK_TOKEN
+
+    mask = MASK_TOKEN if tok.token_to_id(MASK_TOKEN) is not None else None
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=BOS, unk_token=None, mask_token=mask)
     hf.save_pretrained(str(folder))

@@ -50,6 +50,10 @@ class ModelConfig:
         tie_embeddings: share the token embedding with the output head.
         sliding_window: attention width ``w`` (query i sees keys j with |i - j| < w),
             or None for full causal attention.
+        causal: True (default): query i sees keys j <= i (a decoder LM; a prefix LM widens
+            this per forward with ``prefix_len``). False: every query sees every key
+            (bidirectional, as an encoder or a masked diffusion LM, LLaDA / MDLM); the
+            forward's ``prefix_len`` is then ignored and a sliding window is symmetric.
         init_std: std of the normal init of every weight matrix; the two residual
             output projections (``o_proj``, ``down_proj``) use
             ``init_std / sqrt(2 * n_layers)`` (GPT-2 / nanoGPT).
@@ -82,6 +86,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     sliding_window: int | None = None
     init_std: float = 0.02
+    causal: bool = True
 
     # ------------------------------------------------------------------ checks
     def __post_init__(self) -> None:
@@ -100,7 +105,7 @@ class ModelConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{name} must be a positive number, got {v!r}")
-        for name in ("qkv_bias", "tie_embeddings"):
+        for name in ("qkv_bias", "tie_embeddings", "causal"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.norm_position not in ("pre", "post"):

@@ -33,6 +33,8 @@ def unmappable_parts(config) -> list[str]:
         bad.append("qkv_bias=true (LlamaForCausalLM export supports no attention biases)")
     if config.sliding_window is not None:
         bad.append(f"sliding_window={config.sliding_window} (LLaMA has full attention)")
+    if not getattr(config, "causal", True):
+        bad.append("causal=false (a bidirectional masked diffusion model; LlamaForCausalLM is causal)")
     return bad
 
 

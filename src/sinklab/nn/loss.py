@@ -49,7 +49,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Loss and both gradients in one chunked pass; backward scales them."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_elems: int, min_rows: int, ignore_index: int) -> Tensor:
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk_elems: int, min_rows: int, ignore_index: int,
+                row_weights: Tensor | None) -> Tensor:
         cdtype = _compute_dtype(h)
         N, V = h.shape[0], weight.shape[0]
         rows = max(min_rows, chunk_elems // max(1, V))
@@ -72,6 +73,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 e = z.sub_(m).mul_(_LOG2E).exp2_()  # (n, V) exp(z - m), as exp2 (faster than exp on CPU), in place
                 s = e.sum(dim=-1, keepdim=True)  # (n, 1)
                 okf = ok.to(torch.float32)[:, None]  # (n, 1)
+                if row_weights is not None:
+                    okf = okf * row_weights[i0:i1, None].to(torch.float32)  # weighted mean (diffusion loss)
                 total += ((m + s.log() - zy) * okf).sum()  # logsumexp - target logit
                 if not (need_h or need_w):
                     continue
@@ -93,12 +96,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
         gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
-        return gh, gw, None, None, None, None
+        return gh, gw, None, None, None, None, None
 
 
 def linear_cross_entropy(
     hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_elems: int = CHUNK_ELEMS, min_rows: int | None = None,
-    ignore_index: int = -100,
+    ignore_index: int = -100, weights: Tensor | None = None,
 ) -> Tensor:
     """Mean cross-entropy (nats) of the logits ``hidden @ weight.T`` against ``targets``.
 
@@ -113,6 +116,9 @@ def linear_cross_entropy(
             ``max(chunk_elems, V x d)`` logits.
         ignore_index: target value not counted (-100, as ``F.cross_entropy`` and
             ``sinklab.data.packing.IGNORE_INDEX``).
+        weights: optional (...) float weights, same shape as ``targets`` (not differentiated):
+            the loss becomes ``sum_i w_i ce_i / n`` over the ``n`` counted positions (the masked
+            diffusion loss's 1/t weights, :func:`sinklab.diffusion.masking.diffusion_targets`).
 
     Returns:
         0-dim float32 tensor: sum over counted positions of ``logsumexp(z) - z[y]``,
@@ -122,6 +128,8 @@ def linear_cross_entropy(
     Raises:
         InputError: shapes that do not match, or a non-positive ``chunk_elems``.
     """
+    if weights is not None and weights.shape != targets.shape:
+        raise InputError(f"weights must have the targets' shape {tuple(targets.shape)}, got {tuple(weights.shape)}")
     if hidden.shape[:-1] != targets.shape or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
         raise InputError(f"expected hidden (..., d), weight (V, d), targets (...), got {tuple(hidden.shape)}, "
                          f"{tuple(weight.shape)}, {tuple(targets.shape)}")
@@ -129,4 +137,4 @@ def linear_cross_entropy(
         raise InputError(f"chunk_elems and min_rows must be positive, got {chunk_elems} and {min_rows}")
     min_rows = max(MIN_ROWS, hidden.shape[-1]) if min_rows is None else min_rows
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk_elems, min_rows,
-                                     ignore_index)
+                                     ignore_index, None if weights is None else weights.reshape(-1).detach())

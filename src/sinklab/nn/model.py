@@ -127,6 +127,7 @@ class SinkLM(nn.Module):
         observer: Observer | None = None,
         output_hidden_states: bool = False,
         targets: Tensor | None = None,
+        target_weights: Tensor | None = None,
         cache=None,
     ) -> LMOutput:
         """Logits for every position.
@@ -134,7 +135,8 @@ class SinkLM(nn.Module):
         Args:
             input_ids: (B, T) token ids, int64, 0 <= id < vocab_size.
             prefix_len: length p of a bidirectional prefix (prefix LM): positions < p
-                see each other; 0 (default) is plain causal. 0 <= p <= T.
+                see each other; 0 (default) is plain causal. 0 <= p <= T. A model with
+                ``config.causal = False`` (masked diffusion LM) always runs with p = T.
             observer: if given, called once per layer as ``observer(layer_idx, weights
                 (B, H, T, T), *, renormalised, extra (B, H, T) | None, key (B, H_kv, T, d_h),
                 value (B, H_kv, T, d_h))`` with 0-based layer index and positions. For
@@ -149,7 +151,10 @@ class SinkLM(nn.Module):
             output_hidden_states: also return the n_layers + 1 residual-stream states.
             targets: (B, T) int64 next-token ids (-100 = not counted): return the mean
                 cross-entropy as ``loss`` from :func:`sinklab.nn.loss.linear_cross_entropy`
-                (chunked, no (B, T, V) float32 logits) and ``logits=None``.
+                (chunked, no (B, T, V) float32 logits) and ``logits=None``. For a masked
+                diffusion model the targets are the clean ids at the masked positions.
+            target_weights: (B, T) float weights of the targets (the loss is then
+                ``sum w_i ce_i / n_counted``; the masked diffusion loss's 1/t), or None.
             cache: incremental decoding with a KV cache (:class:`sinklab.streaming.SinkCache` built
                 for this model): the T tokens continue the stream the cache holds, at cache
                 positions ``cache.kept_length() ..`` (StreamingLLM's positions inside the cache);
@@ -171,6 +176,8 @@ class SinkLM(nn.Module):
             raise InputError(f"prefix_len must be in [0, T={T}], got {prefix_len}")
         if cache is not None:
             return self._forward_cached(input_ids, cache)
+        if not self.config.causal:
+            prefix_len = T  # bidirectional model: every query sees every key
         self.positional.check_length(T)
         device = input_ids.device
         x = self.embed(input_ids)  # (B, T, d)
@@ -188,13 +195,16 @@ class SinkLM(nn.Module):
             x = self.final_norm(x)
         hidden_out = tuple(hidden) if hidden is not None else None
         if targets is not None:
-            loss = linear_cross_entropy(x, self.lm_head.weight, targets)  # x (B, T, d), targets (B, T)
+            loss = linear_cross_entropy(x, self.lm_head.weight, targets, weights=target_weights)  # x (B, T, d), targets (B, T)
             return LMOutput(logits=None, hidden_states=hidden_out, loss=loss)
         logits = self.lm_head(x)  # (B, T, V)
         return LMOutput(logits=logits, hidden_states=hidden_out)
 
     def _forward_cached(self, input_ids: Tensor, cache) -> LMOutput:
         """Logits (B, T, V) of T new tokens after the tokens ``cache`` keeps (see :meth:`forward`)."""
+        if not self.config.causal:
+            raise InputError("a KV cache needs a causal model; this model is bidirectional (model.causal = false), "
+                             "so every new token would change the earlier tokens' keys")
         if self.positional.absolute(1, input_ids.device) is not None:
             raise InputError(f"a KV cache needs relative positions; this model uses {self.config.positional!r} "
                              "absolute positions")

@@ -173,6 +173,11 @@ class TrainConfig:
             ranks takes ``batch_size / W`` windows of every micro-batch, so the losses do not
             depend on W (see :mod:`sinklab.train.distributed`). None is written as an absent key,
             so configs written before this option existed read back byte-identical.
+        objective: "causal" (next-token loss; the model is causal) or "masked_diffusion" (the
+            masked diffusion loss of MDLM / LLaDA on a bidirectional model, ``model.causal =
+            false``, with a mask token added to the vocabulary; see
+            :mod:`sinklab.diffusion.masking`). Nothing else changes between the two.
+        mask_eps: lower end of the masked diffusion mask ratio t ~ U(mask_eps, 1).
     """
 
     steps: int = 1000
@@ -187,9 +192,19 @@ class TrainConfig:
     checkpoint_every: int = 200
     tensorboard: bool = True
     parallel: str | None = None
+    objective: str = "causal"
+    mask_eps: float = 1e-3
 
     def __post_init__(self) -> None:
         _check_types(self, "train")
+        from sinklab.train.objective import OBJECTIVES
+
+        if self.objective not in OBJECTIVES:
+            hint = nearest(self.objective, list(OBJECTIVES))
+            raise ConfigError(f"train.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"
+                              + (f" (did you mean {hint!r}?)" if hint else ""))
+        if not 0.0 < self.mask_eps < 1.0:
+            raise ConfigError(f"train.mask_eps must be in (0, 1), got {self.mask_eps}")
         if self.parallel not in (None, "ddp", "fsdp"):
             raise ConfigError(f"train.parallel must be 'ddp' or 'fsdp', got {self.parallel!r}")
         for k in ("steps", "batch_size", "grad_accum", "log_every"):
@@ -259,11 +274,22 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         m, d, t, k = self.model, self.data, self.train, self.track
-        if m.vocab_size < d.tokenizer_vocab_size:
+        if m.vocab_size < self.vocab_needed:
             raise ConfigError(
                 f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's "
                 f"{d.tokenizer_vocab_size} ids (data.tokenizer={d.tokenizer!r})"
+                + (" plus the mask token of train.objective='masked_diffusion'" if self.diffusion else "")
             )
+        if m.causal != (not self.diffusion):
+            raise ConfigError(
+                f"model.causal={str(m.causal).lower()} does not fit train.objective={t.objective!r}: "
+                + ("masked diffusion predicts masked tokens from both sides, so the model must be bidirectional "
+                   "(leave model.causal unset)" if self.diffusion else
+                   "a bidirectional model would see the token it has to predict (leave model.causal unset)")
+            )
+        if self.diffusion and t.prefix_len:
+            raise ConfigError(f"train.prefix_len={t.prefix_len} has no meaning with train.objective='masked_diffusion': "
+                              "the model is bidirectional over the whole window")
         for name, T in (("data.seq_len", d.seq_len), ("track.probe_len", k.probe_len)):
             if T > m.max_seq_len:
                 raise ConfigError(f"{name}={T} is past model.max_seq_len={m.max_seq_len} (the positional encoding's limit)")
@@ -294,6 +320,16 @@ class RunConfig:
             "train": dataclasses.asdict(self.train),
             "track": dataclasses.asdict(self.track),
         }
+
+    @property
+    def diffusion(self) -> bool:
+        """True for a masked diffusion run (``train.objective = "masked_diffusion"``)."""
+        return self.train.objective == "masked_diffusion"
+
+    @property
+    def vocab_needed(self) -> int:
+        """Embedding rows the run needs: the tokenizer's ids, plus the mask token for masked diffusion."""
+        return self.data.tokenizer_vocab_size + (1 if self.diffusion else 0)
 
     @property
     def tokens_per_step(self) -> int:
@@ -359,13 +395,15 @@ def _build_section(cls: type, name: str, raw: Any) -> Any:
     return cls(**raw)
 
 
-def _build_model(raw: Any, data: DataConfig, track: TrackConfig):
+def _build_model(raw: Any, data: DataConfig, track: TrackConfig, train: TrainConfig):
     from sinklab.nn.config import ModelConfig
 
     if not isinstance(raw, dict):
         raise ConfigError(f"[model] must be a table, got {raw!r}")
     raw = dict(raw)
-    raw.setdefault("vocab_size", data.tokenizer_vocab_size)
+    diffusion = train.objective == "masked_diffusion"
+    raw.setdefault("vocab_size", data.tokenizer_vocab_size + (1 if diffusion else 0))  # + the mask token
+    raw.setdefault("causal", not diffusion)
     raw.setdefault("max_seq_len", max(data.seq_len, track.probe_len))
     valid = [f.name for f in dataclasses.fields(ModelConfig)]
     for key in raw:
@@ -393,13 +431,14 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
             raise _unknown(key, TOP_KEYS, "section ")
     data = _build_section(DataConfig, "data", raw.get("data", {}))
     track = _build_section(TrackConfig, "track", raw.get("track", {}))
+    train = _build_section(TrainConfig, "train", raw.get("train", {}))
     if "model" not in raw:
         raise ConfigError("the config has no [model] section")
     return RunConfig(
-        model=_build_model(raw["model"], data, track),
+        model=_build_model(raw["model"], data, track, train),
         data=data,
         optim=_build_section(OptimConfig, "optim", raw.get("optim", {})),
-        train=_build_section(TrainConfig, "train", raw.get("train", {})),
+        train=train,
         track=track,
     )
 
@@ -439,15 +478,21 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
 
 
-def preset_dict(name: str) -> dict:
-    """The raw dict of preset ``name``. Raises ConfigError listing the presets."""
+def preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict:
+    """The raw dict of preset ``name``; a preset may itself start from another (``preset = "..."``),
+    whose keys it overrides. Raises ConfigError listing the presets, or naming a cycle."""
     p = presets()
     if name not in p:
         hint = nearest(name, sorted(p))
         raise ConfigError(
             f"unknown preset {name!r}" + (f" (did you mean {hint!r}?)" if hint else "") + f"; presets: {', '.join(sorted(p))}"
         )
-    return _read_toml(p[name])
+    if name in _seen:
+        raise ConfigError(f"presets start from each other in a cycle: {' -> '.join((*_seen, name))}")
+    raw = _read_toml(p[name])
+    if "preset" in raw:
+        raw = merge(preset_dict(raw.pop("preset"), (*_seen, name)), raw)
+    return raw
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -574,7 +619,13 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: keys added after configs were first written, with the value an older config (which lacks them) means
+ADDED_KEYS = {"model.causal": True, "train.objective": "causal", "train.mask_eps": 1e-3}
+
+
 def diff_keys(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[str]:
-    """Dotted keys whose values differ between two nested config dicts."""
+    """Dotted keys whose values differ between two nested config dicts (a key of :data:`ADDED_KEYS`
+    missing on one side counts as its default there)."""
     fa, fb = flatten(a), flatten(b)
-    return sorted(k for k in set(fa) | set(fb) if k not in ignore and fa.get(k) != fb.get(k))
+    return sorted(k for k in set(fa) | set(fb)
+                  if k not in ignore and fa.get(k, ADDED_KEYS.get(k)) != fb.get(k, ADDED_KEYS.get(k)))

@@ -147,21 +147,31 @@ def main_first(d: Dist) -> Iterator[None]:
         dist.barrier()
 
 
+def first_sample(d: Dist, step: int, micro: int, grad_accum: int, batch_size: int) -> int:
+    """Global 0-based index of this rank's first sample in micro-batch ``micro`` of ``step``."""
+    first = (step * grad_accum + micro) * batch_size
+    return first + d.rank * (batch_size // d.world) if d.enabled else first
+
+
 def micro_batch(d: Dist, data: PackedData, step: int, micro: int, grad_accum: int, batch_size: int,
-                *, prefix_len: int = 0) -> tuple[torch.Tensor, torch.Tensor, float]:
+                *, prefix_len: int = 0, count=None) -> tuple[torch.Tensor, torch.Tensor, float]:
     """This rank's share of micro-batch ``micro`` of ``step`` (both 0-based) and its loss weight.
+
+    ``count(x, y) -> float``: the number of positions the rank's mean loss runs over (default: the
+    targets that are not -100; the masked diffusion objective counts every position).
 
     Returns:
         (input_ids (B/W, T) int64, targets (B/W, T) int64 with -100 masked, weight): multiply the
         rank's mean loss by ``weight = c_r * W / C`` (see the module docstring); 1.0 on one process.
     """
-    first = (step * grad_accum + micro) * batch_size
+    first = first_sample(d, step, micro, grad_accum, batch_size)
     if not d.enabled:
         x, y = data.samples(first, batch_size, prefix_len=prefix_len)
         return x, y, 1.0
     share = batch_size // d.world
-    x, y = data.samples(first + d.rank * share, share, prefix_len=prefix_len)
-    counts = torch.tensor([float((y != IGNORE_INDEX).sum())], dtype=torch.float64)
+    x, y = data.samples(first, share, prefix_len=prefix_len)
+    c = float((y != IGNORE_INDEX).sum()) if count is None else float(count(x, y))
+    counts = torch.tensor([c], dtype=torch.float64)
     total = counts.clone()
     dist.all_reduce(total)
     return x, y, float(counts[0] * d.world / total[0])

@@ -38,6 +38,7 @@ from sinklab.errors import ConfigError, InputError, SinklabError
 from sinklab.train import distributed
 from sinklab.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from sinklab.train.config import RunConfig, diff_keys, flatten, to_toml
+from sinklab.train.objective import make_objective
 from sinklab.train.schedule import lr_at
 from sinklab.train.tracker import SinkTracker
 
@@ -77,18 +78,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         targets: (B, T) int64; -100 marks positions excluded from the loss.
     """
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-
-
-def next_token_loss(model: torch.nn.Module, x: torch.Tensor, targets: torch.Tensor, prefix_len: int = 0) -> torch.Tensor:
-    """The training loss: mean next-token cross-entropy (nats) of ``model`` (a SinkLM, maybe compiled).
-
-    Same value as :func:`lm_loss` on the model's logits, but computed chunk by chunk from the
-    final hidden states (:func:`sinklab.nn.loss.linear_cross_entropy`): no (B, T, V) float32 logits.
-
-    Args:
-        x: (B, T) int64 input ids; targets: (B, T) int64, -100 = not counted; prefix_len: see SinkLM.
-    """
-    return model(x, prefix_len=prefix_len, targets=targets).loss
 
 
 def resolve_device(name: str) -> torch.device:
@@ -192,15 +181,16 @@ class _MetricsLog:
             self.tb.close()
 
 
-def _save_final(model: torch.nn.Module, tc: TokenizedCorpus, out: Path) -> Path:
-    """``DIR/final``: the model (SinkLM.save_pretrained) and the HF tokenizer, written atomically."""
-    from sinklab.data.tokenizer import save_hf
+def _save_final(model: torch.nn.Module, tc: TokenizedCorpus, out: Path, *, mask_token: bool = False) -> Path:
+    """``DIR/final``: the model (SinkLM.save_pretrained) and the HF tokenizer, written atomically;
+    ``mask_token``: the tokenizer gets the masked diffusion mask token (id = its former size)."""
+    from sinklab.data.tokenizer import save_hf, with_mask_token
 
     final = out / "final"
     tmp = out / "final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    save_hf(tc.tokenizer, tmp)
+    save_hf(with_mask_token(tc.tokenizer) if mask_token else tc.tokenizer, tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -303,6 +293,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
     with distributed.main_first(dd):
         tc = prepare_data(cfg, out)
     packer = make_packer(cfg.data.packing, _packing_context(cfg, tc))
+    objective = make_objective(cfg, tc, packer)
     T, B, p = cfg.data.seq_len, t_cfg.batch_size, t_cfg.prefix_len
     train_data = PackedData(tc.train, packer, T, max_tokens=cfg.data.max_train_tokens, seed=t_cfg.seed)
     if train_data.n_windows < B:
@@ -320,7 +311,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
         raise InputError(f"validation split too small: {e}; raise data.val_fraction") from None
     val_x, val_y = val_data.sequential(cfg.track.val_windows, prefix_len=p)
     probe = probe_set(tc.val, packer, cfg.track.n_probe, cfg.track.probe_len, seed=cfg.track.seed)
-    tracker = SinkTracker(probe, val_x, val_y, cfg.track, prefix_len=p)
+    tracker = SinkTracker(probe, val_x, val_y, cfg.track, prefix_len=p, objective=objective)
 
     # ---- model and optimizer (seeded init)
     torch.manual_seed(t_cfg.seed)
@@ -394,11 +385,13 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             loss_sum = 0.0
             for micro in range(t_cfg.grad_accum):
                 # this rank's share of the global micro-batch and its loss weight (1.0 on one process)
-                x, y, w = distributed.micro_batch(dd, train_data, step, micro, t_cfg.grad_accum, B, prefix_len=p)
+                x, y, w = distributed.micro_batch(dd, train_data, step, micro, t_cfg.grad_accum, B, prefix_len=p,
+                                                  count=objective.count)
+                first = distributed.first_sample(dd, step, micro, t_cfg.grad_accum, B)  # seeds the diffusion masks
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with distributed.grad_sync(dd, wrapped, sync=micro == t_cfg.grad_accum - 1):
                     with autocast():
-                        loss = next_token_loss(fwd, x, y, p) / t_cfg.grad_accum
+                        loss = objective.loss(fwd, x, y, first) / t_cfg.grad_accum
                     if w != 1.0:
                         loss = loss * w
                     lv = distributed.mean(dd, float(loss.detach()))
@@ -452,7 +445,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
     # the unsharded model on rank 0 (gathered under FSDP2); None on the other ranks
     final_model = distributed.full_model(dd, model, lambda: SinkLM(cfg.model)) if end == t_cfg.steps else None
     if final_model is not None:
-        _save_final(final_model, tc, out)
+        _save_final(final_model, tc, out, mask_token=cfg.diffusion)
         summary = {
             "steps": t_cfg.steps,
             "tokens": t_cfg.steps * tokens_per_step,
@@ -472,6 +465,8 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "processes": dd.world,
             "unigram_loss": round(unigram_loss(train_data.stream, val_y, cfg.model.vocab_size), 6),
             "seed": t_cfg.seed,
+            "objective": t_cfg.objective,
+            "mask_token_id": getattr(objective, "mask_id", None),
             "code": code_version(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -10,9 +10,6 @@ import contextlib
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-
-from sinklab.data.packing import IGNORE_INDEX
 from sinklab.train.config import TrackConfig
 
 
@@ -24,10 +21,19 @@ class SinkTracker:
         val_inputs, val_targets: (M, T) int64 validation windows; masked targets are -100.
         cfg: the tracker config (eps, positions, emergence level).
         prefix_len: prefix-LM prefix length used for the validation loss (0 = causal).
+        objective: the run's training objective (:mod:`sinklab.train.objective`); its
+            ``eval_sums`` gives the validation loss (next-token cross-entropy, or the masked
+            diffusion loss with fixed masks). Default: the causal objective with ``prefix_len``.
+
+    The probe runs on clean text (no mask tokens) under the model's own mask: causal, prefix LM,
+    or bidirectional for a masked diffusion model.
     """
 
     def __init__(self, probe_ids: torch.Tensor, val_inputs: torch.Tensor, val_targets: torch.Tensor,
-                 cfg: TrackConfig, prefix_len: int = 0) -> None:
+                 cfg: TrackConfig, prefix_len: int = 0, objective=None) -> None:
+        from sinklab.train.objective import CausalObjective
+
+        self.objective = CausalObjective(prefix_len) if objective is None else objective
         self.probe_ids = probe_ids
         self.val_inputs = val_inputs
         self.val_targets = val_targets
@@ -37,17 +43,16 @@ class SinkTracker:
 
     @torch.no_grad()
     def validation_loss(self, model: torch.nn.Module, device: torch.device, autocast=contextlib.nullcontext) -> float:
-        """Mean cross-entropy (nats/token) over the unmasked validation targets."""
-        total, count = 0.0, 0
+        """The objective's loss (nats/token) on the validation windows: the mean cross-entropy over the
+        unmasked targets (causal), or the masked diffusion loss with the fixed validation masks."""
+        total, count = 0.0, 0.0
         bs = self.cfg.batch_size
         for s in range(0, len(self.val_inputs), bs):
             x = self.val_inputs[s : s + bs].to(device)
             y = self.val_targets[s : s + bs].to(device)
-            with autocast():
-                logits = model(x, prefix_len=self.prefix_len).logits
-            total += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
-                                           reduction="sum"))
-            count += int((y != IGNORE_INDEX).sum())
+            part, n = self.objective.eval_sums(model, x, y, s, autocast)
+            total += part
+            count += n
         return total / max(count, 1)
 
     @torch.no_grad()

@@ -1,0 +1,129 @@
+"""Training objectives: what the loss of a micro-batch is (``train.objective``).
+
+* ``causal`` -- next-token cross-entropy of a causal (or prefix) LM: the packing's targets.
+* ``masked_diffusion`` -- the masked diffusion loss of MDLM / LLaDA
+  (:mod:`sinklab.diffusion.masking`) on a bidirectional model (``model.causal = false``): the
+  window's own tokens are the targets at the masked positions, the input is the window with
+  those positions replaced by the mask token.
+
+Both take the same windows from :class:`~sinklab.data.packing.PackedData`, so a causal run and
+a diffusion run with the same data config read exactly the same tokens in the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sinklab.data.packing import IGNORE_INDEX
+
+OBJECTIVES = ("causal", "masked_diffusion")
+
+
+class CausalObjective:
+    """Next-token cross-entropy (nats/token) over the counted targets; ``prefix_len`` for a prefix LM."""
+
+    name = "causal"
+
+    def __init__(self, prefix_len: int = 0) -> None:
+        self.prefix_len = prefix_len
+
+    def loss(self, model: torch.nn.Module, x: Tensor, y: Tensor, first_sample: int) -> Tensor:
+        """Mean next-token cross-entropy of ``model`` on inputs x (B, T) and targets y (B, T) (-100 = not
+        counted), from the final hidden states (:func:`sinklab.nn.loss.linear_cross_entropy`)."""
+        return model(x, prefix_len=self.prefix_len, targets=y).loss
+
+    def count(self, x: Tensor, y: Tensor) -> float:
+        """Positions the mean runs over (weights a data-parallel rank's share)."""
+        return float((y != IGNORE_INDEX).sum())
+
+    @torch.no_grad()
+    def eval_sums(self, model: torch.nn.Module, x: Tensor, y: Tensor, first_sample: int,
+                  autocast=contextlib.nullcontext) -> tuple[float, float]:
+        """(sum of cross-entropies, number of counted targets) on a validation batch (full logits)."""
+        with autocast():
+            logits = model(x, prefix_len=self.prefix_len).logits
+        total = float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
+        return total, float((y != IGNORE_INDEX).sum())
+
+
+@dataclass
+class MaskedDiffusionObjective:
+    """The masked diffusion loss (:mod:`sinklab.diffusion.masking`) of a bidirectional model.
+
+    Fields:
+        mask_id: id of the mask token (the tokenizer's size).
+        eps: lower end of the mask ratio t ~ U(eps, 1).
+        seed: seed of the training draws (``train.seed``).
+        eval_seed: seed of the validation draws (``track.seed``; the same masks at every evaluation).
+        keep_ids: ids never masked (BOS).
+        keep_position: 0-based position never masked (the token the packing inserts), or None.
+    """
+
+    mask_id: int
+    eps: float
+    seed: int
+    eval_seed: int
+    keep_ids: tuple[int, ...] = ()
+    keep_position: int | None = None
+    name = "masked_diffusion"
+
+    def maskable(self, x: Tensor) -> Tensor:
+        """(B, T) bool: text positions of the clean ids x (B, T) (not BOS, not the inserted token)."""
+        m = torch.ones_like(x, dtype=torch.bool)
+        for i in self.keep_ids:
+            m &= x != i
+        if self.keep_position is not None:
+            m[:, self.keep_position] = False
+        return m
+
+    def batch(self, x: Tensor, first_sample: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(x_t (B, T) model input, targets (B, T), weights (B, T)) of clean windows x (B, T)."""
+        from sinklab.diffusion.masking import corrupt, diffusion_targets, mask_ratio_and_mask
+
+        t, masked = mask_ratio_and_mask(seed, first_sample, self.maskable(x), self.eps)
+        targets, w = diffusion_targets(x, masked, t)
+        return corrupt(x, masked, self.mask_id), targets, w
+
+    def loss(self, model: torch.nn.Module, x: Tensor, y: Tensor, first_sample: int) -> Tensor:
+        """Masked diffusion loss (nats/token, LLaDA Eq. 3) of the clean windows x (B, T); y is unused."""
+        xt, targets, w = self.batch(x, first_sample, self.seed)
+        return model(xt, targets=targets, target_weights=w).loss
+
+    def count(self, x: Tensor, y: Tensor) -> float:
+        """The loss is normalised by every position of the batch (B T)."""
+        return float(x.numel())
+
+    @torch.no_grad()
+    def eval_sums(self, model: torch.nn.Module, x: Tensor, y: Tensor, first_sample: int,
+                  autocast=contextlib.nullcontext) -> tuple[float, float]:
+        """(loss x B T, B T) on validation windows, with the fixed masks of ``eval_seed``."""
+        xt, targets, w = self.batch(x, first_sample, self.eval_seed)
+        with autocast():
+            loss = model(xt, targets=targets, target_weights=w).loss
+        return float(loss) * x.numel(), float(x.numel())
+
+
+def make_objective(cfg, tc, packer) -> CausalObjective | MaskedDiffusionObjective:
+    """The objective of run config ``cfg`` for the tokenized corpus ``tc`` and its packer.
+
+    The mask token of masked diffusion gets the id ``tc.vocab_size`` (the first id past the
+    tokenizer's), which :func:`sinklab.data.tokenizer.with_mask_token` gives it in the saved tokenizer.
+
+    Raises:
+        ConfigError: the model has no embedding row for the mask token.
+    """
+    from sinklab.errors import ConfigError
+
+    if cfg.train.objective == "causal":
+        return CausalObjective(cfg.train.prefix_len)
+    mask_id = tc.vocab_size
+    if mask_id >= cfg.model.vocab_size:
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} has no row for the mask token (id {mask_id}); "
+                          f"leave model.vocab_size unset or make it at least {mask_id + 1}")
+    return MaskedDiffusionObjective(mask_id=mask_id, eps=cfg.train.mask_eps, seed=cfg.train.seed,
+                                    eval_seed=cfg.track.seed, keep_ids=(tc.bos_id,), keep_position=packer.inserted_position)
