@@ -142,6 +142,7 @@ def run_model(
     nll: bool = False,
     batch_size: int = 16,
     embed_delta: Tensor | None = None,
+    targets: Tensor | None = None,
 ) -> Pass:
     """Forward passes through the capture seam (:mod:`sinklab.capture.hf` for ``transformers`` models,
     the observer of :mod:`sinklab.capture.native` for sinklab models), with optional interventions.
@@ -156,6 +157,9 @@ def run_model(
         hidden: keep every block's output (N, L, T, d).
         nll: compute the next-token negative log-likelihood (needs an LM head).
         embed_delta: (N, T, d) added to the input token embeddings (over-mixing probe), or None.
+        targets: (N, T) int64: with ``nll``, ``nll[n, t] = -log p(targets[n, t] | input_ids[n])`` at every
+            position t (the masked diffusion readout: the clean token behind each position) instead
+            of the next-token NLL; ``Pass.nll`` is then (N, T).
 
     Raises:
         InputError: ``nll`` for a model without an LM head.
@@ -181,7 +185,10 @@ def run_model(
         parts.append(rec.finish())
         if hidden:
             hids.append(torch.stack(rec.full_hidden, dim=1))  # (B, L, T, d)
-        if nll:
+        if nll and targets is not None:  # same-position readout (masked diffusion)
+            logp = torch.log_softmax(rec.logits.double(), dim=-1)  # (B, T, V)
+            nlls.append(-logp.gather(-1, targets[s : s + batch_size, :, None].to(logp.device)).squeeze(-1))  # (B, T)
+        elif nll:
             logp = torch.log_softmax(rec.logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
             nlls.append(-logp.gather(-1, ids[:, 1:, None]).squeeze(-1))  # (B, T-1)
     return Pass(ProbeStats.concat(parts), torch.cat(hids) if hidden else None, torch.cat(nlls) if nll else None)

@@ -104,13 +104,48 @@ def swapped_positions(model: nn.Module, t: int, *, swap: bool = True):
             table.weight.copy_(saved)
 
 
-def _readout(res, targets_from: int) -> dict:
+def _readout(res, targets_from: int, weights: Tensor | None = None) -> dict:
     """Mean loss (nats) and perplexity over ``res.nll[:, targets_from:]``: the targets from 0-based position
     ``targets_from + 1`` of the sequence that was fed (1 = from position 2 of the full window; 0 for the
-    window without its first token, whose position 1 is the window's position 2)."""
+    window without its first token, whose position 1 is the window's position 2).
+
+    ``weights`` (N, T) (masked diffusion: 1/t on the masked positions, 0 elsewhere): ``res.nll`` holds the
+    same-position NLL, its columns from ``targets_from`` are the window's positions 1..T-1, and the loss is
+    the masked diffusion loss ``sum w * nll / (N T)`` over those positions (LLaDA Eq. 3)."""
     nll = res.nll[:, targets_from:]
-    loss = float(nll.mean())
+    if weights is None:
+        loss = float(nll.mean())
+    else:
+        loss = float((nll * weights[:, 1:].to(nll.dtype)).sum() / weights.numel())
     return {"loss": loss, "perplexity": math.exp(loss)}
+
+
+def diffusion_probe(subj: Subject, seed: int, eps: float = 1e-3) -> tuple[Tensor, Tensor] | None:
+    """For a masked diffusion model: (input ids (N, T) with the masked positions replaced by the mask token,
+    weights (N, T) = 1/t on the masked positions) of the subject's clean probe, masked as in training
+    (:func:`sinklab.diffusion.masking.mask_ratio_and_mask`, seeded with ``seed``, BOS never masked); None
+    for any other model.
+
+    Raises:
+        InputError: a masked diffusion model whose tokenizer has no mask token.
+    """
+    from sinklab.diffusion.masking import corrupt, diffusion_targets, mask_ratio_and_mask
+
+    m = subj.model
+    if not is_native(m) or getattr(m.config, "causal", True):
+        return None
+    tok = subj.tokenizer
+    mask_id = getattr(tok, "mask_token_id", None) if tok is not None else None
+    if mask_id is None:
+        raise InputError("this bidirectional model's tokenizer has no mask token (<|mask|>): not a masked diffusion run")
+    ids = subj.input_ids
+    maskable = torch.ones_like(ids, dtype=torch.bool)
+    if getattr(tok, "bos_token_id", None) is not None:
+        maskable &= ids != tok.bos_token_id
+    t, masked = mask_ratio_and_mask(seed, 0, maskable, eps)
+    _, w = diffusion_targets(ids, masked, t)
+    w = w * (ids.numel() / max(int(masked.sum()), 1))  # back to 1/t on the masked positions
+    return corrupt(ids, masked, int(mask_id)), w
 
 
 def intervene(
@@ -135,7 +170,10 @@ def intervene(
     The readout is the mean next-token loss (nats) over the targets at 0-based positions 2 to T-1, the
     same tokens for every intervention (dropping the first token shifts the rest); the sink rate is
     Sink^eps at position 0 and at the sink position after the change. Encoders (no LM head) get the
-    sink rates only.
+    sink rates only. A masked diffusion model (a sinklab run with ``train.objective =
+    "masked_diffusion"``) is fed its probe with tokens masked as in training (:func:`diffusion_probe`,
+    the same masks for every intervention) and read out with the masked diffusion loss over positions
+    1..T-1.
 
     Args:
         model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe.
@@ -192,7 +230,18 @@ def intervene(
     vocab_rows = int(emb.num_embeddings)
     if token is not None and "replace-first" in want and not 0 <= token < vocab_rows:
         raise InputError(f"--token {token} is outside the vocabulary: token ids 0 to {vocab_rows - 1}")
-    base = run_model(m, ids, hidden=True, nll=lm, batch_size=batch_size)
+    diff = diffusion_probe(subj, seed)
+    clean = ids
+    if diff is not None:
+        ids, weights = diff  # the masked probe is what every intervention is fed
+    else:
+        weights = None
+
+    def run_model_(x, *, first_dropped: bool = False, **kw):  # run_model with the diffusion readout's targets
+        tg = None if diff is None else (clean[:, 1:] if first_dropped else clean)
+        return run_model(m, x, targets=tg, **kw)
+
+    base = run_model_(ids, hidden=True, nll=lm, batch_size=batch_size)
     pos, rate = sink_position(base.stats, eps, position)
     rows, warnings = [], []
 
@@ -202,17 +251,17 @@ def intervene(
         row = {"intervention": name, "sink_rate_pos0": float(r[0]), "sink_rate_sink": float(r[pos]) if pos < len(r) else float("nan"),
                "top_sink_position_after": top, "top_sink_rate_after": float(r[top]), "note": note}
         if lm and res.nll is not None:
-            row.update(_readout(res, targets_from))
+            row.update(_readout(res, targets_from, weights))
         rows.append(row)
 
     record("baseline", base)
     if "noop" in want:
-        record("noop", run_model(m, ids, edit=lambda l, w, **_: w, nll=lm, batch_size=batch_size),
+        record("noop", run_model_(ids, edit=lambda l, w, **_: w, nll=lm, batch_size=batch_size),
                note="identity attention edit: must equal baseline exactly")
     if "remove-sink" in want:
         chosen = set(layers)
-        res = run_model(m, ids, edit=lambda l, w, **_: remove_key(w, pos) if l in chosen else None, nll=lm,
-                        batch_size=batch_size)
+        res = run_model_(ids, edit=lambda l, w, **_: remove_key(w, pos) if l in chosen else None, nll=lm,
+                         batch_size=batch_size)
         record("remove-sink", res, note=f"attention to position {pos} removed and rows renormalised in layers "
                                         f"{'all' if len(chosen) == L else sorted(chosen)}")
     d_model = base.hidden.shape[-1]
@@ -250,10 +299,10 @@ def intervene(
                     h[:, pos, idx] = sample_mean.to(h.dtype)
                 return h
 
-            record(f"massive-{mode}", run_model(m, ids, hidden_edit=hedit, nll=lm, batch_size=batch_size),
+            record(f"massive-{mode}", run_model_(ids, hidden_edit=hedit, nll=lm, batch_size=batch_size),
                    note=f"dims {dims} of position {pos} set to {_MASSIVE_VALUE[mode]} at the output of layer {massive_layer}")
     if "drop-first" in want:
-        record("drop-first", run_model(m, ids[:, 1:], nll=lm, batch_size=batch_size), targets_from=0,
+        record("drop-first", run_model_(ids[:, 1:], first_dropped=True, nll=lm, batch_size=batch_size), targets_from=0,
                note="first token removed; loss over the same targets")
     if "replace-first" in want:
         ids2 = ids.clone()
@@ -265,11 +314,11 @@ def intervene(
         else:
             ids2[:, 0] = token
             what = f"token {token}"
-        record("replace-first", run_model(m, ids2, nll=lm, batch_size=batch_size), note=f"first token replaced by {what}")
+        record("replace-first", run_model_(ids2, nll=lm, batch_size=batch_size), note=f"first token replaced by {what}")
     for name, swap in (("position-replace", False), ("position-swap", True)):
         if name in want:
             with swapped_positions(m, swap_to, swap=swap):
-                res = run_model(m, ids, nll=lm, batch_size=batch_size)
+                res = run_model_(ids, nll=lm, batch_size=batch_size)
             r = sink_rate(res.stats.mass, eps)
             record(name, res, note=(f"positions 0 and {swap_to} swapped" if swap else
                                     f"position 0 given the embedding of position {swap_to}")
@@ -282,7 +331,9 @@ def intervene(
         b = table.loc[table["intervention"] == "baseline", "loss"].iloc[0]
         table["loss_change"] = table["loss"] - b
     summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T,
-               "readout": "mean next-token loss (nats) over targets at 0-based positions 2..T-1" if lm else "sink rate only (encoder)",
+               "readout": ("masked diffusion loss (nats/token, 1/t-weighted, LLaDA Eq. 3) on the probe masked as in "
+                           "training, over 0-based positions 1..T-1" if diff is not None else
+                           "mean next-token loss (nats) over targets at 0-based positions 2..T-1") if lm else "sink rate only (encoder)",
                "massive_dims": dims, "massive_layer": massive_layer,
                "results": table.to_dict(orient="records"), "warnings": warnings}
     if any(x.startswith("massive-") for x in want):

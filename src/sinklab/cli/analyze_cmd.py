@@ -25,7 +25,7 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 @cli.command("analyze")
 def analyze_cmd(
-    kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat"),
+    kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat | denoise"),
     model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run or model folder"),
     corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (default sotu; "
                                          "for a sinklab training run: its own held-out data)"),
@@ -52,10 +52,14 @@ def analyze_cmd(
     sources: Optional[str] = typer.Option(None, help="overmix: perturbed positions, e.g. 8,16,32"),
     directions: Optional[int] = typer.Option(None, help="overmix: random directions per source (default 3)"),
     scale: Optional[float] = typer.Option(None, help="overmix: perturbation size relative to the embedding norm (default 0.01)"),
-    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="repeat: natural prompt tokens before the repeats (default 8)"),
+    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="repeat: natural prompt tokens before the repeats "
+                                             "(default 8); denoise: prompt tokens before the masked continuation (default 16)"),
+    steps: Optional[int] = typer.Option(None, help="denoise: denoising steps S (default 16)"),
+    temperature: Optional[float] = typer.Option(None, help="denoise: sampling temperature (default 0 = greedy)"),
     counts: Optional[str] = typer.Option(None, help="repeat: numbers of repeats, e.g. 1,4,16,64"),
 ) -> None:
-    """Why sinks exist: massive activations, the key-bias view, interventions, over-mixing, repeated tokens.
+    """Why sinks exist: massive activations, the key-bias view, interventions, over-mixing, repeated tokens;
+    a masked diffusion LM's sink across denoising steps (denoise).
 
     Writes OUT/analysis.json (every number, command, versions, provenance), CSV tables and PNG plots."""
     from sinklab import analyze
@@ -70,6 +74,7 @@ def analyze_cmd(
         "only": [x.strip() for x in only.split(",")] if only else None, "min_rate": min_rate,
         "long_seq_len": long_seq_len, "long_num_samples": long_num_samples, "sources": _ints(sources, "--sources"),
         "directions": directions, "scale": scale, "prompt_len": prompt_len, "counts": _ints(counts, "--counts"),
+        "steps": steps, "temperature": temperature,
     }
     params = inspect.signature(fn).parameters
     kwargs = {}

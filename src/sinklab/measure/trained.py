@@ -103,7 +103,12 @@ def run_probe(run: TrainedRun, num_samples: int, seq_len: int, seed: int, bos: s
 
     c = run.config
     tc = prepare_data(c, run.folder)
-    if tokenizer is not None and tc.tokenizer.get_vocab() != tokenizer.get_vocab():
+    saved = None if tokenizer is None else dict(tokenizer.get_vocab())
+    if saved is not None and c.diffusion:  # a masked diffusion run's tokenizer has the mask token added
+        from sinklab.diffusion.masking import MASK_TOKEN
+
+        saved.pop(MASK_TOKEN, None)
+    if saved is not None and tc.tokenizer.get_vocab() != saved:
         raise InputError(f"the data of {run.folder} prepared now has another vocabulary than the tokenizer in "
                          f"{run.final}; measure it with --input natural/random/repeated instead")
     packing = run.packing_for(bos)

@@ -1,0 +1,364 @@
+"""Masked diffusion LM (issue 14): the loss against a naive computation, the bidirectional mask in
+training and capture, the sampler's schedule, a planted sink across denoising steps, configs, and
+a tiny end-to-end run (train -> measure -> analyze denoise / intervene)."""
+
+import math
+import tomllib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sinklab.data.packing import IGNORE_INDEX
+from sinklab.diffusion.masking import corrupt, diffusion_targets, mask_ratio_and_mask
+from sinklab.diffusion.sampler import sample, unmask_schedule
+from sinklab.errors import ConfigError, InputError
+from sinklab.nn import ModelConfig
+from sinklab.nn.loss import linear_cross_entropy
+from sinklab.nn.model import SinkLM
+from sinklab.train.config import apply_overrides, diff_keys, from_dict, load_config
+from sinklab.train.objective import MaskedDiffusionObjective
+
+from conftest import synthetic_run_toml
+
+BOS, MASK = 10, 11
+
+
+def tiny(causal=False, **kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=12, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=32, causal=causal)
+    cfg.update(kw)
+    return SinkLM(ModelConfig(**cfg)).double().eval()
+
+
+def batch(B=3, T=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 10, (B, T), generator=g)
+    x[:, 0] = BOS
+    return x
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def test_mask_draws_are_per_sample_and_respect_maskable():
+    x = batch(B=6, T=40)
+    maskable = x != BOS
+    t, masked = mask_ratio_and_mask(7, 100, maskable, 1e-3)
+    assert t.shape == (6,) and masked.shape == x.shape
+    assert ((t >= 1e-3) & (t < 1)).all()
+    assert not masked[:, 0].any()  # BOS never masked
+    # a row's draw depends only on (seed, global sample index): the second half of the batch drawn alone is equal
+    t2, m2 = mask_ratio_and_mask(7, 103, maskable[3:], 1e-3)
+    assert torch.equal(t[3:], t2) and torch.equal(masked[3:], m2)
+    t3, m3 = mask_ratio_and_mask(8, 100, maskable, 1e-3)
+    assert not torch.equal(m3, masked)  # another seed, other masks
+    # the mask ratio is the masking probability: over many samples the share masked tracks t
+    tt, mm = mask_ratio_and_mask(0, 0, torch.ones(400, 200, dtype=torch.bool), 1e-3)
+    assert (mm.double().mean(1) - tt.double()).abs().max() < 0.12
+    with pytest.raises(InputError, match="eps"):
+        mask_ratio_and_mask(0, 0, maskable, 0.0)
+
+
+def test_masked_diffusion_loss_equals_naive_float64():
+    """LLaDA Eq. 3 by hand: -1/(B T) sum over masked positions of log p(x0_i | x_t) / t_b."""
+    m = tiny()
+    x = batch(B=4, T=10, seed=1)
+    obj = MaskedDiffusionObjective(mask_id=MASK, eps=1e-3, seed=3, eval_seed=4, keep_ids=(BOS,))
+    with torch.no_grad():
+        loss = obj.loss(m, x, None, 5)
+    t, masked = mask_ratio_and_mask(3, 5, x != BOS, 1e-3)
+    xt = x.clone()
+    xt[masked] = MASK
+    with torch.no_grad():
+        logp = torch.log_softmax(m(xt).logits, -1)
+    naive = 0.0
+    for b in range(4):
+        for i in range(10):
+            if masked[b, i]:
+                naive -= float(logp[b, i, x[b, i]]) / float(t[b])
+    naive /= x.numel()
+    assert masked.sum() > 0
+    assert float(loss) == pytest.approx(naive, rel=1e-6)
+    # the input the model saw: mask tokens exactly where masked, clean tokens elsewhere
+    xt2, targets, w = obj.batch(x, 5, 3)
+    assert torch.equal(xt2, xt)
+    assert torch.equal(targets != IGNORE_INDEX, masked)
+
+
+def test_diffusion_targets_weights_and_empty_mask():
+    x = batch(B=2, T=5)
+    masked = torch.zeros_like(x, dtype=torch.bool)
+    masked[0, 2] = masked[1, 1] = masked[1, 3] = True
+    t = torch.tensor([0.5, 0.25])
+    targets, w = diffusion_targets(x, masked, t)
+    # mean over the 3 counted positions of w * ce = sum ce / t / (B T)  ->  w = (1 / t) * 3 / 10
+    assert w[0, 2] == pytest.approx(2 * 3 / 10) and w[1, 1] == pytest.approx(4 * 3 / 10) and w[0, 0] == 0
+    assert targets[0, 2] == x[0, 2] and targets[0, 0] == IGNORE_INDEX
+    # nothing masked: loss exactly 0 with zero gradient, never NaN
+    m = tiny()
+    tg, w0 = diffusion_targets(x, torch.zeros_like(masked), t)
+    out = m(corrupt(x, torch.zeros_like(masked), MASK), targets=tg, target_weights=w0)
+    out.loss.backward()
+    assert float(out.loss.detach()) == 0.0 and all(float(p.grad.abs().sum()) == 0 for p in m.parameters() if p.grad is not None)
+
+
+def test_weighted_linear_cross_entropy_and_gradients():
+    torch.manual_seed(0)
+    h = torch.randn(2, 6, 8, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 11, (2, 6))
+    y[0, 1] = IGNORE_INDEX
+    wt = torch.rand(2, 6, dtype=torch.float64)
+    got = linear_cross_entropy(h, W, y, weights=wt, min_rows=3)  # several chunks; log-sum-exp in float32
+    ce = F.cross_entropy((h @ W.T).flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+    ok = y.flatten() != IGNORE_INDEX
+    ref = (ce * wt.flatten())[ok].sum() / ok.sum()
+    assert float(got) == pytest.approx(float(ref), rel=1e-6)
+    g1 = torch.autograd.grad(got, (h, W))
+    g2 = torch.autograd.grad(ref, (h, W))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    with pytest.raises(InputError, match="weights"):
+        linear_cross_entropy(h, W, y, weights=wt[:, :3])
+
+
+def test_half_batches_give_the_full_batch_loss():
+    """Draws per global sample index: two halves (as two data-parallel ranks, or a resumed run) average to the
+    whole batch's loss."""
+    m = tiny()
+    x = batch(B=4, T=12, seed=2)
+    obj = MaskedDiffusionObjective(mask_id=MASK, eps=1e-3, seed=0, eval_seed=0, keep_ids=(BOS,))
+    full = float(obj.loss(m, x, None, 40))
+    halves = (float(obj.loss(m, x[:2], None, 40)) + float(obj.loss(m, x[2:], None, 42))) / 2
+    assert full == pytest.approx(halves, rel=1e-6)  # float32 accumulation
+
+
+# ----------------------------------------------------------------------------- bidirectional mask
+
+
+def test_bidirectional_model_sees_later_tokens_and_capture_records_it():
+    from sinklab.capture import collect
+    from sinklab.capture.native import forward_native
+
+    m = tiny(causal=False)
+    x = batch(B=2, T=8)
+    y = x.clone()
+    y[:, -1] = (y[:, -1] + 1) % 10
+    with torch.no_grad():
+        assert not torch.allclose(m(x).logits[:, 0], m(y).logits[:, 0])  # position 0 depends on position 7
+        c = tiny(causal=True)
+        assert torch.allclose(c(x).logits[:, 0], c(y).logits[:, 0])  # a causal model's does not
+    # capture: the observer's full weights averaged over all T queries (bidirectional mass)
+    weights = []
+    with torch.no_grad():
+        m(x, observer=lambda l, w, **_: weights.append(w.double()))
+    stats = collect(m, x)
+    assert stats.causal is False
+    ref = torch.stack([w.mean(dim=-2) for w in weights], dim=1)  # (N, L, H, T)
+    torch.testing.assert_close(stats.mass, ref, rtol=1e-9, atol=1e-12)
+    assert float(stats.mass[:, :, :, -1].sum()) > 0  # the last key gets attention from every query
+    assert forward_native(m, x, prefix_len=3).finish().mask.get("prefix_len", 0) == 0
+
+
+def test_kv_cache_refused_for_bidirectional_model():
+    from sinklab.streaming import SinkCache
+
+    m = tiny(causal=False).float()
+    with pytest.raises(InputError, match="causal"):
+        m(batch(1, 4), cache=SinkCache(m, 1, 4))
+
+
+# ----------------------------------------------------------------------------- sampler
+
+
+@pytest.mark.parametrize("G,S", [(12, 4), (10, 3), (7, 7), (5, 1)])
+def test_sampler_follows_the_schedule_and_keeps_the_prompt(G, S):
+    m = tiny()
+    prompt = batch(B=3, T=4, seed=5)
+    tr = sample(m, prompt, gen_len=G, steps=S, mask_id=MASK)
+    assert tr.schedule == unmask_schedule(G, S) and sum(tr.schedule) == G
+    assert len(tr.states) == S + 1 and len(tr.unmasked) == S
+    assert (tr.states[0][:, 4:] == MASK).all()
+    for s in range(S):
+        before, after = tr.states[s], tr.states[s + 1]
+        changed = (before != after)
+        n_masked_before = (before == MASK).sum(1)
+        n_masked_after = (after == MASK).sum(1)
+        assert torch.equal(n_masked_before - n_masked_after, torch.full((3,), tr.schedule[s]))  # exactly k_s per row
+        assert (changed.sum(1) == tr.schedule[s]).all()
+        assert (before[changed] == MASK).all()  # only masked positions change
+        assert torch.equal(after[:, :4], prompt)  # the prompt never changes
+        pos = tr.unmasked[s]
+        assert (pos >= 4).all()
+    assert not (tr.tokens == MASK).any()  # nothing masked at the end, and the mask token is never predicted
+    assert torch.equal(tr.tokens, tr.states[-1])
+
+
+def test_sampler_low_confidence_order():
+    """Step 1 keeps the k most confident predictions of the fully masked input (computed here directly)."""
+    m = tiny()
+    prompt = batch(B=2, T=3, seed=6)
+    tr = sample(m, prompt, gen_len=6, steps=3, mask_id=MASK)
+    with torch.no_grad():
+        logits = m(tr.states[0]).logits
+    logits[..., MASK] = float("-inf")
+    p = torch.softmax(logits, -1)
+    conf, pred = p.max(-1)
+    conf[:, :3] = -1
+    for b in range(2):
+        want = set(conf[b].topk(2).indices.tolist())
+        assert set(tr.unmasked[0][b].tolist()) == want
+        for j in want:
+            assert tr.states[1][b, j] == pred[b, j]
+
+
+def test_sampler_bad_input():
+    with pytest.raises(InputError, match="bidirectional"):
+        sample(tiny(causal=True), batch(1, 3), gen_len=4, steps=2, mask_id=MASK)
+    with pytest.raises(InputError, match="at most gen_len"):
+        sample(tiny(), batch(1, 3), gen_len=4, steps=5, mask_id=MASK)
+    with pytest.raises(InputError, match="vocabulary"):
+        sample(tiny(), batch(1, 3), gen_len=4, steps=2, mask_id=99)
+
+
+def planted_sink_model(position_token=BOS):
+    """Every head of every layer attends almost only to the token ``position_token`` (wherever it sits):
+    NoPE, q = a constant bias, k = a large multiple of the embedding's channel 0, which only that token has;
+    attention and FFN outputs zeroed, so every layer sees the embeddings."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=12, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=32, causal=False,
+                      positional="nope", qkv_bias=True)
+    m = SinkLM(cfg).double().eval()
+    with torch.no_grad():
+        m.embed.weight[:, 0] = 0.0
+        m.embed.weight[position_token] = 0.0
+        m.embed.weight[position_token, 0] = 4.0
+        m.embed.weight[:, 1] = 1.0  # a channel every token has, which the head turns into a very low BOS logit,
+        m.lm_head.weight[position_token, 1] = -100.0  # so the sampler never writes a second sink token
+        for blk in m.layers:
+            a = blk.attn
+            a.q_proj.weight.zero_()
+            a.q_proj.bias.fill_(1.0)
+            a.k_proj.weight.zero_()
+            a.k_proj.weight[:, 0] = 10.0
+            a.o_proj.weight.zero_()
+            blk.ffn.down_proj.weight.zero_()
+    return m
+
+
+def test_planted_sink_is_found_at_every_denoising_step():
+    from sinklab.analyze.common import Subject
+    from sinklab.analyze.denoise import denoise
+
+    m = planted_sink_model()
+    ids = torch.randint(0, 10, (4, 16), generator=torch.Generator().manual_seed(0))
+    ids[:, 3] = BOS  # the planted sink sits at position 3, inside the prompt
+    subj = Subject(m, ids, seed=0)
+    res = denoise(subj, steps=4, prompt_len=6, mask_id=MASK)
+    steps = res.tables["steps"]
+    assert len(steps) == 5
+    assert (steps["top_sink_position"] == 3).all()
+    assert (steps["top_sink_rate"] == 100.0).all() and steps["has_sink"].all()
+    assert (steps["mass_top"] > 0.95).all()
+    # the mask keys get almost nothing although they start as 10 of 16 keys
+    assert steps["mask_key_share"].iloc[0] == pytest.approx(10 / 16)
+    assert steps["mass_mask"].iloc[0] < 0.05 and steps["mass_mask"].iloc[-1] == 0
+    mass = res.tables["mass"]
+    assert mass.groupby("step")["mass"].sum().sub(1).abs().max() < 1e-9  # the mass over keys sums to 1 (bidirectional)
+    with pytest.raises(InputError, match="prompt-len"):
+        denoise(subj, steps=4, prompt_len=16, mask_id=MASK)
+    with pytest.raises(InputError, match="masked diffusion"):
+        denoise(Subject(tiny(causal=True), ids), steps=2, mask_id=MASK)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def diffusion_cfg(*over, extra='objective = "masked_diffusion"'):
+    return from_dict(apply_overrides(tomllib.loads(synthetic_run_toml(4, extra=extra)), list(over)))
+
+
+def test_config_objective():
+    cfg = diffusion_cfg()
+    causal = diffusion_cfg(extra="")
+    assert cfg.diffusion and not causal.diffusion
+    assert cfg.model.causal is False and causal.model.causal is True
+    assert cfg.model.vocab_size == causal.model.vocab_size + 1  # the mask token's row
+    with pytest.raises(ConfigError, match="did you mean 'masked_diffusion'"):
+        diffusion_cfg(extra='objective = "masked_difusion"')
+    with pytest.raises(ConfigError, match="bidirectional"):
+        diffusion_cfg("model.causal=true")
+    with pytest.raises(ConfigError, match="would see the token"):
+        diffusion_cfg("model.causal=false", extra="")
+    with pytest.raises(ConfigError, match="prefix_len"):
+        diffusion_cfg("train.prefix_len=4")
+    with pytest.raises(ConfigError, match="mask token"):
+        diffusion_cfg(f"model.vocab_size={causal.model.vocab_size}")
+    with pytest.raises(ConfigError, match="mask_eps"):
+        diffusion_cfg("train.mask_eps=1.5")
+    # the diffusion presets differ from their causal base only in the objective (and what it implies)
+    for name in ("emergence-cpu", "tiny-cpu"):
+        a, b = load_config(name).to_dict(), load_config(f"{name}-diffusion").to_dict()
+        assert diff_keys(a, b) == ["model.causal", "model.vocab_size", "train.objective"]
+
+
+def test_old_configs_without_the_new_keys_still_match():
+    cfg = diffusion_cfg(extra="").to_dict()
+    old = {**cfg, "model": {k: v for k, v in cfg["model"].items() if k != "causal"},
+           "train": {k: v for k, v in cfg["train"].items() if k not in ("objective", "mask_eps")}}
+    assert diff_keys(old, cfg) == []
+    assert diff_keys(old, diffusion_cfg().to_dict()) == ["model.causal", "model.vocab_size", "train.objective"]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def diffusion_run(tmp_path_factory):
+    from sinklab.train.loop import train
+
+    out = tmp_path_factory.mktemp("drun") / "run"
+    res = train(diffusion_cfg("train.steps=6"), out, progress=False)
+    return out, res
+
+
+def test_diffusion_training_run_files(diffusion_run):
+    import json
+
+    from tokenizers import Tokenizer
+
+    out, res = diffusion_run
+    s = json.loads((out / "summary.json").read_text())
+    assert s["objective"] == "masked_diffusion" and math.isfinite(s["final_loss"])
+    tok = Tokenizer.from_file(str(out / "final" / "tokenizer.json"))
+    assert tok.token_to_id("<|mask|>") == s["mask_token_id"] == 18  # 16 tokens + EOS + BOS, then the mask
+    m = SinkLM.from_pretrained(out / "final")
+    assert m.config.causal is False and m.config.vocab_size == 19
+    assert all(math.isfinite(r["val_loss"]) for r in res.history)
+
+
+def test_diffusion_resume_is_exact(tmp_path):
+    from sinklab.train.loop import train
+
+    cfg = diffusion_cfg("train.steps=4")
+    straight = train(cfg, tmp_path / "a", progress=False)
+    train(cfg, tmp_path / "b", progress=False, stop_after=2)
+    rest = train(cfg, tmp_path / "b", resume=True, progress=False)
+    assert {**{k: v for k, v in straight.losses.items() if k <= 2}, **rest.losses} == straight.losses
+
+
+def test_measure_denoise_intervene_on_a_diffusion_run(diffusion_run):
+    from sinklab.analyze import denoise, intervene
+    from sinklab.measure.run import measure
+
+    out, _ = diffusion_run
+    r = measure(model=str(out), num_samples=4, progress=False)
+    assert r.stats.causal is False  # measured bidirectionally, as the model was trained
+    d = denoise(str(out), num_samples=4, seq_len=16, steps=3, prompt_len=4)
+    assert len(d.tables["steps"]) == 4 and d.summary["mask_id"] == 18
+    assert d.tables["steps"]["masked_share"].tolist() == pytest.approx([1.0, 8 / 12, 4 / 12, 0.0])
+    iv = intervene(str(out), num_samples=4, seq_len=16, only=["noop", "remove-sink"])
+    t = iv.tables["interventions"].set_index("intervention")
+    assert t.loc["noop", "loss_change"] == 0.0
+    assert "masked diffusion loss" in iv.summary["readout"]
