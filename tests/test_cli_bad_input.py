@@ -105,6 +105,13 @@ BAD = [
      "--prompt-len"),
     (["analyze", "overmix", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--directions", "0"],
      "--directions"),
+    (["analyze", "denoise", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8"], "masked diffusion model"),
+    (["analyze", "denoise", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--steps", "x"], "valid integer"),
+    (["analyze", "massive", "--model", MODEL, "--corpus", CORPUS, "-n", "2", "-t", "8", "--steps", "4"],
+     "does not apply"),
+    (["train", CFG, "--out", TMP + "/r", "--set", "train.objective=diffusion"], "train.objective"),
+    (["train", CFG, "--out", TMP + "/r", "--set", "train.objective=masked_diffusion", "--set", "train.prefix_len=4"],
+     "prefix_len"),
     (["nosuchcommand"], "No such command"),
 ]
 

@@ -362,3 +362,21 @@ def test_measure_denoise_intervene_on_a_diffusion_run(diffusion_run):
     t = iv.tables["interventions"].set_index("intervention")
     assert t.loc["noop", "loss_change"] == 0.0
     assert "masked diffusion loss" in iv.summary["readout"]
+
+
+def test_denoise_cli_writes_its_files(diffusion_run, tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from conftest import run_cli_captured
+
+    out, _ = diffusion_run
+    code, stdout, err = run_cli_captured(["analyze", "denoise", "--model", str(out), "-n", "4", "-t", "16", "--steps", "2",
+                                          "--prompt-len", "8", "--out", str(tmp_path / "d")], capsys)
+    assert code == 0, err
+    d = json.loads((tmp_path / "d" / "analysis.json").read_text())
+    assert d["kind"] == "denoise" and d["summary"]["schedule"] == [4, 4]  # T 16 = 8 prompt + 8 generated
+    steps = pd.read_csv(tmp_path / "d" / "steps.csv")
+    assert steps["step"].tolist() == [0, 1, 2] and steps["masked_share"].tolist() == [1.0, 0.5, 0.0]
+    assert (tmp_path / "d" / "denoise.png").stat().st_size > 0 and "top_sink_positions" in stdout

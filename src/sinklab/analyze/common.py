@@ -194,11 +194,14 @@ def run_model(
     return Pass(ProbeStats.concat(parts), torch.cat(hids) if hidden else None, torch.cat(nlls) if nll else None)
 
 
-def sink_position(stats: ProbeStats, eps: float = 0.3, requested: int | None = None) -> tuple[int, float]:
+def sink_position(stats: ProbeStats, eps: float = 0.3, requested: int | None = None, *,
+                  require_sink: bool = True) -> tuple[int, float]:
     """The sink position to analyse (0-based) and its sink rate Sink^eps (percent).
 
     Default: the position with the highest sink rate among those seen by at least 10% of the
-    queries (:func:`~sinklab.metrics.summary.rankable_positions`). ``requested`` is checked.
+    queries (:func:`~sinklab.metrics.summary.rankable_positions`). ``requested`` is checked; with
+    ``require_sink=False`` it may be a position that is never a sink (to compare models at the same
+    position, e.g. BOS, whether or not they put a sink there).
 
     Raises:
         InputError: ``requested`` outside [0, T) or a position the model never uses as a sink
@@ -212,10 +215,31 @@ def sink_position(stats: ProbeStats, eps: float = 0.3, requested: int | None = N
         return top, float(rates[top])
     if not 0 <= requested < T:
         raise InputError(f"--position {requested} is outside the sequence (0-based, T={T})")
-    if float(rates[requested]) == 0.0:
+    if require_sink and float(rates[requested]) == 0.0:
         raise InputError(f"position {requested} is never a sink: its sink rate (eps={eps}) is 0%; "
                          f"the top sink position is {top} ({float(rates[top]):.1f}%)")
     return requested, float(rates[requested])
+
+
+def position_norm_ratio(norms: Tensor, position: int) -> float:
+    """How much larger position ``position``'s norm is than the other positions': the mean over every
+    leading axis (samples, layers, heads) of ``norms[..., p] / mean_{j != p} norms[..., j]``.
+
+    Args:
+        norms: (..., T) l2 norms, e.g. :attr:`ProbeStats.hidden_norms` (N, L, T) or ``key_norms``
+            (N, L, H_kv, T). position: 0-based p, 0 <= p < T.
+
+    Returns:
+        The ratio (1.0: as large as the others; the sink token: hidden norm above 1, key norm often below 1).
+
+    Raises:
+        InputError: ``position`` outside [0, T) or T < 2.
+    """
+    T = norms.shape[-1]
+    if T < 2 or not 0 <= position < T:
+        raise InputError(f"position {position} is outside [0, {T}) or there are no other positions")
+    others = torch.cat([norms[..., :position], norms[..., position + 1:]], dim=-1).double().mean(dim=-1)
+    return float((norms[..., position].double() / others.clamp_min(1e-30)).mean())
 
 
 def check_layers(layers: list[int] | None, num_layers: int) -> list[int]:

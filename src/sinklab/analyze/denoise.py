@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sinklab.analyze.common import AnalysisResult, Subject, command_line, resolve_subject, run_model
+from sinklab.analyze.common import (AnalysisResult, Subject, command_line, position_norm_ratio, resolve_subject,
+                                    run_model)
 from sinklab.capture.native import is_native
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
@@ -43,12 +44,6 @@ def token_kinds(ids: Tensor, *, prompt_len: int, mask_id: int, bos_id: int | Non
         if i is not None:
             kind[ids == i] = KINDS.index(name)
     return kind
-
-
-def _norm_ratio(norms: Tensor, pos: int) -> float:
-    """Mean over all leading axes of ``norms[..., pos] / mean_{j != pos} norms[..., j]`` (norms (..., T))."""
-    others = torch.cat([norms[..., :pos], norms[..., pos + 1:]], dim=-1).double().mean(dim=-1)
-    return float((norms[..., pos].double() / others.clamp_min(1e-30)).mean())
 
 
 def _special_ids(subj: Subject, mask_id: int | None) -> tuple[int, int | None, int | None]:
@@ -153,8 +148,8 @@ def denoise(
             "mass_mask": float((per_key * is_mask[:, None, None]).sum(-1).mean()),
             "mask_key_share": float(is_mask.double().mean()),
             **{f"head_top_{k}": float(counts[i]) for i, k in enumerate(KINDS)},
-            "hidden_norm_ratio": _norm_ratio(st.hidden_norms, top),
-            "key_norm_ratio": _norm_ratio(st.key_norms, top) if st.key_norms is not None else float("nan"),
+            "hidden_norm_ratio": position_norm_ratio(st.hidden_norms, top),
+            "key_norm_ratio": position_norm_ratio(st.key_norms, top) if st.key_norms is not None else float("nan"),
             "sink_rate_pos0": float(rate[0]),
         }
         rows.append(row)

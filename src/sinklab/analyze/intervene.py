@@ -163,6 +163,7 @@ def intervene(
     token: int | None = None,
     swap_to: int = 4,
     only: list[str] | None = None,
+    require_sink: bool = True,
     batch_size: int = 16,
 ) -> AnalysisResult:
     """Interventions on the sink with loss / perplexity and the sink rate after the change.
@@ -185,6 +186,8 @@ def intervene(
         token: the replacement first token for ``replace-first`` (default: random per sample, seeded).
         swap_to: t of the position swap (0-based; default 4 = the paper's p5).
         only: subset of :data:`INTERVENTIONS` (default: every one that applies to the model).
+        require_sink: refuse a ``position`` whose sink rate is 0 (default); False allows it (removing
+            attention to BOS in a model that puts no sink there, to compare two models at one position).
 
     Returns:
         :class:`AnalysisResult` with table ``interventions``: one row per variant with ``sink_rate_pos0``
@@ -242,7 +245,7 @@ def intervene(
         return run_model(m, x, targets=tg, **kw)
 
     base = run_model_(ids, hidden=True, nll=lm, batch_size=batch_size)
-    pos, rate = sink_position(base.stats, eps, position)
+    pos, rate = sink_position(base.stats, eps, position, require_sink=require_sink)
     rows, warnings = [], []
 
     def record(name: str, res, *, targets_from: int = 1, note: str = "") -> None:
@@ -330,7 +333,7 @@ def intervene(
     if lm:
         b = table.loc[table["intervention"] == "baseline", "loss"].iloc[0]
         table["loss_change"] = table["loss"] - b
-    summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T,
+    summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T, "require_sink": require_sink,
                "readout": ("masked diffusion loss (nats/token, 1/t-weighted, LLaDA Eq. 3) on the probe masked as in "
                            "training, over 0-based positions 1..T-1" if diff is not None else
                            "mean next-token loss (nats) over targets at 0-based positions 2..T-1") if lm else "sink rate only (encoder)",
