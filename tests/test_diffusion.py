@@ -380,3 +380,14 @@ def test_denoise_cli_writes_its_files(diffusion_run, tmp_path, capsys):
     steps = pd.read_csv(tmp_path / "d" / "steps.csv")
     assert steps["step"].tolist() == [0, 1, 2] and steps["masked_share"].tolist() == [1.0, 0.5, 0.0]
     assert (tmp_path / "d" / "denoise.png").stat().st_size > 0 and "top_sink_positions" in stdout
+
+
+def test_position_norm_ratio_hand_case():
+    from sinklab.analyze.common import position_norm_ratio
+
+    norms = torch.tensor([[[4.0, 1.0, 3.0], [2.0, 2.0, 2.0]]])  # (N 1, L 2, T 3)
+    # layer 0: 4 / mean(1, 3) = 2; layer 1: 1; mean 1.5.  Position 1: (1 / 3.5 + 1) / 2
+    assert position_norm_ratio(norms, 0) == pytest.approx(1.5)
+    assert position_norm_ratio(norms, 1) == pytest.approx((1 / 3.5 + 1) / 2)
+    with pytest.raises(InputError):
+        position_norm_ratio(norms, 3)
