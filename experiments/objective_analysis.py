@@ -2,7 +2,9 @@
 (made by ``sinklab sweep experiments/objective.toml``), on the run's own held-out windows:
 
 * where the sink sits on clean text: the top sink position, its sink rate, the token there (BOS / EOS / text),
-  Sink_1, the hidden-state and key norms of position 0 (BOS) and of the top sink against the other positions;
+  Sink_1, the hidden-state and key norms of position 0 (BOS) and of the top sink against the other positions,
+  the largest activation over the median (median over samples, at the layer where it is largest) with the
+  channel and position that hold it most often and how often;
 * when it emerged: the first tracked step whose Sink_1 reached 10% (summary.json), and the Sink_1 curve;
 * what removing it costs: ``sinklab.analyze.intervene`` with attention to position 0 (BOS) removed in every
   layer (``--only noop,remove-sink --position 0``, allowed where BOS is no sink) -- the next-token loss for a
@@ -60,8 +62,13 @@ def analyse(run: Path, n: int, out: Path) -> dict:
         "key_norm_ratio_pos0": position_norm_ratio(st.key_norms, 0),
         "hidden_norm_ratio_top": position_norm_ratio(st.hidden_norms, top),
         "key_norm_ratio_top": position_norm_ratio(st.key_norms, top),
-        "massive_ratio_max": float((st.max_abs / st.median_abs).max(dim=1).values.median()),
     }
+    ratio = st.max_abs / st.median_abs  # (N, L): largest |h| over the median |h| of each layer's output
+    layer = int(ratio.median(dim=0).values.argmax())  # the layer with the largest median ratio
+    pos, chan = st.max_position[:, layer], st.max_channel[:, layer]
+    row.update({"massive_ratio_max": float(ratio[:, layer].median()), "massive_layer": layer,
+                "massive_channel": int(torch.mode(chan).values), "massive_channel_share": float((chan == torch.mode(chan).values).double().mean()),
+                "massive_position": int(torch.mode(pos).values), "massive_position_share": float((pos == torch.mode(pos).values).double().mean())})
     iv = intervene(subj, only=["noop", "remove-sink"], position=0, require_sink=False)
     iv.save(out / "intervene")
     t = iv.tables["interventions"].set_index("intervention")
