@@ -69,7 +69,7 @@ def analyse(run: Path, n: int, out: Path) -> dict:
     row.update({"massive_ratio_max": float(ratio[:, layer].median()), "massive_layer": layer,
                 "massive_channel": int(torch.mode(chan).values), "massive_channel_share": float((chan == torch.mode(chan).values).double().mean()),
                 "massive_position": int(torch.mode(pos).values), "massive_position_share": float((pos == torch.mode(pos).values).double().mean())})
-    iv = intervene(subj, only=["noop", "remove-sink"], position=0, require_sink=False)
+    iv = intervene(subj, only=["noop", "remove-sink"], position=0, allow_non_sink=True)
     iv.save(out / "intervene")
     t = iv.tables["interventions"].set_index("intervention")
     assert t.loc["noop", "loss_change"] == 0.0

@@ -391,3 +391,13 @@ def test_position_norm_ratio_hand_case():
     assert position_norm_ratio(norms, 1) == pytest.approx((1 / 3.5 + 1) / 2)
     with pytest.raises(InputError):
         position_norm_ratio(norms, 3)
+
+
+def test_intervene_warns_without_a_sink_and_allows_bos(diffusion_run):
+    from sinklab.analyze import intervene
+
+    out, _ = diffusion_run
+    iv = intervene(str(out), num_samples=4, seq_len=16, only=["noop", "remove-sink"], position=0, allow_non_sink=True)
+    assert iv.summary["sink_position"] == 0
+    assert any("no sink" in w for w in iv.summary["warnings"])  # a 6-step model has no sink at BOS
+    assert "--allow-non-sink" in iv.command or "allow_non_sink=True" in iv.command

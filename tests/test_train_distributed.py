@@ -147,3 +147,19 @@ def test_rank_shares_partition_the_global_micro_batch(corpus, tmp_path):
         torch.distributed.destroy_process_group()
     x, y, w = distributed.micro_batch(distributed.Dist(), data, 3, 1, A, B)
     assert w == 1.0 and torch.equal(x, data.batch(3 * A + 1, B)[0])
+
+
+def test_two_ranks_masked_diffusion_equal_one_process(corpus, tmp_path):
+    """Masked diffusion: every rank draws its rows' masks from (seed, global sample index), so 2 ranks
+    give the one-process losses (issue 14)."""
+    over = ["train.objective=masked_diffusion", "train.steps=2"]
+    ref = loop.train(from_dict(apply_overrides(raw_cfg(corpus), over)), tmp_path / "one", progress=False).losses
+    cfg_file = tmp_path / "cfg.toml"
+    cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), [*over, "train.parallel=ddp"]))))
+    p = subprocess.run([sys.executable, "-m", "sinklab", "train", str(cfg_file), "--out", str(tmp_path / "two"),
+                        "--no-progress", "--nproc", "2"], env=env(), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    two = losses(tmp_path / "two")
+    assert sorted(two) == [1, 2]
+    for s in two:
+        assert two[s] == pytest.approx(ref[s], abs=2e-5), (s, two, ref)

@@ -346,7 +346,10 @@ def cli_command(kind: str, settings: dict) -> str:
         return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
     parts = ["sinklab", "analyze", kind]
     for k, v in settings.items():
-        if v is None:
+        if v is None or v is False:
+            continue
+        if v is True:  # a flag
+            parts.append("--" + k.replace("_", "-"))
             continue
         if isinstance(v, (list, tuple)):
             v = ",".join(str(x) for x in v)

@@ -94,7 +94,7 @@ def denoise(
         :class:`AnalysisResult` with tables ``steps`` (one row per step: ``masked_share`` of the
         generated positions, ``top_sink_position``, ``top_sink_rate`` (Sink^eps, percent),
         ``top_sink_kind`` (the most common token kind there over samples) and ``top_sink_kind_share``,
-        ``mass_top``, ``mass_bos``, ``mass_mask`` (attention mass summed over the BOS / mask keys, mean
+        ``top3_positions`` (the three positions with the highest sink rates, ``;``-separated), ``mass_top``, ``mass_bos``, ``mass_mask`` (attention mass summed over the BOS / mask keys, mean
         over samples, layers and heads), ``mask_key_share`` (share of keys that are mask tokens: what
         ``mass_mask`` would be under uniform attention), ``head_top_KIND`` (share of (sample, layer,
         head) whose largest-mass key is of that kind), ``hidden_norm_ratio`` and ``key_norm_ratio``
@@ -143,6 +143,7 @@ def denoise(
             "masked_share": float(is_mask[:, prompt_len:].double().mean()),
             "top_sink_position": top,
             "top_sink_rate": float(rate[top]),
+            "top3_positions": ";".join(str(int(j)) for j in rate[:k_rank].topk(min(3, k_rank)).indices),
             "has_sink": bool(float(rate[top]) >= sink_level),
             "top_sink_kind": KINDS[int(top_kind.argmax())],
             "top_sink_kind_share": float(top_kind.max()) / N,

@@ -120,11 +120,12 @@ def _readout(res, targets_from: int, weights: Tensor | None = None) -> dict:
     return {"loss": loss, "perplexity": math.exp(loss)}
 
 
-def diffusion_probe(subj: Subject, seed: int, eps: float = 1e-3) -> tuple[Tensor, Tensor] | None:
+def diffusion_probe(subj: Subject, seed: int) -> tuple[Tensor, Tensor] | None:
     """For a masked diffusion model: (input ids (N, T) with the masked positions replaced by the mask token,
     weights (N, T) = 1/t on the masked positions) of the subject's clean probe, masked as in training
-    (:func:`sinklab.diffusion.masking.mask_ratio_and_mask`, seeded with ``seed``, BOS never masked); None
-    for any other model.
+    (:func:`sinklab.diffusion.masking.mask_ratio_and_mask`, seeded with ``seed``; BOS never masked; for a
+    ``sinklab train`` run also its ``train.mask_eps`` and the position its packing inserts a token at,
+    else eps 1e-3); None for any other model.
 
     Raises:
         InputError: a masked diffusion model whose tokenizer has no mask token.
@@ -142,10 +143,32 @@ def diffusion_probe(subj: Subject, seed: int, eps: float = 1e-3) -> tuple[Tensor
     maskable = torch.ones_like(ids, dtype=torch.bool)
     if getattr(tok, "bos_token_id", None) is not None:
         maskable &= ids != tok.bos_token_id
+    eps, keep = 1e-3, None
+    run = _run_of(subj)
+    if run is not None:  # mask as the run was trained: its eps, and never the token its packing inserts
+        from sinklab.data.packing import PackingContext, make_packer
+
+        d = run.config.data
+        eps = run.config.train.mask_eps
+        keep = make_packer(d.packing, PackingContext(eos_id=-1, bos_id=-1, vocab_size=0,
+                                                     position=d.packing_position)).inserted_position
+    if keep is not None and keep < ids.shape[1]:
+        maskable[:, keep] = False
     t, masked = mask_ratio_and_mask(seed, 0, maskable, eps)
     _, w = diffusion_targets(ids, masked, t)
     w = w * (ids.numel() / max(int(masked.sum()), 1))  # back to 1/t on the masked positions
     return corrupt(ids, masked, int(mask_id)), w
+
+
+def _run_of(subj: Subject):
+    """The ``sinklab train`` run behind the subject (:class:`sinklab.measure.trained.TrainedRun`), or None."""
+    from sinklab.measure.trained import find_run
+
+    folder = subj.model_info.get("run") or subj.source
+    try:
+        return find_run(str(folder)) if folder else None
+    except Exception:  # a folder that is not a run (or not readable) is simply no run
+        return None
 
 
 def intervene(
@@ -163,7 +186,7 @@ def intervene(
     token: int | None = None,
     swap_to: int = 4,
     only: list[str] | None = None,
-    require_sink: bool = True,
+    allow_non_sink: bool = False,
     batch_size: int = 16,
 ) -> AnalysisResult:
     """Interventions on the sink with loss / perplexity and the sink rate after the change.
@@ -186,8 +209,9 @@ def intervene(
         token: the replacement first token for ``replace-first`` (default: random per sample, seeded).
         swap_to: t of the position swap (0-based; default 4 = the paper's p5).
         only: subset of :data:`INTERVENTIONS` (default: every one that applies to the model).
-        require_sink: refuse a ``position`` whose sink rate is 0 (default); False allows it (removing
-            attention to BOS in a model that puts no sink there, to compare two models at one position).
+        allow_non_sink: allow a ``position`` whose sink rate is 0 (by default refused): removing attention to
+            BOS in a model that puts no sink there, to compare two models at one position. A sink position
+            below 10% gets a warning either way.
 
     Returns:
         :class:`AnalysisResult` with table ``interventions``: one row per variant with ``sink_rate_pos0``
@@ -245,8 +269,12 @@ def intervene(
         return run_model(m, x, targets=tg, **kw)
 
     base = run_model_(ids, hidden=True, nll=lm, batch_size=batch_size)
-    pos, rate = sink_position(base.stats, eps, position, require_sink=require_sink)
+    pos, rate = sink_position(base.stats, eps, position, require_sink=not allow_non_sink)
     rows, warnings = [], []
+    if rate < NO_SINK_LEVEL:
+        warnings.append(f"position {pos} has a sink rate of {rate:.2f}% (below {NO_SINK_LEVEL:g}%): this model has no sink "
+                        + ("there" if position is not None else "anywhere; the top position is only the least flat key")
+                        + ", so remove-sink removes ordinary attention")
 
     def record(name: str, res, *, targets_from: int = 1, note: str = "") -> None:
         r = sink_rate(res.stats.mass, eps)
@@ -333,7 +361,7 @@ def intervene(
     if lm:
         b = table.loc[table["intervention"] == "baseline", "loss"].iloc[0]
         table["loss_change"] = table["loss"] - b
-    summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T, "require_sink": require_sink,
+    summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T,
                "readout": ("masked diffusion loss (nats/token, 1/t-weighted, LLaDA Eq. 3) on the probe masked as in "
                            "training, over 0-based positions 1..T-1" if diff is not None else
                            "mean next-token loss (nats) over targets at 0-based positions 2..T-1") if lm else "sink rate only (encoder)",
@@ -369,12 +397,14 @@ def intervene(
 
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
                 "seed": seed, "eps": eps, "position": position, "layers": layers, "dims": dims,
-                "massive_layer": massive_layer, "token": token, "swap_to": swap_to, "only": only}
+                "massive_layer": massive_layer, "token": token, "swap_to": swap_to, "only": only,
+                "allow_non_sink": True if allow_non_sink else None}
     return AnalysisResult("intervene", summary, {"interventions": table}, {"intervene": plot}, settings,
                           subj.model_info, subj.corpus_info, command_line("intervene", settings, subj))
 
 
 MASSIVE_RATIO = 100.0  # an entry is massive above this multiple of the median |h| (as ``massive``'s default)
+NO_SINK_LEVEL = 10.0  # a chosen sink position below this sink rate (percent) gets a warning (training's emergence level)
 
 
 def _cell_ratio(hidden: Tensor, layer: int, pos: int, dims: list[int]) -> float:

@@ -55,6 +55,11 @@ def analyze_cmd(
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="repeat: natural prompt tokens before the repeats "
                                              "(default 8); denoise: prompt tokens before the masked continuation (default 16)"),
     steps: Optional[int] = typer.Option(None, help="denoise: denoising steps S (default 16)"),
+    mask_id: Optional[int] = typer.Option(None, "--mask-id", help="denoise: the mask token id (default: <|mask|> of the tokenizer)"),
+    sink_level: Optional[float] = typer.Option(None, "--sink-level", help="denoise: sink rate (%) that makes a step's top "
+                                               "position a sink (default 10)"),
+    allow_non_sink: bool = typer.Option(False, "--allow-non-sink", help="intervene: allow a --position that is never a "
+                                        "sink (e.g. BOS in a model without a sink, to compare models at one position)"),
     temperature: Optional[float] = typer.Option(None, help="denoise: sampling temperature (default 0 = greedy)"),
     counts: Optional[str] = typer.Option(None, help="repeat: numbers of repeats, e.g. 1,4,16,64"),
 ) -> None:
@@ -74,7 +79,8 @@ def analyze_cmd(
         "only": [x.strip() for x in only.split(",")] if only else None, "min_rate": min_rate,
         "long_seq_len": long_seq_len, "long_num_samples": long_num_samples, "sources": _ints(sources, "--sources"),
         "directions": directions, "scale": scale, "prompt_len": prompt_len, "counts": _ints(counts, "--counts"),
-        "steps": steps, "temperature": temperature,
+        "steps": steps, "temperature": temperature, "mask_id": mask_id, "sink_level": sink_level,
+        "allow_non_sink": True if allow_non_sink else None,
     }
     params = inspect.signature(fn).parameters
     kwargs = {}
