@@ -362,17 +362,29 @@ def test_gpt_oss_sink_logits_give_virtual_mass_and_sliding_layers_visible_mass()
     assert sink_rate_virtual(stats.extra_mass, 0.3) == pytest.approx(want)
 
 
+@pytest.mark.parametrize("tiles", [dict(tile_bytes=1024), dict(block_size=4, key_block=8), dict(block_size=3, key_block=7),
+                                   dict(block_size=5, key_block=2), dict(block_size=64)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_column_sums_from_lse_against_float64(causal):
+def test_column_sums_from_lse_against_float64(causal, tiles):
     """The fused path's column sums (one more Q K^T with -LSE folded into the GEMM, base-2 exp) against
-    float64 softmax, with the automatic tile size and grouped-query heads."""
+    float64 softmax, with grouped-query heads and tiles of several shapes: the automatic size, several key
+    blocks (a multiple of the query block, rounded down to one: 7 -> 6, or raised to it: 2 -> 5), a ragged
+    last block, one block larger than T."""
     g = torch.Generator().manual_seed(3)
     B, Hq, Hkv, T, D = 2, 6, 3, 37, 8
     q, k = torch.randn(B, Hq, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g)
     p, _ = _reference(q, k, k, 0.4, None, causal, None, None, None)
     lse = torch.logsumexp((q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2) * 0.4).masked_fill(
         ~torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.zeros(T, T, dtype=torch.bool), float("-inf")), -1)
-    col = column_sums_from_lse(q, k, lse.float(), scaling=0.4, is_causal=causal, tile_bytes=1024)
+    col = column_sums_from_lse(q, k, lse.float(), scaling=0.4, is_causal=causal, **tiles)
     torch.testing.assert_close(col, p.sum(-2), rtol=1e-5, atol=1e-5)
+
+
+def test_column_sums_from_lse_bad_input():
+    q, k = torch.randn(1, 2, 6, 4), torch.randn(1, 1, 6, 4)
+    lse = torch.zeros(1, 2, 6)
     with pytest.raises(InputError, match="as many queries as keys"):
-        column_sums_from_lse(q[:, :, :5], k, lse[..., :5].float(), scaling=0.4, is_causal=True)
+        column_sums_from_lse(q[:, :, :5], k, lse[..., :5], scaling=0.4, is_causal=True)
+    for bad in (dict(block_size=0), dict(key_block=0)):
+        with pytest.raises(InputError, match="must be positive"):
+            column_sums_from_lse(q, k, lse, scaling=0.4, is_causal=True, **bad)

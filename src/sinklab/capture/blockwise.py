@@ -192,25 +192,36 @@ def _block_keys(
 _LOG2E = 1.0 / math.log(2.0)
 
 COLSUM_TILE_BYTES = 4 * 2**20
-"""Bytes of float32 probability tile per block of :func:`column_sums_from_lse` (small: stays in cache)."""
+"""Largest float32 probability tile of :func:`column_sums_from_lse` (B x H_q x queries x keys)."""
+
+COLSUM_QUERIES = 64
+"""Queries per tile of :func:`column_sums_from_lse` (fewer when the tile would exceed :data:`COLSUM_TILE_BYTES`)."""
+
+COLSUM_KEYS = 1024
+"""Keys per tile of :func:`column_sums_from_lse` (rounded down to a multiple of the queries per tile): the
+key block (1024 x 65 floats per key head, 260 KiB) stays in the L2 cache while every query block passes it."""
 
 
 def column_sums_from_lse(
     query: Tensor, key: Tensor, lse: Tensor, *, scaling: float, is_causal: bool, tile_bytes: int = COLSUM_TILE_BYTES,
-    block_size: int | None = None,
+    block_size: int | None = None, key_block: int = COLSUM_KEYS,
 ) -> Tensor:
     """Column sums of softmax attention from each query's log-sum-exp: one more Q K^T, no P V.
 
     ``c_j = sum_i exp(scaling * q_i . k_j - LSE_i)`` over the queries ``i`` that see key ``j``
     (Vaswani et al. 2017 softmax; the LSE comes from the fused kernel's forward). The
     ``-LSE_i`` is folded into the GEMM as one more head dimension (``q'_i = [scaling q_i,
-    -LSE_i]``, ``k'_j = [k_j, 1]``), so each query block costs one batched GEMM over the keys
-    the block can see (causal: keys ``j <= i``), one in-place ``exp2`` (the GEMM gives base-2
-    log-probabilities: both columns carry a factor log2(e)) and one sum over the
-    block's queries; only the diagonal block needs a mask. The tile (B, H_q, block, span)
-    is at most ``tile_bytes`` of float32 (at least 16 queries), so it stays in cache; a
-    fixed ``block_size`` (queries per block) overrides that. (A second fused-kernel call on
-    the transposed problem, keys as queries, would also multiply by the values.)
+    -LSE_i]``, ``k'_j = [k_j, 1]``; a 65th dimension costs no measurable GEMM time), so each
+    tile of (queries, keys) costs one batched GEMM, one in-place ``exp2`` (the GEMM gives
+    base-2 log-probabilities: both columns carry a factor log2(e)) and one sum over the
+    tile's queries. Tiles are two-dimensional and visited key block by key block: each key
+    block (``key_block`` keys, a multiple of the queries per tile) meets every query block
+    that sees it (causal: the blocks at or after it; tiles above the diagonal are never
+    computed, and only the tile on the diagonal needs a mask). A tile has
+    :data:`COLSUM_QUERIES` queries, fewer if it would exceed ``tile_bytes`` of float32 (at
+    least 16); a fixed ``block_size`` (queries per tile) overrides that. (A second
+    fused-kernel call on the transposed problem, keys as queries, would also multiply by
+    the values.)
 
     Args:
         query: (B, H_q, T_q, D); key: (B, H_kv, T_k, D) (grouped-query heads not repeated).
@@ -218,17 +229,22 @@ def column_sums_from_lse(
             sees a key), 0-based positions.
         scaling: the score scale used for ``lse``.
         is_causal: query i sees keys j <= i (then T_q == T_k), or every key (no mask).
+        tile_bytes: largest float32 tile when choosing the queries per tile.
+        block_size: queries per tile (overrides ``tile_bytes``).
+        key_block: keys per tile (rounded down to a multiple of the queries per tile).
 
     Returns:
         (B, H_q, T_k) float64 column sums ``sum_i A[b, h, i, j]``.
 
     Raises:
-        InputError: ``is_causal`` with T_q != T_k.
+        InputError: ``is_causal`` with T_q != T_k; ``block_size`` or ``key_block`` not positive.
     """
     B, Hq, Tq, D = query.shape
     Hkv, Tk = key.shape[1], key.shape[2]
     if is_causal and Tq != Tk:
         raise InputError(f"causal column sums need as many queries as keys, got {Tq} and {Tk}")
+    if (block_size is not None and block_size <= 0) or key_block <= 0:
+        raise InputError(f"block_size and key_block must be positive, got {block_size} and {key_block}")
     n_rep = Hq // Hkv
     # base-2 log-probabilities (torch's exp2 is several times faster than exp on CPU)
     qa = torch.cat([query.float() * (scaling * _LOG2E), -lse.float()[..., None] * _LOG2E], dim=-1)  # (B, H_q, T_q, D+1)
@@ -236,20 +252,24 @@ def column_sums_from_lse(
     ka = torch.cat([key.float(), key.new_ones(B, Hkv, Tk, 1, dtype=torch.float32)], dim=-1)  # (B, H_kv, T_k, D+1)
     ka = ka.reshape(B * Hkv, Tk, D + 1)
     col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
-    n = block_size if block_size is not None else max(16, tile_bytes // max(1, B * Hq * Tk * 4))
-    # one buffer for every tile: a fresh multi-MB tensor per block costs an mmap and page faults
-    buf = torch.empty(B * Hq * min(n, Tq) * Tk, dtype=torch.float32, device=query.device)
-    for q0 in range(0, Tq, n):
-        q1 = min(Tq, q0 + n)
-        k1 = q1 if is_causal else Tk
-        qb = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1)  # (B*H_kv, n_rep*n, D+1)
-        tile = buf[: B * Hq * (q1 - q0) * k1].view(B * Hkv, n_rep * (q1 - q0), k1)
-        torch.bmm(qb, ka[:, :k1].transpose(1, 2), out=tile)
-        tile = tile.view(B, Hq, q1 - q0, k1)  # log2-probabilities
-        if is_causal:  # key j > query i hidden: the upper triangle of the diagonal block
-            hidden = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=query.device).triu_(1)
-            tile[..., q0:k1].masked_fill_(hidden, float("-inf"))
-        col[..., :k1] += tile.exp2_().sum(dim=2)  # (B, H_q, k1)
+    m = min(key_block, Tk)
+    n = block_size if block_size is not None else max(16, min(COLSUM_QUERIES, tile_bytes // max(1, B * Hq * m * 4)))
+    n = min(n, Tq)
+    m = max(n, m // n * n) if is_causal else m  # causal: the diagonal tile lies inside one key block
+    # one buffer for every tile: a fresh multi-MB tensor per tile costs an mmap and page faults
+    buf = torch.empty(B * Hq * n * m, dtype=torch.float32, device=query.device)
+    upper = torch.ones(n, n, dtype=torch.bool, device=query.device).triu_(1)  # key j > query i
+    for k0 in range(0, Tk, m):
+        for q0 in range(k0 if is_causal else 0, Tq, n):  # causal: k0 is a multiple of n
+            q1 = min(Tq, q0 + n)
+            k1 = min(q1, k0 + m) if is_causal else min(Tk, k0 + m)
+            qb = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1)  # (B*H_kv, n_rep*n, D+1)
+            tile = buf[: B * Hq * (q1 - q0) * (k1 - k0)].view(B * Hkv, n_rep * (q1 - q0), k1 - k0)
+            torch.bmm(qb, ka[:, k0:k1].transpose(1, 2), out=tile)
+            tile = tile.view(B, Hq, q1 - q0, k1 - k0)  # log2-probabilities
+            if is_causal and k1 == q1:  # the diagonal tile: hide its upper triangle
+                tile[..., q0 - k0 :].masked_fill_(upper[: q1 - q0, : q1 - q0], float("-inf"))
+            col[..., k0:k1] += tile.exp2_().sum(dim=2)  # (B, H_q, k1 - k0)
     return col
 
 
