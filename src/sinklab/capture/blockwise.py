@@ -251,26 +251,28 @@ def column_sums_from_lse(
     qa = qa.view(B, Hkv, n_rep, Tq, D + 1)
     ka = torch.cat([key.float(), key.new_ones(B, Hkv, Tk, 1, dtype=torch.float32)], dim=-1)  # (B, H_kv, T_k, D+1)
     ka = ka.reshape(B * Hkv, Tk, D + 1)
-    col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
     m = min(key_block, Tk)
     n = block_size if block_size is not None else max(16, min(COLSUM_QUERIES, tile_bytes // max(1, B * Hq * m * 4)))
     n = min(n, Tq)
     m = max(n, m // n * n) if is_causal else m  # causal: the diagonal tile lies inside one key block
     # one buffer for every tile: a fresh multi-MB tensor per tile costs an mmap and page faults
     buf = torch.empty(B * Hq * n * m, dtype=torch.float32, device=query.device)
-    upper = torch.ones(n, n, dtype=torch.bool, device=query.device).triu_(1)  # key j > query i
+    hidden = torch.ones(n, n, dtype=torch.bool, device=query.device).tril_(-1)[:, None]  # [key j, 1, query i]: j > i
+    # tiles are keys x queries: the GEMM is a little faster that way round and each key's sum is over
+    # contiguous memory; col[b, g, j, r] belongs to query head g * n_rep + r
+    col = torch.zeros(B, Hkv, Tk, n_rep, dtype=torch.float64, device=query.device)
     for k0 in range(0, Tk, m):
         for q0 in range(k0 if is_causal else 0, Tq, n):  # causal: k0 is a multiple of n
             q1 = min(Tq, q0 + n)
             k1 = min(q1, k0 + m) if is_causal else min(Tk, k0 + m)
-            qb = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1)  # (B*H_kv, n_rep*n, D+1)
-            tile = buf[: B * Hq * (q1 - q0) * (k1 - k0)].view(B * Hkv, n_rep * (q1 - q0), k1 - k0)
-            torch.bmm(qb, ka[:, k0:k1].transpose(1, 2), out=tile)
-            tile = tile.view(B, Hq, q1 - q0, k1 - k0)  # log2-probabilities
-            if is_causal and k1 == q1:  # the diagonal tile: hide its upper triangle
-                tile[..., q0 - k0 :].masked_fill_(upper[: q1 - q0, : q1 - q0], float("-inf"))
-            col[..., k0:k1] += tile.exp2_().sum(dim=2)  # (B, H_q, k1 - k0)
-    return col
+            qbT = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1).transpose(1, 2)  # (B*H_kv, D+1, n_rep*n)
+            tile = buf[: B * Hq * (q1 - q0) * (k1 - k0)].view(B * Hkv, k1 - k0, n_rep * (q1 - q0))
+            torch.bmm(ka[:, k0:k1], qbT, out=tile)
+            tile = tile.view(B, Hkv, k1 - k0, n_rep, q1 - q0)  # log2-probabilities
+            if is_causal and k1 == q1:  # the diagonal tile: hide keys after the query
+                tile[:, :, q0 - k0 :].masked_fill_(hidden[: q1 - q0, :, : q1 - q0], float("-inf"))
+            col[:, :, k0:k1] += tile.exp2_().sum(dim=-1)  # (B, H_kv, k1 - k0, n_rep)
+    return col.transpose(2, 3).reshape(B, Hq, Tk)
 
 
 def blockwise_attention(
