@@ -20,8 +20,8 @@ Three paths, chosen per layer:
   LSE in one call -- the same kernel ``F.scaled_dot_product_attention`` dispatches to
   on CPU, so the output is bit-identical to the plain SDPA forward. The column sums
   then cost one more Q K^T over the visible keys with ``-LSE`` folded into the GEMM,
-  an ``exp2`` and a sum, in small cache-sized tiles, but no P V product
-  (:func:`column_sums_from_lse`).
+  an ``exp2`` and a sum, in (1024 keys x 64 queries) tiles that skip everything above
+  the causal diagonal, but no P V product (:func:`column_sums_from_lse`).
 * **fused + tiles** (CPU with a padding mask): output and LSE from the fused kernel;
   each query block's tile of probabilities costs one batched GEMM (with
   ``-LSE + bias`` folded into its accumulator), one in-place ``exp`` and one GEMV
@@ -57,7 +57,14 @@ from sinklab.capture.collectors import COLLECTORS
 from sinklab.errors import InputError
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20
-"""Bytes of float32 score tile per block (the collector's extra memory is about twice this)."""
+"""Largest float32 score tile per block (the collector's extra memory is about twice the tile)."""
+
+MAX_BLOCK = 32
+"""Queries per block at most when the block size is chosen: measured on one CPU core, larger
+blocks gain no GEMM speed and their tiles fall out of cache (SmolLM2 shapes, T = 4096 and 8192)."""
+
+OUTPUTS = ("auto", "tiles", "fused", "sdpa")
+"""Where the attention output comes from; see :func:`blockwise_attention`."""
 
 _FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -69,12 +76,12 @@ class BlockwiseOptions:
     Attributes:
         block_size: queries per block; None chooses it from ``budget_bytes``.
         budget_bytes: bytes of one float32 score tile (B x H_q x block x span).
-        fused: use the fused CPU kernel's log-sum-exp when it applies.
+        output: one of :data:`OUTPUTS` (see :func:`blockwise_attention`).
     """
 
     block_size: int | None = None
     budget_bytes: int = DEFAULT_BUDGET_BYTES
-    fused: bool = True
+    output: str = "auto"
 
 
 _local = threading.local()
@@ -99,32 +106,45 @@ def current_options() -> BlockwiseOptions:
 
 @contextlib.contextmanager
 def blockwise_options(
-    block_size: int | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES, fused: bool = True
+    block_size: int | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES, output: str = "auto"
 ) -> Iterator[BlockwiseOptions]:
     """Within the block, the ``blockwise`` collector uses these settings (this thread only).
 
     Raises:
-        InputError: ``block_size`` or ``budget_bytes`` not positive.
+        InputError: ``block_size`` or ``budget_bytes`` not positive, ``output`` not in :data:`OUTPUTS`.
     """
     if block_size is not None and block_size <= 0:
         raise InputError(f"block_size must be positive, got {block_size}")
     if budget_bytes <= 0:
         raise InputError(f"budget_bytes must be positive, got {budget_bytes}")
+    _check_output(output)
     previous = getattr(_local, "options", None)
-    _local.options = BlockwiseOptions(block_size, budget_bytes, fused)
+    _local.options = BlockwiseOptions(block_size, budget_bytes, output)
     try:
         yield _local.options
     finally:
         _local.options = previous
 
 
-def choose_block_size(batch: int, heads: int, t_q: int, t_k: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
+def _check_output(output: str) -> None:
+    """Raise InputError unless ``output`` is one of :data:`OUTPUTS`."""
+    if output not in OUTPUTS:
+        raise InputError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+
+
+def choose_block_size(
+    batch: int, heads: int, t_q: int, t_k: int, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    max_block: int | None = MAX_BLOCK,
+) -> int:
     """Queries per block so that one (batch, heads, block, t_k) float32 tile fits ``budget_bytes``.
 
-    At least 16 (or ``t_q`` if smaller), at most ``t_q``; a multiple of 16 when below ``t_q``.
+    At least 16 (or ``t_q`` if smaller), at most ``max_block`` (None: no limit) and ``t_q``;
+    a multiple of 16 when below ``t_q``.
     """
     per_row = max(1, batch * heads * t_k * 4)
     n = budget_bytes // per_row
+    if max_block is not None:
+        n = min(n, max_block)
     if n >= t_q:
         return t_q
     return max(min(16, t_q), (n // 16) * 16)
@@ -288,7 +308,7 @@ def blockwise_attention(
     sliding_window: int | None = None,
     block_size: int | None = None,
     budget_bytes: int | None = None,
-    fused: bool | None = None,
+    output: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention output and exact column sums, block by block over queries.
 
@@ -315,7 +335,19 @@ def blockwise_attention(
         block_size: queries per block; None uses :func:`current_options` or
             :func:`choose_block_size`.
         budget_bytes: memory budget of one score tile when choosing the block size.
-        fused: allow the fused CPU kernel (output and LSE in one call).
+        output: where the attention output comes from (None: :func:`current_options`):
+            ``tiles`` -- from the score tiles, ``softmax(tile) @ V``, in the same pass as the
+            column sums: one Q K^T and one P V GEMM per block, in float32 (the fastest on
+            CPU: 1.2-1.25x the plain forward for SmolLM2 at T = 4096-8192, against 1.3-1.45x
+            for ``fused``); ``fused`` -- CPU only: the fused SDPA kernel
+            (``_scaled_dot_product_flash_attention_for_cpu``), so the output is bit-identical to
+            the plain SDPA forward, and its log-sum-exp feeds one more Q K^T for the column
+            sums (:func:`column_sums_from_lse`); ``sdpa`` -- ``F.scaled_dot_product_attention``
+            as ``transformers`` calls it, the tiles computing their own log-sum-exp (fast where
+            SDPA has fast kernels: CUDA); ``auto`` -- ``tiles`` on CPU, ``sdpa`` elsewhere.
+            Soft-capping, sink logits, a sliding window that no mask expresses, or fewer
+            causal queries than keys without a mask always use ``tiles`` (SDPA cannot compute
+            them); ``fused`` off CPU (or with value and query head sizes differing) is ``sdpa``.
 
     Returns:
         output (B, T_q, H_q, D) in ``value``'s dtype; column sums (B, H_q, T_k)
@@ -323,8 +355,8 @@ def blockwise_attention(
         whose every key is masked (padding) contribute nothing.
 
     Raises:
-        InputError: mismatched shapes, H_q not a multiple of H_kv, or a block size
-            that is not positive.
+        InputError: mismatched shapes, H_q not a multiple of H_kv, a block size
+            that is not positive, or ``output`` not in :data:`OUTPUTS`.
     """
     if query.dim() != 4 or key.dim() != 4 or value.shape[:3] != key.shape[:3]:
         raise InputError(
@@ -339,7 +371,8 @@ def blockwise_attention(
     block_size = block_size if block_size is not None else opts.block_size
     fixed_block = block_size
     budget_bytes = budget_bytes if budget_bytes is not None else opts.budget_bytes
-    fused = opts.fused if fused is None else fused
+    output = opts.output if output is None else output
+    _check_output(output)
     if block_size is None:
         block_size = choose_block_size(B, Hq, Tq, Tk, budget_bytes)
     if block_size <= 0:
@@ -358,8 +391,13 @@ def blockwise_attention(
     if mask is not None and mask.dim() != 4:
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
-    use_fused = fused and _FUSED_CPU is not None and query.device.type == "cpu" and value.shape[-1] == D
-    if use_fused and not tiled_output and mask is None:
+    if output == "auto":
+        output = "tiles" if query.device.type == "cpu" else "sdpa"
+    if output == "fused" and (_FUSED_CPU is None or query.device.type != "cpu" or value.shape[-1] != D):
+        output = "sdpa"  # the fused kernel runs on CPU with equal query and value head sizes only
+    if tiled_output:
+        output = "tiles"
+    if output == "fused" and mask is None:
         # output and LSE from the fused kernel, column sums from one more Q K^T (see column_sums_from_lse)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal), scale=scale)
         if query.dtype != torch.float32:  # the LSE of the float32 scores the statistics use
@@ -368,9 +406,9 @@ def blockwise_attention(
         return out.transpose(1, 2).contiguous(), col
 
     lse = None  # (B, H_q, T_q) float32, when the output kernel provides it
-    if tiled_output:
+    if output == "tiles":
         out = torch.empty(B, Hq, Tq, value.shape[-1], dtype=torch.float32, device=query.device)
-    elif use_fused:
+    elif output == "fused":
         # transformers built a (B, 1, T_q, T_k) boolean mask for the padding; the kernel wants it additive
         fmask = None if mask is None else _float_mask(mask, query.dtype)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal and mask is None), attn_mask=fmask, scale=scale)
@@ -381,53 +419,71 @@ def blockwise_attention(
     else:
         out = _sdpa_output(query, key, value, mask, is_causal, scale)
 
-    qf = query.float()
-    kf = key.float().reshape(B * Hkv, Tk, D)  # (B*H_kv, T_k, D)
-    vf = value.float().reshape(B * Hkv, Tk, -1) if tiled_output else None
+    # scores in base 2 (exp2 is several times faster than exp on CPU) with the scale folded into
+    # the queries; soft-capping needs natural units, so it keeps base e
+    base = _LOG2E if softcap is None else 1.0
+    qf = query.float() * (scale * base)
+    kT = key.float().reshape(B * Hkv, Tk, D).transpose(1, 2)  # (B*H_kv, D, T_k)
+    vf = value.float().reshape(B * Hkv, Tk, -1) if output == "tiles" else None
     col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
-    sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1)
+    sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1) * base
+    # one score buffer for every block: a fresh multi-MB tile per block costs an mmap and page faults
+    buf = torch.empty(B * Hq * min(block_size, Tq) * Tk, dtype=torch.float32, device=query.device)
+    # causal without mask or window: only the (n x n) square on the diagonal has hidden keys
+    triangle = mask is None and is_causal and window is None
+    upper = torch.ones(block_size, block_size, dtype=torch.bool, device=query.device).triu_(1) if triangle else None
 
     for q0 in range(0, Tq, block_size):
         q1 = min(q0 + block_size, Tq)
         n = q1 - q0
         k0, k1 = _block_keys(mask, q0, q1, Tk, offset, is_causal, window)
         if k1 <= k0:
-            if tiled_output:
+            if output == "tiles":
                 out[:, :, q0:q1] = 0.0
             continue
         span = k1 - k0
         # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
         qb = qf[:, :, q0:q1].reshape(B * Hkv, n_rep * n, D)
-        kT = kf[:, k0:k1].transpose(1, 2)  # (B*H_kv, D, span)
-        bias = _tile_bias(mask, q0, q1, k0, k1, offset, is_causal, window, query.device)
+        tile = buf[: B * Hq * n * span].view(B * Hkv, n_rep * n, span)
+        scores = tile.view(B, Hq, n, span)
+        diagonal = triangle and k0 == 0 and q0 + offset >= 0 and k1 == q1 + offset
+        bias = None if diagonal else _tile_bias(mask, q0, q1, k0, k1, offset, is_causal, window, query.device)
+        if bias is not None and base != 1.0:
+            bias = bias * base  # additive float masks in base-2 units (0 and -inf stay)
 
         if lse is not None:
-            # probabilities directly: exp(scale * q.k + bias - LSE), the LSE folded into the GEMM
+            # probabilities directly: exp2(scores + (bias - LSE) log2 e), (bias - LSE) as the GEMM's accumulator
             lse_b = lse[:, :, q0:q1, None]  # (B, H_q, n, 1)
-            lse_b = torch.where(torch.isinf(lse_b), torch.zeros_like(lse_b), lse_b)  # fully masked rows
-            acc = -lse_b if bias is None else bias - lse_b
-            acc = acc.expand(B, Hq, n, span).contiguous().view(B * Hkv, n_rep * n, span)
-            probs = acc.baddbmm_(qb, kT, alpha=scale).exp_().view(B * Hq, n, span)
+            lse_b = torch.where(torch.isinf(lse_b), torch.zeros_like(lse_b), lse_b) * base  # fully masked rows
+            if bias is None:
+                scores.copy_(lse_b.neg().expand_as(scores))
+            else:
+                torch.sub(bias, lse_b, out=scores)
+            probs = tile.baddbmm_(qb, kT[:, :, k0:k1]).exp2_().view(B * Hq, n, span)
             weights = torch.ones(B * Hq, 1, n, device=query.device)
         else:
-            scores = torch.bmm(qb, kT).mul_(scale).view(B, Hq, n, span)  # (B, H_q, n, span)
+            torch.bmm(qb, kT[:, :, k0:k1], out=tile)  # (B*H_kv, n_rep*n, span): scaled scores
             if softcap is not None:
                 scores.div_(softcap).tanh_().mul_(softcap)
-            if bias is not None:
+            if diagonal:  # key j > query i + offset: the upper triangle of the last n keys
+                scores[..., q0 + offset - k0 :].masked_fill_(upper[:n, :n], float("-inf"))
+            elif bias is not None:
                 scores.add_(bias)
             row_max = scores.amax(dim=-1, keepdim=True)  # (B, H_q, n, 1)
             if sink_logits is not None:
                 row_max = torch.maximum(row_max, sink_logits.expand_as(row_max))
             row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
-            probs = scores.sub_(row_max).exp_()  # unnormalised
+            scores.sub_(row_max)
+            probs = scores.exp2_() if base != 1.0 else scores.exp_()  # unnormalised
             denom = probs.sum(dim=-1, keepdim=True)
             if sink_logits is not None:
-                denom = denom + torch.exp(sink_logits - row_max)
+                sink_exp = sink_logits - row_max
+                denom = denom + (sink_exp.exp2() if base != 1.0 else sink_exp.exp())
             inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))  # (B, H_q, n, 1)
             probs = probs.view(B * Hq, n, span)
             weights = inv.view(B * Hq, 1, n)
-            if tiled_output:
-                o = torch.bmm(probs.view(B * Hkv, n_rep * n, span), vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v)
+            if output == "tiles":
+                o = torch.bmm(tile, vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v), unnormalised
                 out[:, :, q0:q1] = o.view(B, Hq, n, -1) * inv
         # column sums of the (normalised) tile: weights^T @ probs, (B*H_q, 1, span)
         col[:, :, k0:k1] += torch.bmm(weights, probs).view(B, Hq, span)
