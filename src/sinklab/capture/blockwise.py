@@ -1,42 +1,40 @@
 """The ``blockwise`` collector: exact attention column sums without a T x T matrix.
 
-The attention output comes from the fused SDPA kernel, as in a plain forward; the
-column sums ``sum_i A[b, h, i, j]`` are computed block by block over queries from the
-queries, the keys and each query's log-sum-exp (LSE)::
+The column sums ``sum_i A[b, h, i, j]`` are computed block by block over queries::
 
     A[b, h, i, j] = exp(scaling * q_i . k_j + bias_ij - LSE_i)
 
-(``bias`` is 0 where query ``i`` may attend key ``j`` and -inf where it may not). A
-block of ``n`` queries needs only its ``(B, H_q, n, span)`` tile of scores, where
-``span`` is the range of keys the block can see (``<= T_k``; about half of it on
-average for a causal layer, at most ``window + n`` for a sliding-window layer). Extra
-memory is therefore ``O(B H_q n T_k)`` for one layer at a time, never ``O(T^2)``.
+(``bias`` is 0 where query ``i`` may attend key ``j`` and -inf where it may not; LSE_i is
+query i's log-sum-exp). A block of ``n`` queries needs only its ``(B, H_q, n, span)``
+tile of scores, where ``span`` is the range of keys the block can see (``<= T_k``;
+about half of it on average for a causal layer, at most ``window + n`` for a
+sliding-window layer). Extra memory is therefore ``O(B H_q n T_k)`` for one layer at a
+time, never ``O(T^2)``.
 
-Three paths, chosen per layer:
+Where the attention output comes from (``output``, see :func:`blockwise_attention`):
 
-* **fused** (CPU, no mask, no soft-capping, no sink logits, no sliding window that
-  matters -- the common case at long context):
-  ``aten._scaled_dot_product_flash_attention_for_cpu`` returns the output *and* the
-  LSE in one call -- the same kernel ``F.scaled_dot_product_attention`` dispatches to
-  on CPU, so the output is bit-identical to the plain SDPA forward. The column sums
-  then cost one more Q K^T over the visible keys with ``-LSE`` folded into the GEMM,
-  an ``exp2`` and a sum, in (1024 keys x 64 queries) tiles that skip everything above
-  the causal diagonal, but no P V product (:func:`column_sums_from_lse`).
-* **fused + tiles** (CPU with a padding mask): output and LSE from the fused kernel;
-  each query block's tile of probabilities costs one batched GEMM (with
-  ``-LSE + bias`` folded into its accumulator), one in-place ``exp`` and one GEMV
-  for the column sum.
-* **sdpa** (other devices, same conditions): the output from
+* **tiles** (default on CPU; always with soft-capping as in Gemma 2, per-head sink
+  logits as in gpt-oss, a sliding window that no mask expresses, or a causal layer
+  with fewer queries than keys and no mask, which SDPA cannot compute): each block's
+  tile of scores gives its rows' max, ``exp2`` and sum, the output
+  ``softmax(tile) @ V`` and the column sums, in one pass in float32: one Q K^T and one
+  P V GEMM per block, and only the square on the causal diagonal is masked. On CPU
+  this is faster than the fused kernel below plus one more Q K^T.
+* **fused** (CPU, opt-in): ``aten._scaled_dot_product_flash_attention_for_cpu``
+  returns the output *and* the LSE in one call -- the kernel
+  ``F.scaled_dot_product_attention`` dispatches to on CPU, so the output is
+  bit-identical to the plain SDPA forward. Without a mask the column sums then cost
+  one more Q K^T with ``-LSE`` folded into the GEMM, an ``exp2`` and a sum, in (1024
+  keys x 64 queries) tiles that skip everything above the causal diagonal, but no
+  P V product (:func:`column_sums_from_lse`); with a padding mask each block's tile
+  of probabilities costs one GEMM with ``-LSE + bias`` as its accumulator.
+* **sdpa** (default on other devices, where SDPA has fast kernels): the output from
   ``F.scaled_dot_product_attention`` exactly as ``transformers`` calls it, and the
   LSE of each tile computed in the tile (max, exp, sum).
-* **tiled** (soft-capping as in Gemma 2, per-head sink logits as in gpt-oss, a
-  sliding window that no mask expresses, or a causal layer with fewer queries than
-  keys and no mask): SDPA cannot compute these, so the output is computed tile by
-  tile too (``softmax(tile) @ V``), in float32.
 
 The block size is chosen from a memory budget (:data:`DEFAULT_BUDGET_BYTES` for the
-score tile, 64 MiB) and can be fixed with :func:`blockwise_options` or the
-``SINKLAB_BLOCK_SIZE`` environment variable.
+score tile, 64 MiB), on CPU at most :data:`MAX_BLOCK` queries, and can be fixed with
+:func:`blockwise_options` or the ``SINKLAB_BLOCK_SIZE`` environment variable.
 """
 
 from __future__ import annotations
@@ -60,7 +58,7 @@ DEFAULT_BUDGET_BYTES = 64 * 2**20
 """Largest float32 score tile per block (the collector's extra memory is about twice the tile)."""
 
 MAX_BLOCK = 32
-"""Queries per block at most when the block size is chosen: measured on one CPU core, larger
+"""Queries per block at most when the block size is chosen on CPU: measured on one core, larger
 blocks gain no GEMM speed and their tiles fall out of cache (SmolLM2 shapes, T = 4096 and 8192)."""
 
 OUTPUTS = ("auto", "tiles", "fused", "sdpa")
@@ -338,8 +336,9 @@ def blockwise_attention(
         output: where the attention output comes from (None: :func:`current_options`):
             ``tiles`` -- from the score tiles, ``softmax(tile) @ V``, in the same pass as the
             column sums: one Q K^T and one P V GEMM per block, in float32 (the fastest on
-            CPU: 1.2-1.25x the plain forward for SmolLM2 at T = 4096-8192, against 1.3-1.45x
-            for ``fused``); ``fused`` -- CPU only: the fused SDPA kernel
+            CPU: the whole SmolLM2-135M capture costs 1.13x the plain forward at T = 4096
+            against 1.31x with ``fused``, ``benchmarks/results/long_context_paired_after{3,2}-T4096.json``);
+            ``fused`` -- CPU only: the fused SDPA kernel
             (``_scaled_dot_product_flash_attention_for_cpu``), so the output is bit-identical to
             the plain SDPA forward, and its log-sum-exp feeds one more Q K^T for the column
             sums (:func:`column_sums_from_lse`); ``sdpa`` -- ``F.scaled_dot_product_attention``
@@ -374,7 +373,9 @@ def blockwise_attention(
     output = opts.output if output is None else output
     _check_output(output)
     if block_size is None:
-        block_size = choose_block_size(B, Hq, Tq, Tk, budget_bytes)
+        # the MAX_BLOCK cap is for CPU caches; on an accelerator fewer, larger blocks mean fewer launches
+        cap = MAX_BLOCK if query.device.type == "cpu" else None
+        block_size = choose_block_size(B, Hq, Tq, Tk, budget_bytes, max_block=cap)
     if block_size <= 0:
         raise InputError(f"block_size must be positive, got {block_size}")
     n_rep = Hq // Hkv
@@ -493,8 +494,8 @@ def blockwise_attention(
 
 @COLLECTORS.register(
     "blockwise",
-    description="exact column sums block by block over queries from q, k and the log-sum-exp; output from SDPA; "
-    "no T x T matrix",
+    description="exact column sums block by block over queries, with the output from the same score tiles "
+    "(CPU) or SDPA; no T x T matrix",
 )
 def blockwise_collector(
     query: Tensor,
