@@ -283,7 +283,7 @@ def column_sums_from_lse(
         for q0 in range(k0 if is_causal else 0, Tq, n):  # causal: k0 is a multiple of n
             q1 = min(Tq, q0 + n)
             k1 = min(q1, k0 + m) if is_causal else min(Tk, k0 + m)
-            qbT = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1).transpose(1, 2)  # (B*H_kv, D+1, n_rep*n)
+            qbT = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1).transpose(1, 2)  # (B*H_kv, D+1, .)
             tile = buf[: B * Hq * (q1 - q0) * (k1 - k0)].view(B * Hkv, k1 - k0, n_rep * (q1 - q0))
             torch.bmm(ka[:, k0:k1], qbT, out=tile)
             tile = tile.view(B, Hkv, k1 - k0, n_rep, q1 - q0)  # log2-probabilities
@@ -428,11 +428,13 @@ def blockwise_attention(
     vf = value.float().reshape(B * Hkv, Tk, -1) if output == "tiles" else None
     col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
     sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1) * base
+    exp_ = Tensor.exp2_ if base != 1.0 else Tensor.exp_  # in place
     # one score buffer for every block: a fresh multi-MB tile per block costs an mmap and page faults
-    buf = torch.empty(B * Hq * min(block_size, Tq) * Tk, dtype=torch.float32, device=query.device)
+    n_max = min(block_size, Tq)
+    buf = torch.empty(B * Hq * n_max * Tk, dtype=torch.float32, device=query.device)
     # causal without mask or window: only the (n x n) square on the diagonal has hidden keys
     triangle = mask is None and is_causal and window is None
-    upper = torch.ones(block_size, block_size, dtype=torch.bool, device=query.device).triu_(1) if triangle else None
+    upper = torch.ones(n_max, n_max, dtype=torch.bool, device=query.device).triu_(1) if triangle else None
 
     for q0 in range(0, Tq, block_size):
         q1 = min(q0 + block_size, Tq)
@@ -453,14 +455,14 @@ def blockwise_attention(
             bias = bias * base  # additive float masks in base-2 units (0 and -inf stay)
 
         if lse is not None:
-            # probabilities directly: exp2(scores + (bias - LSE) log2 e), (bias - LSE) as the GEMM's accumulator
+            # probabilities directly: exp(scores + bias - LSE) (base 2 here), (bias - LSE) as the GEMM's accumulator
             lse_b = lse[:, :, q0:q1, None]  # (B, H_q, n, 1)
             lse_b = torch.where(torch.isinf(lse_b), torch.zeros_like(lse_b), lse_b) * base  # fully masked rows
             if bias is None:
                 scores.copy_(lse_b.neg().expand_as(scores))
             else:
                 torch.sub(bias, lse_b, out=scores)
-            probs = tile.baddbmm_(qb, kT[:, :, k0:k1]).exp2_().view(B * Hq, n, span)
+            probs = exp_(tile.baddbmm_(qb, kT[:, :, k0:k1])).view(B * Hq, n, span)
             weights = torch.ones(B * Hq, 1, n, device=query.device)
         else:
             torch.bmm(qb, kT[:, :, k0:k1], out=tile)  # (B*H_kv, n_rep*n, span): scaled scores
@@ -475,11 +477,10 @@ def blockwise_attention(
                 row_max = torch.maximum(row_max, sink_logits.expand_as(row_max))
             row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
             scores.sub_(row_max)
-            probs = scores.exp2_() if base != 1.0 else scores.exp_()  # unnormalised
+            probs = exp_(scores)  # unnormalised
             denom = probs.sum(dim=-1, keepdim=True)
             if sink_logits is not None:
-                sink_exp = sink_logits - row_max
-                denom = denom + (sink_exp.exp2() if base != 1.0 else sink_exp.exp())
+                denom = denom + exp_(sink_logits - row_max)
             inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))  # (B, H_q, n, 1)
             probs = probs.view(B * Hq, n, span)
             weights = inv.view(B * Hq, 1, n)
