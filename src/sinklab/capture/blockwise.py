@@ -408,7 +408,8 @@ def blockwise_attention(
 
     lse = None  # (B, H_q, T_q) float32, when the output kernel provides it
     if output == "tiles":
-        out = torch.empty(B, Hq, Tq, value.shape[-1], dtype=torch.float32, device=query.device)
+        # written straight in the (B, T_q, H_q, D_v) layout the caller wants: no transposed copy at the end
+        out = torch.empty(B, Tq, Hq, value.shape[-1], dtype=torch.float32, device=query.device)
     elif output == "fused":
         # transformers built a (B, 1, T_q, T_k) boolean mask for the padding; the kernel wants it additive
         fmask = None if mask is None else _float_mask(mask, query.dtype)
@@ -442,7 +443,7 @@ def blockwise_attention(
         k0, k1 = _block_keys(mask, q0, q1, Tk, offset, is_causal, window)
         if k1 <= k0:
             if output == "tiles":
-                out[:, :, q0:q1] = 0.0
+                out[:, q0:q1] = 0.0
             continue
         span = k1 - k0
         # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
@@ -486,11 +487,13 @@ def blockwise_attention(
             weights = inv.view(B * Hq, 1, n)
             if output == "tiles":
                 o = torch.bmm(tile, vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v), unnormalised
-                out[:, :, q0:q1] = o.view(B, Hq, n, -1) * inv
+                out[:, q0:q1] = (o.view(B, Hq, n, -1) * inv).transpose(1, 2)
         # column sums of the (normalised) tile: weights^T @ probs, (B*H_q, 1, span)
         col[:, :, k0:k1] += torch.bmm(weights, probs).view(B, Hq, span)
 
-    return out.to(value.dtype).transpose(1, 2).contiguous(), col
+    if output == "tiles":
+        return out.to(value.dtype), col
+    return out.transpose(1, 2).contiguous(), col
 
 
 @COLLECTORS.register(
