@@ -336,7 +336,7 @@ def blockwise_attention(
         output: where the attention output comes from (None: :func:`current_options`):
             ``tiles`` -- from the score tiles, ``softmax(tile) @ V``, in the same pass as the
             column sums: one Q K^T and one P V GEMM per block, in float32 (the fastest on
-            CPU: the whole SmolLM2-135M capture costs 1.13x the plain forward at T = 4096
+            CPU: the whole SmolLM2-135M capture costs 1.12x the plain forward at T = 4096
             against 1.31x with ``fused``, ``benchmarks/results/long_context_paired_after{3,2}-T4096.json``);
             ``fused`` -- CPU only: the fused SDPA kernel
             (``_scaled_dot_product_flash_attention_for_cpu``), so the output is bit-identical to
