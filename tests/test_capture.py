@@ -162,3 +162,30 @@ def test_fallback_reads_causality_from_the_mask(monkeypatch, build, causal):
     stats = collect(model, ids, collector="eager")
     assert stats.causal is causal
     torch.testing.assert_close(stats.mass, mass, rtol=0, atol=1e-6)
+
+
+def test_median_nonnegative_equals_torch_median():
+    """The radix selection of the recorder's median |h| equals torch.median (the lower median) on rows with
+    ties, zeros, subnormals, inf, a whole row inside one 16-bit bucket, even and odd lengths, and NaN."""
+    from sinklab.capture.recorder import median_nonnegative
+
+    g = torch.Generator().manual_seed(5)
+    rows = {
+        "normal-odd": torch.randn(3, 1001, generator=g).abs(),
+        "normal-even": torch.randn(2, 1000, generator=g).abs() * 1e3,
+        "ties-and-zeros": torch.randint(0, 4, (2, 64), generator=g).float(),
+        "one-bucket": 1.0 + torch.rand(2, 501, generator=g) * 1e-3,  # all share their top 16 bits
+        "subnormal-inf": torch.cat([torch.full((1, 5), 1e-42), torch.full((1, 4), float("inf")), torch.ones(1, 2)], 1),
+        "single": torch.tensor([[2.5]]),
+        "pair": torch.tensor([[3.0, 1.0]]),
+    }
+    for name, x in rows.items():
+        torch.testing.assert_close(median_nonnegative(x), x.median(dim=1).values, rtol=0, atol=0, msg=name)
+    x = torch.rand(3, 11, generator=g)
+    x[1, 4] = float("nan")
+    got = median_nonnegative(x)
+    assert torch.isnan(got[1]) and torch.isnan(x[1].median())
+    torch.testing.assert_close(got[[0, 2]], x[[0, 2]].median(dim=1).values, rtol=0, atol=0)
+    for bad in (torch.tensor([[1.0, -2.0, 3.0]]), torch.ones(3), torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 0)):
+        with pytest.raises(InputError):
+            median_nonnegative(bad)

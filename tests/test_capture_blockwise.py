@@ -197,10 +197,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("output", ["tiles", "fused", "sdpa"])
 @pytest.mark.parametrize("block", [1, 3, 7, 64])
 @pytest.mark.parametrize("case", list(CASES))
-def test_blockwise_attention_against_float64(case, block, fused):
+def test_blockwise_attention_against_float64(case, block, output):
     opts = CASES[case]
     g = torch.Generator().manual_seed(7)
     B, Hq, Hkv, Tk, D = 2, 6, 2, 11, 8
@@ -217,7 +217,7 @@ def test_blockwise_attention_against_float64(case, block, fused):
     scale = 0.3
     out, col = blockwise_attention(
         q, k, v, scaling=scale, attention_mask=mask, is_causal=opts["causal"], softcap=opts.get("softcap"),
-        sinks=sinks, sliding_window=opts.get("window"), block_size=block, fused=fused,
+        sinks=sinks, sliding_window=opts.get("window"), block_size=block, output=output,
     )
     ref_mask = None if mask is None else mask.masked_fill(mask < -1e30, float("-inf"))
     p, ref_out = _reference(q, k, v, scale, ref_mask, opts["causal"], opts.get("softcap"), sinks, opts.get("window"))
@@ -281,8 +281,11 @@ def test_no_t_by_t_tensor_at_long_context(arch, T_long):
 
 
 def test_block_size_choice_and_bad_values():
-    assert choose_block_size(1, 9, 4096, 4096, budget_bytes=64 * 2**20) == 448
-    assert choose_block_size(1, 9, 100, 100) == 100
+    assert choose_block_size(1, 9, 4096, 4096, budget_bytes=64 * 2**20, max_block=None) == 448
+    assert choose_block_size(1, 9, 4096, 4096) == 32  # MAX_BLOCK
+    assert choose_block_size(1, 9, 20, 20) == 20
+    assert choose_block_size(1, 9, 100, 100, max_block=None) == 100
+    assert choose_block_size(1, 9, 100, 100) == 32
     assert choose_block_size(8, 32, 32768, 32768, budget_bytes=2**20) == 16  # floor
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(InputError):
@@ -293,6 +296,11 @@ def test_block_size_choice_and_bad_values():
     with pytest.raises(InputError):
         with blockwise_options(block_size=-1):
             pass
+    with pytest.raises(InputError, match="output must be one of"):
+        with blockwise_options(output="flash"):
+            pass
+    with pytest.raises(InputError, match="output must be one of"):
+        blockwise_attention(q, q, q, scaling=None, attention_mask=None, is_causal=True, output="flash")
 
 
 def test_unknown_model_falls_back_with_warning(monkeypatch):
@@ -322,13 +330,13 @@ def test_smollm2_blockwise_equals_eager_at_512(real_home):
     assert (eager.mass[0, :, :, 0] > 0.3).any()  # a real sink is present on token 0
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_bfloat16_inputs_match_float32_statistics(fused):
+@pytest.mark.parametrize("output", ["tiles", "fused", "sdpa"])
+def test_bfloat16_inputs_match_float32_statistics(output):
     """bf16 q/k/v: the statistics are those of the float32 scores of the bf16 values (as eager computes)."""
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(1, 4, 37, 16, generator=g).to(torch.bfloat16) for _ in range(3))
     out, col = blockwise_attention(q, k[:, :2], v[:, :2], scaling=0.25, attention_mask=None, is_causal=True,
-                                   block_size=8, fused=fused)
+                                   block_size=8, output=output)
     out_e, col_e = COLLECTORS.get("eager")(q, k[:, :2], v[:, :2], scaling=0.25, attention_mask=None, is_causal=True)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(col, col_e, rtol=1e-5, atol=1e-5)
@@ -362,17 +370,29 @@ def test_gpt_oss_sink_logits_give_virtual_mass_and_sliding_layers_visible_mass()
     assert sink_rate_virtual(stats.extra_mass, 0.3) == pytest.approx(want)
 
 
+@pytest.mark.parametrize("tiles", [dict(tile_bytes=1024), dict(block_size=4, key_block=8), dict(block_size=3, key_block=7),
+                                   dict(block_size=5, key_block=2), dict(block_size=64)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_column_sums_from_lse_against_float64(causal):
+def test_column_sums_from_lse_against_float64(causal, tiles):
     """The fused path's column sums (one more Q K^T with -LSE folded into the GEMM, base-2 exp) against
-    float64 softmax, with the automatic tile size and grouped-query heads."""
+    float64 softmax, with grouped-query heads and tiles of several shapes: the automatic size, several key
+    blocks (a multiple of the query block, rounded down to one: 7 -> 6, or raised to it: 2 -> 5), a ragged
+    last block, one block larger than T."""
     g = torch.Generator().manual_seed(3)
     B, Hq, Hkv, T, D = 2, 6, 3, 37, 8
     q, k = torch.randn(B, Hq, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g)
     p, _ = _reference(q, k, k, 0.4, None, causal, None, None, None)
     lse = torch.logsumexp((q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2) * 0.4).masked_fill(
         ~torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.zeros(T, T, dtype=torch.bool), float("-inf")), -1)
-    col = column_sums_from_lse(q, k, lse.float(), scaling=0.4, is_causal=causal, tile_bytes=1024)
+    col = column_sums_from_lse(q, k, lse.float(), scaling=0.4, is_causal=causal, **tiles)
     torch.testing.assert_close(col, p.sum(-2), rtol=1e-5, atol=1e-5)
+
+
+def test_column_sums_from_lse_bad_input():
+    q, k = torch.randn(1, 2, 6, 4), torch.randn(1, 1, 6, 4)
+    lse = torch.zeros(1, 2, 6)
     with pytest.raises(InputError, match="as many queries as keys"):
-        column_sums_from_lse(q[:, :, :5], k, lse[..., :5].float(), scaling=0.4, is_causal=True)
+        column_sums_from_lse(q[:, :, :5], k, lse[..., :5], scaling=0.4, is_causal=True)
+    for bad in (dict(block_size=0), dict(key_block=0)):
+        with pytest.raises(InputError, match="must be positive"):
+            column_sums_from_lse(q, k, lse, scaling=0.4, is_causal=True, **bad)

@@ -1,42 +1,40 @@
 """The ``blockwise`` collector: exact attention column sums without a T x T matrix.
 
-The attention output comes from the fused SDPA kernel, as in a plain forward; the
-column sums ``sum_i A[b, h, i, j]`` are computed block by block over queries from the
-queries, the keys and each query's log-sum-exp (LSE)::
+The column sums ``sum_i A[b, h, i, j]`` are computed block by block over queries::
 
     A[b, h, i, j] = exp(scaling * q_i . k_j + bias_ij - LSE_i)
 
-(``bias`` is 0 where query ``i`` may attend key ``j`` and -inf where it may not). A
-block of ``n`` queries needs only its ``(B, H_q, n, span)`` tile of scores, where
-``span`` is the range of keys the block can see (``<= T_k``; about half of it on
-average for a causal layer, at most ``window + n`` for a sliding-window layer). Extra
-memory is therefore ``O(B H_q n T_k)`` for one layer at a time, never ``O(T^2)``.
+(``bias`` is 0 where query ``i`` may attend key ``j`` and -inf where it may not; LSE_i is
+query i's log-sum-exp). A block of ``n`` queries needs only its ``(B, H_q, n, span)``
+tile of scores, where ``span`` is the range of keys the block can see (``<= T_k``;
+about half of it on average for a causal layer, at most ``window + n`` for a
+sliding-window layer). Extra memory is therefore ``O(B H_q n T_k)`` for one layer at a
+time, never ``O(T^2)``.
 
-Three paths, chosen per layer:
+Where the attention output comes from (``output``, see :func:`blockwise_attention`):
 
-* **fused** (CPU, no mask, no soft-capping, no sink logits, no sliding window that
-  matters -- the common case at long context):
-  ``aten._scaled_dot_product_flash_attention_for_cpu`` returns the output *and* the
-  LSE in one call -- the same kernel ``F.scaled_dot_product_attention`` dispatches to
-  on CPU, so the output is bit-identical to the plain SDPA forward. The column sums
-  then cost one more Q K^T over the visible keys with ``-LSE`` folded into the GEMM,
-  an ``exp2`` and a sum, in small cache-sized tiles, but no P V product
-  (:func:`column_sums_from_lse`).
-* **fused + tiles** (CPU with a padding mask): output and LSE from the fused kernel;
-  each query block's tile of probabilities costs one batched GEMM (with
-  ``-LSE + bias`` folded into its accumulator), one in-place ``exp`` and one GEMV
-  for the column sum.
-* **sdpa** (other devices, same conditions): the output from
+* **tiles** (default on CPU; always with soft-capping as in Gemma 2, per-head sink
+  logits as in gpt-oss, a sliding window that no mask expresses, or a causal layer
+  with fewer queries than keys and no mask, which SDPA cannot compute): each block's
+  tile of scores gives its rows' max, ``exp2`` and sum, the output
+  ``softmax(tile) @ V`` and the column sums, in one pass in float32: one Q K^T and one
+  P V GEMM per block, and only the square on the causal diagonal is masked. On CPU
+  this is faster than the fused kernel below plus one more Q K^T.
+* **fused** (CPU, opt-in): ``aten._scaled_dot_product_flash_attention_for_cpu``
+  returns the output *and* the LSE in one call -- the kernel
+  ``F.scaled_dot_product_attention`` dispatches to on CPU, so the output is
+  bit-identical to the plain SDPA forward. Without a mask the column sums then cost
+  one more Q K^T with ``-LSE`` folded into the GEMM, an ``exp2`` and a sum, in (1024
+  keys x 64 queries) tiles that skip everything above the causal diagonal, but no
+  P V product (:func:`column_sums_from_lse`); with a padding mask each block's tile
+  of probabilities costs one GEMM with ``-LSE + bias`` as its accumulator.
+* **sdpa** (default on other devices, where SDPA has fast kernels): the output from
   ``F.scaled_dot_product_attention`` exactly as ``transformers`` calls it, and the
   LSE of each tile computed in the tile (max, exp, sum).
-* **tiled** (soft-capping as in Gemma 2, per-head sink logits as in gpt-oss, a
-  sliding window that no mask expresses, or a causal layer with fewer queries than
-  keys and no mask): SDPA cannot compute these, so the output is computed tile by
-  tile too (``softmax(tile) @ V``), in float32.
 
 The block size is chosen from a memory budget (:data:`DEFAULT_BUDGET_BYTES` for the
-score tile, 64 MiB) and can be fixed with :func:`blockwise_options` or the
-``SINKLAB_BLOCK_SIZE`` environment variable.
+score tile, 64 MiB), on CPU at most :data:`MAX_BLOCK` queries, and can be fixed with
+:func:`blockwise_options` or the ``SINKLAB_BLOCK_SIZE`` environment variable.
 """
 
 from __future__ import annotations
@@ -57,7 +55,14 @@ from sinklab.capture.collectors import COLLECTORS
 from sinklab.errors import InputError
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20
-"""Bytes of float32 score tile per block (the collector's extra memory is about twice this)."""
+"""Largest float32 score tile per block (the collector's extra memory is about twice the tile)."""
+
+MAX_BLOCK = 32
+"""Queries per block at most when the block size is chosen on CPU: measured on one core, larger
+blocks gain no GEMM speed and their tiles fall out of cache (SmolLM2 shapes, T = 4096 and 8192)."""
+
+OUTPUTS = ("auto", "tiles", "fused", "sdpa")
+"""Where the attention output comes from; see :func:`blockwise_attention`."""
 
 _FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -69,12 +74,12 @@ class BlockwiseOptions:
     Attributes:
         block_size: queries per block; None chooses it from ``budget_bytes``.
         budget_bytes: bytes of one float32 score tile (B x H_q x block x span).
-        fused: use the fused CPU kernel's log-sum-exp when it applies.
+        output: one of :data:`OUTPUTS` (see :func:`blockwise_attention`).
     """
 
     block_size: int | None = None
     budget_bytes: int = DEFAULT_BUDGET_BYTES
-    fused: bool = True
+    output: str = "auto"
 
 
 _local = threading.local()
@@ -99,32 +104,45 @@ def current_options() -> BlockwiseOptions:
 
 @contextlib.contextmanager
 def blockwise_options(
-    block_size: int | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES, fused: bool = True
+    block_size: int | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES, output: str = "auto"
 ) -> Iterator[BlockwiseOptions]:
     """Within the block, the ``blockwise`` collector uses these settings (this thread only).
 
     Raises:
-        InputError: ``block_size`` or ``budget_bytes`` not positive.
+        InputError: ``block_size`` or ``budget_bytes`` not positive, ``output`` not in :data:`OUTPUTS`.
     """
     if block_size is not None and block_size <= 0:
         raise InputError(f"block_size must be positive, got {block_size}")
     if budget_bytes <= 0:
         raise InputError(f"budget_bytes must be positive, got {budget_bytes}")
+    _check_output(output)
     previous = getattr(_local, "options", None)
-    _local.options = BlockwiseOptions(block_size, budget_bytes, fused)
+    _local.options = BlockwiseOptions(block_size, budget_bytes, output)
     try:
         yield _local.options
     finally:
         _local.options = previous
 
 
-def choose_block_size(batch: int, heads: int, t_q: int, t_k: int, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
+def _check_output(output: str) -> None:
+    """Raise InputError unless ``output`` is one of :data:`OUTPUTS`."""
+    if output not in OUTPUTS:
+        raise InputError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+
+
+def choose_block_size(
+    batch: int, heads: int, t_q: int, t_k: int, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    max_block: int | None = MAX_BLOCK,
+) -> int:
     """Queries per block so that one (batch, heads, block, t_k) float32 tile fits ``budget_bytes``.
 
-    At least 16 (or ``t_q`` if smaller), at most ``t_q``; a multiple of 16 when below ``t_q``.
+    At least 16 (or ``t_q`` if smaller), at most ``max_block`` (None: no limit) and ``t_q``;
+    a multiple of 16 when below ``t_q``.
     """
     per_row = max(1, batch * heads * t_k * 4)
     n = budget_bytes // per_row
+    if max_block is not None:
+        n = min(n, max_block)
     if n >= t_q:
         return t_q
     return max(min(16, t_q), (n // 16) * 16)
@@ -192,25 +210,36 @@ def _block_keys(
 _LOG2E = 1.0 / math.log(2.0)
 
 COLSUM_TILE_BYTES = 4 * 2**20
-"""Bytes of float32 probability tile per block of :func:`column_sums_from_lse` (small: stays in cache)."""
+"""Largest float32 probability tile of :func:`column_sums_from_lse` (B x H_q x queries x keys)."""
+
+COLSUM_QUERIES = 64
+"""Queries per tile of :func:`column_sums_from_lse` (fewer when the tile would exceed :data:`COLSUM_TILE_BYTES`)."""
+
+COLSUM_KEYS = 1024
+"""Keys per tile of :func:`column_sums_from_lse` (rounded down to a multiple of the queries per tile): the
+key block (1024 x 65 floats per key head, 260 KiB) stays in the L2 cache while every query block passes it."""
 
 
 def column_sums_from_lse(
     query: Tensor, key: Tensor, lse: Tensor, *, scaling: float, is_causal: bool, tile_bytes: int = COLSUM_TILE_BYTES,
-    block_size: int | None = None,
+    block_size: int | None = None, key_block: int = COLSUM_KEYS,
 ) -> Tensor:
     """Column sums of softmax attention from each query's log-sum-exp: one more Q K^T, no P V.
 
     ``c_j = sum_i exp(scaling * q_i . k_j - LSE_i)`` over the queries ``i`` that see key ``j``
     (Vaswani et al. 2017 softmax; the LSE comes from the fused kernel's forward). The
     ``-LSE_i`` is folded into the GEMM as one more head dimension (``q'_i = [scaling q_i,
-    -LSE_i]``, ``k'_j = [k_j, 1]``), so each query block costs one batched GEMM over the keys
-    the block can see (causal: keys ``j <= i``), one in-place ``exp2`` (the GEMM gives base-2
-    log-probabilities: both columns carry a factor log2(e)) and one sum over the
-    block's queries; only the diagonal block needs a mask. The tile (B, H_q, block, span)
-    is at most ``tile_bytes`` of float32 (at least 16 queries), so it stays in cache; a
-    fixed ``block_size`` (queries per block) overrides that. (A second fused-kernel call on
-    the transposed problem, keys as queries, would also multiply by the values.)
+    -LSE_i]``, ``k'_j = [k_j, 1]``; a 65th dimension costs no measurable GEMM time), so each
+    tile of (queries, keys) costs one batched GEMM, one in-place ``exp2`` (the GEMM gives
+    base-2 log-probabilities: both columns carry a factor log2(e)) and one sum over the
+    tile's queries. Tiles are two-dimensional and visited key block by key block: each key
+    block (``key_block`` keys, a multiple of the queries per tile) meets every query block
+    that sees it (causal: the blocks at or after it; tiles above the diagonal are never
+    computed, and only the tile on the diagonal needs a mask). A tile has
+    :data:`COLSUM_QUERIES` queries, fewer if it would exceed ``tile_bytes`` of float32 (at
+    least 16); a fixed ``block_size`` (queries per tile) overrides that. (A second
+    fused-kernel call on the transposed problem, keys as queries, would also multiply by
+    the values.)
 
     Args:
         query: (B, H_q, T_q, D); key: (B, H_kv, T_k, D) (grouped-query heads not repeated).
@@ -218,39 +247,50 @@ def column_sums_from_lse(
             sees a key), 0-based positions.
         scaling: the score scale used for ``lse``.
         is_causal: query i sees keys j <= i (then T_q == T_k), or every key (no mask).
+        tile_bytes: largest float32 tile when choosing the queries per tile.
+        block_size: queries per tile (overrides ``tile_bytes``).
+        key_block: keys per tile (rounded down to a multiple of the queries per tile).
 
     Returns:
         (B, H_q, T_k) float64 column sums ``sum_i A[b, h, i, j]``.
 
     Raises:
-        InputError: ``is_causal`` with T_q != T_k.
+        InputError: ``is_causal`` with T_q != T_k; ``block_size`` or ``key_block`` not positive.
     """
     B, Hq, Tq, D = query.shape
     Hkv, Tk = key.shape[1], key.shape[2]
     if is_causal and Tq != Tk:
         raise InputError(f"causal column sums need as many queries as keys, got {Tq} and {Tk}")
+    if (block_size is not None and block_size <= 0) or key_block <= 0:
+        raise InputError(f"block_size and key_block must be positive, got {block_size} and {key_block}")
     n_rep = Hq // Hkv
     # base-2 log-probabilities (torch's exp2 is several times faster than exp on CPU)
     qa = torch.cat([query.float() * (scaling * _LOG2E), -lse.float()[..., None] * _LOG2E], dim=-1)  # (B, H_q, T_q, D+1)
     qa = qa.view(B, Hkv, n_rep, Tq, D + 1)
     ka = torch.cat([key.float(), key.new_ones(B, Hkv, Tk, 1, dtype=torch.float32)], dim=-1)  # (B, H_kv, T_k, D+1)
     ka = ka.reshape(B * Hkv, Tk, D + 1)
-    col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
-    n = block_size if block_size is not None else max(16, tile_bytes // max(1, B * Hq * Tk * 4))
-    # one buffer for every tile: a fresh multi-MB tensor per block costs an mmap and page faults
-    buf = torch.empty(B * Hq * min(n, Tq) * Tk, dtype=torch.float32, device=query.device)
-    for q0 in range(0, Tq, n):
-        q1 = min(Tq, q0 + n)
-        k1 = q1 if is_causal else Tk
-        qb = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1)  # (B*H_kv, n_rep*n, D+1)
-        tile = buf[: B * Hq * (q1 - q0) * k1].view(B * Hkv, n_rep * (q1 - q0), k1)
-        torch.bmm(qb, ka[:, :k1].transpose(1, 2), out=tile)
-        tile = tile.view(B, Hq, q1 - q0, k1)  # log2-probabilities
-        if is_causal:  # key j > query i hidden: the upper triangle of the diagonal block
-            hidden = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=query.device).triu_(1)
-            tile[..., q0:k1].masked_fill_(hidden, float("-inf"))
-        col[..., :k1] += tile.exp2_().sum(dim=2)  # (B, H_q, k1)
-    return col
+    m = min(key_block, Tk)
+    n = block_size if block_size is not None else max(16, min(COLSUM_QUERIES, tile_bytes // max(1, B * Hq * m * 4)))
+    n = min(n, Tq)
+    m = max(n, m // n * n) if is_causal else m  # causal: the diagonal tile lies inside one key block
+    # one buffer for every tile: a fresh multi-MB tensor per tile costs an mmap and page faults
+    buf = torch.empty(B * Hq * n * m, dtype=torch.float32, device=query.device)
+    hidden = torch.ones(n, n, dtype=torch.bool, device=query.device).tril_(-1)[:, None]  # [key j, 1, query i]: j > i
+    # tiles are keys x queries: the GEMM is a little faster that way round and each key's sum is over
+    # contiguous memory; col[b, g, j, r] belongs to query head g * n_rep + r
+    col = torch.zeros(B, Hkv, Tk, n_rep, dtype=torch.float64, device=query.device)
+    for k0 in range(0, Tk, m):
+        for q0 in range(k0 if is_causal else 0, Tq, n):  # causal: k0 is a multiple of n
+            q1 = min(Tq, q0 + n)
+            k1 = min(q1, k0 + m) if is_causal else min(Tk, k0 + m)
+            qbT = qa[:, :, :, q0:q1].reshape(B * Hkv, n_rep * (q1 - q0), D + 1).transpose(1, 2)  # (B*H_kv, D+1, .)
+            tile = buf[: B * Hq * (q1 - q0) * (k1 - k0)].view(B * Hkv, k1 - k0, n_rep * (q1 - q0))
+            torch.bmm(ka[:, k0:k1], qbT, out=tile)
+            tile = tile.view(B, Hkv, k1 - k0, n_rep, q1 - q0)  # log2-probabilities
+            if is_causal and k1 == q1:  # the diagonal tile: hide keys after the query
+                tile[:, :, q0 - k0 :].masked_fill_(hidden[: q1 - q0, :, : q1 - q0], float("-inf"))
+            col[:, :, k0:k1] += tile.exp2_().sum(dim=-1)  # (B, H_kv, k1 - k0, n_rep)
+    return col.transpose(2, 3).reshape(B, Hq, Tk)
 
 
 def blockwise_attention(
@@ -266,7 +306,7 @@ def blockwise_attention(
     sliding_window: int | None = None,
     block_size: int | None = None,
     budget_bytes: int | None = None,
-    fused: bool | None = None,
+    output: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention output and exact column sums, block by block over queries.
 
@@ -293,7 +333,20 @@ def blockwise_attention(
         block_size: queries per block; None uses :func:`current_options` or
             :func:`choose_block_size`.
         budget_bytes: memory budget of one score tile when choosing the block size.
-        fused: allow the fused CPU kernel (output and LSE in one call).
+        output: where the attention output comes from (None: :func:`current_options`):
+            ``tiles`` -- from the score tiles, ``softmax(tile) @ V``, in the same pass as the
+            column sums: one Q K^T and one P V GEMM per block, in float32 (the fastest on
+            CPU: the whole SmolLM2-135M capture costs 1.12x the plain forward at T = 4096
+            against 1.31x with ``fused``, ``benchmarks/results/long_context_paired_after{3,2}-T4096.json``);
+            ``fused`` -- CPU only: the fused SDPA kernel
+            (``_scaled_dot_product_flash_attention_for_cpu``), so the output is bit-identical to
+            the plain SDPA forward, and its log-sum-exp feeds one more Q K^T for the column
+            sums (:func:`column_sums_from_lse`); ``sdpa`` -- ``F.scaled_dot_product_attention``
+            as ``transformers`` calls it, the tiles computing their own log-sum-exp (fast where
+            SDPA has fast kernels: CUDA); ``auto`` -- ``tiles`` on CPU, ``sdpa`` elsewhere.
+            Soft-capping, sink logits, a sliding window that no mask expresses, or fewer
+            causal queries than keys without a mask always use ``tiles`` (SDPA cannot compute
+            them); ``fused`` off CPU (or with value and query head sizes differing) is ``sdpa``.
 
     Returns:
         output (B, T_q, H_q, D) in ``value``'s dtype; column sums (B, H_q, T_k)
@@ -301,8 +354,8 @@ def blockwise_attention(
         whose every key is masked (padding) contribute nothing.
 
     Raises:
-        InputError: mismatched shapes, H_q not a multiple of H_kv, or a block size
-            that is not positive.
+        InputError: mismatched shapes, H_q not a multiple of H_kv, a block size
+            that is not positive, or ``output`` not in :data:`OUTPUTS`.
     """
     if query.dim() != 4 or key.dim() != 4 or value.shape[:3] != key.shape[:3]:
         raise InputError(
@@ -317,9 +370,12 @@ def blockwise_attention(
     block_size = block_size if block_size is not None else opts.block_size
     fixed_block = block_size
     budget_bytes = budget_bytes if budget_bytes is not None else opts.budget_bytes
-    fused = opts.fused if fused is None else fused
+    output = opts.output if output is None else output
+    _check_output(output)
     if block_size is None:
-        block_size = choose_block_size(B, Hq, Tq, Tk, budget_bytes)
+        # the MAX_BLOCK cap is for CPU caches; on an accelerator fewer, larger blocks mean fewer launches
+        cap = MAX_BLOCK if query.device.type == "cpu" else None
+        block_size = choose_block_size(B, Hq, Tq, Tk, budget_bytes, max_block=cap)
     if block_size <= 0:
         raise InputError(f"block_size must be positive, got {block_size}")
     n_rep = Hq // Hkv
@@ -336,8 +392,13 @@ def blockwise_attention(
     if mask is not None and mask.dim() != 4:
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
-    use_fused = fused and _FUSED_CPU is not None and query.device.type == "cpu" and value.shape[-1] == D
-    if use_fused and not tiled_output and mask is None:
+    if output == "auto":
+        output = "tiles" if query.device.type == "cpu" else "sdpa"
+    if output == "fused" and (_FUSED_CPU is None or query.device.type != "cpu" or value.shape[-1] != D):
+        output = "sdpa"  # the fused kernel runs on CPU with equal query and value head sizes only
+    if tiled_output:
+        output = "tiles"
+    if output == "fused" and mask is None:
         # output and LSE from the fused kernel, column sums from one more Q K^T (see column_sums_from_lse)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal), scale=scale)
         if query.dtype != torch.float32:  # the LSE of the float32 scores the statistics use
@@ -346,9 +407,10 @@ def blockwise_attention(
         return out.transpose(1, 2).contiguous(), col
 
     lse = None  # (B, H_q, T_q) float32, when the output kernel provides it
-    if tiled_output:
-        out = torch.empty(B, Hq, Tq, value.shape[-1], dtype=torch.float32, device=query.device)
-    elif use_fused:
+    if output == "tiles":
+        # written straight in the (B, T_q, H_q, D_v) layout the caller wants: no transposed copy at the end
+        out = torch.empty(B, Tq, Hq, value.shape[-1], dtype=torch.float32, device=query.device)
+    elif output == "fused":
         # transformers built a (B, 1, T_q, T_k) boolean mask for the padding; the kernel wants it additive
         fmask = None if mask is None else _float_mask(mask, query.dtype)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal and mask is None), attn_mask=fmask, scale=scale)
@@ -359,64 +421,85 @@ def blockwise_attention(
     else:
         out = _sdpa_output(query, key, value, mask, is_causal, scale)
 
-    qf = query.float()
-    kf = key.float().reshape(B * Hkv, Tk, D)  # (B*H_kv, T_k, D)
-    vf = value.float().reshape(B * Hkv, Tk, -1) if tiled_output else None
+    # scores in base 2 (exp2 is several times faster than exp on CPU) with the scale folded into
+    # the queries; soft-capping needs natural units, so it keeps base e
+    base = _LOG2E if softcap is None else 1.0
+    qf = query.float() * (scale * base)
+    kT = key.float().reshape(B * Hkv, Tk, D).transpose(1, 2)  # (B*H_kv, D, T_k)
+    vf = value.float().reshape(B * Hkv, Tk, -1) if output == "tiles" else None
     col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
-    sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1)
+    sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1) * base
+    exp_ = Tensor.exp2_ if base != 1.0 else Tensor.exp_  # in place
+    # one score buffer for every block: a fresh multi-MB tile per block costs an mmap and page faults
+    n_max = min(block_size, Tq)
+    buf = torch.empty(B * Hq * n_max * Tk, dtype=torch.float32, device=query.device)
+    # causal without mask or window: only the (n x n) square on the diagonal has hidden keys
+    triangle = mask is None and is_causal and window is None
+    upper = torch.ones(n_max, n_max, dtype=torch.bool, device=query.device).triu_(1) if triangle else None
 
     for q0 in range(0, Tq, block_size):
         q1 = min(q0 + block_size, Tq)
         n = q1 - q0
         k0, k1 = _block_keys(mask, q0, q1, Tk, offset, is_causal, window)
         if k1 <= k0:
-            if tiled_output:
-                out[:, :, q0:q1] = 0.0
+            if output == "tiles":
+                out[:, q0:q1] = 0.0
             continue
         span = k1 - k0
         # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
         qb = qf[:, :, q0:q1].reshape(B * Hkv, n_rep * n, D)
-        kT = kf[:, k0:k1].transpose(1, 2)  # (B*H_kv, D, span)
-        bias = _tile_bias(mask, q0, q1, k0, k1, offset, is_causal, window, query.device)
+        tile = buf[: B * Hq * n * span].view(B * Hkv, n_rep * n, span)
+        scores = tile.view(B, Hq, n, span)
+        diagonal = triangle and k0 == 0 and q0 + offset >= 0 and k1 == q1 + offset
+        bias = None if diagonal else _tile_bias(mask, q0, q1, k0, k1, offset, is_causal, window, query.device)
+        if bias is not None and base != 1.0:
+            bias = bias * base  # additive float masks in base-2 units (0 and -inf stay)
 
         if lse is not None:
-            # probabilities directly: exp(scale * q.k + bias - LSE), the LSE folded into the GEMM
+            # probabilities directly: exp(scores + bias - LSE) (base 2 here), (bias - LSE) as the GEMM's accumulator
             lse_b = lse[:, :, q0:q1, None]  # (B, H_q, n, 1)
-            lse_b = torch.where(torch.isinf(lse_b), torch.zeros_like(lse_b), lse_b)  # fully masked rows
-            acc = -lse_b if bias is None else bias - lse_b
-            acc = acc.expand(B, Hq, n, span).contiguous().view(B * Hkv, n_rep * n, span)
-            probs = acc.baddbmm_(qb, kT, alpha=scale).exp_().view(B * Hq, n, span)
+            lse_b = torch.where(torch.isinf(lse_b), torch.zeros_like(lse_b), lse_b) * base  # fully masked rows
+            if bias is None:
+                scores.copy_(lse_b.neg().expand_as(scores))
+            else:
+                torch.sub(bias, lse_b, out=scores)
+            probs = exp_(tile.baddbmm_(qb, kT[:, :, k0:k1])).view(B * Hq, n, span)
             weights = torch.ones(B * Hq, 1, n, device=query.device)
         else:
-            scores = torch.bmm(qb, kT).mul_(scale).view(B, Hq, n, span)  # (B, H_q, n, span)
+            torch.bmm(qb, kT[:, :, k0:k1], out=tile)  # (B*H_kv, n_rep*n, span): scaled scores
             if softcap is not None:
                 scores.div_(softcap).tanh_().mul_(softcap)
-            if bias is not None:
+            if diagonal:  # key j > query i + offset: the upper triangle of the last n keys
+                scores[..., q0 + offset - k0 :].masked_fill_(upper[:n, :n], float("-inf"))
+            elif bias is not None:
                 scores.add_(bias)
             row_max = scores.amax(dim=-1, keepdim=True)  # (B, H_q, n, 1)
             if sink_logits is not None:
                 row_max = torch.maximum(row_max, sink_logits.expand_as(row_max))
             row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
-            probs = scores.sub_(row_max).exp_()  # unnormalised
+            scores.sub_(row_max)
+            probs = exp_(scores)  # unnormalised
             denom = probs.sum(dim=-1, keepdim=True)
             if sink_logits is not None:
-                denom = denom + torch.exp(sink_logits - row_max)
+                denom = denom + exp_(sink_logits - row_max)
             inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))  # (B, H_q, n, 1)
             probs = probs.view(B * Hq, n, span)
             weights = inv.view(B * Hq, 1, n)
-            if tiled_output:
-                o = torch.bmm(probs.view(B * Hkv, n_rep * n, span), vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v)
-                out[:, :, q0:q1] = o.view(B, Hq, n, -1) * inv
+            if output == "tiles":
+                o = torch.bmm(tile, vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v), unnormalised
+                out[:, q0:q1] = (o.view(B, Hq, n, -1) * inv).transpose(1, 2)
         # column sums of the (normalised) tile: weights^T @ probs, (B*H_q, 1, span)
         col[:, :, k0:k1] += torch.bmm(weights, probs).view(B, Hq, span)
 
-    return out.to(value.dtype).transpose(1, 2).contiguous(), col
+    if output == "tiles":
+        return out.to(value.dtype), col
+    return out.transpose(1, 2).contiguous(), col
 
 
 @COLLECTORS.register(
     "blockwise",
-    description="exact column sums block by block over queries from q, k and the log-sum-exp; output from SDPA; "
-    "no T x T matrix",
+    description="exact column sums block by block over queries, with the output from the same score tiles "
+    "(CPU) or SDPA; no T x T matrix",
 )
 def blockwise_collector(
     query: Tensor,
