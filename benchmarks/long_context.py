@@ -205,6 +205,14 @@ def main() -> None:
         mr = f"{r['peak_mb'] / base['peak_mb']:.2f}" if base and base["peak_mb"] > 0 else ""
         print(f"| {r['T']} | {r['mode']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['peak_mb']:.0f} | {tr} | {cr} | {mr} |")
     if args.json:
+        import os
+        import sys
+
+        from sinklab.provenance import code_version
+
+        for r in rows:  # the conditions of the run, with every row
+            r.update({"command": "python " + " ".join(sys.argv), "code": code_version()["commit"],
+                      "load_end": [round(x, 2) for x in os.getloadavg()]})
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
 
