@@ -205,9 +205,6 @@ def main() -> None:
         mr = f"{r['peak_mb'] / base['peak_mb']:.2f}" if base and base["peak_mb"] > 0 else ""
         print(f"| {r['T']} | {r['mode']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['peak_mb']:.0f} | {tr} | {cr} | {mr} |")
     if args.json:
-        import os
-        import sys
-
         from sinklab.provenance import code_version
 
         for r in rows:  # the conditions of the run, with every row
