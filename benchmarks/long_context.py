@@ -154,7 +154,8 @@ def main() -> None:
         return
 
     rows = []
-    print(f"load average at start: {os.getloadavg()}", flush=True)
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    print(f"load average at start: {load_start}", flush=True)
     for T in args.seq_lens:
         for mode in args.modes:
             est = estimate_gb(mode, T)
@@ -209,7 +210,7 @@ def main() -> None:
 
         for r in rows:  # the conditions of the run, with every row
             r.update({"command": "python " + " ".join(sys.argv), "code": code_version()["commit"],
-                      "load_end": [round(x, 2) for x in os.getloadavg()]})
+                      "load_start": load_start, "load_end": [round(x, 2) for x in os.getloadavg()]})
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
 
