@@ -201,6 +201,8 @@ expect = "higher"
     steps = [json.loads(x)["step"] for x in (d05 / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # resumed at step 3, not restarted
     assert "--resume" in (d05 / "train.log").read_text()
+    rec = json.loads((d05 / "sweep.json").read_text())  # the conditions of the last start: 2 jobs on 2 cores
+    assert rec["starts"] == 1 and (rec["jobs"], rec["threads"]) == (2, 1) and len(rec["load_at_end"]) == 3
     # the seeds differ: seed k trained with train.seed = k
     s0 = json.loads((run_dir(out, p05, 0) / "summary.json").read_text())
     s1 = json.loads((d05 / "summary.json").read_text())

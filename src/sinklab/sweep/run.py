@@ -6,7 +6,8 @@ Layout of ``--out`` (default ``results/NAME``)::
     runs/<slug>/seed<k>/          one training run with ``train.seed = k`` (config.toml, metrics.jsonl,
                                   final/, summary.json), k = 0 .. S-1
     runs/<slug>/seed<k>/train.log the run's stdout/stderr
-    runs/<slug>/seed<k>/sweep.json wall time accumulated over every (re)start, exit status
+    runs/<slug>/seed<k>/sweep.json wall time accumulated over every (re)start, exit status, and the
+                                   last start's jobs, torch threads and load average at its end
     summary.csv, summary.md one row per point (see :data:`COLUMNS`)
     sink_rate.png           Sink_1 (95% CI) against the swept value, paper values beside
 
@@ -64,6 +65,17 @@ def train_command(study: Study, point: Point, d: Path, seed: int = 0) -> list[st
 def _record(d: Path) -> dict:
     p = d / "sweep.json"
     return json.loads(p.read_text()) if p.exists() else {"wall_s": 0.0, "starts": 0}
+
+
+def _close_record(d: Path, t0: float, returncode, jobs: int, threads: int) -> None:
+    """Add one start's wall time to ``sweep.json`` with its exit status and the conditions it ran under
+    (trainings at once, torch threads each, the load average at its end: 1, 5, 15 min)."""
+    rec = _record(d)
+    rec["wall_s"] = round(rec["wall_s"] + time.time() - t0, 1)
+    rec["starts"] += 1
+    rec["returncode"] = returncode
+    rec.update(jobs=jobs, threads=threads, load_at_end=[round(x, 2) for x in os.getloadavg()])
+    _write_record(d, rec)
 
 
 def _write_record(d: Path, rec: dict) -> None:
@@ -220,11 +232,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
                 if rc is None:
                     continue
                 log.close()
-                rec = _record(d)
-                rec["wall_s"] = round(rec["wall_s"] + time.time() - t0, 1)
-                rec["starts"] += 1
-                rec["returncode"] = rc
-                _write_record(d, rec)
+                _close_record(d, t0, rc, jobs, threads)
                 del running[slug]
                 ok = rc == 0 and is_finished(d)
                 status[slug] = "done" if ok else f"failed ({rc}; see {d / 'train.log'})"
@@ -235,12 +243,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         for slug, (proc, p, t0, log, k) in running.items():
             _stop(proc)
             log.close()
-            d = run_dir(out, p, k)
-            rec = _record(d)
-            rec["wall_s"] = round(rec["wall_s"] + time.time() - t0, 1)
-            rec["starts"] += 1
-            rec["returncode"] = "stopped"
-            _write_record(d, rec)
+            _close_record(run_dir(out, p, k), t0, "stopped", jobs, threads)
         raise
     finally:
         display.close()
