@@ -295,6 +295,14 @@ def bench_mfu(quick: bool, hf_result: dict | None) -> dict:
 
 
 # ------------------------------------------------------------------ main
+def _print_hf_rows(h: dict) -> None:
+    """The per-model table of a :func:`bench_hf` result: wall and CPU tokens/s and s/step."""
+    print(f"{'model':<18}{'tokens/s':>10}{'s/step':>9}{'CPU tokens/s':>14}{'CPU s/step':>12}")
+    for who in ("sinklab", "transformers", "sinklab-logits-ce", "sinklab-unfused"):
+        r = h[who]
+        print(f"{who:<18}{r['tokens_per_s']:>10.0f}{r['s_per_step']:>9.3f}{r['cpu_tokens_per_s']:>14.0f}{r['cpu_s_per_step']:>12.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, numbers are noisy)")
@@ -323,10 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         h = res["sinklab_vs_transformers"] = bench_hf(args.quick)
         print(f"\n== sinklab vs transformers LlamaForCausalLM (SDPA): tiny-cpu shapes, B={h['batch']}, T={h['T']}, "
               f"{h['params']/1e6:.2f}M params, {h['timed_steps']} timed steps each (interleaved), {res['threads']} threads")
-        print(f"{'model':<18}{'tokens/s':>10}{'s/step':>9}{'CPU tokens/s':>14}{'CPU s/step':>12}")
-        for who in ("sinklab", "transformers", "sinklab-logits-ce", "sinklab-unfused"):
-            r = h[who]
-            print(f"{who:<18}{r['tokens_per_s']:>10.0f}{r['s_per_step']:>9.3f}{r['cpu_tokens_per_s']:>14.0f}{r['cpu_s_per_step']:>12.3f}")
+        _print_hf_rows(h)
         print(f"ratio sinklab / transformers = {h['ratio_sinklab_over_hf']:.2f}x wall, {h['cpu_ratio_sinklab_over_hf']:.2f}x CPU time; "
               f"full-logits cross-entropy {h['ratio_logits_ce_over_hf']:.2f}x wall, {h['cpu_ratio_logits_ce_over_hf']:.2f}x CPU; "
               f"unfused projections + full-logits CE {h['ratio_unfused_over_hf']:.2f}x "
@@ -335,10 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         h = res["paper60m_vs_transformers"] = bench_hf(args.quick, PAPER60M, T=2048, B=1, steps=(1, 2, 1))
         print(f"\n== sinklab vs transformers at the paper-60m shapes: B={h['batch']}, T={h['T']}, {h['params']/1e6:.1f}M params, "
               f"{h['timed_steps']} timed steps each")
-        print(f"{'model':<18}{'tokens/s':>10}{'s/step':>9}{'CPU tokens/s':>14}{'CPU s/step':>12}")
-        for who in ("sinklab", "transformers", "sinklab-logits-ce", "sinklab-unfused"):
-            r = h[who]
-            print(f"{who:<18}{r['tokens_per_s']:>10.0f}{r['s_per_step']:>9.3f}{r['cpu_tokens_per_s']:>14.0f}{r['cpu_s_per_step']:>12.3f}")
+        _print_hf_rows(h)
         print(f"ratio sinklab / transformers = {h['ratio_sinklab_over_hf']:.2f}x wall, {h['cpu_ratio_sinklab_over_hf']:.2f}x CPU time")
     if "mfu" in parts:
         m = res["mfu"] = bench_mfu(args.quick, res.get("sinklab_vs_transformers"))

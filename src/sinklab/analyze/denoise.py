@@ -48,13 +48,8 @@ def token_kinds(ids: Tensor, *, prompt_len: int, mask_id: int, bos_id: int | Non
 
 def _special_ids(subj: Subject, mask_id: int | None) -> tuple[int, int | None, int | None]:
     tok = subj.tokenizer
-    if mask_id is None:
+    if mask_id is None:  # a masked diffusion run's saved tokenizer declares <|mask|> as its mask token
         mask_id = None if tok is None else getattr(tok, "mask_token_id", None)
-        if mask_id is None and tok is not None:
-            from sinklab.diffusion.masking import MASK_TOKEN
-
-            i = tok.convert_tokens_to_ids(MASK_TOKEN)
-            mask_id = i if isinstance(i, int) and i != getattr(tok, "unk_token_id", None) else None
     if mask_id is None:
         raise InputError("no mask token: the model's tokenizer has no <|mask|>; analyze denoise needs a masked "
                          "diffusion run (sinklab train ... --set train.objective=masked_diffusion)")

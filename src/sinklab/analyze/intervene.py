@@ -20,7 +20,7 @@ from sinklab.analyze.common import (AnalysisResult, Subject, check_layers, comma
                                     sink_position)
 from sinklab.analyze.massive import top_activations
 from sinklab.capture.native import is_native
-from sinklab.errors import InputError
+from sinklab.errors import InputError, SinklabError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
 
@@ -130,7 +130,9 @@ def diffusion_probe(subj: Subject, seed: int) -> tuple[Tensor, Tensor] | None:
     Raises:
         InputError: a masked diffusion model whose tokenizer has no mask token.
     """
-    from sinklab.diffusion.masking import corrupt, diffusion_targets, mask_ratio_and_mask
+    from sinklab.data.packing import PACKING
+    from sinklab.diffusion.masking import corrupt, mask_ratio_and_mask
+    from sinklab.train.objective import MaskedDiffusionObjective
 
     m = subj.model
     if not is_native(m) or getattr(m.config, "causal", True):
@@ -140,24 +142,15 @@ def diffusion_probe(subj: Subject, seed: int) -> tuple[Tensor, Tensor] | None:
     if mask_id is None:
         raise InputError("this bidirectional model's tokenizer has no mask token (<|mask|>): not a masked diffusion run")
     ids = subj.input_ids
-    maskable = torch.ones_like(ids, dtype=torch.bool)
-    if getattr(tok, "bos_token_id", None) is not None:
-        maskable &= ids != tok.bos_token_id
-    eps, keep = 1e-3, None
-    run = _run_of(subj)
-    if run is not None:  # mask as the run was trained: its eps, and never the token its packing inserts
-        from sinklab.data.packing import PackingContext, make_packer
-
-        d = run.config.data
-        eps = run.config.train.mask_eps
-        keep = make_packer(d.packing, PackingContext(eos_id=-1, bos_id=-1, vocab_size=0,
-                                                     position=d.packing_position)).inserted_position
-    if keep is not None and keep < ids.shape[1]:
-        maskable[:, keep] = False
-    t, masked = mask_ratio_and_mask(seed, 0, maskable, eps)
-    _, w = diffusion_targets(ids, masked, t)
-    w = w * (ids.numel() / max(int(masked.sum()), 1))  # back to 1/t on the masked positions
-    return corrupt(ids, masked, int(mask_id)), w
+    run = _run_of(subj)  # mask as the run was trained: its eps, never BOS or the token its packing inserts
+    d = run.config.data if run is not None else None
+    bos = getattr(tok, "bos_token_id", None)
+    objective = MaskedDiffusionObjective(
+        mask_id=int(mask_id), eps=run.config.train.mask_eps if run is not None else 1e-3, seed=seed, eval_seed=seed,
+        keep_ids=() if bos is None else (bos,),
+        keep_position=PACKING.get(d.packing).inserted_at(d.packing_position) if d is not None else None)
+    t, masked = mask_ratio_and_mask(seed, 0, objective.maskable(ids), objective.eps)
+    return corrupt(ids, masked, objective.mask_id), masked.to(torch.float32) / t[:, None]
 
 
 def _run_of(subj: Subject):
@@ -167,7 +160,7 @@ def _run_of(subj: Subject):
     folder = subj.model_info.get("run") or subj.source
     try:
         return find_run(str(folder)) if folder else None
-    except Exception:  # a folder that is not a run (or not readable) is simply no run
+    except SinklabError:  # a run folder without final/ or with a bad config: no run to read settings from
         return None
 
 

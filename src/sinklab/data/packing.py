@@ -56,10 +56,16 @@ class Packer:
     def __init__(self, ctx: PackingContext) -> None:
         self.ctx = ctx
 
+    @staticmethod
+    def inserted_at(position: int) -> int | None:
+        """0-based position of the token this packing inserts into every window (not text), or None,
+        given the configured ``data.packing_position`` (used only by ``fixed_token``)."""
+        return None
+
     @property
     def inserted_position(self) -> int | None:
-        """0-based position of the token this packing inserts into every window (not text), or None."""
-        return None
+        """:meth:`inserted_at` for this packer's context."""
+        return self.inserted_at(self.ctx.position)
 
     def stream(self, split: TokenSplit) -> np.ndarray:
         """1-D stream of the split's documents, each followed by EOS. Shape (n_tokens + n_docs,)."""
@@ -135,8 +141,8 @@ class RandomFirstPacker(Packer):
         super().__init__(ctx)
         self._ids = _normal_ids(ctx)
 
-    @property
-    def inserted_position(self) -> int | None:
+    @staticmethod
+    def inserted_at(position: int) -> int | None:
         return 0
 
     def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -152,9 +158,9 @@ class FixedTokenPacker(Packer):
     n_inserted = 1
     n_probe_inserted = 1
 
-    @property
-    def inserted_position(self) -> int | None:
-        return self.ctx.position
+    @staticmethod
+    def inserted_at(position: int) -> int | None:
+        return position
 
     def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.ctx.position
