@@ -203,6 +203,7 @@ prefix_len = 0
 log_every = 25
 checkpoint_every = 200
 tensorboard = false
+threads = 1
 
 [track]
 every = 50

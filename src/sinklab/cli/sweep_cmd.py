@@ -19,13 +19,14 @@ def sweep_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="sweep folder (default results/NAME)"),
     cores: Optional[int] = typer.Option(None, "--cores", help="cores to share between the jobs (default: all)"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only this point (label or folder name); repeatable"),
-    seeds: Optional[int] = typer.Option(None, "--seeds", help="training seeds per point, train.seed = 0..S-1 (default: the study's, 3)"),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="training seeds per point, train.seed = first_seed.. (default: the study's)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the points and their train commands, run nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress display"),
 ) -> None:
     """Run a study's grid (one `sinklab train` per point and seed), skip finished runs, resume stopped
     ones, then write summary.csv, summary.md and sink_rate.png (mean ± std over seeds)."""
-    from sinklab.sweep.run import is_finished, run_dir, run_sweep, train_command
+    from sinklab.sweep.run import is_finished, run_dir, run_sweep, select_points, shell_command
+    from sinklab.sweep.spec import point_config
     from sinklab.sweep.spec import load_study
     from sinklab.sweep.summary import markdown_table, summarize_sweep
 
@@ -38,11 +39,14 @@ def sweep_cmd(
         s.seeds = seeds
     out = out or Path("results") / s.name
     if dry_run:
-        for k in range(s.seeds):
-            for p in s.points:
+        points = select_points(s, only)
+        share = max(1, (cores or os.cpu_count() or 1) // jobs)
+        threads = {p.slug: point_config(s, p).train.threads or share for p in points}
+        for k in s.seed_list:
+            for p in points:
                 d = run_dir(out, p, k)
                 state = "finished" if is_finished(d) else ("resume" if (d / "checkpoint.pt").exists() else "new")
-                typer.echo(f"[{state}] {p.label} (seed {k}): {' '.join(train_command(s, p, d, k)[3:])}")
+                typer.echo(f"[{state}] {p.label} (seed {k}): {shell_command(s, p, d, k, threads[p.slug])}")
         return
     status = run_sweep(s, out, jobs=jobs, cores=cores or os.cpu_count(), progress=not no_progress, only=only)
     failed = {k: v for k, v in status.items() if v.startswith("failed")}

@@ -499,8 +499,8 @@ class Attention(nn.Module):
         The observer gets ``weights`` (B, H, T, T) over the T real keys. For operations
         whose rows do not sum to 1 (sigmoid or ReLU without normalisation, kernels,
         scaled or p-normalised softmax, softpick) the rows, virtual key included, are
-        renormalised to sum to 1 (all-zero rows stay 0) and ``renormalised=True``, as
-        the paper's own code does. ``extra`` (B, H, T) is the weight on the virtual key
+        replaced by the paper's proxy scores ``|w_ij| / sum_j |w_ij|`` (virtual key included; all-zero
+        rows stay 0) and ``renormalised=True``, as the paper's own code does. ``extra`` (B, H, T) is the weight on the virtual key
         (sink token, key bias, sink logit, off-by-one's implicit zero logit) or None.
 
         An observer with the attribute ``wants_query = True`` also gets ``query`` (B, H, T, d_h),
@@ -516,8 +516,13 @@ class Attention(nn.Module):
         )
         renorm = not self.op.normalised and _RENORMALISE_FOR_OBSERVER
         if renorm:
+            # the paper's proxy scores |w_ij| / sum_j |w_ij| (equal to w / sum w for non-negative weights;
+            # the identity kernel's weights can be negative)
+            sign = torch.where(w < 0, -1.0, 1.0).to(w.dtype)  # (B, H, T, T)
+            w = w.abs()
             total = w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
             if w_extra is not None:
+                w_extra = w_extra.abs()
                 total = total + w_extra
             total = torch.where(total > 0, total, torch.ones_like(total))
             w = w / total
@@ -529,7 +534,7 @@ class Attention(nn.Module):
         if edited is not None:
             # the observer replaced the weights (an intervention, sinklab.analyze): recompute the output
             # from them, in the normalisation the observer saw (undo the renormalisation), virtual key kept
-            w_new = edited * total if renorm else edited  # (B, H, T, T)
+            w_new = edited * total * sign if renorm else edited  # (B, H, T, T)
             vr = repeat_kv(v, self.n_heads // v.shape[1])  # (B, H, T, d_h)
             out = torch.matmul(w_new.to(vr.dtype), vr)  # (B, H, T, d_h)
             if w_extra is not None and vv is not None:

@@ -216,8 +216,8 @@ class SoftmaxScaled(AttentionOp):
 
     def __init__(self, ctx: OpContext, *, alpha: float = 0.8, gate: str | None = "default") -> None:
         super().__init__(ctx, gate=gate)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
-            raise ConfigError(f"attention_options.alpha must be in (0, 1], got {alpha!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
+            raise ConfigError(f"attention_options.alpha must be a positive finite number, got {alpha!r}")
         self.alpha = float(alpha)
         self.output_scale = self.alpha
         self.normalised = self.alpha == 1.0

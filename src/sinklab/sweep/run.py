@@ -4,7 +4,7 @@ Layout of ``--out`` (default ``results/NAME``)::
 
     study.json                    the parsed study (labels, overrides, paper values, expectations, seeds)
     runs/<slug>/seed<k>/          one training run with ``train.seed = k`` (config.toml, metrics.jsonl,
-                                  final/, summary.json), k = 0 .. S-1
+                                  final/, summary.json), k = first_seed .. first_seed + S - 1
     runs/<slug>/seed<k>/train.log the run's stdout/stderr
     runs/<slug>/seed<k>/sweep.json wall time accumulated over every (re)start, exit status, and the
                                    last start's jobs, torch threads and load average at its end
@@ -14,8 +14,10 @@ Layout of ``--out`` (default ``results/NAME``)::
 A run is *finished* when ``summary.json`` exists: it is skipped. A run with ``checkpoint.pt`` but
 no ``summary.json`` (stopped or killed) is continued with ``--resume``. Stopping the sweep
 (Ctrl-C, SIGTERM) stops the running trainings, which keep their last checkpoint; running the
-same command again continues where it stopped. Each job runs with ``cores // J`` torch threads
-(``OMP_NUM_THREADS``), since oversubscribed threads slow small models down many times over.
+same command again continues where it stopped. Each job runs with its config's ``train.threads``
+(set by ``sinklab train`` itself; ``OMP_NUM_THREADS`` is set to match), or ``cores // J`` torch
+threads when the config leaves it unset, since oversubscribed threads slow small models down many
+times over.
 """
 
 from __future__ import annotations
@@ -46,9 +48,20 @@ def run_dir(out: Path, point: Point, seed: int = 0) -> Path:
     return point_dir(out, point) / f"seed{seed}"
 
 
+#: written by the trainer when a run diverges (sinklab.train.loop.DIVERGED_NAME): a finished outcome
+DIVERGED_NAME = "diverged.json"
+
+
 def is_finished(d: Path) -> bool:
-    """A run is finished when the trainer wrote ``summary.json``."""
-    return (d / SUMMARY_NAME).exists()
+    """A run is finished when the trainer wrote ``summary.json``, or ``diverged.json`` (it diverged:
+    running it again would diverge at the same step)."""
+    return (d / SUMMARY_NAME).exists() or (d / DIVERGED_NAME).exists()
+
+
+def diverged_step(d: Path) -> int | None:
+    """The step at which the run in ``d`` diverged (``diverged.json``), or None."""
+    p = d / DIVERGED_NAME
+    return int(json.loads(p.read_text())["step"]) if p.exists() else None
 
 
 def train_command(study: Study, point: Point, d: Path, seed: int = 0) -> list[str]:
@@ -99,10 +112,10 @@ def finished_runs_by_config(root: Path) -> dict[str, Path]:
     """Finished run folders (with ``final/``) of every sweep under ``root`` (``root/*/runs/*/seed*``),
     keyed by the text of their ``config.toml`` (the first in path order wins).
 
-    Training is deterministic for a given resolved config (seeded init, data order and probe, one
-    device), so a run found here under the text of a pending run's config is the run that config
-    would produce: a sweep copies it instead of training again (the reference point that several
-    studies share is trained once).
+    Training is bit-deterministic for a resolved config *on one machine, torch build, thread count
+    and training code*, so a run found here under the text of a pending run's config is the run
+    that config would produce only when :func:`same_numerics` holds as well: only then does a sweep
+    copy it instead of training again (the reference point that several studies share is trained once).
     """
     index: dict[str, Path] = {}
     for cfg in sorted(root.glob("*/runs/*/seed*/config.toml")):
@@ -110,6 +123,23 @@ def finished_runs_by_config(root: Path) -> dict[str, Path]:
         if is_finished(d) and (d / "final").exists():
             index.setdefault(cfg.read_text(), d)
     return index
+
+
+def same_numerics(src: Path, cfg, threads: int, fingerprint: Callable[[], str]) -> str:
+    """Why the finished run ``src`` is *not* the run ``cfg`` would give here ("" when it is): its
+    ``summary.json`` must record the current code's fingerprint (``fingerprint()``, called only
+    when needed), this torch version and ``threads`` torch threads."""
+    import torch
+
+    s = json.loads((src / SUMMARY_NAME).read_text())
+    if s.get("torch_version") != torch.__version__:
+        return f"torch {s.get('torch_version')} there, {torch.__version__} here"
+    if s.get("threads") != threads:
+        return f"{s.get('threads')} threads there, {threads} here"
+    fp = fingerprint()
+    if s.get("code_fingerprint") != fp:
+        return f"training-code fingerprint {s.get('code_fingerprint')} there, {fp} here"
+    return ""
 
 
 def copy_run(src: Path, dst: Path) -> None:
@@ -134,6 +164,31 @@ def write_study_json(study: Study, out: Path) -> None:
     (out / "study.json").write_text(json.dumps(d, indent=1, default=str))
 
 
+def select_points(study: Study, only: list[str] | None) -> list[Point]:
+    """The points of ``study`` named in ``only`` (labels or folder names; None or empty: all).
+
+    Raises:
+        InputError: a name in ``only`` matches no point (lists the valid labels).
+    """
+    if not only:
+        return list(study.points)
+    keep = [p for p in study.points if p.label in only or p.slug in only]
+    missing = set(only) - {p.label for p in keep} - {p.slug for p in keep}
+    if missing:
+        raise InputError(f"no point labelled {', '.join(repr(m) for m in sorted(missing))}; labels: "
+                         f"{', '.join(repr(p.label) for p in study.points)}")
+    return keep
+
+
+def shell_command(study: Study, point: Point, d: Path, seed: int, threads: int) -> str:
+    """The exact shell line the sweep runs for one point and seed (``sinklab train ...`` with the
+    thread setting it applies), quoted so that it can be pasted into a shell."""
+    import shlex
+
+    args = train_command(study, point, d, seed)[3:]
+    return f"OMP_NUM_THREADS={threads} sinklab " + " ".join(shlex.quote(a) for a in args)
+
+
 def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None = None, progress: bool = True,
               only: list[str] | None = None, poll_s: float = 1.0, seeds: int | None = None,
               reuse: bool = True, on_event: Callable[[str, Point], None] | None = None) -> dict[str, str]:
@@ -143,12 +198,12 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         study: the parsed study.
         out: the sweep folder.
         jobs: J, trainings at once.
-        seeds: S, training seeds per point (``train.seed = 0 .. S-1``); default ``study.seeds``.
-            The number used is written to ``study.json``.
+        seeds: S, training seeds per point (``train.seed = first_seed .. first_seed + S - 1``);
+            default ``study.seeds``. The number used is written to ``study.json``.
         reuse: copy a finished run with a byte-identical resolved config from a sibling sweep folder
-            (``out/..``, this one included) instead of training it again (see
-            :func:`finished_runs_by_config`);
-            status "copied".
+            (``out/..``, this one included) instead of training it again, when it was trained by code
+            with the current fingerprint, the same torch and the same threads (see
+            :func:`finished_runs_by_config`, :func:`same_numerics`); status "copied".
         cores: cores to share (default ``os.cpu_count()``); each job gets ``max(1, cores // J)`` threads.
         progress: show a rich progress display (one bar per running point, one for the sweep).
         only: run only the points with these labels or slugs.
@@ -166,16 +221,8 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         study.seeds = seeds
     out = Path(out)
     write_study_json(study, out)
-    points = study.points
-    if only:
-        keep = [p for p in points if p.label in only or p.slug in only]
-        missing = set(only) - {p.label for p in keep} - {p.slug for p in keep}
-        if missing:
-            raise InputError(f"no point labelled {', '.join(sorted(missing))}; labels: {', '.join(p.label for p in points)}")
-        points = keep
-    threads = max(1, (cores or os.cpu_count() or 1) // jobs)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false"}
+    points = select_points(study, only)
+    share = max(1, (cores or os.cpu_count() or 1) // jobs)
     status: dict[str, str] = {}
     todo: list[tuple[Point, int]] = []
     # seed-major order: every point's first seed before any second seed, so a stopped sweep has
@@ -183,18 +230,27 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
     from sinklab.train.config import load_config, to_toml
 
     finished = finished_runs_by_config(out.resolve().parent) if reuse else {}
-    for k in range(study.seeds):
+    run_threads: dict[str, int] = {}
+    for k in study.seed_list:
         for p in points:
             d = run_dir(out, p, k)
+            cfg = load_config(study.base, p.set_args() + [f"train.seed={k}"])
+            run_threads[p.slug] = cfg.train.threads or share
             if is_finished(d):
                 status[f"{p.slug}/seed{k}"] = "skipped"
                 continue
             if reuse and not (d / "checkpoint.pt").exists():
-                src = finished.get(to_toml(load_config(study.base, p.set_args() + [f"train.seed={k}"])))
+                src = finished.get(to_toml(cfg))
                 if src is not None and src.resolve() != d.resolve():
-                    copy_run(src, d)
-                    status[f"{p.slug}/seed{k}"] = "copied"
-                    continue
+                    from sinklab.train.loop import code_fingerprint
+
+                    why = same_numerics(src, cfg, run_threads[p.slug], lambda: code_fingerprint(cfg, src))
+                    if not why:
+                        copy_run(src, d)
+                        status[f"{p.slug}/seed{k}"] = "copied"
+                        continue
+                    if on_event:
+                        on_event(f"not copied: {why}", p)
             todo.append((p, k))
     # steps per point, for the progress bars
     steps = {}
@@ -219,6 +275,8 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
                 log = open(d / "train.log", "a")
                 log.write(f"\n$ {' '.join(cmd)}\n")
                 log.flush()
+                n = str(run_threads[p.slug])
+                env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TOKENIZERS_PARALLELISM": "false"}
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 running[f"{p.slug}/seed{k}"] = (proc, p, time.time(), log, k)
                 display.start(p, k, steps[p.slug])
@@ -232,10 +290,12 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
                 if rc is None:
                     continue
                 log.close()
-                _close_record(d, t0, rc, jobs, threads)
+                _close_record(d, t0, rc, jobs, run_threads[p.slug])
                 del running[slug]
                 ok = rc == 0 and is_finished(d)
-                status[slug] = "done" if ok else f"failed ({rc}; see {d / 'train.log'})"
+                div = diverged_step(d)
+                status[slug] = ("done" if ok else f"diverged at step {div}" if div is not None
+                                else f"failed ({rc}; see {d / 'train.log'})")
                 display.finish(slug, ok)
                 if on_event:
                     on_event("done" if ok else "failed", p)
@@ -243,7 +303,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         for slug, (proc, p, t0, log, k) in running.items():
             _stop(proc)
             log.close()
-            _close_record(run_dir(out, p, k), t0, "stopped", jobs, threads)
+            _close_record(run_dir(out, p, k), t0, "stopped", jobs, run_threads[p.slug])
         raise
     finally:
         display.close()

@@ -7,7 +7,9 @@ A study file::
     section = "loss"                       # the paper's section (optimisation, data, loss, architecture)
     base = "emergence-cpu"                 # a preset name or a config path (relative to the study file)
     set = { "train.steps" = 1500 }         # overrides applied to every point (optional)
-    seeds = 3                              # training seeds per point (train.seed = 0 .. S-1); CLI --seeds wins
+    seeds = 5                              # training seeds per point; CLI --seeds wins
+    first_seed = 100                       # train.seed = first_seed .. first_seed + S - 1 (default 0);
+                                           # keep them disjoint from the seeds a regime was chosen on
     metric = "paper"                       # Sink_1 the verdicts use: "paper" or "visible" (mask-aware)
     paper_source = "Gu et al. 2025, Table 3 (60M LLaMA, 5B tokens)"
     note = "..."
@@ -47,7 +49,7 @@ from sinklab.registry import nearest
 
 EXPECTATIONS = ("reference", "sink", "no_sink", "higher", "lower", "similar", "")
 TOP_KEYS = ("name", "title", "section", "base", "set", "sweep", "points", "paper", "paper_source", "note", "x_log",
-            "seeds", "metric")
+            "seeds", "first_seed", "metric")
 #: the Sink_1 variant a study's verdicts use: the paper's formula, or the mask-aware one
 #: (mean over the queries the model's own mask lets see the key; see sinklab.metrics.visible_key_counts)
 METRICS = ("paper", "visible")
@@ -87,6 +89,12 @@ class Study:
     x_log: bool = False
     seeds: int = 3
     metric: str = "paper"
+    first_seed: int = 0
+
+    @property
+    def seed_list(self) -> list[int]:
+        """The training seeds of every point: ``first_seed .. first_seed + seeds - 1``."""
+        return list(range(self.first_seed, self.first_seed + self.seeds))
 
     @property
     def x_key(self) -> str | None:
@@ -181,6 +189,9 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
     seeds = raw.get("seeds", 3)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise ConfigError(f"{where}: seeds must be an integer >= 1, got {seeds!r}")
+    first_seed = raw.get("first_seed", 0)
+    if not isinstance(first_seed, int) or isinstance(first_seed, bool) or first_seed < 0:
+        raise ConfigError(f"{where}: first_seed must be an integer >= 0, got {first_seed!r}")
     metric = raw.get("metric", "paper")
     if metric not in METRICS:
         raise ConfigError(f"{where}: metric={metric!r} is not one of {', '.join(METRICS)}")
@@ -189,7 +200,8 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
         base = str((path.parent / base).resolve())
     return Study(name=name, title=raw.get("title", name), section=raw.get("section", ""), base=base, points=points,
                  path=path, sweep_keys=sweep_keys, paper_source=raw.get("paper_source", ""), note=raw.get("note", ""),
-                 x_log=bool(raw.get("x_log", False)), seeds=seeds, metric=metric)
+                 x_log=bool(raw.get("x_log", False)), seeds=seeds, metric=metric,
+                 first_seed=first_seed)
 
 
 def load_study(path: str | Path) -> Study:

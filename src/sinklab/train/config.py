@@ -178,6 +178,12 @@ class TrainConfig:
             false``, with a mask token added to the vocabulary; see
             :mod:`sinklab.diffusion.masking`). Nothing else changes between the two.
         mask_eps: lower end of the masked diffusion mask ratio t ~ U(mask_eps, 1).
+        threads: torch intra-op CPU threads, set by :func:`sinklab.train.train` before any work
+            (so ``OMP_NUM_THREADS`` in the environment cannot change a run: CPU reductions split
+            over a different number of threads round differently, and the losses of two runs of
+            one config drift apart after some tens of steps). 1 in the CPU presets; None = leave
+            torch's own setting (GPU runs; not written to ``config.toml``). Part of what a run's
+            numbers depend on: a resume must use the same value.
     """
 
     steps: int = 1000
@@ -194,9 +200,12 @@ class TrainConfig:
     parallel: str | None = None
     objective: str = "causal"
     mask_eps: float = 1e-3
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "train")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"train.threads must be >= 1 (or absent: torch's own setting), got {self.threads}")
         from sinklab.train.objective import OBJECTIVES
 
         if self.objective not in OBJECTIVES:

@@ -68,6 +68,8 @@ class TrainResult:
     wall_s: float = 0.0  # wall time of the run, all starts together (up to the checkpoint each resumed from)
     already_finished: bool = False  # resume of a run that had reached its steps: nothing was done
     note: str = ""  # what a resume changed (steps raised on a finished run: the schedule consequence)
+    code_fingerprint: str | None = None  # sinklab.train.fingerprint.code_fingerprint of the config, this start
+    data_digest: str | None = None  # the canonical training's data hash (sinklab.train.fingerprint.data_digest)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -205,6 +207,7 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     notify: Callable[[str], None] | None = None,
+    _canonical: bool = False,
 ) -> TrainResult:
     """Pre-train a :class:`~sinklab.nn.SinkLM` as configured and track its sinks.
 
@@ -217,6 +220,15 @@ def train(
         stop_after: stop (with a checkpoint) after this many steps, as if killed there; for tests
             and time-boxed runs.
         notify: called with a one-line message when a resume changes something (see ``note``).
+        _canonical: internal: the short canonical training of :mod:`sinklab.train.fingerprint`
+            (one process, no fingerprint of its own, data digest recorded).
+
+    ``train.threads`` (when set) is applied with ``torch.set_num_threads`` before any work and the
+    previous setting restored on return, so the environment's ``OMP_NUM_THREADS`` cannot change
+    the losses. Every start computes the config's training-code fingerprint
+    (:func:`sinklab.train.fingerprint.code_fingerprint`, a few seconds) and ``summary.json``
+    records it (``code_fingerprint``; ``code_fingerprints``: every start's, in order) with the
+    threads, torch version and CPU model.
 
     A resume of a finished run (its checkpoint at its last step) does nothing and returns a result
     with ``already_finished=True``, unless ``train.steps`` was raised: then it continues to the new
@@ -268,23 +280,33 @@ def train(
             if notify is not None:
                 notify(note)
 
-    device = resolve_device(t_cfg.device)
-    dd = distributed.setup(t_cfg.parallel, device)
+    threads_before = torch.get_num_threads()
+    if t_cfg.threads is not None:
+        torch.set_num_threads(t_cfg.threads)
     try:
-        result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
-                      progress=progress, stop_after=stop_after, notify=notify)
-        distributed.barrier(dd)  # every rank done (rank 0 wrote final/ and summary.json) before the group goes
-        return result
+        fingerprint = None if _canonical else code_fingerprint(cfg, out)
+        device = resolve_device(t_cfg.device)
+        dd = distributed.Dist() if _canonical else distributed.setup(t_cfg.parallel, device)
+        try:
+            result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
+                          progress=progress, stop_after=stop_after, notify=notify, fingerprint=fingerprint,
+                          canonical=_canonical)
+            distributed.barrier(dd)  # every rank done (rank 0 wrote final/ and summary.json) before the group goes
+            return result
+        finally:
+            distributed.teardown(dd)
     finally:
-        distributed.teardown(dd)
+        torch.set_num_threads(threads_before)
 
 
 def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device, dd: distributed.Dist, *,
-         t_start: float, progress: bool, stop_after: int | None, notify: Callable[[str], None] | None) -> TrainResult:
+         t_start: float, progress: bool, stop_after: int | None, notify: Callable[[str], None] | None,
+         fingerprint: str | None = None, canonical: bool = False) -> TrainResult:
     """The body of :func:`train` once the resume checks passed and the process group (if any) is up."""
     from sinklab.data.baseline import unigram_loss
     from sinklab.nn.model import SinkLM
     from sinklab.provenance import code_version
+    from sinklab.train.fingerprint import environment
 
     t_cfg = cfg.train
     ckpt_path = out / CHECKPOINT_NAME
@@ -342,7 +364,14 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
 
     last_ckpt = start if ckpt is not None else None
     wall_before = float(ckpt.get("wall_s", 0.0)) if ckpt is not None else 0.0
-    result = TrainResult(out=out, steps=t_cfg.steps, history=tracker.history, note=note)
+    result = TrainResult(out=out, steps=t_cfg.steps, history=tracker.history, note=note, code_fingerprint=fingerprint)
+    if canonical:
+        from sinklab.train.fingerprint import data_digest
+
+        result.data_digest = data_digest(train_data, B, t_cfg.grad_accum, t_cfg.steps, prefix_len=p)
+    fingerprints = list(ckpt.get("code_fingerprints", [])) if ckpt is not None else []
+    if fingerprint is not None:
+        fingerprints.append(fingerprint)
 
     def checkpoint(step: int) -> None:
         nonlocal last_ckpt
@@ -360,6 +389,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "config": cfg.to_dict(),
             "tracker": tracker.history,
             "wall_s": wall_before + time.perf_counter() - t_start,
+            "code_fingerprints": fingerprints,
         })
         distributed.barrier(dd)  # no rank runs ahead of a checkpoint that is not on disk yet
 
@@ -468,9 +498,43 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "objective": t_cfg.objective,
             "mask_token_id": getattr(objective, "mask_id", None),
             "code": code_version(),
+            "code_fingerprint": fingerprint,
+            "code_fingerprints": fingerprints,
+            "threads": torch.get_num_threads(),
+            **environment(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return result
+
+
+def code_fingerprint(cfg: RunConfig, out: str | Path | None = None) -> str:
+    """The training-code fingerprint of ``cfg`` under the current code (:mod:`sinklab.train.fingerprint`):
+    the hash of a canonical training of the config's first
+    :data:`~sinklab.train.fingerprint.FINGERPRINT_STEPS` steps from seed 0, in a temporary folder.
+
+    Args:
+        cfg: a resolved run config (its seed is ignored).
+        out: the run folder, only to find a run-local token cache.
+
+    Returns:
+        16 hex digits. A config that diverges within those steps gets the hash of where it diverged.
+
+    Raises:
+        whatever :func:`train` raises for this config, divergence aside (a config that cannot start
+        has no fingerprint).
+    """
+    import tempfile
+
+    from sinklab.train import fingerprint as fpm
+
+    c = fpm.canonical_config(cfg, None if out is None else Path(out))
+    with tempfile.TemporaryDirectory(prefix="sinklab-fingerprint-") as tmp:
+        try:
+            res = train(c, tmp, progress=False, stop_after=fpm.FINGERPRINT_STEPS, _canonical=True)
+        except TrainingDiverged:  # diverging within the first steps is a numeric outcome like any other
+            return fpm.diverged_digest(json.loads((Path(tmp) / DIVERGED_NAME).read_text()))
+        state = load_checkpoint(Path(tmp) / CHECKPOINT_NAME)
+    return fpm.digest(res.losses, res.history, state["model"], c, res.data_digest)
 
 
 #: passes over the distinct training tokens above which :func:`train` warns (memorisation regime)
@@ -510,10 +574,19 @@ def _extend_note(cfg: RunConfig, done: int, planned: int) -> str:
             f"decays to {lr_at(new - 1, o, new):.3g} by step {new}: the result differs from {new} steps trained in one go")
 
 
+#: written to the run folder when training diverges: {"step", "what", "value", "last_checkpoint", "message"}
+DIVERGED_NAME = "diverged.json"
+
+
 def _diverged(what: str, value: float, step: int, last_ckpt: int | None, path: Path) -> None:
+    """Raise :class:`TrainingDiverged` after recording it in ``DIR/diverged.json`` (a sweep reads it as
+    a finished outcome: the row reports the step at which the run diverged)."""
     kept = (f"the last good checkpoint (step {last_ckpt}) is kept at {path}" if last_ckpt is not None
             else "no checkpoint was written before it")
-    raise TrainingDiverged(
-        f"training stopped: the {what} is {value} at step {step}; {kept}. "
-        "Lower optim.lr, raise optim.warmup_steps or enable optim.grad_clip"
-    )
+    msg = (f"training stopped: the {what} is {value} at step {step}; {kept}. "
+           "Lower optim.lr, raise optim.warmup_steps or enable optim.grad_clip")
+    rec = {"step": step, "what": what, "value": str(value), "last_checkpoint": last_ckpt, "message": msg}
+    tmp = path.parent / f"{DIVERGED_NAME}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(rec, indent=1))
+    os.replace(tmp, path.parent / DIVERGED_NAME)
+    raise TrainingDiverged(msg)

@@ -1,0 +1,137 @@
+"""The training-code fingerprint: a hash of the numbers the training code produces for a config.
+
+A study is only as current as the code that trained it. A git commit says which *source* made a
+run, but a refactor changes the commit without changing a single number, and an innocent-looking
+edit (a chunked loss, a new kernel) changes the numbers without changing the config. The
+fingerprint follows the numerics instead of the source text: it is the SHA-256 of what a short
+*canonical training* of the run's own config computes with the current code
+(:func:`sinklab.train.loop.code_fingerprint` runs it; this module hashes it):
+
+* the first :data:`FINGERPRINT_STEPS` optimizer steps of the config (its model, attention
+  operation, positional encoding, loss / objective, optimizer, gradient clipping, precision and
+  threads) from a fixed seed (``train.seed = 0``: the seed is not part of what identifies the
+  code): every step's training loss and every parameter tensor after the last step (exact bytes,
+  hashed without their names, so renaming a module keeps the fingerprint);
+* the tracker's evaluation after each of those steps (validation loss, sink rate, attention
+  mass, norm ratios: the metric code);
+* the learning rate of every step of the full schedule;
+* the data pipeline: the whole training token stream and the batches of steps spread over the
+  whole run (so a change that only bites late, in a later epoch's window order, is seen).
+
+Two code versions that give identical numbers for a config give the same fingerprint; a change
+to any of those numbers flips it. What it cannot see: a change that first shows after step
+:data:`FINGERPRINT_STEPS` in the model or optimizer alone (not in the schedule or data). The
+fingerprint depends on the config (a change to the sigmoid kernel flips the sigmoid rows' and
+leaves softmax's), on the torch build and on the CPU (summary.json records both beside it).
+
+Cost: one data preparation plus three optimizer steps and three tracker evaluations of the config
+(about 2-4 s for ``emergence-cpu`` on one core).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sinklab.train.config import RunConfig
+
+#: optimizer steps of the canonical training
+FINGERPRINT_STEPS = 3
+#: steps, spread over the run, whose batches are hashed
+DATA_PROBES = 8
+#: hex digits kept
+LENGTH = 16
+
+
+def canonical_config(cfg: RunConfig, out: Path | None = None) -> RunConfig:
+    """The config of the canonical training: ``cfg`` with ``train.seed = 0``, the tracker after every
+    step, no TensorBoard and no intermediate checkpoint. The schedule keeps ``train.steps`` (its
+    learning rates are those of the real run). A run-local token cache (``data.cache_dir = "run"``)
+    points at the run folder ``out`` so the corpus is not tokenized again."""
+    c = copy.deepcopy(cfg)
+    c.train.seed = 0
+    c.train.tensorboard = False
+    c.train.checkpoint_every = 0
+    c.train.log_every = 1
+    c.track.every = 1
+    if c.data.cache_dir == "run" and out is not None:
+        c.data.cache_dir = str(Path(out) / "tokens")
+    return c
+
+
+def _num(v: Any) -> Any:
+    """Floats as exact hex strings (nested), so the hash sees every bit."""
+    if isinstance(v, float):
+        return float(v).hex()
+    if isinstance(v, dict):
+        return {k: _num(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_num(x) for x in v]
+    return v
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    a = t.detach().cpu().contiguous()
+    return hashlib.sha256(str(a.dtype).encode() + str(tuple(a.shape)).encode() + a.view(torch.uint8).numpy().tobytes()
+                          if a.numel() else b"").hexdigest()
+
+
+def data_digest(train_data, batch_size: int, grad_accum: int, steps: int, prefix_len: int = 0) -> str:
+    """SHA-256 of the training token stream and of the batches of :data:`DATA_PROBES` steps spread over
+    ``steps`` (``train_data``: a :class:`~sinklab.data.packing.PackedData`)."""
+    h = hashlib.sha256(np.ascontiguousarray(train_data.stream).astype(np.int64).tobytes())
+    for s in sorted({round(i * (steps - 1) / max(DATA_PROBES - 1, 1)) for i in range(DATA_PROBES)}):
+        x, y = train_data.samples(s * grad_accum * batch_size, batch_size * grad_accum, prefix_len=prefix_len)
+        h.update(x.numpy().tobytes())
+        h.update(y.numpy().tobytes())
+    return h.hexdigest()
+
+
+def digest(losses: dict[int, float], history: list[dict[str, Any]], model_state: dict[str, Any], cfg: RunConfig,
+           data: str | None) -> str:
+    """The fingerprint of one canonical training: its losses (step -> loss), tracker records, final
+    model state dict, config (for the schedule) and data digest (see the module docstring).
+    Returns :data:`LENGTH` hex digits."""
+    from sinklab.train.schedule import lr_at
+
+    params = sorted(_tensor_digest(t) for t in model_state.values() if isinstance(t, torch.Tensor))
+    record = {
+        "losses": _num([losses[k] for k in sorted(losses)]),
+        "tracker": _num([{k: v for k, v in r.items() if k != "step"} for r in history]),
+        "params": params,
+        "schedule": _num([lr_at(s, cfg.optim, cfg.train.steps) for s in range(cfg.train.steps)]),
+        "data": data,
+    }
+    return _sha(record)
+
+
+def diverged_digest(record: dict[str, Any]) -> str:
+    """The fingerprint of a canonical training that diverged (``record``: step, what, value)."""
+    return _sha({"diverged": {k: record[k] for k in ("step", "what", "value")}})
+
+
+def _sha(record: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:LENGTH]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, str]:
+    """``{"torch_version", "cpu_model"}``: what, beside the fingerprint, a run's bits depend on."""
+    return {"torch_version": torch.__version__, "cpu_model": cpu_model()}
