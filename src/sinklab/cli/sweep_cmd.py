@@ -62,13 +62,27 @@ def sweep_cmd(
 @cli.command("report")
 def report_cmd(
     root: Path = typer.Argument(Path("results"), help="folder holding the sweep folders"),
-    out: Path = typer.Option(Path("results/REPORT.md"), "--out", help="the Markdown report"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the Markdown report (default ROOT/REPORT.md)"),
+    check: bool = typer.Option(False, "--check", help="exit 1 when any reported row was trained by code whose "
+                               "training-code fingerprint differs from the current code's"),
 ) -> None:
-    """Gather finished sweeps into one Markdown report: tables, plots, paper values and verdicts."""
-    from sinklab.sweep.report import build_report
+    """Gather finished sweeps into one Markdown report: tables, plots, paper values and verdicts. Every row's
+    training-code fingerprint is compared with the current code's (one short canonical training per row and
+    code version, cached); rows that differ are marked stale."""
+    from sinklab.sweep.report import build_report, stale_rows
 
+    out = out or root / "REPORT.md"
     build_report(root, out)
     typer.echo(f"report: {out}")
+    stale = stale_rows(root)
+    for s in stale:
+        typer.secho(f"stale: {s}", fg=typer.colors.YELLOW, err=True)
+    if stale:
+        typer.echo(f"{len(stale)} reported rows were not trained by the current training code", err=True)
+        if check:
+            raise typer.Exit(1)
+    else:
+        typer.echo("every reported row was trained by the current training code (fingerprints match)")
 
 
 @cli.command("dynamics")

@@ -42,13 +42,28 @@ def _rel(path: Path, start: Path) -> str:
     return os.path.relpath(path, start).replace(os.sep, "/")
 
 
-def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True) -> str:
+def stale_rows(root: str | Path) -> list[str]:
+    """``study/label`` of every reported row whose ``summary.csv`` says it was not trained by the
+    current code (``fingerprint_current`` False; run :func:`build_report` first)."""
+    out = []
+    for sw in find_sweeps(Path(root)):
+        if not (sw / "summary.csv").exists():
+            continue
+        for r in _read_rows(sw):
+            if r.get("n_seeds") and str(r.get("fingerprint_current")) != "True":
+                out.append(f"{sw.name}/{r['label']} (fingerprint {r.get('code_fingerprint')})")
+    return out
+
+
+def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True, check: bool = True) -> str:
     """Write the report to ``out`` (Markdown) and return its text.
 
     Args:
         root: results folder holding the sweep folders.
         out: the report file (links to plots are relative to its folder).
         resummarize: rebuild every sweep's summary (tables, plot) first.
+        check: compare every row's training-code fingerprint with the current code's
+            (:func:`sinklab.sweep.summary.check_fingerprints`) and mark the rows that differ as stale.
 
     Raises:
         InputError: no sweep folder under ``root``.
@@ -62,7 +77,7 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True)
     headline: list[tuple[str, dict[str, Any]]] = []
     for sw in sweeps:
         study = refresh_study_json(sw)
-        rows = summarize_sweep(sw) if resummarize else _read_rows(sw)
+        rows = summarize_sweep(sw, check=check) if resummarize else _read_rows(sw)
         n_done = sum(1 for r in rows if str(r["status"]).startswith("done"))
         if n_done == 0:
             continue  # nothing finished yet: not part of the report
@@ -156,7 +171,8 @@ def refresh_study_json(sw: Path) -> dict[str, Any]:
     by_slug = {p.slug: p for p in new.points}
     for p in study["points"]:
         if p["slug"] in by_slug:
-            p["paper"], p["expect"] = by_slug[p["slug"]].paper, by_slug[p["slug"]].expect
+            q = by_slug[p["slug"]]
+            p["paper"], p["expect"], p["table"] = q.paper, q.expect, q.table
     (sw / "study.json").write_text(json.dumps(study, indent=1, default=str))
     return study
 

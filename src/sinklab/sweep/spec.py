@@ -22,6 +22,7 @@ A study file::
     [paper."0.1"]
     sink = 18.18                           # the paper's Sink_1 (percent) for this setting
     expect = "reference"                   # reference | sink | no_sink | higher | lower | similar
+    table = "Table 2"                      # where in the paper (../shared/paper_tables.md)
 
     # or explicit points (several keys changed at once)
     [[points]]
@@ -29,6 +30,10 @@ A study file::
     set = { "model.attention" = "k_bias" }
     paper = 0.04
     expect = "no_sink"
+    table = "Table 4"
+
+An ``expect`` on a point without a paper value is *our hypothesis* (``Point.expect_by`` = "ours"),
+reported as such, never as the paper's direction.
 
 Every point gets a label (grid points: ``key=value`` joined by commas, or the bare value when
 one key is swept) and a folder name (the label made file-safe). ``expect`` is the direction the
@@ -65,6 +70,15 @@ class Point:
     x: Any = None  # the swept value (grid with one key), for the plot's x axis
     paper: float | None = None
     expect: str = ""
+    table: str = ""  # where the paper value comes from (e.g. "Table 6"; ../shared/paper_tables.md)
+
+    @property
+    def expect_by(self) -> str:
+        """Whose expectation ``expect`` is: "paper" when the point carries a paper value, else "ours"
+        (our hypothesis, never presented as the paper's direction); "" without an expectation."""
+        if not self.expect:
+            return ""
+        return "paper" if self.paper is not None else "ours"
 
     def set_args(self) -> list[str]:
         """The overrides as ``--set key=value`` strings (values written as TOML)."""
@@ -116,21 +130,22 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _paper_entry(raw: Any, where: str) -> tuple[float | None, str]:
+def _paper_entry(raw: Any, where: str) -> tuple[float | None, str, str]:
+    """(paper Sink_1, expect, table) of a paper entry."""
     if raw is None:
-        return None, ""
+        return None, "", ""
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return float(raw), ""
+        return float(raw), "", ""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: paper entry must be a number or a table with sink/expect, got {raw!r}")
+        raise ConfigError(f"{where}: paper entry must be a number or a table with sink/expect/table, got {raw!r}")
     for k in raw:
-        if k not in ("sink", "expect"):
-            raise ConfigError(f"{where}: unknown key {k!r} in paper entry (valid: sink, expect)")
+        if k not in ("sink", "expect", "table"):
+            raise ConfigError(f"{where}: unknown key {k!r} in paper entry (valid: sink, expect, table)")
     sink = raw.get("sink")
     expect = raw.get("expect", "")
     if expect not in EXPECTATIONS:
         raise ConfigError(f"{where}: expect={expect!r} is not one of {', '.join(e for e in EXPECTATIONS if e)}")
-    return (None if sink is None else float(sink)), expect
+    return (None if sink is None else float(sink)), expect, str(raw.get("table") or "")
 
 
 def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
@@ -163,22 +178,23 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
         for combo in itertools.product(*grid.values()):
             over = dict(zip(sweep_keys, combo))
             label = _fmt(combo[0]) if len(combo) == 1 else ", ".join(f"{k}={_fmt(v)}" for k, v in over.items())
-            pv, ex = _paper_entry(paper.get(label), f"{where}: paper.{label}")
+            pv, ex, tb = _paper_entry(paper.get(label), f"{where}: paper.{label}")
             points.append(Point(label=label, slug=slugify(label), overrides={**common, **over},
-                                x=combo[0] if len(combo) == 1 else None, paper=pv, expect=ex))
+                                x=combo[0] if len(combo) == 1 else None, paper=pv, expect=ex, table=tb))
         labels = {p.label for p in points}
         for lab in paper:
             if lab not in labels:
                 raise ConfigError(f"{where}: paper entry for {lab!r} matches no grid point (labels: {', '.join(sorted(labels))})")
     for i, pr in enumerate(raw.get("points", [])):
         for k in pr:
-            if k not in ("label", "set", "paper", "expect", "x"):
-                raise ConfigError(f"{where}: points[{i}] has unknown key {k!r} (valid: label, set, paper, expect, x)")
+            if k not in ("label", "set", "paper", "expect", "x", "table"):
+                raise ConfigError(f"{where}: points[{i}] has unknown key {k!r} (valid: label, set, paper, expect, x, table)")
         if "label" not in pr:
             raise ConfigError(f"{where}: points[{i}] has no label")
-        pv, ex = _paper_entry({"sink": pr.get("paper"), "expect": pr.get("expect", "")}, f"{where}: points[{i}]")
+        pv, ex, tb = _paper_entry({"sink": pr.get("paper"), "expect": pr.get("expect", ""), "table": pr.get("table")},
+                                  f"{where}: points[{i}]")
         points.append(Point(label=pr["label"], slug=slugify(pr["label"]), overrides={**common, **pr.get("set", {})},
-                            x=pr.get("x"), paper=pv, expect=ex))
+                            x=pr.get("x"), paper=pv, expect=ex, table=tb))
     if not points:
         raise ConfigError(f"{where}: no [sweep] grid and no [[points]]")
     seen: dict[str, str] = {}

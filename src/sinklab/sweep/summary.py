@@ -20,9 +20,17 @@ one seed) and ``X_seeds`` (the per-seed values, ``;``-separated, seed 0 first). 
 not renormalised weights, for operations whose rows do not sum to 1), ``top_sink_position``
 (1-based, most common over seeds), ``max_norm_ratio_mean``, ``emergence_steps`` (per seed),
 ``wall_s`` (all seeds), ``commits`` (the code versions that produced the seeds; ``code_mixed`` is
-True when they differ from the study's most common commit), and ``paper``, ``expect``, ``metric``
-(which Sink_1 the verdict uses: ``sink1`` or ``sink1_visible``) and ``verdict``
-(:mod:`sinklab.sweep.verdict`).
+True when they differ from the study's most common commit), ``code_fingerprint`` (the training-code
+fingerprints of the seeds, :mod:`sinklab.train.fingerprint`; several, ``;``-separated, when the
+seeds were trained by code with different numerics), ``torch_version``, ``threads``, and
+``paper``, ``table`` (where in the paper), ``expect``, ``expect_by`` ("paper", or "ours" for our
+hypothesis), ``metric`` (which Sink_1 the verdict uses: ``sink1`` or ``sink1_visible``).
+
+Statistics (:mod:`sinklab.sweep.verdict`) on the verdict's metric: ``ci_lo``/``ci_hi`` the 95%
+Student-t interval of the seed mean, ``effect`` the difference from the reference row (percentage
+points) with its Welch 95% interval ``effect_lo``/``effect_hi``, ``p_value`` of the row's test and
+``p_holm`` adjusted over the study's tested rows, and ``verdict``. ``seeds`` lists the training
+seeds; ``diverged_steps`` the step at which each diverged seed stopped (``diverged.json``).
 """
 
 from __future__ import annotations
@@ -34,15 +42,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sinklab.sweep.verdict import seed_stats, verdict
+from sinklab.sweep.verdict import decide, holm, hypothesis_test, seed_stats, t_interval, welch
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
 SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "val_loss"]
-COLUMNS = (["label", "status", "n_seeds"]
+COLUMNS = (["label", "status", "n_seeds", "seeds"]
            + [f"{q}_{k}" for q in SEEDED for k in ("mean", "std", "seeds")]
-           + ["sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
-              "top_sink_position", "max_norm_ratio_mean", "emergence_steps", "steps", "tokens", "wall_s",
-              "commits", "code_mixed", "paper", "expect", "metric", "verdict"])
+           + ["ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi",
+              "sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
+              "top_sink_position", "max_norm_ratio_mean", "emergence_steps", "diverged_steps", "steps", "tokens",
+              "wall_s", "commits", "code_mixed", "code_fingerprint", "fingerprint_current", "torch_version", "threads", "paper", "table",
+              "expect", "expect_by", "metric", "p_value", "p_holm", "verdict"])
 #: share of training (at the end) whose tracker evaluations are averaged into a run's Sink_1
 LAST_FRACTION = 0.2
 
@@ -106,7 +116,9 @@ def run_metrics(run: Path) -> dict[str, Any] | None:
     Keys: ``sink1``, ``sink1_visible``, ``mass1``, ``mass1_visible``, ``sink_virtual`` (last-20% means
     of the tracker, see the module docstring; ``sink_virtual`` None without a virtual key),
     ``sink1_final``, ``sink1_move``, ``val_loss``, ``unigram_loss``, ``emergence_step``, ``steps``,
-    ``tokens``, ``commit``, ``dirty``, ``seed``.
+    ``tokens``, ``commit``, ``seed``, ``code_fingerprint`` (None for runs trained before fingerprints
+    existed; "mixed:A+B" when its starts were trained by code with different numerics),
+    ``torch_version``, ``threads``.
     """
     s_path = run / "summary.json"
     if not s_path.exists():
@@ -142,6 +154,11 @@ def run_metrics(run: Path) -> dict[str, Any] | None:
         "tokens": s.get("tokens"),
         "commit": (code.get("commit") or "unknown")[:12] + ("+dirty" if code.get("dirty") else ""),
         "seed": s.get("seed"),
+        # every start's fingerprint must agree for the run to have one
+        "code_fingerprint": (s.get("code_fingerprint") if len(set(s.get("code_fingerprints") or [None])) <= 1
+                             else "mixed:" + "+".join(dict.fromkeys(s["code_fingerprints"]))),
+        "torch_version": s.get("torch_version"),
+        "threads": s.get("threads"),
     }
 
 
@@ -155,6 +172,11 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     row.update(label=point["label"], paper=point.get("paper"), expect=point.get("expect", ""),
                metric="sink1_visible" if metric == "visible" else "sink1")
     runs = seed_runs(point_folder)
+    diverged = [(r, json.loads((r / "diverged.json").read_text())) for r in runs if (r / "diverged.json").exists()]
+    if diverged:
+        row["diverged_steps"] = _join([d["step"] for _, d in diverged])
+    row["table"] = point.get("table") or None
+    row["expect_by"] = ("paper" if point.get("paper") is not None else "ours") if point.get("expect") else ""
     wall = 0.0
     for r in runs:
         rec = r / "sweep.json"
@@ -163,12 +185,22 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     row["wall_s"] = round(wall, 1) if runs else None
     per = [m for m in (run_metrics(r) for r in runs) if m is not None]
     done_runs = [r for r in runs if (r / "summary.json").exists()]
+    div_note = (f"; {len(diverged)} of {len(runs)} seeds diverged (steps {row['diverged_steps'].replace(';', ', ')})"
+                if diverged else "")
     if not per:
-        row["status"] = "unfinished" if runs or point_folder.exists() else "not started"
+        if diverged and len(diverged) == len(runs):
+            row["status"] = f"diverged: every seed ({len(runs)}), at steps {row['diverged_steps'].replace(';', ', ')}"
+        else:
+            row["status"] = ("unfinished" if runs or point_folder.exists() else "not started") + div_note
         row["n_seeds"] = 0
         return row
-    row["status"] = "done" if len(per) == len(runs) else f"done ({len(per)} of {len(runs)} seeds)"
+    row["status"] = ("done" if len(per) == len(runs) else f"done ({len(per)} of {len(runs)} seeds)") + div_note
     row["n_seeds"] = len(per)
+    row["seeds"] = _join([m["seed"] for m in per])
+    fps = [m["code_fingerprint"] or "none" for m in per]
+    row["code_fingerprint"] = ";".join(dict.fromkeys(fps))
+    row["torch_version"] = ";".join(dict.fromkeys(str(m["torch_version"]) for m in per))
+    row["threads"] = ";".join(dict.fromkeys(str(m["threads"]) for m in per))
     for q in SEEDED:
         vals = [m[q] for m in per if m[q] is not None]
         if not vals:
@@ -209,16 +241,36 @@ def seed_values(row: dict[str, Any], key: str) -> list[float]:
     return [float(v) for v in str(raw).split(";") if v != ""]
 
 
+def _r(v: float, nd: int = 4) -> float | None:
+    return None if v is None or math.isnan(v) else round(v, nd)
+
+
 def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any]]:
-    """Fill ``verdict`` (against the row whose expect is ``reference``) and ``code_mixed`` (the row's
-    commits differ from the study's most common one)."""
+    """Fill the statistics columns (``ci_lo``, ``ci_hi``, ``effect*`` against the row whose expect is
+    ``reference``, ``p_value``, ``p_holm`` over the study's tested rows, ``verdict``; see
+    :mod:`sinklab.sweep.verdict`) and ``code_mixed`` (the row's commits differ from the study's most
+    common one)."""
     ref = next((r for r in rows if r.get("expect") == "reference"), None)
+    tests = []
     for r in rows:
+        for c in ("ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi"):
+            r.setdefault(c, None)
         key = r.get("metric") or "sink1"
-        r["verdict"] = verdict(r.get("expect", ""), seed_values(r, key),
-                               ref_values=None if ref is None else seed_values(ref, key), level=level,
-                               degenerate=bool(r.get("degenerate")),
-                               ref_degenerate=bool(ref and ref.get("degenerate")))
+        vals = seed_values(r, key)
+        ref_vals = [] if ref is None else seed_values(ref, key)
+        if vals:
+            _, lo, hi = t_interval(vals)
+            r["ci_lo"], r["ci_hi"] = _r(lo), _r(hi)
+        if vals and ref_vals and r is not ref:
+            d = welch(vals, ref_vals)
+            r["effect"], r["effect_lo"], r["effect_hi"] = _r(d.d), _r(d.lo), _r(d.hi)
+        tests.append(hypothesis_test(r.get("expect", ""), vals, ref_values=ref_vals or None, level=level,
+                                     degenerate=bool(r.get("degenerate")),
+                                     ref_degenerate=bool(ref and ref.get("degenerate"))))
+    adjusted = holm([p if status is None else math.nan for p, _, status in tests])
+    for r, (p, supports, status), pa in zip(rows, tests, adjusted):
+        r["p_value"], r["p_holm"] = _r(p, 6), _r(pa, 6)
+        r["verdict"] = decide(pa, supports, status)
     counts = Counter(c for r in rows for c in (r.get("commits") or "").split(";") if c)
     main = counts.most_common(1)[0][0] if counts else None
     for r in rows:
@@ -227,8 +279,36 @@ def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any
     return rows
 
 
-def summarize_sweep(out: str | Path, *, plot: bool = True) -> list[dict[str, Any]]:
+def current_fingerprint(point_folder: Path) -> str | None:
+    """The current code's training-code fingerprint of a point (from its first finished seed's
+    ``config.toml``; cached, see :func:`sinklab.train.fingerprint.cached_fingerprint`), or None when
+    no seed has a config."""
+    from sinklab.train.config import load_config
+    from sinklab.train.fingerprint import cached_fingerprint
+    from sinklab.train.loop import code_fingerprint
+
+    for r in seed_runs(point_folder):
+        if (r / "config.toml").exists() and (r / "summary.json").exists():
+            return cached_fingerprint(load_config(r / "config.toml"), code_fingerprint, r)
+    return None
+
+
+def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> None:
+    """Fill ``fingerprint_current``: True when every seed of the row was trained by code whose
+    fingerprint is the current code's for the row's config, False when any was not (or recorded
+    none), None for a row without finished seeds."""
+    for r, p in zip(rows, study["points"]):
+        if not r.get("n_seeds"):
+            continue
+        cur = current_fingerprint(out / "runs" / p["slug"])
+        r["fingerprint_current"] = cur is not None and r.get("code_fingerprint") == cur
+
+
+def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) -> list[dict[str, Any]]:
     """Build ``summary.csv``, ``summary.md`` and ``sink_rate.png`` in the sweep folder ``out``; return the rows.
+
+    ``check``: also fill ``fingerprint_current`` (:func:`check_fingerprints`: one canonical training
+    per row and code version, a few seconds each; cached).
 
     Raises:
         InputError: ``out`` has no ``study.json`` (not a sweep folder).
@@ -244,6 +324,8 @@ def summarize_sweep(out: str | Path, *, plot: bool = True) -> list[dict[str, Any
     metric = study.get("metric", "paper")
     rows = [point_row(out / "runs" / p["slug"], p, metric) for p in study["points"]]
     add_verdicts(rows, level)
+    if check:
+        check_fingerprints(rows, out, study)
     with open(out / "summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
@@ -283,12 +365,13 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
     """The summary rows as a Markdown table: mean ± std over seeds of Sink_1 (last 20% of training),
     the mask-aware Sink_1, Sink* on a virtual key, the first-token mass and the validation loss, with
     the unigram baseline, the paper's value and the verdict. ``per seed`` lists the seeds' Sink_1."""
-    head = ("| setting | seeds | Sink_1 (%) | per seed | Sink_1 visible (%) | Sink* virtual (%) | mass on token 1 "
-            "| val loss (unigram) | top sink pos. | within-run move | paper Sink_1 (%) | paper direction | verdict |")
-    lines = [head, "|" + "---|" * 13]
+    head = ("| setting | seeds | Sink_1 (%) mean ± std [95% CI] | per seed | raw Sink_1 (%) | Sink_1 visible (%) "
+            "| Sink* virtual (%) | mass on token 1 | val loss (unigram) | top sink pos. | effect vs ref. (points) [95% CI] "
+            "| paper Sink_1 (%) | expected (by) | p (Holm) | verdict |")
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         if not r.get("n_seeds"):
-            lines.append(f"| {r['label']} | 0 | {r['status']} |" + " – |" * 10)
+            lines.append(f"| {r['label']} | 0 | {r['status']} |" + " – |" * 12)
             continue
         loss = f"{mean_std(r, 'val_loss', 3)} ({_f(r['unigram_loss'], 2)})"
         if r.get("degenerate") in (True, "True"):
@@ -297,11 +380,20 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
         pos_s = "–" if pos in (None, "") else (str(pos) if int(pos) == 1 else f"**{pos}**")
         seeds = ", ".join(f"{v:.0f}" for v in seed_values(r, "sink1"))
         verdict_s = (r.get("verdict") or "–") + (" (mixed code)" if r.get("code_mixed") in (True, "True") else "")
+        if r.get("fingerprint_current") in (False, "False"):
+            verdict_s += " **(stale: trained by code with other numerics)**"
         metric_mark = " ¹" if r.get("metric") == "sink1_visible" else ""
-        lines.append(f"| {r['label']} | {r['n_seeds']} | {mean_std(r, 'sink1')} | {seeds} | "
-                     f"{mean_std(r, 'sink1_visible')}{metric_mark} | {mean_std(r, 'sink_virtual')} | "
-                     f"{mean_std(r, 'mass1', 3)} | {loss} | {pos_s} | {_f(r.get('sink1_move'))} | "
-                     f"{_f(r['paper'], 2)} | {r.get('expect') or '–'} | {verdict_s} |")
+        ci = "" if r.get("ci_lo") in (None, "") else f" [{float(r['ci_lo']):.1f}, {float(r['ci_hi']):.1f}]"
+        eff = ("–" if r.get("effect") in (None, "") else f"{float(r['effect']):+.1f}" +
+               ("" if r.get("effect_lo") in (None, "") else f" [{float(r['effect_lo']):+.1f}, {float(r['effect_hi']):+.1f}]"))
+        paper = _f(r['paper'], 2) + (f" ({r['table']})" if r.get("table") and r.get("paper") not in (None, "") else "")
+        exp = f"{r['expect']} ({r['expect_by']})" if r.get("expect") else "–"
+        pv = "–" if r.get("p_holm") in (None, "") else f"{float(r['p_holm']):.3g}"
+        status = "" if str(r.get("status", "")).startswith("done") and "diverged" not in str(r.get("status")) else f" ({r['status']})"
+        lines.append(f"| {r['label']}{status} | {r['n_seeds']} | {mean_std(r, 'sink1')}{ci} | {seeds} | "
+                     f"{_f(r.get('sink1_raw_mean'))} | {mean_std(r, 'sink1_visible')}{metric_mark} | "
+                     f"{mean_std(r, 'sink_virtual')} | {mean_std(r, 'mass1', 3)} | {loss} | {pos_s} | {eff} | "
+                     f"{paper} | {exp} | {pv} | {verdict_s} |")
     if any(r.get("metric") == "sink1_visible" for r in rows):
         lines.append("\n¹ the verdicts of this study use the mask-aware Sink_1 (the paper's formula divides by queries "
                      "that cannot see token 1 under this mask).")

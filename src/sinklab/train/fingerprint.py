@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -135,3 +136,40 @@ def cpu_model() -> str:
 def environment() -> dict[str, str]:
     """``{"torch_version", "cpu_model"}``: what, beside the fingerprint, a run's bits depend on."""
     return {"torch_version": torch.__version__, "cpu_model": cpu_model()}
+
+
+def source_digest() -> str:
+    """SHA-256 of the sinklab package's source files (``*.py``, ``*.toml``): the key under which
+    :func:`cached_fingerprint` keeps a fingerprint (the same source text gives the same numbers on
+    one machine and torch build)."""
+    import sinklab
+
+    pkg = Path(sinklab.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(p for p in pkg.rglob("*") if p.suffix in (".py", ".toml") and "__pycache__" not in p.parts):
+        h.update(str(f.relative_to(pkg)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cached_fingerprint(cfg: RunConfig, compute, out: Path | None = None) -> str:
+    """``compute(cfg, out)`` (the canonical training), cached in ``$SINKLAB_HOME/fingerprints.json`` under
+    the source digest, torch version, CPU model and the canonical config's text, so that a report
+    over many rows runs each canonical training once per code version."""
+    from sinklab.paths import home
+    from sinklab.train.config import to_toml
+
+    key = hashlib.sha256(json.dumps([source_digest(), environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
+    path = home() / "fingerprints.json"
+    try:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    if key in cache:
+        return cache[key]
+    fp = compute(cfg, out)
+    cache[key] = fp
+    tmp = path.with_name(f"fingerprints.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=0))
+    os.replace(tmp, path)
+    return fp

@@ -1,0 +1,183 @@
+"""The reproducibility contract (issue 19): pinned threads, the training-code fingerprint, the sweep's
+copy rule and ``sinklab report --check``."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sinklab.sweep.run import run_sweep
+from sinklab.sweep.spec import load_study
+from sinklab.sweep.summary import summarize_sweep
+from sinklab.train import loop
+from sinklab.train.config import load_config
+
+TINY = """
+preset = "emergence-cpu"
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+d_ff = 32
+[data]
+seq_len = 16
+synthetic = { vocab = 8, n_triggers = 1, n_train_docs = 64, n_val_docs = 16 }
+[optim]
+warmup_steps = 2
+[train]
+steps = 8
+batch_size = 4
+log_every = 1
+checkpoint_every = 4
+[track]
+every = 4
+n_probe = 8
+probe_len = 16
+val_windows = 4
+positions = 2
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    return p
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_thread_count_from_the_environment_cannot_change_a_run(tmp_path):
+    """60 steps of the emergence-cpu model with OMP_NUM_THREADS 1 and 2: identical losses, because
+    sinklab train pins train.threads (1 in the preset) itself."""
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"t{n}"
+        env = {**os.environ, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+        subprocess.run([sys.executable, "-c", "from sinklab.cli.main import app; app()", "train", "emergence-cpu",
+                        "--out", str(out), "--steps", "60", "--no-progress", "--set", "track.every=30",
+                        "--set", "train.log_every=1"], env=env, check=True, capture_output=True)
+        runs[n] = out
+    a, b = _losses(runs[1]), _losses(runs[2])
+    assert len(a) == 60 and a == b
+    s1, s2 = (json.loads((runs[n] / "summary.json").read_text()) for n in (1, 2))
+    assert s1["threads"] == s2["threads"] == 1
+    assert s1["code_fingerprint"] == s2["code_fingerprint"] and len(s1["code_fingerprint"]) == 16
+    assert s1["torch_version"] and s1["cpu_model"]
+    assert 'threads = 1' in (runs[1] / "config.toml").read_text()
+
+
+def test_threads_are_restored_after_train(tiny, tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    loop.train(load_config(tiny, ["train.threads=3"]), tmp_path / "r", progress=False)
+    assert torch.get_num_threads() == before
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["threads"] == 3
+
+
+def test_fingerprint_ignores_seed_and_equivalent_refactors(tiny, monkeypatch):
+    base = loop.code_fingerprint(load_config(tiny))
+    assert loop.code_fingerprint(load_config(tiny)) == base  # deterministic
+    assert loop.code_fingerprint(load_config(tiny, ["train.seed=7"])) == base  # the seed is not code
+    # a refactor of the optimizer's parameter grouping: other code, the same groups, the same numbers
+    real = loop.param_groups
+
+    def rewritten(model, weight_decay, decay):
+        named = list(model.named_parameters())
+        if decay == "all":
+            return real(model, weight_decay, decay)
+        groups = {True: [], False: []}
+        for n, p in named:
+            if p.requires_grad:
+                groups[p.ndim > 1].append((n, p))
+        return [{"params": [p for _, p in groups[k]], "weight_decay": w, "names": [n for n, _ in groups[k]]}
+                for k, w in ((True, weight_decay), (False, 0.0))]
+
+    monkeypatch.setattr(loop, "param_groups", rewritten)
+    assert loop.code_fingerprint(load_config(tiny)) == base
+
+
+def test_fingerprint_follows_the_numerics(tiny, monkeypatch):
+    cfg = load_config(tiny)
+    base = loop.code_fingerprint(cfg)
+    assert loop.code_fingerprint(load_config(tiny, ["model.attention=sigmoid"])) != base  # another config
+    real = loop.lr_at
+    # a change that only bites at the last step of the schedule (past the canonical steps) still flips it
+    monkeypatch.setattr(loop, "lr_at", lambda s, o, n: real(s, o, n) * (1.5 if s == n - 1 else 1.0))
+    import sinklab.train.schedule as sched
+
+    monkeypatch.setattr(sched, "lr_at", loop.lr_at)
+    assert loop.code_fingerprint(cfg) != base
+    monkeypatch.undo()
+    # a change to the loss in the first steps flips it
+    from sinklab.train import objective
+
+    real_loss = objective.CausalObjective.loss
+    monkeypatch.setattr(objective.CausalObjective, "loss", lambda self, *a: real_loss(self, *a) * (1 + 1e-6))
+    assert loop.code_fingerprint(cfg) != base
+
+
+def test_fingerprint_of_a_diverging_config_is_where_it_diverged(tiny, monkeypatch):
+    from sinklab.train import objective
+
+    real_loss = objective.CausalObjective.loss
+    monkeypatch.setattr(objective.CausalObjective, "loss", lambda self, *a: real_loss(self, *a) * float("nan"))
+    fp = loop.code_fingerprint(load_config(tiny))
+    assert len(fp) == 16 and fp == loop.code_fingerprint(load_config(tiny))
+
+
+def _tiny_study(tmp_path: Path, tiny: Path, seeds: int = 2) -> Path:
+    p = tmp_path / "study.toml"
+    p.write_text(f'name = "tiny"\nbase = "{tiny.name}"\nsection = "loss"\nseeds = {seeds}\nfirst_seed = 100\n'
+                 '[[points]]\nlabel = "softmax"\nset = { "model.attention" = "softmax" }\npaper = 18.18\n'
+                 'expect = "reference"\n')
+    return p
+
+
+def test_sweep_copies_only_runs_with_the_current_fingerprint(tiny, tmp_path):
+    study = load_study(_tiny_study(tmp_path, tiny, seeds=1))
+    a, b = tmp_path / "res" / "a", tmp_path / "res" / "b"
+    assert run_sweep(study, a, progress=False, poll_s=0.05) == {"softmax/seed100": "done"}
+    assert run_sweep(load_study(study.path), b, progress=False, poll_s=0.05) == {"softmax/seed100": "copied"}
+    # the same config trained by code with other numerics: trained again, not copied
+    c = tmp_path / "res" / "c"
+    s_path = a / "runs" / "softmax" / "seed100" / "summary.json"
+    s = json.loads(s_path.read_text())
+    s["code_fingerprint"] = "0" * 16
+    s_path.write_text(json.dumps(s))
+    (b / "runs").rename(tmp_path / "b_runs")  # leave only the tampered run to copy from
+    events = []
+    st = run_sweep(load_study(study.path), c, progress=False, poll_s=0.05, on_event=lambda e, p: events.append(e))
+    assert st == {"softmax/seed100": "done"}
+    assert any(e.startswith("not copied: training-code fingerprint 0000000000000000 there") for e in events)
+
+
+def test_summary_and_report_check_flag_stale_rows(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    study = load_study(_tiny_study(tmp_path, tiny))
+    root = tmp_path / "results"
+    run_sweep(study, root / "tiny", progress=False, poll_s=0.05)
+    rows = summarize_sweep(root / "tiny", plot=False, check=True)
+    assert rows[0]["n_seeds"] == 2 and rows[0]["seeds"] == "100;101"
+    assert rows[0]["fingerprint_current"] is True and len(rows[0]["code_fingerprint"]) == 16
+    cli = [sys.executable, "-c", "from sinklab.cli.main import app; app()", "report", str(root), "--check"]
+    env = {**os.environ, "SINKLAB_HOME": str(tmp_path / "home")}
+    ok = subprocess.run(cli, env=env, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "every reported row was trained by the current training code" in ok.stdout
+    s_path = root / "tiny" / "runs" / "softmax" / "seed101" / "summary.json"
+    s = json.loads(s_path.read_text())
+    s["code_fingerprint"], s["code_fingerprints"] = "f" * 16, ["f" * 16]
+    s_path.write_text(json.dumps(s))
+    bad = subprocess.run(cli, env=env, capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "stale: tiny/softmax" in bad.stderr
+    assert "stale" in (root / "REPORT.md").read_text()
+    # without --check the report is still written, exit 0
+    assert subprocess.run(cli[:-1], env=env, capture_output=True).returncode == 0
