@@ -69,6 +69,23 @@ def test_random_first_token_at_position_0():
     assert data.window(0, index=7)[0].tolist() == data.window(0, index=7)[0].tolist()
 
 
+def test_random_first_two_tokens_at_positions_0_and_1():
+    p = make_packer("random_first2", CTX)
+    data = PackedData(split_of(DOCS), p, seq_len=3)  # 2 stream tokens + 2 random per window
+    assert data.chunk == 2 and data.n_windows == 6
+    pairs = set()
+    for g in range(60):
+        ids, mask = data.window(g % data.n_windows, index=g)
+        w = g % data.n_windows
+        assert ids[2:].tolist() == data.stream[w * 2 : w * 2 + 2].tolist()
+        assert all(t not in (EOS, BOS) and 0 <= t < 40 for t in ids[:2])
+        assert mask.tolist() == [False, True, True]  # the random x2 is not a target
+        pairs.add((int(ids[0]), int(ids[1])))
+    assert len(pairs) > 30 and any(a != b for a, b in pairs)  # two independent draws
+    x, y = data.batch(0, 4)
+    assert (y[:, 0] == IGNORE_INDEX).all() and (y[:, 1:] != IGNORE_INDEX).all()
+
+
 @pytest.mark.parametrize("p", [0, 1, 2, 3])
 def test_fixed_token_at_position_p(p):
     ctx = PackingContext(eos_id=EOS, bos_id=BOS, vocab_size=40, position=p, token_id=39)

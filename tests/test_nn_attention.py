@@ -481,3 +481,23 @@ def test_tile_autograd_equals_reference_forward_and_backward(name, positional):
         for ref in results[1:]:
             for a, b in zip(results[0], ref):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["fast", "chunked", "reference"])
+def test_k_bias_in_d_a_dims_equals_full_k_bias_zero_beyond(path):
+    """Gu et al. Table 13: a key bias learned in d_a dims is the full key bias with the other dims at 0."""
+    d_a = 3
+    mods = _same_weights([("k_bias", {"key_dims": d_a}), ("k_bias", {})])
+    part, full = mods[0][0].op, mods[1][0].op
+    assert part.k_bias.shape == (full.k_bias.shape[0], d_a)
+    with torch.no_grad():
+        full.k_bias.zero_()
+        full.k_bias[:, :d_a] = part.k_bias
+    x = torch.randn(2, T, D)
+    a, b = (run(attn, pos, x, path=path) for attn, pos in mods)
+    a, b = (o[0] if isinstance(o, tuple) else o for o in (a, b))
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ConfigError, match="key_dims"):
+        config("k_bias", attention_options={"key_dims": 0})
+    with pytest.raises(ConfigError, match="key_dims"):
+        config("v_bias", attention_options={"key_dims": 2})

@@ -115,6 +115,7 @@ NAIVE_FFN = {
     "reglu": lambda g, u: torch.clamp(g, min=0) * u,
     "gelu": lambda g, u: _gelu(u),
     "relu": lambda g, u: torch.clamp(u, min=0),
+    "swish": lambda g, u: u / (1 + torch.exp(-u)),
 }
 
 

@@ -8,6 +8,8 @@ Every window holds ``T + 1`` token ids: inputs are ``window[:-1]`` (T tokens) an
 * ``bos`` -- like ``concat`` but every document starts with BOS: ``BOS doc EOS BOS doc EOS ...``.
 * ``random_first`` -- a uniformly random non-special token is put at position 0 of every window,
   followed by T stream tokens.
+* ``random_first2`` -- random non-special tokens at positions 0 and 1 (Gu et al.'s "random x1 and
+  x2"); the loss on predicting the second one is masked.
 * ``fixed_token`` -- a fixed token (default BOS) is inserted at position ``p`` of every window;
   the target that predicts it (position p - 1) is masked out of the loss. ``p = 0`` puts a fixed
   first token (BOS) at every window start.
@@ -150,6 +152,25 @@ class RandomFirstPacker(Packer):
         first = self._ids[rng.integers(len(self._ids))]
         w = np.concatenate([[first], chunk.astype(np.int64)])
         return w, np.ones(len(w) - 1, dtype=bool)  # position 0 is never a target
+
+
+@PACKING.register("random_first2", description="random non-special tokens at positions 0 and 1 of every window")
+class RandomFirstTwoPacker(RandomFirstPacker):
+    """Gu et al.'s "random x1 and x2": two independent uniformly random non-special tokens at
+    positions 0 and 1, then T - 1 stream tokens. Predicting the random token at position 1 (the
+    target of position 0) is masked out of the loss: it teaches nothing about text."""
+
+    name = "random_first2"
+    n_inserted = 2
+    n_probe_inserted = 2
+
+    def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([self.ctx.seed, 0x5EED, index])
+        two = self._ids[rng.integers(len(self._ids), size=2)]
+        w = np.concatenate([two, chunk.astype(np.int64)])
+        mask = np.ones(len(w) - 1, dtype=bool)
+        mask[0] = False
+        return w, mask
 
 
 @PACKING.register("fixed_token", description="a fixed token (default BOS) inserted at position p of every window")

@@ -80,3 +80,10 @@ class ReLU(PlainFFN):
     """ReLU MLP: down(relu(up x)) (original Transformer, no biases)."""
 
     act = staticmethod(F.relu)
+
+
+@FFN.register("swish")
+class Swish(PlainFFN):
+    """Swish (SiLU) MLP: down(silu(up x)), no gate (Gu et al. Table 11's "Swish"; no biases)."""
+
+    act = staticmethod(F.silu)

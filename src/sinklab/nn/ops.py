@@ -261,20 +261,32 @@ class SinkToken(AttentionOp):
 
 @register("kv_bias")
 class KVBias(AttentionOp):
-    """Learned key and value biases k*, v* (per kv head, or shared) prepended as a virtual key (Gu et al. Table 4)."""
+    """Learned key and value biases k*, v* (per kv head, or shared) prepended as a virtual key (Gu et al. Table 4).
+
+    Options: ``shared`` (one bias for every head, Table 12 right), ``key_dims = d_a`` (the key bias is
+    learned in its first d_a dimensions only and 0 in the others, Table 13)."""
 
     learn_key: ClassVar[bool] = True
     learn_value: ClassVar[bool] = True
 
-    def __init__(self, ctx: OpContext, *, shared: bool = False, gate: str | None = "default") -> None:
+    def __init__(self, ctx: OpContext, *, shared: bool = False, key_dims: int | None = None,
+                 gate: str | None = "default") -> None:
         super().__init__(ctx, gate=gate)
         if not isinstance(shared, bool):
             raise ConfigError(f"attention_options.shared must be true or false, got {shared!r}")
+        if key_dims is not None and (isinstance(key_dims, bool) or not isinstance(key_dims, int)
+                                     or not 1 <= key_dims <= ctx.head_dim):
+            raise ConfigError(f"attention_options.key_dims must be an integer in [1, head_dim = {ctx.head_dim}], "
+                              f"got {key_dims!r}")
+        if key_dims is not None and not self.learn_key:
+            raise ConfigError("attention_options.key_dims needs a learned key bias (kv_bias or k_bias)")
         self.shared = shared
+        self.key_dims = key_dims  # Gu et al. Table 13: the key bias is learned in its first d_a dims only, 0 elsewhere
         rows = 1 if shared else ctx.n_kv_heads
         shape = (rows, ctx.head_dim)
         if self.learn_key:
-            self.k_bias = nn.Parameter(torch.randn(shape) * ctx.init_std)  # (H_kv | 1, d_h)
+            k_shape = shape if key_dims is None else (rows, key_dims)
+            self.k_bias = nn.Parameter(torch.randn(k_shape) * ctx.init_std)  # (H_kv | 1, d_h or d_a)
         else:
             self.register_buffer("k_bias", torch.zeros(shape), persistent=False)
         if self.learn_value:
@@ -284,7 +296,8 @@ class KVBias(AttentionOp):
 
     def virtual_kv(self, attn: KVProjector) -> tuple[Tensor, Tensor]:
         Hkv = self.ctx.n_kv_heads
-        return self.k_bias.expand(Hkv, -1), self.v_bias.expand(Hkv, -1)  # (H_kv, d_h) each
+        k = self.k_bias if self.key_dims is None else F.pad(self.k_bias, (0, self.ctx.head_dim - self.key_dims))
+        return k.expand(Hkv, -1), self.v_bias.expand(Hkv, -1)  # (H_kv, d_h) each
 
 
 @register("k_bias")

@@ -172,7 +172,7 @@ def refresh_study_json(sw: Path) -> dict[str, Any]:
     for p in study["points"]:
         if p["slug"] in by_slug:
             q = by_slug[p["slug"]]
-            p["paper"], p["expect"], p["table"] = q.paper, q.expect, q.table
+            p["paper"], p["expect"], p["table"], p["by"] = q.paper, q.expect, q.table, q.by
     (sw / "study.json").write_text(json.dumps(study, indent=1, default=str))
     return study
 

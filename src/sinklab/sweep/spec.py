@@ -71,14 +71,17 @@ class Point:
     paper: float | None = None
     expect: str = ""
     table: str = ""  # where the paper value comes from (e.g. "Table 6"; ../shared/paper_tables.md)
+    by: str = ""  # "paper" for a direction the paper states without a number (needs ``table``)
+    position: int = 1  # 1-based key whose sink rate the row reports and tests (a fixed token at p: p)
 
     @property
     def expect_by(self) -> str:
-        """Whose expectation ``expect`` is: "paper" when the point carries a paper value, else "ours"
-        (our hypothesis, never presented as the paper's direction); "" without an expectation."""
+        """Whose expectation ``expect`` is: "paper" when the point carries a paper value (or says
+        ``by = "paper"`` with the ``table``/figure that states the direction), else "ours" (our
+        hypothesis, never presented as the paper's direction); "" without an expectation."""
         if not self.expect:
             return ""
-        return "paper" if self.paper is not None else "ours"
+        return "paper" if self.paper is not None or self.by == "paper" else "ours"
 
     def set_args(self) -> list[str]:
         """The overrides as ``--set key=value`` strings (values written as TOML)."""
@@ -187,14 +190,22 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
                 raise ConfigError(f"{where}: paper entry for {lab!r} matches no grid point (labels: {', '.join(sorted(labels))})")
     for i, pr in enumerate(raw.get("points", [])):
         for k in pr:
-            if k not in ("label", "set", "paper", "expect", "x", "table"):
-                raise ConfigError(f"{where}: points[{i}] has unknown key {k!r} (valid: label, set, paper, expect, x, table)")
+            if k not in ("label", "set", "paper", "expect", "x", "table", "by", "position"):
+                raise ConfigError(f"{where}: points[{i}] has unknown key {k!r} (valid: label, set, paper, expect, x, "
+                                  "table, by, position)")
+        pos = pr.get("position", 1)
+        if isinstance(pos, bool) or not isinstance(pos, int) or pos < 1:
+            raise ConfigError(f"{where}: points[{i}]: position (1-based key whose sink rate the row tests) must be an "
+                              f"integer >= 1, got {pos!r}")
+        if pr.get("by", "paper") != "paper" or (pr.get("by") and not pr.get("table")):
+            raise ConfigError(f"{where}: points[{i}]: by must be \"paper\" and needs the table or figure that says so")
         if "label" not in pr:
             raise ConfigError(f"{where}: points[{i}] has no label")
         pv, ex, tb = _paper_entry({"sink": pr.get("paper"), "expect": pr.get("expect", ""), "table": pr.get("table")},
                                   f"{where}: points[{i}]")
         points.append(Point(label=pr["label"], slug=slugify(pr["label"]), overrides={**common, **pr.get("set", {})},
-                            x=pr.get("x"), paper=pv, expect=ex, table=tb))
+                            x=pr.get("x"), paper=pv, expect=ex, table=tb, by=pr.get("by", ""),
+                            position=pos))
     if not points:
         raise ConfigError(f"{where}: no [sweep] grid and no [[points]]")
     seen: dict[str, str] = {}

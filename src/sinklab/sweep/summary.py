@@ -46,7 +46,7 @@ from sinklab.sweep.verdict import decide, holm, hypothesis_test, seed_stats, t_i
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
 SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "val_loss"]
-COLUMNS = (["label", "status", "n_seeds", "seeds"]
+COLUMNS = (["label", "status", "n_seeds", "seeds", "sink_position"]
            + [f"{q}_{k}" for q in SEEDED for k in ("mean", "std", "seeds")]
            + ["ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi",
               "sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
@@ -110,7 +110,7 @@ def seed_runs(point_folder: Path) -> list[Path]:
     return runs
 
 
-def run_metrics(run: Path) -> dict[str, Any] | None:
+def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
     """Per-run values of a finished run (None when ``summary.json`` is missing).
 
     Keys: ``sink1``, ``sink1_visible``, ``mass1``, ``mass1_visible``, ``sink_virtual`` (last-20% means
@@ -118,7 +118,8 @@ def run_metrics(run: Path) -> dict[str, Any] | None:
     ``sink1_final``, ``sink1_move``, ``val_loss``, ``unigram_loss``, ``emergence_step``, ``steps``,
     ``tokens``, ``commit``, ``seed``, ``code_fingerprint`` (None for runs trained before fingerprints
     existed; "mixed:A+B" when its starts were trained by code with different numerics),
-    ``torch_version``, ``threads``.
+    ``torch_version``, ``threads``. ``position`` (1-based): the key whose sink rate the ``sink1*``
+    values are (a point's ``position``; the attention mass stays on token 1).
     """
     s_path = run / "summary.json"
     if not s_path.exists():
@@ -131,10 +132,11 @@ def run_metrics(run: Path) -> dict[str, Any] | None:
     last = [r for r in recs if r["step"] > (1.0 - LAST_FRACTION) * steps] or recs[-1:]
 
     def mean(key: str, first: bool = False) -> float | None:
-        vals = [(r[key][0] if first else r[key]) for r in last if r.get(key) is not None]
+        vals = [(r[key][k] if first else r[key]) for r in last if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
 
-    sink = [r["sink_rate"][0] for r in last]
+    k = position - 1  # the row's sink position (0-based index into the tracker's sink_rate list)
+    sink = [r["sink_rate"][k] for r in last]
     vis = mean("sink_rate_visible", True)
     mvis = mean("attention_mass_first_visible")
     fin = s.get("final") or recs[-1]
@@ -145,7 +147,7 @@ def run_metrics(run: Path) -> dict[str, Any] | None:
         "mass1": mean("attention_mass_first"),
         "mass1_visible": mvis if mvis is not None else mean("attention_mass_first"),
         "sink_virtual": mean("sink_rate_virtual"),
-        "sink1_final": fin["sink_rate"][0],
+        "sink1_final": fin["sink_rate"][k],
         "sink1_move": max(sink) - min(sink),
         "val_loss": fin.get("val_loss"),
         "unigram_loss": s.get("unigram_loss"),
@@ -176,14 +178,17 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     if diverged:
         row["diverged_steps"] = _join([d["step"] for _, d in diverged])
     row["table"] = point.get("table") or None
-    row["expect_by"] = ("paper" if point.get("paper") is not None else "ours") if point.get("expect") else ""
+    row["expect_by"] = (("paper" if point.get("paper") is not None or point.get("by") == "paper" else "ours")
+                        if point.get("expect") else "")
     wall = 0.0
     for r in runs:
         rec = r / "sweep.json"
         if rec.exists():
             wall += float(json.loads(rec.read_text()).get("wall_s") or 0.0)
     row["wall_s"] = round(wall, 1) if runs else None
-    per = [m for m in (run_metrics(r) for r in runs) if m is not None]
+    position = int(point.get("position") or 1)
+    row["sink_position"] = position
+    per = [m for m in (run_metrics(r, position) for r in runs) if m is not None]
     done_runs = [r for r in runs if (r / "summary.json").exists()]
     div_note = (f"; {len(diverged)} of {len(runs)} seeds diverged (steps {row['diverged_steps'].replace(';', ', ')})"
                 if diverged else "")
@@ -226,7 +231,7 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
             row["status"] += " (no final re-measure)"
     if cis:
         row["renormalised"] = any(c["renormalised"] for c in cis)
-        row["sink1_raw_mean"] = round(sum(c["sink_rate_raw"][0] for c in cis) / len(cis), 4)
+        row["sink1_raw_mean"] = round(sum(c["sink_rate_raw"][position - 1] for c in cis) / len(cis), 4)
         pos = [c["top_sink_position"] for c in cis]
         row["top_sink_position"] = Counter(pos).most_common(1)[0][0]
         row["max_norm_ratio_mean"] = round(sum(c["max_norm_ratio"] for c in cis) / len(cis), 4)
@@ -390,6 +395,8 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
         exp = f"{r['expect']} ({r['expect_by']})" if r.get("expect") else "–"
         pv = "–" if r.get("p_holm") in (None, "") else f"{float(r['p_holm']):.3g}"
         status = "" if str(r.get("status", "")).startswith("done") and "diverged" not in str(r.get("status")) else f" ({r['status']})"
+        sp = r.get("sink_position")
+        status += f" (Sink_{sp})" if sp not in (None, "", 1, "1") else ""
         lines.append(f"| {r['label']}{status} | {r['n_seeds']} | {mean_std(r, 'sink1')}{ci} | {seeds} | "
                      f"{_f(r.get('sink1_raw_mean'))} | {mean_std(r, 'sink1_visible')}{metric_mark} | "
                      f"{mean_std(r, 'sink_virtual')} | {mean_std(r, 'mass1', 3)} | {loss} | {pos_s} | {eff} | "
