@@ -1,4 +1,4 @@
-"""The objective study's per-run analysis (issue 14): for every run of results/objective/runs/<row>/seed<k>
+"""The objective study's per-run analysis (issue 14): for every run of results/archive/objective_9733642/runs/<row>/seed<k>
 (made by ``sinklab sweep experiments/objective.toml``), on the run's own held-out windows:
 
 * where the sink sits on clean text: the top sink position, its sink rate, the token there (BOS / EOS / text),
@@ -11,8 +11,8 @@
   causal run, the masked diffusion loss (probe masked as in training) for a diffusion run;
 * for diffusion runs, ``sinklab.analyze.denoise`` (16 steps, prompt 16, 48 generated tokens).
 
-Writes results/objective/analysis/{runs.csv, summary.csv, comparison.png, <row>/seed<k>/{intervene,denoise}/}.
-Run from the repository root after the sweep:  python experiments/objective_analysis.py [--num-samples 64]
+Writes results/archive/objective_9733642/analysis/{runs.csv, summary.csv, comparison.png, <row>/seed<k>/{intervene,denoise}/}.
+Run from the repository root after the sweep:  python experiments/archive/objective_analysis.py [--num-samples 64]
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from sinklab.analyze.common import position_norm_ratio, run_model
 from sinklab.metrics import sink_rate
 from sinklab.provenance import code_version
 
-ROOT = Path(__file__).resolve().parent.parent / "results" / "objective"
+ROOT = Path(__file__).resolve().parents[2] / "results" / "archive" / "objective_9733642"
 
 
 def token_kind(tok, ids: torch.Tensor) -> list[str]:
@@ -171,7 +171,7 @@ def main() -> None:
     agg.reset_index().to_csv(out / "summary.csv", index=False, float_format="%.6g")
     plot(df, runs, out)
     (out / "provenance.json").write_text(json.dumps({
-        "command": "python experiments/objective_analysis.py " + " ".join(sys.argv[1:]), "code": code_version(),
+        "command": "python experiments/archive/objective_analysis.py " + " ".join(sys.argv[1:]), "code": code_version(),
         "num_samples": a.num_samples, "probe": "each run's own held-out windows (the tracker's probe, seed 0)",
     }, indent=1))
     print(agg.reset_index().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
