@@ -187,3 +187,25 @@ def test_prefix_lm_trains_and_masks(corpus, tmp_path):
     # the tracker probed with the prefix mask and recorded the mask-aware metric
     fin = json.loads((tmp_path / "summary.json").read_text())["final"]
     assert "sink_rate_visible" in fin and "attention_mass_first_visible" in fin
+
+def test_ngram_source_trains_on_sampled_text_and_probes_real_text(corpus, tmp_path):
+    """data.source = "ngram": the training stream is sampled (not the corpus), the validation split is
+    the corpus's real held-out text, and every sampled bigram occurs in the real training text."""
+    import numpy as np
+
+    from sinklab.data.ngram import make_config
+
+    cfg = make_cfg(corpus, 'data.source="ngram"', "data.ngram={order = 2, backoff = 0.0, n_train_docs = 40, doc_len = 30}")
+    real = loop.prepare_data(make_cfg(corpus), tmp_path)
+    tc = loop.prepare_data(cfg, tmp_path)
+    assert tc.train.n_docs == 40 and tc.train.n_tokens == 40 * 30
+    assert np.array_equal(np.asarray(tc.val.tokens), np.asarray(real.val.tokens))
+    seen = set()
+    for d in range(real.train.n_docs):
+        doc = real.train.doc(d).tolist()
+        seen.update(zip(doc, doc[1:]))
+    sampled = [(a, b) for d in range(tc.train.n_docs) for a, b in zip(tc.train.doc(d).tolist(), tc.train.doc(d).tolist()[1:])]
+    assert sampled and all(p in seen for p in sampled)  # order 2 without backoff: only bigrams of the text
+    res = loop.train(cfg, tmp_path / "run", progress=False)
+    assert sorted(res.losses) == [1, 2, 3, 4, 5, 6]
+    assert make_config({"order": 2, "n_train_docs": 40, "doc_len": 30}).backoff == 0.1

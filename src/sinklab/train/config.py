@@ -50,10 +50,14 @@ class DataConfig:
         val_fraction: share of documents held out (validation loss and probe set).
         split_seed: seed of the document split.
         cache_dir: token cache folder; "" = ``$SINKLAB_HOME/tokens``, "run" = ``DIR/tokens``.
-        source: "corpus" (read ``corpus``) or a synthetic source from
+        source: "corpus" (read ``corpus``), "ngram" (training documents sampled from an n-gram
+            model fitted on ``corpus``'s training split, validation on its real held-out text;
+            :mod:`sinklab.data.ngram`), or a synthetic source from
             :data:`sinklab.data.synthetic.SYNTHETIC` (e.g. "synthetic-bigram-backcopy"); a
             synthetic source ignores corpus/tokenizer/vocab_size and brings its own vocabulary.
         synthetic: options of the synthetic source (e.g. ``{vocab = 64, n_triggers = 3}``).
+        ngram: options of the n-gram source (:class:`sinklab.data.ngram.NGramConfig`, e.g.
+            ``{order = 3, n_train_docs = 20000}``); None (not written) for the other sources.
         text_field: column holding the text when ``corpus`` is a dataset (JSON lines, Parquet,
             Arrow, ``hf:NAME``; see :mod:`sinklab.zoo.datasets_io`); None = "text".
         num_proc: processes for reading a dataset; None = automatic. Neither option changes the
@@ -73,6 +77,7 @@ class DataConfig:
     cache_dir: str = ""
     source: str = "corpus"
     synthetic: dict[str, Any] = field(default_factory=dict)
+    ngram: dict[str, Any] | None = None
     text_field: str | None = None
     num_proc: int | None = None
 
@@ -80,7 +85,11 @@ class DataConfig:
         _check_types(self, "data")
         if self.num_proc is not None and self.num_proc < 1:
             raise ConfigError(f"data.num_proc must be >= 1, got {self.num_proc}")
-        if self.source != "corpus":
+        if self.source == "ngram":
+            from sinklab.data.ngram import make_config as ngram_config
+
+            ngram_config(self.ngram or {})  # validates the options
+        elif self.source != "corpus":
             from sinklab.data.synthetic import vocab_size as synthetic_vocab
 
             synthetic_vocab(self.source, self.synthetic)  # validates the name and the options
@@ -99,7 +108,7 @@ class DataConfig:
     @property
     def tokenizer_vocab_size(self) -> int:
         """Largest number of ids the tokenizer can emit."""
-        if self.source != "corpus":
+        if self.source not in ("corpus", "ngram"):
             from sinklab.data.synthetic import vocab_size as synthetic_vocab
 
             return synthetic_vocab(self.source, self.synthetic)

@@ -120,16 +120,22 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device
 
 
 def prepare_data(cfg: RunConfig, out: Path) -> TokenizedCorpus:
-    """Tokenize (or reuse the cached tokens of) the configured corpus."""
+    """Tokenize (or reuse the cached tokens of) the configured corpus; for ``data.source = "ngram"``
+    sample the training documents from an n-gram model of it; build a synthetic corpus."""
     d = cfg.data
-    if d.source != "corpus":
+    if d.source not in ("corpus", "ngram"):
         from sinklab.data.synthetic import load_synthetic
 
         return load_synthetic(d.source, d.synthetic, d.seq_len)
     cache = None if d.cache_dir == "" else (out / "tokens" if d.cache_dir == "run" else Path(d.cache_dir))
-    return prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=d.vocab_size, val_fraction=d.val_fraction,
-                          split_seed=d.split_seed, cache_root=cache, text_field=d.text_field or "text",
-                          num_proc=d.num_proc)
+    tc = prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=d.vocab_size, val_fraction=d.val_fraction,
+                        split_seed=d.split_seed, cache_root=cache, text_field=d.text_field or "text",
+                        num_proc=d.num_proc)
+    if d.source == "ngram":
+        from sinklab.data.ngram import ngram_corpus
+
+        return ngram_corpus(tc, d.ngram or {})
+    return tc
 
 
 def _packing_context(cfg: RunConfig, tc: TokenizedCorpus) -> PackingContext:
