@@ -271,3 +271,22 @@ def test_raw_attention_weights_switch_gives_unrenormalised_rows():
             assert fn and not fr
             assert (wr.sum(-1) - 1).abs().max() > 0.1  # raw sigmoid rows do not sum to 1
             torch.testing.assert_close(wn, wr / wr.sum(-1, keepdim=True))
+
+
+def test_study_dynamics_table_follows_the_tracker(tmp_path):
+    """dynamics.csv holds every tracker line of every seed, at the row's own sink position."""
+    import csv as _csv
+
+    from sinklab.sweep.dynamics import study_dynamics, tracker_records
+
+    p = _study(tmp_path, 'seeds = 2\n[[points]]\nlabel = "a"\nposition = 2\n')
+    s = load_study(p)
+    out = tmp_path / "sw"
+    run_sweep(s, out, progress=False, poll_s=0.05)
+    study = json.loads((out / "study.json").read_text())
+    assert study_dynamics(out, study) == out / "dynamics.png"
+    rows = list(_csv.DictReader(open(out / "dynamics.csv")))
+    want = [(str(k), r["step"], r["sink_rate"][1], r["attention_mass_first"])
+            for k in (0, 1) for r in tracker_records(out / "runs" / "a" / f"seed{k}")]
+    got = [(r["seed"], int(r["step"]), float(r["sink"]), float(r["mass1"])) for r in rows]
+    assert got == want and len(got) == 4  # tracker at steps 2 and 4, two seeds

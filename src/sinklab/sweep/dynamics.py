@@ -62,3 +62,71 @@ def plot_dynamics(runs: dict[str, str | Path], path: str | Path, *, level: float
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | None:
+    """Every row's training dynamics in one figure and one table, for the sweep folder ``out``.
+
+    Writes ``out/dynamics.csv`` (one line per row, seed and tracker step: ``label``, ``seed``,
+    ``step``, ``sink`` = the sink rate at the row's position in percent, ``mass1`` = attention mass
+    on token 1, ``val_loss``) and ``out/dynamics.png`` (three panels against step: the seed mean of
+    the sink rate with its min-max band over seeds, the mean mass on token 1, the mean validation
+    loss; one line per row). Positions are 1-based. Returns the PNG's path, or None when no row has
+    a tracker line yet.
+    """
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sinklab.sweep.summary import seed_runs
+
+    out = Path(out)
+    rows: list[dict] = []
+    for p in study["points"]:
+        k = int(p.get("position") or 1) - 1
+        for run in seed_runs(out / "runs" / p["slug"]):
+            try:
+                recs = tracker_records(run)
+            except InputError:
+                continue
+            seed = run.name[4:] if run.name.startswith("seed") else ""
+            rows += [{"label": p["label"], "seed": seed, "step": r["step"], "sink": r["sink_rate"][k],
+                      "mass1": r["attention_mass_first"], "val_loss": r["val_loss"]} for r in recs]
+    if not rows:
+        return None
+    with open(out / "dynamics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["label", "seed", "step", "sink", "mass1", "val_loss"])
+        w.writeheader()
+        w.writerows(rows)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for i, p in enumerate(study["points"]):
+        mine = [r for r in rows if r["label"] == p["label"]]
+        if not mine:
+            continue
+        steps = sorted({r["step"] for r in mine})
+        by = {s: [r for r in mine if r["step"] == s] for s in steps}
+        n_seeds = len({r["seed"] for r in mine})
+        color = plt.cm.tab20(i % 20)
+        sink = [[r["sink"] for r in by[s]] for s in steps]
+        pos = int(p.get("position") or 1)
+        name = p["label"] + (f" (Sink_{pos})" if pos != 1 else "") + f", {n_seeds} seeds"
+        axes[0].plot(steps, [sum(v) / len(v) for v in sink], "-", color=color, lw=1.3, label=name)
+        axes[0].fill_between(steps, [min(v) for v in sink], [max(v) for v in sink], color=color, alpha=0.12, lw=0)
+        axes[1].plot(steps, [sum(r["mass1"] for r in by[s]) / len(by[s]) for s in steps], "-", color=color, lw=1.3)
+        axes[2].plot(steps, [sum(r["val_loss"] for r in by[s]) / len(by[s]) for s in steps], "-", color=color, lw=1.3)
+    axes[0].axhline(level, ls="--", color="gray", lw=0.8)
+    for ax, yl in zip(axes, ["sink rate at the row's position (%)\nseed mean, band = min-max",
+                             "attention mass on token 1 (seed mean)", "validation loss (nats, seed mean)"]):
+        ax.set_xlabel("training step")
+        ax.set_ylabel(yl, fontsize=8)
+    axes[0].set_ylim(-3, 103)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(study.get("title") or study.get("name", ""))
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    path = out / "dynamics.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

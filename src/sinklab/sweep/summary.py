@@ -310,7 +310,9 @@ def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> No
 
 
 def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) -> list[dict[str, Any]]:
-    """Build ``summary.csv``, ``summary.md`` and ``sink_rate.png`` in the sweep folder ``out``; return the rows.
+    """Build ``summary.csv``, ``summary.md``, ``sink_rate.png`` and (with ``plot``) the dynamics of every
+    row (``dynamics.csv``, ``dynamics.png``: :func:`sinklab.sweep.dynamics.study_dynamics`) in the sweep
+    folder ``out``; return the rows.
 
     ``check``: also fill ``fingerprint_current`` (:func:`check_fingerprints`: one canonical training
     per row and code version, a few seconds each; cached).
@@ -337,7 +339,10 @@ def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) 
         w.writerows(rows)
     (out / "summary.md").write_text(markdown_table(rows, level) + "\n")
     if plot:
+        from sinklab.sweep.dynamics import study_dynamics
+
         plot_sweep(study, rows, out / "sink_rate.png", level)
+        study_dynamics(out, study, level)
     return rows
 
 
