@@ -96,6 +96,13 @@ def _register() -> None:
         AttentionMaskInterface.register(ATTN_NAME, capture_mask)
 
 
+def has_attention(block: nn.Module) -> bool:
+    """Whether a transformer block holds an attention module (a submodule whose class name contains
+    "Attention" or "Attn"); False for the SSM / Mamba blocks of a hybrid model (Jamba, Bamba, ...)."""
+    return any("attention" in type(m).__name__.lower() or "attn" in type(m).__name__.lower()
+               for m in block.modules())
+
+
 def find_layers(model: nn.Module) -> nn.ModuleList:
     """The model's list of transformer blocks: the ModuleList of length ``num_hidden_layers``.
 
@@ -138,6 +145,12 @@ def capturing(
     previous = model.config._attn_implementation
     handles = []
 
+    def pre_hook(idx: int):
+        def fn(_mod, _inp):
+            recorder.current_block = idx
+
+        return fn
+
     def hook(idx: int):
         def fn(_mod, _inp, out):
             h = out[0] if isinstance(out, (tuple, list)) else out
@@ -153,7 +166,10 @@ def capturing(
     try:
         model.set_attn_implementation(ATTN_NAME)
         for i, layer in enumerate(layers):
+            handles.append(layer.register_forward_pre_hook(pre_hook(i)))
             handles.append(layer.register_forward_hook(hook(i)))
+            if not has_attention(layer):
+                recorder.block_types[i] = type(layer).__name__
         set_capture_active(True)
         _state.active = (recorder, collector, edit)
         yield recorder
@@ -194,7 +210,7 @@ def forward_hf(
     runner = model if logits else getattr(model, "base_model", model)
     with capturing(model, recorder, collector, edit=edit, hidden_edit=hidden_edit), torch.no_grad():
         out = runner(input_ids=input_ids, use_cache=False)
-    if recorder.attn_calls == L:
+    if recorder.attn_calls == L - len(recorder.block_types) and recorder.attn_calls > 0:
         if logits:
             recorder.logits = out.logits
         return recorder

@@ -79,10 +79,17 @@ class BatchRecorder:
         self.causal = True
         self.renormalised = False
         self.notes: list[str] = []
+        #: 0-based index of the block whose forward is running (set by the capture's pre-hooks), or None:
+        #: attention calls are then attributed to that block, so hybrid models (attention + SSM blocks)
+        #: record each attention layer under its own block index
+        self.current_block: int | None = None
+        #: block index -> class name of the blocks that have no attention (SSM / Mamba blocks of a hybrid)
+        self.block_types: dict[int, str] = {}
 
     def next_layer(self) -> int:
-        """Index (0-based) of the attention layer being called, in execution order."""
-        idx = self.attn_calls
+        """Index (0-based) of the block whose attention is being called: the running block when the
+        capture tracks blocks (:attr:`current_block`), else the call's place in execution order."""
+        idx = self.attn_calls if self.current_block is None else self.current_block
         self.attn_calls += 1
         if idx >= self.num_layers:
             raise CaptureError(f"attention was called {idx + 1} times for a model with {self.num_layers} layers")
@@ -159,15 +166,28 @@ class BatchRecorder:
         )
 
     def finish(self) -> ProbeStats:
-        """Stack the layers into a :class:`ProbeStats`; raise if a layer was never seen."""
-        missing = [i for i, m in enumerate(self.mass) if m is None]
-        if missing:
+        """Stack the attention layers into a :class:`ProbeStats`.
+
+        In a hybrid model the blocks without attention (named in :attr:`block_types`: SSM / Mamba
+        blocks) are left out of every per-layer tensor and listed in ``ProbeStats.other_layers``;
+        ``ProbeStats.layer_ids`` gives each kept layer's block index.
+
+        Raises:
+            CaptureError: a block with attention (or any block, when the block types are unknown)
+                recorded no attention statistics, or hidden states are missing.
+        """
+        missing = [i for i, m in enumerate(self.mass) if m is None and i not in self.block_types]
+        if missing or all(m is None for m in self.mass):
             raise CaptureError(
-                f"no attention statistics were captured for layers {missing}: "
+                f"no attention statistics were captured for layers {missing or list(range(self.num_layers))}: "
                 "this model's attention could not be intercepted"
             )
         if any(h is None for h in self.hidden):
             raise CaptureError("hidden states of some layers were not captured")
+        keep = [i for i, m in enumerate(self.mass) if m is not None]
+        if len(keep) < self.num_layers:
+            for name in ("mass", "mass_visible", "extra", "key_norms", "value_norms", "hidden"):
+                setattr(self, name, [getattr(self, name)[i] for i in keep])
 
         def stack(items: list, dim: int = 1) -> Tensor | None:
             return None if any(x is None for x in items) else torch.stack(items, dim=dim)
@@ -189,4 +209,6 @@ class BatchRecorder:
             notes=list(self.notes),
             mass_visible=torch.stack(self.mass_visible, dim=1) if self.masked else None,
             mask=dict(self.mask),
+            layer_ids=keep if len(keep) < self.num_layers else None,
+            other_layers={i: self.block_types[i] for i in sorted(self.block_types)},
         )

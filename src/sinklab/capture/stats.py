@@ -39,6 +39,9 @@ class ProbeStats:
         mask: the mask the probe ran under: ``{"causal": bool, "prefix_len": int,
             "window": int | None}`` (the window of the last windowed layer; models that
             mix windowed and global layers count each layer with its own mask).
+        layer_ids: 0-based block index of each of the ``L`` layers, or None when layer l is
+            block l. A hybrid model (attention + SSM blocks) keeps only its attention blocks here.
+        other_layers: block index -> class name of the blocks without attention (not in ``L``).
     """
 
     mass: Tensor
@@ -56,6 +59,13 @@ class ProbeStats:
     notes: list[str] = field(default_factory=list)
     mass_visible: Tensor | None = None
     mask: dict = field(default_factory=dict)
+    layer_ids: list[int] | None = None
+    other_layers: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """0-based block index of each layer (``layer_ids``, or 0..L-1)."""
+        return list(self.layer_ids) if self.layer_ids is not None else list(range(self.num_layers))
 
     @property
     def num_samples(self) -> int:
@@ -101,6 +111,8 @@ class ProbeStats:
             notes=notes,
             mass_visible=None if any(p.mass_visible is None for p in parts) else cat("mass_visible"),
             mask=dict(first.mask),
+            layer_ids=None if first.layer_ids is None else list(first.layer_ids),
+            other_layers=dict(first.other_layers),
         )
 
     @property

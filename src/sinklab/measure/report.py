@@ -70,7 +70,12 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(max(4, 0.5 * mass.shape[1] + 2), max(3, 0.22 * mass.shape[0] + 1.5)))
     im = ax.imshow(mass, aspect="auto", cmap="viridis", vmin=0, vmax=1, origin="lower")
     ax.set_xlabel("head (numbered from 0)")
-    ax.set_ylabel("layer (numbered from 0)")
+    ids = s.get("layer_ids") or list(range(mass.shape[0]))
+    if s.get("other_layers"):  # a hybrid model: only its attention blocks have rows
+        ax.set_yticks(range(len(ids)), [str(i) for i in ids])
+        ax.set_ylabel("attention block (numbered from 0; SSM blocks left out)")
+    else:
+        ax.set_ylabel("layer (numbered from 0)")
     ax.set_title(f"attention mass on token {top + 1} (1-based; index {top} in the files)\n{title}", fontsize=9)
     fig.colorbar(im, ax=ax, label="mean attention mass")
     fig.tight_layout()
@@ -105,7 +110,7 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
 
     # 3. Hidden-state norm by layer: sink token vs the rest.
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    layers = np.arange(len(s["hidden_norm_sink"]))
+    layers = np.array(s.get("layer_ids") or range(len(s["hidden_norm_sink"])))
     ax.plot(layers, s["hidden_norm_sink"], "o-", label=f"token {top + 1} (top sink, 1-based)")
     ax.plot(layers, s["hidden_norm_others"], "s-", label="other tokens (mean)")
     ax.set_yscale("log")
@@ -132,9 +137,17 @@ def summary_lines(result: _Result) -> list[str]:
     s = result.summary
     per_layer = s["sink_rate_per_layer"]
     n_layers = len(per_layer)
-    strongest = ", ".join(f"layer {l} ({per_layer[l][0]:.0f}%)" for l in s["strongest_layers"])
+    ids = s.get("layer_ids") or list(range(n_layers))
+    other = s.get("other_layers") or {}
+    strongest = ", ".join(f"layer {ids[l]} ({per_layer[l][0]:.0f}%)" for l in s["strongest_layers"])
+    if other:  # a hybrid model: name the blocks that have no attention
+        kinds = sorted(set(other.values()))
+        where = (f"attention layers {', '.join(map(str, ids))} of blocks 0 to {n_layers + len(other) - 1}; "
+                 f"blocks {', '.join(sorted(other, key=int))} have no attention ({', '.join(kinds)})")
+    else:
+        where = f"layers numbered 0 to {n_layers - 1}"
     lines = [
-        f"strongest sink layers for token 1 (layers numbered 0 to {n_layers - 1}): {strongest}",
+        f"strongest sink layers for token 1 ({where}): {strongest}",
         f"top sink position: token {s['top_sink_position'] + 1} (sink rate {s['top_sink_rate']:.1f}%: "
         f"mass > eps in that share of (sample, layer, head) triples; "
         f"{100 * s['top_sink_mean_mass_head_share']:.0f}% of (layer, head) pairs have a mean mass over the samples > eps)",

@@ -208,7 +208,8 @@ class MeasureResult:
     def table(self):
         """Tidy per-(layer, head, position) table (pandas DataFrame).
 
-        Columns: ``layer``, ``head``, ``kv_head``, ``position`` (0-based), ``token_position``
+        Columns: ``layer`` (0-based block index: in a hybrid model only its attention blocks appear),
+        ``head``, ``kv_head``, ``position`` (0-based), ``token_position``
         (1-based, the paper's k), ``attention_mass`` (mean over samples), ``sink_rate``
         (percent of samples with mass > eps), ``key_norm`` and ``value_norm`` (mean over
         samples, of the head's KV head), ``model``, ``input``.
@@ -220,6 +221,7 @@ class MeasureResult:
         rate = s["sink_rate_per_head"]
         kn, vn = s.get("key_norm"), s.get("value_norm")
         L, H, K = len(mass), len(mass[0]), len(mass[0][0])
+        ids = s.get("layer_ids") or list(range(L))  # block index of each layer (a hybrid's attention blocks)
         H_kv = len(kn[0]) if kn else H
         rows = []
         for l in range(L):
@@ -227,7 +229,7 @@ class MeasureResult:
                 g = h // (H // H_kv)
                 for k in range(K):
                     rows.append({
-                        "layer": l, "head": h, "kv_head": g, "position": k, "token_position": k + 1,
+                        "layer": ids[l], "head": h, "kv_head": g, "position": k, "token_position": k + 1,
                         "attention_mass": mass[l][h][k], "sink_rate": rate[l][h][k],
                         "key_norm": kn[l][g][k] if kn else float("nan"),
                         "value_norm": vn[l][g][k] if vn else float("nan"),

@@ -67,7 +67,10 @@ def summarize(
         sink rate: eps applied per sample, as for every ``sink_rate*`` key) and
         ``top_sink_mean_mass_head_share`` (the one quantity with eps applied to a *mean over
         samples*: the share, in [0, 1], of (layer, head) pairs whose sample-mean mass there
-        exceeds eps), ``strongest_layers`` (0-based layer indices sorted by sink rate at position 0, top 3),
+        exceeds eps), ``strongest_layers`` (0-based indices into the L layers, sorted by sink rate at
+        position 0, top 3), ``layer_ids`` (L,) the 0-based block index of each layer (a hybrid model's
+        attention blocks; 0..L-1 otherwise), ``other_layers`` {block index: class name} of the blocks
+        without attention (SSM / Mamba blocks of a hybrid model; empty otherwise),
         ``hidden_norm_sink`` / ``hidden_norm_others`` (L,) mean l2 norm of the top sink
         token vs the other tokens, ``massive_activation_ratio`` (L,) mean max/median
         ``|h|``, ``key_norm`` / ``value_norm`` (L, H_kv, K) when captured, ``extra_mass``
@@ -111,6 +114,8 @@ def summarize(
         "top_sink_rate": round(float(curve[top]), 4),
         "top_sink_mean_mass_head_share": round(float((mass[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4),
         "strongest_layers": [int(i) for i in per_layer[:, 0].argsort(descending=True, stable=True)[:3]],
+        "layer_ids": stats.block_ids,
+        "other_layers": {str(i): name for i, name in stats.other_layers.items()},
         "hidden_norm_sink": _r(hn[:, top], 4),
         "hidden_norm_others": _r(others.mean(dim=1) if others.numel() else hn[:, top] * 0, 4),
         "massive_activation_ratio": _r(massive_activation_ratio(stats.max_abs, stats.median_abs).mean(dim=0), 2),

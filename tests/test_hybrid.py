@@ -1,0 +1,67 @@
+"""Hybrid models (attention + SSM blocks, seed 000: Jamba's sink rate): sinklab measures the attention
+blocks, names the others, and its attention mass equals the one computed from eager attention weights."""
+
+import json
+
+import pytest
+import torch
+
+from sinklab.capture import collect
+
+from test_measure import run_cli
+
+
+def tiny_jamba(vocab_size: int = 80):
+    """4 blocks: Mamba, attention, Mamba, attention (attention at blocks 1 and 3)."""
+    from transformers import JambaConfig, JambaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = JambaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1,
+                      expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=4, mamba_d_conv=2,
+                      mamba_expand=2, mamba_dt_rank=4, pad_token_id=0)
+    return JambaForCausalLM(cfg).eval()
+
+
+def naive_mass(a: torch.Tensor) -> torch.Tensor:
+    """Gu et al. Eq. 2 from a (B, H, T, T) causal attention matrix: alpha_j = mean over i >= j of A[i, j]."""
+    a = a.double()
+    T = a.shape[-1]
+    return torch.stack([a[..., j:, j].mean(dim=-1) for j in range(T)], dim=-1)  # (B, H, T)
+
+
+def test_jamba_attention_blocks_match_eager_weights():
+    m = tiny_jamba()
+    ids = torch.randint(4, 80, (3, 12), generator=torch.Generator().manual_seed(2))
+    stats = collect(m, ids, batch_size=3)
+    assert stats.layer_ids == [1, 3]
+    assert stats.other_layers == {0: "JambaMambaDecoderLayer", 2: "JambaMambaDecoderLayer"}
+    assert stats.mass.shape == (3, 2, 4, 12) and stats.hidden_norms.shape == (3, 2, 12)
+    m.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = m(input_ids=ids, output_attentions=True, use_cache=False, output_hidden_states=True)
+    assert len(out.attentions) == 2  # transformers returns the attention blocks' weights only
+    for l, a in enumerate(out.attentions):
+        torch.testing.assert_close(stats.mass[:, l], naive_mass(a), atol=1e-6, rtol=1e-5)
+    # hidden states of the attention blocks' outputs (hidden_states[b + 1] is block b's output, before the final norm
+    # only for the last block)
+    h1 = out.hidden_states[2].float().norm(dim=-1)  # block 1's output
+    torch.testing.assert_close(stats.hidden_norms[:, 0], h1, atol=1e-5, rtol=1e-5)
+
+
+def test_measure_cli_names_the_ssm_blocks(tokenizer, text_corpus_dir, tmp_path, capsys):
+    model_dir = tmp_path / "tiny-jamba"
+    tiny_jamba(vocab_size=len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "m"
+    code, io = run_cli(["measure", "--model", str(model_dir), "--corpus", str(text_corpus_dir), "-n", "4", "-t", "10",
+                        "--out", str(out)], capsys)
+    assert code in (0, None), io.err
+    assert "attention layers 1, 3 of blocks 0 to 3; blocks 0, 2 have no attention (JambaMambaDecoderLayer)" in io.out
+    res = json.loads((out / "results.json").read_text())
+    summary = res.get("summary", res)
+    assert summary["layer_ids"] == [1, 3] and summary["other_layers"] == {"0": "JambaMambaDecoderLayer",
+                                                                          "2": "JambaMambaDecoderLayer"}
+    import pandas as pd
+
+    assert sorted(pd.read_csv(out / "attention.csv")["layer"].unique().tolist()) == [1, 3]
