@@ -181,3 +181,41 @@ def test_summary_and_report_check_flag_stale_rows(tiny, tmp_path, monkeypatch):
     assert "stale" in (root / "REPORT.md").read_text()
     # without --check the report is still written, exit 0
     assert subprocess.run(cli[:-1], env=env, capture_output=True).returncode == 0
+
+
+def test_init_from_starts_from_the_runs_weights_with_a_fresh_optimizer(tiny, tmp_path):
+    """Fine-tuning (issue 24 item 1): the first step's loss is the source model's loss on the new data's
+    first batch, computed independently; a resume of the fine-tuning run is exact; a different model is refused."""
+    import torch
+
+    from sinklab.data.packing import PackedData, make_packer
+    from sinklab.errors import ConfigError
+    from sinklab.nn.model import SinkLM
+
+    src = tmp_path / "src"
+    loop.train(load_config(tiny), src, progress=False)
+    # "new data": the synthetic task with another transition matrix (same vocabulary)
+    over = [f"train.init_from={json.dumps(str(src))}", "data.synthetic.seed=5", "train.steps=6"]
+    cfg = load_config(tiny, over)
+    assert f'init_from = "{src}"' in __import__("sinklab.train.config", fromlist=["to_toml"]).to_toml(cfg)
+    res = loop.train(cfg, tmp_path / "ft", progress=False)
+    # independent: the source model's loss on batch 0 of the new data
+    tc = loop.prepare_data(cfg, tmp_path)
+    data = PackedData(tc.train, make_packer(cfg.data.packing, loop._packing_context(cfg, tc)), cfg.data.seq_len,
+                      seed=cfg.train.seed)
+    x, y = data.batch(0, cfg.train.batch_size)
+    m = SinkLM.from_pretrained(src / "final")
+    with torch.no_grad():
+        want = float(loop.lm_loss(m(x).logits, y))
+    assert res.losses[1] == pytest.approx(want, rel=1e-5)
+    # a fresh random init gives another first loss
+    other = loop.train(load_config(tiny, over[1:]), tmp_path / "scratch", progress=False)
+    assert other.losses[1] != pytest.approx(want, rel=1e-3)
+    # resume of a fine-tuning run: identical losses
+    part = tmp_path / "part"
+    loop.train(cfg, part, progress=False, stop_after=3)
+    resumed = loop.train(cfg, part, progress=False, resume=True)
+    assert [resumed.losses[k] for k in (4, 5, 6)] == [res.losses[k] for k in (4, 5, 6)]
+    assert json.loads((tmp_path / "ft" / "summary.json").read_text())["init_from"] == str(src)
+    with pytest.raises(ConfigError, match="model differs.*d_model"):
+        loop.train(load_config(tiny, over + ["model.d_model=32"]), tmp_path / "bad", progress=False)

@@ -193,6 +193,10 @@ class TrainConfig:
             one config drift apart after some tens of steps). 1 in the CPU presets; None = leave
             torch's own setting (GPU runs; not written to ``config.toml``). Part of what a run's
             numbers depend on: a resume must use the same value.
+        init_from: a finished run folder (or its ``final/``) whose weights the model starts from
+            (fine-tuning): a fresh optimizer and schedule on this config's data. The model config
+            must equal the run's, and the tokenizer too (token ids must mean the same tokens).
+            None (not written) = a random initialisation from ``seed``.
     """
 
     steps: int = 1000
@@ -210,6 +214,7 @@ class TrainConfig:
     objective: str = "causal"
     mask_eps: float = 1e-3
     threads: int | None = None
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "train")

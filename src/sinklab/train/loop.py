@@ -347,6 +347,8 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
     model = SinkLM(cfg.model).to(device)
     if tc.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < tokenizer vocabulary {tc.vocab_size}")
+    if t_cfg.init_from and ckpt is None:  # fine-tuning: start from a run's weights (a resume has its own)
+        model.load_state_dict(init_weights(cfg, tc).state_dict())
     wrapped = distributed.wrap(dd, model, device)  # DDP / FSDP2 from outside; `model` stays the plain module
     opt = build_optimizer(model, cfg, device)
     start = int(ckpt["step"]) if ckpt is not None else 0
@@ -506,11 +508,40 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "code": code_version(),
             "code_fingerprint": fingerprint,
             "code_fingerprints": fingerprints,
+            "init_from": t_cfg.init_from,
             "threads": torch.get_num_threads(),
             **environment(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return result
+
+
+def init_weights(cfg: RunConfig, tc: TokenizedCorpus):
+    """The model of the run ``cfg.train.init_from`` (a run folder or its ``final/``), checked against
+    ``cfg``: a :class:`~sinklab.nn.SinkLM` on the CPU.
+
+    Raises:
+        InputError: no finished model there.
+        ConfigError: its model config differs from ``cfg.model`` (names the keys), or its tokenizer
+            differs from the one this run's data uses (token ids would mean other tokens).
+    """
+    from sinklab.nn.model import CONFIG_FILE, SinkLM
+
+    src = Path(cfg.train.init_from)
+    final = src if (src / CONFIG_FILE).exists() else src / "final"
+    if not (final / CONFIG_FILE).exists():
+        raise InputError(f"train.init_from={str(src)!r}: no finished sinklab model there (expected {final / CONFIG_FILE})")
+    model = SinkLM.from_pretrained(final)
+    differ = diff_keys(model.config.to_dict(), cfg.model.to_dict())
+    if differ:
+        raise ConfigError(f"train.init_from={str(src)!r}: its model differs from this config's in {', '.join(differ)}; "
+                          "fine-tuning keeps the architecture (set the model keys to the run's)")
+    tok = final / "tokenizer.json"
+    if tok.exists() and json.loads(tok.read_text()).get("model") != json.loads(tc.tokenizer.to_str()).get("model"):
+        raise ConfigError(f"train.init_from={str(src)!r}: its tokenizer ({tok}) differs from the one of this run's data: "
+                          "token ids would mean other tokens (use the same tokenizer, e.g. data.tokenizer = 'gpt2', "
+                          "or a synthetic task with the same vocabulary)")
+    return model
 
 
 def code_fingerprint(cfg: RunConfig, out: str | Path | None = None) -> str:
