@@ -150,7 +150,33 @@ def _naive_row(name, op, s, qi, ctx):
 NAIVE_NAMES = {"softmax", "gated_headwise", "gated_elementwise", "softmax_scaled", "softmax_off_by_one", "sink_logit",
                "sink_token", "kv_bias", "k_bias", "v_bias", "softmax_pnorm", "sigmoid", "sigmoid_logn", "sigmoid_norm",
                "sigmoid_pnorm", "relu", "relu_norm", "softpick", "elu1", "elu1_norm", "linear", "linear_relu",
-               "linear_relu_norm"}
+               "linear_relu_norm", "diff"}
+
+
+def _naive_differential(attn, x, q, k, v, prefix_len, window):
+    """Ye et al. 2024, Eq. 1-3 per row: (softmax(q1.k1/sqrt(d)) - lambda softmax(q2.k2/sqrt(d))) v, then each
+    head's RMSNorm (gain, eps 1e-5) times (1 - lambda_init); lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init."""
+    op = attn.op
+    B, Tn, _ = x.shape
+    dh, Hkv = attn.head_dim, attn.n_kv_heads
+    d = dh // 2
+    lam = (torch.exp(op.lambda_q1.double() @ op.lambda_k1.double()) - torch.exp(op.lambda_q2.double() @ op.lambda_k2.double())
+           + op.lambda_init)
+    out = torch.zeros(B, Tn, H, dh, dtype=torch.float64)
+    weights = torch.zeros(B, H, Tn, Tn, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            hk = h // (H // Hkv)
+            for i in range(Tn):
+                js = [j for j in range(Tn) if (j <= i or j < prefix_len) and (window is None or abs(i - j) < window)]
+                s1 = (k[b, js, hk, :d] @ q[b, i, h, :d]) / math.sqrt(d)
+                s2 = (k[b, js, hk, d:] @ q[b, i, h, d:]) / math.sqrt(d)
+                w = torch.softmax(s1, 0) - lam * torch.softmax(s2, 0)
+                out[b, i, h] = w @ v[b, js, hk]
+                weights[b, h, i, js] = w
+    rms = torch.sqrt(out.pow(2).mean(dim=-1, keepdim=True) + 1e-5)
+    out = out / rms * op.subln.double() * (1.0 - op.lambda_init)
+    return out, weights
 
 
 def naive_attention(attn: Attention, name: str, x: torch.Tensor, *, prefix_len=0, window=None):
@@ -165,7 +191,9 @@ def naive_attention(attn: Attention, name: str, x: torch.Tensor, *, prefix_len=0
     out = torch.zeros(B, Tn, H, dh, dtype=torch.float64)
     weights = torch.zeros(B, H, Tn, Tn, dtype=torch.float64)
     extras = torch.zeros(B, H, Tn, dtype=torch.float64)
-    for b in range(B):
+    if name == "diff":
+        out, weights = _naive_differential(attn, x, q, k, v, prefix_len, window)
+    for b in range(B if name != "diff" else 0):
         for h in range(H):
             hk = h // (H // Hkv)
             for i in range(Tn):

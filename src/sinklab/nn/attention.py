@@ -294,6 +294,26 @@ def _tiles(T: int, chunk: int, prefix_len: int, window: int | None, positional: 
 
 
 # ============================================================ the module
+def _split_differential(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Differential attention's two maps as 2H heads: q (B, H, T, d_h) -> (B, 2H, T, d_h/2) with heads
+    0..H-1 the first halves (q1) and H..2H-1 the second (q2); k likewise over the H_kv heads; v
+    (B, H_kv, T, d_h) -> (B, 2H_kv, T, d_h) (both maps share it), so that grouped-query head h of
+    the 2H sees kv head h // (H / H_kv) of the right half."""
+    def halves(x: Tensor) -> Tensor:
+        B, Hx, T, dh = x.shape
+        return x.view(B, Hx, T, 2, dh // 2).permute(0, 3, 1, 2, 4).reshape(B, 2 * Hx, T, dh // 2)
+
+    return halves(q), halves(k), torch.cat([v, v], dim=1)
+
+
+def _merge_differential(x: Tensor) -> Tensor:
+    """Inverse of :func:`_split_differential` for zero-padded queries or keys: (B, 2H, T, d_h) whose
+    last d_h/2 channels are padding -> each head's (B, H, T, d_h) = [first half, second half]."""
+    B, H2, T, dh = x.shape
+    halves = x[..., : dh // 2].reshape(B, 2, H2 // 2, T, dh // 2)
+    return torch.cat([halves[:, 0], halves[:, 1]], dim=-1)
+
+
 class Attention(nn.Module):
     """Multi-head (grouped-query) self-attention with a pluggable operation.
 
@@ -327,12 +347,14 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
         d, H, Hkv, dh = config.d_model, self.n_heads, self.n_kv_heads, self.head_dim
-        self.scale = 1.0 / math.sqrt(dh)
+        self.scale = 1.0 / math.sqrt(config.qk_dim)  # differential attention: each map's d = d_h / 2
         self.q_proj = nn.Linear(d, H * dh, bias=config.qkv_bias)
         self.k_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
         self.v_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * dh, d, bias=False)
         self.op: AttentionOp = ATTENTION.get(config.attention)(config.op_context(), **config.attention_options)
+        if self.op.differential:
+            self.op.set_layer(layer_idx)
         self.gate_proj = None
         if self.op.gate == "headwise":
             self.gate_proj = nn.Linear(d, H, bias=False)
@@ -357,7 +379,14 @@ class Attention(nn.Module):
         q = q.view(B, T, H, dh).transpose(1, 2)  # (B, H, T, d_h)
         k = k.view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
         v = v.view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
+        diff = self.op.differential
+        if diff:
+            if ctx.kv_cache is not None:
+                raise NotImplementedError("attention='diff' has no KV-cache path yet (streaming, SinkCache)")
+            q, k, v = _split_differential(q, k, v)  # (B, 2H, T, d_h/2), (B, 2H_kv, T, d_h/2), (B, 2H_kv, T, d_h)
         q, k = ctx.positional.apply_qk(q, k, ctx.pos_state)
+        if diff:  # zero-pad q, k to the value's width: q.k is unchanged and SDPA keeps its fused kernels
+            q, k = F.pad(q, (0, dh - q.shape[-1])), F.pad(k, (0, dh - k.shape[-1]))
         if ctx.kv_cache is not None:
             y = self._cached(q, k, v, ctx)
         elif observer is not None:
@@ -368,6 +397,8 @@ class Attention(nn.Module):
             y = self._fast(q, k, v, ctx)
         else:
             y = self._chunked(q, k, v, ctx)
+        if diff and observer is None:  # (the reference path combined the two maps itself)
+            y = self.op.combine(y.view(B, 2, H, T, dh))
         # y: (B, H, T, d_h)
         if self.gate_proj is not None:
             g = torch.sigmoid(self.gate_proj(x))  # (B, T, H) or (B, T, H*d_h)
@@ -413,7 +444,7 @@ class Attention(nn.Module):
     def _fast(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
         """SDPA path (softmax family). q (B, H, T, d_h); k, v (B, H_kv, T, d_h) -> (B, H, T, d_h)."""
         B, H, T, dh = q.shape
-        Hkv = k.shape[1]
+        Hkv, dv = k.shape[1], v.shape[-1]  # dv = dh, or 2 dh for differential attention's maps
         vk, vv, vlogit = self._virtual(q.dtype)
         gqa = Hkv != H
         virtual = vk is not None or vlogit is not None
@@ -457,7 +488,7 @@ class Attention(nn.Module):
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
         if shifted:
             y = y[:, :, 1:]  # (B, H, T, d_h[+pad]): drop the dummy query
-        y = y[..., :dh].to(out_dtype)  # (B, H, T, d_h): drop the padding of the virtual-logit case
+        y = y[..., :dv].to(out_dtype)  # (B, H, T, d_h): drop the padding of the virtual-logit case
         return y * self.op.output_scale if self.op.output_scale != 1.0 else y
 
     def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
@@ -514,6 +545,12 @@ class Attention(nn.Module):
             self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
             bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit,
         )
+        if self.op.differential:  # the 2H maps -> the H differential maps A1 - lambda A2 and their output
+            H = self.n_heads
+            w = w[:, :H] - self.op.lam().to(w.dtype) * w[:, H:]  # (B, H, T, T), signed
+            v = v[:, : v.shape[1] // 2]  # (B, H_kv, T, d_h): the value both maps share
+            out = torch.matmul(w.to(v.dtype), repeat_kv(v, H // v.shape[1]))  # (B, H, T, d_h)
+            q, k = _merge_differential(q), _merge_differential(k)  # the heads' own (B, H[_kv], T, d_h)
         renorm = not self.op.normalised and _RENORMALISE_FOR_OBSERVER
         if renorm:
             # the paper's proxy scores |w_ij| / sum_j |w_ij| (equal to w / sum w for non-negative weights;
@@ -540,4 +577,4 @@ class Attention(nn.Module):
             if w_extra is not None and vv is not None:
                 w_x = w_extra * total if renorm else w_extra  # (B, H, T, 1)
                 out = out + w_x.to(vr.dtype) * repeat_kv(vv[None, :, None, :], self.n_heads // vv.shape[0])
-        return out
+        return self.op.normalise_heads(out) if self.op.differential else out

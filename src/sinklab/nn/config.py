@@ -129,8 +129,10 @@ class ModelConfig:
             if self.t5_max_distance <= self.t5_num_buckets // 4:
                 raise ConfigError(f"t5_max_distance={self.t5_max_distance} must exceed t5_num_buckets // 4 "
                                   f"= {self.t5_num_buckets // 4} (the exact-distance buckets)")
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ConfigError(f"positional='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}")
+        if self.positional == "rope" and self.qk_dim % 2:
+            raise ConfigError(f"positional='rope' needs an even head dimension, got {self.qk_dim}"
+                              + (" (half of d_model/n_heads: differential attention)" if self.qk_dim != self.head_dim
+                                 else " (d_model/n_heads)"))
         # Build the operation once (a few parameters): its constructor validates its options.
         op = op_cls(self.op_context(), **_checked_options(op_cls, self.attention, self.attention_options))
         pos_cls = POSITIONAL.get(self.positional)
@@ -152,6 +154,14 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Per-head width ``d_model // n_heads``."""
         return self.d_model // self.n_heads
+
+    @property
+    def qk_dim(self) -> int:
+        """Width of the queries and keys one attention map uses (what RoPE rotates): ``head_dim``, or
+        half of it for differential attention (two maps per head)."""
+        from sinklab.nn.ops import ATTENTION
+
+        return self.head_dim // 2 if getattr(ATTENTION.get(self.attention), "differential", False) else self.head_dim
 
     def op_context(self):
         """The shapes an attention operation is built with (:class:`sinklab.nn.ops.OpContext`)."""

@@ -110,6 +110,9 @@ class AttentionOp(nn.Module):
     has_tile_grad: ClassVar[bool] = False
     #: a logit of -inf gives weight 0 with gradient 0, so the mask can be added to the logits
     mask_as_bias: ClassVar[bool] = True
+    #: differential attention: the layer computes two softmax maps from the two halves of every head's
+    #: query and key and combines them with :meth:`Differential.combine` (see that class)
+    differential: ClassVar[bool] = False
 
     def __init__(self, ctx: OpContext, *, gate: str | None = "default") -> None:
         super().__init__()
@@ -630,3 +633,60 @@ def _positive(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         raise ConfigError(f"attention_options.{name} must be a positive number, got {v!r}")
     return float(v)
+
+
+@register("diff")
+class Differential(AttentionOp):
+    """Differential attention (Ye et al. 2024): (softmax(q1.k1) - lambda softmax(q2.k2)) v, per-head RMSNorm, x (1 - lambda_init).
+
+    Every head's query and key are split into two halves of d = d_h / 2 (q1 = the first half, as in
+    the paper's code); the two softmax maps (logits scaled by 1 / sqrt(d), RoPE on d dims) share the
+    head's full-width value. ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` with four
+    learnable d-vectors per layer (shared by the heads, initialised N(0, 0.1)) and
+    ``lambda_init = 0.8 - 0.6 exp(-0.3 l)`` for 0-based layer l (option ``lambda_init`` fixes it).
+    Each head's output goes through an RMSNorm over its d_h channels (learnable gain, eps 1e-5) and is
+    multiplied by ``1 - lambda_init``. The map ``A1 - lambda A2`` is signed: the sink metric sees the
+    paper's proxy scores ``|w| / sum |w|`` (``normalised = False``). Positional logit biases (ALiBi,
+    T5) are not supported (a bias would have to be split between the two maps).
+    """
+
+    differential = True
+    normalised = False
+    accepts_logit_bias = False
+    rms_eps: ClassVar[float] = 1e-5
+
+    def __init__(self, ctx: OpContext, *, lambda_init: float | None = None, gate: str | None = "default") -> None:
+        super().__init__(ctx, gate=gate)
+        if ctx.head_dim % 2:
+            raise ConfigError(f"attention='diff' splits each head in two halves: the head dimension must be even, "
+                              f"got {ctx.head_dim}")
+        if lambda_init is not None and (isinstance(lambda_init, bool) or not isinstance(lambda_init, (int, float))):
+            raise ConfigError(f"attention_options.lambda_init must be a number, got {lambda_init!r}")
+        d = ctx.head_dim // 2
+        self.fixed_lambda_init = None if lambda_init is None else float(lambda_init)
+        self.lambda_init = 0.2 if lambda_init is None else float(lambda_init)  # layer 0's; see set_layer
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, name, nn.Parameter(torch.randn(d) * 0.1))  # (d,)
+        self.subln = nn.Parameter(torch.ones(ctx.head_dim))  # (d_h,) RMSNorm gain
+
+    def set_layer(self, layer_idx: int) -> None:
+        """``lambda_init`` of 0-based layer ``layer_idx`` (the paper's depth schedule), unless fixed."""
+        if self.fixed_lambda_init is None:
+            self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+
+    def lam(self) -> Tensor:
+        """The scalar lambda (0-dim tensor, differentiable)."""
+        return (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1)) - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2))
+                + self.lambda_init)
+
+    def combine(self, y: Tensor) -> Tensor:
+        """The two maps' outputs (B, 2, H, T, d_h) -> the layer's head outputs (B, H, T, d_h):
+        ``(y1 - lambda y2)``, RMSNorm per head, times ``1 - lambda_init``."""
+        z = y[:, 0] - self.lam().to(y.dtype) * y[:, 1]
+        return self.normalise_heads(z)
+
+    def normalise_heads(self, z: Tensor) -> Tensor:
+        """RMSNorm over each head's d_h channels (float32), gain, times ``1 - lambda_init``: (B, H, T, d_h)."""
+        zf = z.float()
+        zf = zf * torch.rsqrt(zf.pow(2).mean(dim=-1, keepdim=True) + self.rms_eps)
+        return (zf * self.subln * (1.0 - self.lambda_init)).to(z.dtype)

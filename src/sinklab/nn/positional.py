@@ -82,7 +82,7 @@ class RoPE(Positional):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        dh = config.head_dim
+        dh = config.qk_dim  # the width one attention map's queries and keys have
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh))  # (d_h/2,)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
