@@ -12,6 +12,16 @@ from pathlib import Path
 from sinklab.errors import InputError
 
 
+def seed_runs(point_folder: Path) -> list[Path]:
+    """The seed run folders (``seed<k>``) of one point, by seed; a legacy single run folder
+    (``summary.json`` directly in the point folder) counts as one seed."""
+    runs = sorted((d for d in point_folder.glob("seed*") if d.is_dir() and d.name[4:].isdigit()),
+                  key=lambda d: int(d.name[4:]))
+    if not runs and (point_folder / "summary.json").exists():
+        runs = [point_folder]
+    return runs
+
+
 def tracker_records(run: str | Path) -> list[dict]:
     """Tracker lines (those with ``sink_rate``) of ``run/metrics.jsonl``, in step order.
 
@@ -80,8 +90,6 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from sinklab.sweep.summary import seed_runs
 
     out = Path(out)
     rows: list[dict] = []

@@ -42,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sinklab.sweep.dynamics import seed_runs
 from sinklab.sweep.verdict import decide, holm, hypothesis_test, seed_stats, t_interval, welch
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
@@ -98,16 +99,6 @@ def final_ci(run: Path) -> dict[str, Any]:
            "sink_rate_raw": raw["sink_rate"], "sink_rate_raw_ci": raw["sink_rate_ci"]}
     cache.write_text(json.dumps(res, indent=1))
     return res
-
-
-def seed_runs(point_folder: Path) -> list[Path]:
-    """The seed run folders (``seed<k>``) of one point, by seed; a legacy single run folder
-    (``summary.json`` directly in the point folder) counts as one seed."""
-    runs = sorted((d for d in point_folder.glob("seed*") if d.is_dir() and d.name[4:].isdigit()),
-                  key=lambda d: int(d.name[4:]))
-    if not runs and (point_folder / "summary.json").exists():
-        runs = [point_folder]
-    return runs
 
 
 def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
