@@ -19,7 +19,8 @@ one seed) and ``X_seeds`` (the per-seed values, ``;``-separated, seed 0 first). 
 ``n_seeds``, ``renormalised`` and ``sink1_raw_mean`` (Sink_1 of the final models on raw,
 not renormalised weights, for operations whose rows do not sum to 1), ``top_sink_position``
 (1-based, most common over seeds), ``max_norm_ratio_mean``, ``emergence_steps`` (per seed),
-``wall_s`` (all seeds), ``commits`` (the code versions that produced the seeds; ``code_mixed`` is
+``wall_s`` (all seeds; ``load_1min``: the range over seeds of the 1-minute load average at the end of
+each seed's last start, from ``sweep.json``: what the wall time was measured under), ``commits`` (the code versions that produced the seeds; ``code_mixed`` is
 True when they differ from the study's most common commit), ``code_fingerprint`` (the training-code
 fingerprints of the seeds, :mod:`sinklab.train.fingerprint`; several, ``;``-separated, when the
 seeds were trained by code with different numerics), ``torch_version``, ``threads``, and
@@ -52,7 +53,7 @@ COLUMNS = (["label", "status", "n_seeds", "seeds", "sink_position"]
            + ["ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi",
               "sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
               "top_sink_position", "max_norm_ratio_mean", "emergence_steps", "diverged_steps", "steps", "tokens",
-              "wall_s", "commits", "code_mixed", "code_fingerprint", "fingerprint_current", "torch_version", "threads", "paper", "table",
+              "wall_s", "load_1min", "commits", "code_mixed", "code_fingerprint", "fingerprint_current", "torch_version", "threads", "paper", "table",
               "expect", "expect_by", "metric", "p_value", "p_holm", "verdict"])
 #: share of training (at the end) whose tracker evaluations are averaged into a run's Sink_1
 LAST_FRACTION = 0.2
@@ -171,12 +172,16 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     row["table"] = point.get("table") or None
     row["expect_by"] = (("paper" if point.get("paper") is not None or point.get("by") == "paper" else "ours")
                         if point.get("expect") else "")
-    wall = 0.0
+    wall, loads = 0.0, []
     for r in runs:
         rec = r / "sweep.json"
         if rec.exists():
-            wall += float(json.loads(rec.read_text()).get("wall_s") or 0.0)
+            sw = json.loads(rec.read_text())
+            wall += float(sw.get("wall_s") or 0.0)
+            if sw.get("load_at_end"):
+                loads.append(float(sw["load_at_end"][0]))
     row["wall_s"] = round(wall, 1) if runs else None
+    row["load_1min"] = f"{min(loads):.2f}-{max(loads):.2f}" if loads else None
     position = int(point.get("position") or 1)
     row["sink_position"] = position
     per = [m for m in (run_metrics(r, position) for r in runs) if m is not None]
