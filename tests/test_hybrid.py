@@ -8,7 +8,7 @@ import torch
 
 from sinklab.capture import collect
 
-from test_measure import run_cli
+from conftest import run_cli_captured
 
 
 def tiny_jamba(vocab_size: int = 80):
@@ -54,10 +54,10 @@ def test_measure_cli_names_the_ssm_blocks(tokenizer, text_corpus_dir, tmp_path, 
     tiny_jamba(vocab_size=len(tokenizer)).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     out = tmp_path / "m"
-    code, io = run_cli(["measure", "--model", str(model_dir), "--corpus", str(text_corpus_dir), "-n", "4", "-t", "10",
-                        "--out", str(out)], capsys)
-    assert code in (0, None), io.err
-    assert "attention layers 1, 3 of blocks 0 to 3; blocks 0, 2 have no attention (JambaMambaDecoderLayer)" in io.out
+    code, stdout, stderr = run_cli_captured(["measure", "--model", str(model_dir), "--corpus", str(text_corpus_dir),
+                                             "-n", "4", "-t", "10", "--out", str(out)], capsys)
+    assert code == 0, stderr
+    assert "attention layers 1, 3 of blocks 0 to 3; blocks 0, 2 have no attention (JambaMambaDecoderLayer)" in stdout
     res = json.loads((out / "results.json").read_text())
     summary = res.get("summary", res)
     assert summary["layer_ids"] == [1, 3] and summary["other_layers"] == {"0": "JambaMambaDecoderLayer",

@@ -15,30 +15,10 @@ from sinklab.sweep.summary import summarize_sweep
 from sinklab.train import loop
 from sinklab.train.config import load_config
 
-TINY = """
-preset = "emergence-cpu"
-[model]
-d_model = 16
-n_layers = 1
-n_heads = 2
-d_ff = 32
-[data]
-seq_len = 16
-synthetic = { vocab = 8, n_triggers = 1, n_train_docs = 64, n_val_docs = 16 }
-[optim]
-warmup_steps = 2
-[train]
-steps = 8
-batch_size = 4
-log_every = 1
-checkpoint_every = 4
-[track]
-every = 4
-n_probe = 8
-probe_len = 16
-val_windows = 4
-positions = 2
-"""
+from conftest import synthetic_run_toml
+
+#: a run that trains in about a second (Bigram-Backcopy, 1 layer, T 16), threads pinned as in the CPU presets
+TINY = synthetic_run_toml(8, extra="threads = 1\nprecision = \"fp32\"")
 
 
 @pytest.fixture
