@@ -42,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sinklab.fileio import read_json
 from sinklab.sweep.verdict import decide, holm, hypothesis_test, seed_stats, t_interval, welch
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
@@ -65,7 +66,7 @@ def final_ci(run: Path) -> dict[str, Any]:
     """
     cache = run / "final_ci.json"
     if cache.exists():
-        return json.loads(cache.read_text())
+        return read_json(cache, "cached final metrics")
     import torch
 
     from sinklab.capture import collect
@@ -126,7 +127,7 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
         return None
     from sinklab.sweep.dynamics import tracker_records
 
-    s = json.loads(s_path.read_text())
+    s = read_json(s_path, "run summary")
     steps = int(s.get("steps") or 0)
     recs = tracker_records(run)
     last = [r for r in recs if r["step"] > (1.0 - LAST_FRACTION) * steps] or recs[-1:]
@@ -174,7 +175,7 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     row.update(label=point["label"], paper=point.get("paper"), expect=point.get("expect", ""),
                metric="sink1_visible" if metric == "visible" else "sink1")
     runs = seed_runs(point_folder)
-    diverged = [(r, json.loads((r / "diverged.json").read_text())) for r in runs if (r / "diverged.json").exists()]
+    diverged = [(r, read_json(r / "diverged.json", "divergence record")) for r in runs if (r / "diverged.json").exists()]
     if diverged:
         row["diverged_steps"] = _join([d["step"] for _, d in diverged])
     row["table"] = point.get("table") or None
@@ -184,7 +185,7 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     for r in runs:
         rec = r / "sweep.json"
         if rec.exists():
-            wall += float(json.loads(rec.read_text()).get("wall_s") or 0.0)
+            wall += float(read_json(rec, "sweep record").get("wall_s") or 0.0)
     row["wall_s"] = round(wall, 1) if runs else None
     position = int(point.get("position") or 1)
     row["sink_position"] = position
@@ -324,7 +325,7 @@ def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) 
     sj = out / "study.json"
     if not sj.exists():
         raise InputError(f"{out} is not a sweep folder (no study.json); run `sinklab sweep` first")
-    study = json.loads(sj.read_text())
+    study = read_json(sj, "study record")
     level = _emerge_level(out, study)
     metric = study.get("metric", "paper")
     rows = [point_row(out / "runs" / p["slug"], p, metric) for p in study["points"]]
@@ -346,7 +347,7 @@ def _emerge_level(out: Path, study: dict) -> float:
         for r in seed_runs(out / "runs" / p["slug"]):
             s = r / "summary.json"
             if s.exists():
-                return float(json.loads(s.read_text()).get("emerge_level", 10.0))
+                return float(read_json(s, "run summary").get("emerge_level", 10.0))
     return 10.0
 
 
