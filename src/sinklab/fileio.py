@@ -157,16 +157,19 @@ def reading(path: str | os.PathLike, what: str = "file", *, error: type[SinklabE
         with reading(p, "weights file"):
             state = load_file(p)
 
-    A :class:`~sinklab.errors.SinklabError` raised inside passes through unchanged.
+    A :class:`~sinklab.errors.SinklabError` raised inside passes through unchanged, and so do errors that
+    say nothing about the file: running out of (GPU) memory and a missing optional package.
 
     Raises:
         error (default :class:`~sinklab.errors.CorruptFileError`): ``cannot read WHAT PATH: REASON; HINT``.
     """
     try:
         yield
-    except SinklabError:
+    except (SinklabError, MemoryError, ImportError):
         raise
     except Exception as e:  # noqa: BLE001 - parsers raise anything (UnicodeDecodeError, SafetensorError, KeyError...)
+        if type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch
+            raise
         raise error(f"cannot read {what} {path}: {_reason(e)}; {hint}") from None
 
 

@@ -267,7 +267,8 @@ class SinkLM(nn.Module):
             got = data.get("format_version") if isinstance(data, dict) else None
             raise InputError(f"{cfg_path}: unsupported format_version {got!r} (expected {FORMAT_VERSION})")
         with reading(cfg_path, "sinklab model config"):
-            model = cls(ModelConfig.from_dict(data["config"]))
+            config = ModelConfig.from_dict(data["config"])
+        model = cls(config)
         check_safetensors(w_path)
         with reading(w_path, "weights file"):
             state = load_file(str(w_path), device=str(map_location))
