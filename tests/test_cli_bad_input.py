@@ -1,9 +1,15 @@
 """No sinklab command ends in a traceback on user input: every command and option, given a bad value,
-exits with status 2 and a one-line message (issue 12, items 2 and 6)."""
+exits with status 2 and a one-line message (issue 12, items 2 and 6); an output location that cannot be
+written is refused before any work, and a damaged file sinklab reads is named in that line (issue 21,
+items 1 and 2)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+import torch
 
 from conftest import synthetic_run_toml
 from sinklab.cli.main import _load_commands, app, cli
@@ -195,3 +201,234 @@ def test_hub_id_without_a_hub_fails_fast_in_one_line(monkeypatch, text_corpus_di
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert e.value.code == 2 and len(lines) == 1 and "no model hub reachable" in lines[0], lines
     assert online == [] and elapsed < 10
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 21, item 1: every output location is checked before any model or data work (exit 2, one line, at once)
+
+ANALYZE_KINDS = ["massive", "keybias", "intervene", "overmix", "repeat", "denoise"]
+UNWRITABLE_AT = "{bad}"
+
+#: commands run with an output location that cannot be written; the default model needs fetching and loading
+UNWRITABLE = [
+    ["measure", "-n", "2", "--out", UNWRITABLE_AT],
+    ["measure", "--model", "smollm2-135m", "--model", "minilm-l6", "--out", UNWRITABLE_AT],
+    ["stream", "--out", UNWRITABLE_AT],
+    *[["analyze", kind, "--out", UNWRITABLE_AT] for kind in ANALYZE_KINDS],
+    ["train", CFG, "--out", UNWRITABLE_AT],
+    ["train", CFG, "--out", UNWRITABLE_AT, "--resume"],
+    ["sweep", "{study}", "--out", UNWRITABLE_AT],
+    ["report", TMP, "--out", UNWRITABLE_AT + "/REPORT.md"],
+    ["dynamics", TMP, "--out", UNWRITABLE_AT + "/d.png"],
+    ["compare", TMP, TMP, "--out", UNWRITABLE_AT],
+]
+
+#: commands that fetch, cache or tokenize, run with SINKLAB_HOME unwritable
+UNWRITABLE_HOME = [
+    ["measure", "-n", "2", "--out", TMP + "/m"],
+    ["stream", "--out", TMP + "/s"],
+    ["analyze", "massive", "--out", TMP + "/a"],
+    ["train", CFG, "--out", TMP + "/r"],
+    ["fetch", "sotu"],
+    ["sweep", "{study}", "--out", TMP + "/sw"],
+    ["report", TMP, "--out", TMP + "/REPORT.md"],
+]
+
+
+def _bad_location(kind: str, tmp_path) -> str:
+    """A path nothing can be created at: under /proc, under a file, or under a read-only folder."""
+    if kind == "proc":
+        if not os.path.isdir("/proc"):
+            pytest.skip("no /proc here")
+        return "/proc/sinklab-no-such-dir/out"
+    if kind == "under-a-file":
+        f = tmp_path / "plain-file"
+        f.write_text("x")
+        return str(f / "out")
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    ro = tmp_path / "read-only"
+    ro.mkdir(mode=0o500)
+    return str(ro / "out")
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Loading a model or corpus, fetching, or training fails the test: the output check comes first."""
+    from sinklab.train import loop
+    from sinklab.zoo import corpora, models
+
+    def refuse(*a, **k):
+        raise AssertionError("model or data work started before the output locations were checked")
+
+    for mod, name in [(models, "load_model"), (models, "fetch_model"), (corpora, "load_corpus"),
+                      (corpora, "fetch_corpus"), (loop, "train")]:
+        monkeypatch.setattr(mod, name, refuse)
+
+
+def _run_fast(argv, capsys) -> tuple[int, list[str]]:
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as e:
+        app(argv)
+    elapsed = time.perf_counter() - t0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert elapsed < 5, f"took {elapsed:.1f} s"
+    return e.value.code, lines
+
+
+@pytest.fixture
+def study_file(places, tmp_path):
+    s = tmp_path / "study.toml"
+    s.write_text(f'name = "t"\nbase = "{places["cfg"]}"\n[sweep]\n"optim.weight_decay" = [0.1]\n')
+    return str(s)
+
+
+def test_every_analysis_kind_is_covered():
+    from sinklab import analyze
+
+    assert ANALYZE_KINDS == list(analyze.KINDS)
+
+
+@pytest.mark.parametrize("where", ["proc", "under-a-file", "read-only"])
+@pytest.mark.parametrize("argv", UNWRITABLE, ids=[" ".join(a[:2]) + ("".join(a[2:]).count("--model") * " x2")
+                                                  + (" --resume" if "--resume" in a else "") for a in UNWRITABLE])
+def test_unwritable_output_fails_at_once_in_one_line(argv, where, places, study_file, tmp_path, no_work, capsys):
+    bad = _bad_location(where, tmp_path)
+    argv = [a.format(**places, bad=bad, study=study_file) for a in argv]
+    code, lines = _run_fast(argv, capsys)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --out "), lines
+    assert bad in lines[0] and ("not writable" in lines[0] or "cannot be created" in lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("argv", UNWRITABLE_HOME, ids=[" ".join(a[:2]) for a in UNWRITABLE_HOME])
+def test_unwritable_sinklab_home_fails_at_once_in_one_line(argv, places, study_file, tmp_path, no_work, monkeypatch,
+                                                          capsys):
+    bad = _bad_location("under-a-file", tmp_path)
+    monkeypatch.setenv("SINKLAB_HOME", bad)
+    argv = [a.format(**places, study=study_file) for a in argv]
+    code, lines = _run_fast(argv, capsys)
+    assert code == 2 and lines == [f"error: SINKLAB_HOME={bad} cannot be created: {Path(bad).parent} is a file, "
+                                   "not a folder"], lines
+
+
+def test_existing_file_as_output_folder_and_folder_as_report(places, tmp_path, no_work, capsys):
+    code, lines = _run_fast(["train", places["cfg"], "--out", places["file"]], capsys)
+    assert code == 2 and lines == [f"error: --out {places['file']} is a file; give a folder"]
+    code, lines = _run_fast(["report", places["tmp"], "--out", places["tmp"]], capsys)
+    assert code == 2 and lines == [f"error: --out {places['tmp']} is a folder; give a file name"]
+
+
+def test_the_check_creates_nothing(tmp_path):
+    from sinklab.fileio import check_writable
+
+    check_writable(tmp_path / "a" / "b" / "c", "--out")
+    check_writable(tmp_path / "report.md", "--out", folder=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 21, item 2: a damaged file sinklab reads is named in one line (exit 2), never a parser's traceback
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A finished 2-step synthetic run: config.toml, checkpoint.pt, metrics.jsonl, summary.json, final/."""
+    from sinklab.train import loop
+    from sinklab.train.config import load_config
+
+    tmp = tmp_path_factory.mktemp("trained")
+    (tmp / "tiny.toml").write_text(synthetic_run_toml(steps=2))
+    loop.train(load_config(tmp / "tiny.toml"), tmp / "run", progress=False)
+    return tmp / "run"
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "garbage":
+        path.write_bytes(bytes((i * 7919 + 13) % 256 for i in range(700)))  # not UTF-8, not any format
+    elif how == "text":
+        path.write_text("hello, this is not what you think {\n")
+    else:  # truncated
+        path.write_bytes(data[: max(1, len(data) // 3)])
+
+
+def _one_error_line(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        app(argv)
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error")]
+    assert e.value.code == 2, err
+    assert "Traceback" not in err and len(errors) == 1, err
+    return errors[0]
+
+
+@pytest.mark.parametrize("how", ["garbage", "text", "truncated"])
+@pytest.mark.parametrize("name", ["final/model.safetensors", "final/sinklab_model.json", "final/tokenizer.json",
+                                  "final/tokenizer_config.json", "config.toml"])
+def test_damaged_file_of_a_trained_model_is_named(trained_run, name, how, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    _damage(run / name, how)
+    line = _one_error_line(["measure", "--model", str(run / "final"), "--out", str(tmp_path / "m")], capsys)
+    assert str(run / name) in line, line
+
+
+@pytest.mark.parametrize("how", ["garbage", "text", "truncated"])
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])
+def test_damaged_file_of_a_hugging_face_folder_is_named(tiny_model_dir, text_corpus_dir, name, how, tmp_path, capsys):
+    _damage(tiny_model_dir / name, how)
+    line = _one_error_line(["measure", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "-n", "2",
+                            "-t", "8", "--out", str(tmp_path / "m")], capsys)
+    assert str(tiny_model_dir / name) in line, line
+
+
+@pytest.mark.parametrize("how", ["garbage", "text", "truncated", "a tensor", "a dict without the run state"])
+def test_resume_from_a_damaged_checkpoint_says_so_without_unsafe_advice(trained_run, how, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    ck = run / "checkpoint.pt"
+    if how == "a tensor":
+        torch.save(torch.ones(3), ck)
+    elif how == "a dict without the run state":
+        torch.save({"step": 2, "weights": torch.ones(3)}, ck)
+    else:
+        _damage(ck, how)
+    line = _one_error_line(["train", str(trained_run.parent / "tiny.toml"), "--out", str(run), "--resume",
+                            "--steps", "4"], capsys)
+    assert f"cannot read checkpoint {ck}: it is corrupt or not a sinklab checkpoint" in line, line
+    assert "weights_only" not in line and "weights only" not in line.lower()
+
+
+def test_damaged_config_results_and_training_log_are_named(trained_run, tmp_path, capsys):
+    bad_cfg = tmp_path / "bad.toml"
+    bad_cfg.write_text("x")
+    _damage(bad_cfg, "garbage")
+    line = _one_error_line(["train", str(bad_cfg), "--out", str(tmp_path / "r")], capsys)
+    assert f"cannot read config file {bad_cfg}: not UTF-8 text" in line, line
+
+    study = tmp_path / "study.toml"
+    study.write_text("name = [unclosed\n")
+    line = _one_error_line(["sweep", str(study), "--dry-run"], capsys)
+    assert f"cannot read study file {study}" in line and "not valid TOML" in line, line
+
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "results.json").write_text('{"sink_rate": [1.0, ')
+    line = _one_error_line(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c")], capsys)
+    assert f"cannot read measurement results {tmp_path / 'a' / 'results.json'}" in line, line
+
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "loss": \n')
+    n = len((run / "metrics.jsonl").read_text().splitlines())
+    line = _one_error_line(["dynamics", str(run), "--out", str(tmp_path / "d.png")], capsys)
+    assert f"cannot read training log {run / 'metrics.jsonl'} (line {n})" in line, line

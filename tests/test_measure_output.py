@@ -62,6 +62,8 @@ def test_log_file_output_is_clean_and_says_how_layers_are_numbered(short_context
                         "-n", "4", "-t", "16", "--out", str(tmp_path / "out")], capsys)
     assert code in (0, None)
     assert "\r" not in io.err and "\r" not in io.out
+    probe = [ln for ln in io.err.splitlines() if ln.startswith("probe: ")]  # plain progress lines, no bar
+    assert len(probe) == 1 and probe[0].startswith("probe: batch 1/1 (100%), "), io.err
     lines = io.out.splitlines()
     assert lines[0].startswith("sink rate · ") and lines[0].endswith("N=4 T=16 eps=0.3")  # longer than 80 columns
     assert len(lines[0]) > 80
@@ -174,7 +176,8 @@ def test_top_sink_line_applies_eps_per_sample_and_names_the_mean_mass_share():
 
 
 def test_train_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
-    """`sinklab train` without --no-progress, stderr not a terminal: no carriage-return bar lines."""
+    """`sinklab train` without --no-progress, stderr not a terminal: no carriage-return bar lines, but plain
+    progress lines (issue 21: a log file used to get nothing for minutes)."""
     from conftest import synthetic_run_toml
 
     cfg = tmp_path / "tiny.toml"
@@ -184,4 +187,6 @@ def test_train_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
     io = capsys.readouterr()
     assert e.value.code in (0, None), io.err
     assert "\r" not in io.err and "\r" not in io.out
-    assert "train:" not in io.err  # tqdm's "train: 33%|..." line
+    assert "%|" not in io.err  # tqdm's "train: 33%|..." bar
+    assert [ln.split(",")[0] for ln in io.err.splitlines() if ln.startswith("train: ")] == [
+        "train: step 1/3 (33%)", "train: step 2/3 (67%)", "train: step 3/3 (100%)"]

@@ -61,7 +61,10 @@ def test_grid_expansion_labels_overrides_paper():
     assert [p.label for p in one.points] == ["0.1", "2"] and one.x_key == "optim.weight_decay"
     pts = parse_study({"base": "x", "points": [{"label": "k bias (v = 0)", "set": {"model.attention": "k_bias"},
                                                 "paper": 0.04, "expect": "no_sink"}]})
-    assert pts.points[0].slug == "k_bias_v_=_0" and pts.points[0].paper == 0.04
+    assert pts.points[0].slug == "k_bias_v_0" and pts.points[0].paper == 0.04
+    # grid labels "key=value, key=value" give folder names without "=" (`sinklab dynamics` reads LABEL=RUN)
+    assert [p.slug for p in s.points][0] == "optim.weight_decay_0_optim.lr_0.001"
+    assert all("=" not in p.slug for p in s.points)
 
 
 def test_study_errors():
@@ -164,8 +167,12 @@ def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
         assert next(csv.reader(f)) == COLUMNS
     md = (out / "summary.md").read_text()
     assert "23.3 ± 2.9" in md and "degenerate" in md
-    text = build_report(tmp_path, tmp_path / "REPORT.md")
-    assert "| t | wd | 3 | 55.0 ± 5.0 | 50, 60, 55 |" in text and "mixed code" in text
+    text = build_report(tmp_path, tmp_path / "REPORT.md", check=False)
+    from sinklab.sweep.verdict import t_interval
+
+    _, lo, hi = t_interval([50.0, 60.0, 55.0])  # 55 +- t(0.975, 2) 5 / sqrt(3)
+    assert f"| t | wd | 3 | 55.0 ± 5.0 [{lo:.1f}, {hi:.1f}] | 50.0, 60.0, 55.0 | 41 |" in text and "mixed code" in text
+    assert "higher (paper)" in text and "no_sink (ours)" in text
 
 
 def test_sweep_skips_finished_resumes_interrupted_and_summarises(tmp_path):
@@ -290,3 +297,45 @@ def test_study_dynamics_table_follows_the_tracker(tmp_path):
             for k in (0, 1) for r in tracker_records(out / "runs" / "a" / f"seed{k}")]
     got = [(r["seed"], int(r["step"]), float(r["sink"]), float(r["mass1"])) for r in rows]
     assert got == want and len(got) == 4  # tracker at steps 2 and 4, two seeds
+
+
+def _tracked_run(d: Path) -> Path:
+    """A run folder whose metrics.jsonl holds two tracker lines (what `sinklab dynamics` plots)."""
+    d.mkdir(parents=True)
+    recs = [{"step": s, "loss": 3.0 - s / 10, "sink_rate": [s * 10.0, 1.0], "attention_mass_first": s / 10,
+             "val_loss": 3.1 - s / 10} for s in (2, 4)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return d
+
+
+def test_dynamics_takes_an_existing_folder_with_equals_in_its_name_as_a_folder(tmp_path, capsys):
+    """Sweeps made before issue 21 have folders such as runs/k_bias_v_=_0/seed0: an existing path wins over
+    LABEL=RUN; LABEL=RUN still labels a run."""
+    from sinklab.cli.main import app
+    from sinklab.cli.sweep_cmd import run_pairs
+
+    old = _tracked_run(tmp_path / "runs" / "k_bias_v_=_0" / "seed0")
+    other = _tracked_run(tmp_path / "runs" / "softmax" / "seed0")
+    assert run_pairs([str(old), f"softmax={other}"]) == {"seed0": str(old), "softmax": str(other)}
+    assert run_pairs([f"k=v={old}"]) == {"k": f"v={old}"}  # the first "=" splits when the whole is no path
+    with pytest.raises(SystemExit) as e:
+        app(["dynamics", str(old), f"softmax={other}", "--out", str(tmp_path / "x.png")])
+    assert e.value.code in (0, None), capsys.readouterr().err
+    assert capsys.readouterr().out.strip() == f"dynamics: {tmp_path / 'x.png'}"
+    assert (tmp_path / "x.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("given, written", [("plots/", "plots/dynamics.png"), ("existing", "existing/dynamics.png"),
+                                            ("noext", "noext.png"), ("a.png", "a.png"), ("b.pdf", "b.pdf")])
+def test_dynamics_prints_the_file_it_wrote(tmp_path, capsys, monkeypatch, given, written):
+    from sinklab.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing").mkdir()
+    run = _tracked_run(tmp_path / "run")
+    with pytest.raises(SystemExit) as e:
+        app(["dynamics", str(run), "--out", given])
+    out = capsys.readouterr().out.strip()
+    assert e.value.code in (0, None)
+    assert out == f"dynamics: {written}" and (tmp_path / written).is_file()
+    assert sorted(p.name for p in tmp_path.rglob("*.p[dn][gf]")) == [Path(written).name]

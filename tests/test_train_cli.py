@@ -3,6 +3,9 @@
 import json
 import random
 import tomllib
+from pathlib import Path
+
+import pytest
 
 from typer.testing import CliRunner
 
@@ -90,3 +93,145 @@ def test_list_presets():
     _load_commands()
     names = [n for n, _ in LISTERS.get("presets")()]
     assert {"tiny-cpu", "paper-60m", "paper-1b"} <= set(names)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 21, items 6 and 7: plain progress lines without a terminal, Ctrl-C says how to continue, --threads
+
+
+def _src() -> str:
+    import sinklab
+
+    return str(Path(sinklab.__file__).resolve().parents[1])
+
+
+def test_train_without_a_terminal_prints_plain_progress_lines_and_takes_threads(tmp_path):
+    """stderr to a pipe (as in `sinklab train ... 2> log`): one plain line per 10% of the steps, no carriage
+    return or cursor code; --threads 1 sets train.threads (torch defaults to one thread per core)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import synthetic_run_toml
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(synthetic_run_toml(steps=10))
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = _src()
+    p = subprocess.run([sys.executable, "-m", "sinklab", "train", str(cfg), "--out", str(tmp_path / "run"),
+                        "--threads", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "\r" not in p.stderr and "\x1b" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("train: step ")]
+    assert [ln.split()[2] for ln in lines] == [f"{k}/10" for k in range(1, 11)], p.stderr  # each step is 10%
+    assert lines[4].startswith("train: step 5/10 (50%), ") and " left; loss " in lines[4]
+    assert lines[-1].startswith("train: step 10/10 (100%), ") and "left" not in lines[-1]
+    assert tomllib.loads((tmp_path / "run" / "config.toml").read_text())["train"]["threads"] == 1
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["threads"] == 1
+
+
+def _interrupt_at(monkeypatch, step: int) -> None:
+    """Ctrl-C as 1-based step ``step`` starts (the training loop's fault hook runs there)."""
+    from sinklab.train import distributed
+
+    def ctrl_c(d, s):
+        if s == step:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(distributed, "maybe_fault", ctrl_c)
+
+
+def _train(argv, capsys) -> tuple[int, list[str]]:
+    from sinklab.cli.main import app
+
+    try:
+        app(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    return code, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+def test_ctrl_c_says_which_checkpoint_is_kept_and_the_command_that_continues(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    from conftest import synthetic_run_toml
+    from sinklab.train import loop
+
+    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)  # no canonical training
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(synthetic_run_toml(steps=6))  # a checkpoint every 2 steps
+    out = tmp_path / "run"
+    _interrupt_at(monkeypatch, 4)
+    code, err = _train(["train", str(cfg), "--out", str(out), "--steps", "6", "--no-progress"], capsys)
+    command = f"sinklab train {cfg} --out {out} --set train.steps=6 --resume --no-progress"
+    assert code == 130
+    assert err[-1] == (f"interrupted at step 3 of 6; kept the checkpoint of step 2 in {out / 'checkpoint.pt'} "
+                       f"(steps after it are trained again); continue with: {command}"), err
+    monkeypatch.undo()
+    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)
+    code, err = _train(shlex.split(command)[1:], capsys)
+    assert code == 0 and f"resuming {out} from its checkpoint at step 2 (of 6)" in err, err
+    code, _ = _train(["train", str(cfg), "--out", str(tmp_path / "whole"), "--steps", "6", "--no-progress"], capsys)
+    assert code == 0
+
+    def losses(run):
+        return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+    assert losses(out) == losses(tmp_path / "whole") and len(losses(out)) == 6
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_kept(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    from conftest import synthetic_run_toml
+    from sinklab.train import loop
+
+    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(synthetic_run_toml(steps=4))
+    out = tmp_path / "run"
+    _interrupt_at(monkeypatch, 2)
+    code, err = _train(["train", str(cfg), "--out", str(out), "--no-progress"], capsys)
+    command = f"sinklab train {cfg} --out {out} --no-progress"
+    assert code == 130 and err[-1] == ("interrupted at step 1 of 4, before the first checkpoint: nothing was kept; "
+                                       f"start it again with: {command}"), err
+    monkeypatch.setattr(loop.distributed, "maybe_fault", lambda d, s: None)
+    code, err = _train(shlex.split(command)[1:], capsys)
+    assert code == 0 and (out / "summary.json").exists(), err
+
+
+def test_every_command_that_runs_a_model_has_the_one_threads_option():
+    import inspect
+
+    from sinklab.cli import analyze_cmd, measure_cmd, stream_cmd, train_cmd
+    from sinklab.cli.common import THREADS
+
+    for fn in (measure_cmd.measure_cmd, analyze_cmd.analyze_cmd, stream_cmd.stream_cmd, train_cmd.train_cmd):
+        assert inspect.signature(fn).parameters["threads"].default is THREADS, fn.__name__
+
+
+@pytest.mark.parametrize("command", ["measure", "analyze"])
+def test_threads_option_sets_torch_threads_before_the_model_runs(command, monkeypatch, capsys, tiny_model_dir):
+    import torch
+
+    import sinklab.analyze
+    import sinklab.measure
+    from sinklab.errors import InputError
+
+    before = torch.get_num_threads()
+    want = 1 if before != 1 else 2
+    seen = []
+
+    def fake(*a, **kw):
+        seen.append(torch.get_num_threads())
+        raise InputError("stop here")
+
+    monkeypatch.setattr(sinklab.measure, "measure", fake)
+    monkeypatch.setitem(sinklab.analyze.KINDS, "massive", fake)
+    argv = ["measure", "--model", str(tiny_model_dir)] if command == "measure" else ["analyze", "massive"]
+    try:
+        code, err = _train([*argv, "--threads", str(want)], capsys)
+    finally:
+        torch.set_num_threads(before)
+    assert code == 2 and seen == [want], err

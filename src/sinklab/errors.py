@@ -35,6 +35,11 @@ class ConfigError(SinklabError, ValueError):
     """A config file or override is invalid (unknown key, bad value, incompatible choices)."""
 
 
+class CorruptFileError(InputError):
+    """A file sinklab reads is truncated, garbage, unreadable or not in the expected format (the message
+    names it)."""
+
+
 class CaptureError(SinklabError):
     """Attention statistics cannot be captured from this model."""
 

@@ -10,9 +10,14 @@ import os
 from pathlib import Path
 
 
+def home_path() -> Path:
+    """Root of sinklab's cache folder, ``$SINKLAB_HOME`` or ``~/.cache/sinklab`` (not created)."""
+    return Path(os.environ.get("SINKLAB_HOME", Path.home() / ".cache" / "sinklab")).expanduser()
+
+
 def home() -> Path:
     """Root of sinklab's cache folder; created on first use."""
-    root = Path(os.environ.get("SINKLAB_HOME", Path.home() / ".cache" / "sinklab")).expanduser()
+    root = home_path()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

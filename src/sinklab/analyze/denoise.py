@@ -118,10 +118,9 @@ def denoise(
                    temperature=temperature, seed=seed)
     rows, mass_rows = [], []
     k_rank = rankable_positions(T, False)
-    from tqdm.auto import tqdm
+    from sinklab.progress import progress
 
-    # disable=None: a bar only when stderr is a terminal
-    for s, state in enumerate(tqdm(trace.states, desc="denoise steps", unit="step", leave=False, disable=None)):
+    for s, state in enumerate(progress(trace.states, desc="denoise steps", unit="step")):
         st = run_model(m, state, batch_size=batch_size).stats
         kinds = token_kinds(state, prompt_len=prompt_len, mask_id=mask_id, bos_id=bos_id, eos_id=eos_id)  # (N, T)
         rate = sink_rate(st.mass, eps)  # (T,) percent

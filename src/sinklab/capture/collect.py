@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
-
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.hf import forward_hf
 from sinklab.capture.native import forward_native, is_native
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError
+from sinklab.progress import progress as show_progress
 
 
 def collect(
@@ -35,7 +34,8 @@ def collect(
         batch_size: sequences per forward pass.
         collector: name in :data:`sinklab.capture.COLLECTORS` (HF models only), or
             ``auto`` (see :func:`resolve_collector`).
-        progress: show a progress bar over batches (only when stderr is a terminal).
+        progress: show progress over batches (:func:`sinklab.progress.progress`: a bar on a
+            terminal, plain lines in a log file).
         prefix_len: run a sinklab model with a bidirectional prefix of this many tokens
             (the prefix-LM mask it was trained with); 0 = its plain causal mask. A sinklab
             model's sliding window (``config.sliding_window``) is always applied.
@@ -58,8 +58,7 @@ def collect(
     device = input_device(model)
     parts = []
     starts = range(0, input_ids.shape[0], batch_size)
-    # disable=None: no bar when stderr is not a terminal (a log file gets no carriage-return lines)
-    for s in tqdm(starts, desc="probe", unit="batch", disable=None if progress else True, leave=False):
+    for s in show_progress(starts, desc="probe", unit="batch", enabled=progress):
         batch = input_ids[s : s + batch_size].to(device)
         rec = forward_native(model, batch, prefix_len) if is_native(model) else forward_hf(model, batch, collector)
         parts.append(rec.finish())

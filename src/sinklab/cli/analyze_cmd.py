@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from sinklab.cli.common import THREADS, check_outputs, use_threads
 from sinklab.cli.main import cli
 
 
@@ -62,11 +63,14 @@ def analyze_cmd(
                                         "sink (e.g. BOS in a model without a sink, to compare models at one position)"),
     temperature: Optional[float] = typer.Option(None, help="denoise: sampling temperature (default 0 = greedy)"),
     counts: Optional[str] = typer.Option(None, help="repeat: numbers of repeats, e.g. 1,4,16,64"),
+    threads: Optional[int] = THREADS,
 ) -> None:
     """Why sinks exist: massive activations, the key-bias view, interventions, over-mixing, repeated tokens;
     a masked diffusion LM's sink across denoising steps (denoise).
 
     Writes OUT/analysis.json (every number, command, versions, provenance), CSV tables and PNG plots."""
+    out = out or Path("runs/analyze") / kind
+    check_outputs([("--out", out)])
     from sinklab import analyze
     from sinklab.errors import InputError
 
@@ -92,11 +96,12 @@ def analyze_cmd(
         kwargs[name] = value
     if num_samples is not None:
         kwargs["num_samples"] = num_samples
+    use_threads(threads)
     result = fn(model, corpus=corpus, seq_len=seq_len, seed=seed, eps=eps, batch_size=batch_size, **kwargs)
     from sinklab.analyze.common import cli_command
 
     result.command = cli_command(kind, result.settings)
-    folder = result.save(out or Path("runs/analyze") / kind)
+    folder = result.save(out)
     _print_summary(result)
     typer.echo(f"\nwrote {folder}/analysis.json, {', '.join(n + '.csv' for n in result.tables)} and "
                f"{', '.join(n + '.png' for n in result.plots)}")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from sinklab.cli.common import check_outputs
 from sinklab.cli.main import cli
 
 
@@ -15,6 +16,7 @@ def compare_cmd(
     out: Path = typer.Option(Path("runs/compare"), help="output folder: compare.csv, compare_layers.csv, compare.png"),
 ) -> None:
     """Print and plot the sink rates of measured models side by side (Sink_1; per layer over relative depth)."""
+    check_outputs([("--out", out)], home=False)
     import shlex
     import sys
 

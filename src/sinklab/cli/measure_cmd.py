@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from sinklab.cli.common import THREADS, check_outputs, use_threads
 from sinklab.cli.main import cli
 
 
@@ -34,8 +35,11 @@ def measure_cmd(
     text: str | None = typer.Option(None, help="text for --input text"),
     accept_license: bool = typer.Option(False, "--accept-license", help="accept a model's licence terms (gemma3-270m)"),
     allow_long_context: bool = typer.Option(False, "--allow-long-context", help="allow T past the model's context"),
+    threads: Optional[int] = THREADS,
 ) -> None:
     """Measure the attention sink of a model: sink rate per position, layer and head, norms, plots."""
+    check_outputs([("--out", out)])
+    use_threads(threads)
     from sinklab.measure import MeasureConfig, measure
     from sinklab.measure.report import print_summary
     from sinklab.measure.run import measure_many

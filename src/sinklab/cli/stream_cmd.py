@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from sinklab.cli.common import THREADS, check_outputs
 from sinklab.cli.main import cli
 
 
@@ -28,10 +29,11 @@ def stream_cmd(
                              "(token by token through the real cache: same numbers, much slower)"),
     no_full: bool = typer.Option(False, "--no-full", help="skip the full cache"),
     no_recompute: bool = typer.Option(False, "--no-recompute", help="skip sliding window with recomputation"),
-    threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
+    threads: Optional[int] = THREADS,
 ) -> None:
     """StreamingLLM on one long stream: perplexity, decode latency and cache memory for the full cache,
     window only, sinks + window and sliding window with recomputation."""
+    check_outputs([("--out", out)])
     from sinklab.streaming import stream
 
     res = stream(model, corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,

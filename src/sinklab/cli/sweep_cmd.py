@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from sinklab.cli.common import check_outputs
 from sinklab.cli.main import cli
 
 
@@ -38,6 +39,8 @@ def sweep_cmd(
             raise InputError(f"--seeds must be >= 1, got {seeds}")
         s.seeds = seeds
     out = out or Path("results") / s.name
+    if not dry_run:  # a dry run writes nothing
+        check_outputs([("--out", out)])
     if dry_run:
         points = select_points(s, only)
         share = max(1, (cores or os.cpu_count() or 1) // jobs)
@@ -69,9 +72,10 @@ def report_cmd(
     """Gather finished sweeps into one Markdown report: tables, plots, paper values and verdicts. Every row's
     training-code fingerprint is compared with the current code's (one short canonical training per row and
     code version, cached); rows that differ are marked stale."""
+    out = out or root / "REPORT.md"
+    check_outputs(files=[("--out", out)])  # the fingerprint cache is in SINKLAB_HOME
     from sinklab.sweep.report import build_report, stale_rows
 
-    out = out or root / "REPORT.md"
     build_report(root, out)
     typer.echo(f"report: {out}")
     stale = stale_rows(root)
@@ -87,14 +91,26 @@ def report_cmd(
 
 @cli.command("dynamics")
 def dynamics_cmd(
-    runs: list[str] = typer.Argument(..., help="LABEL=RUN_FOLDER pairs (or bare run folders)"),
-    out: Path = typer.Option(..., "--out", help="the PNG to write"),
+    runs: list[str] = typer.Argument(..., help="LABEL=RUN_FOLDER pairs, or bare run folders (an existing folder is "
+                                     "taken as a folder even when its name holds =)"),
+    out: str = typer.Option(..., "--out", help="the PNG to write (a folder: FOLDER/dynamics.png)"),
     title: str = typer.Option("", "--title"),
     level: float = typer.Option(10.0, "--level", help="emergence level drawn on the Sink_1 panel (percent)"),
 ) -> None:
     """Plot Sink_1, attention mass on token 1 and validation loss against training step."""
-    from sinklab.sweep.dynamics import plot_dynamics
+    from sinklab.sweep.dynamics import plot_dynamics, plot_path
 
-    pairs = dict((r.split("=", 1) if "=" in r else (Path(r).name, r)) for r in runs)
-    plot_dynamics(pairs, out, level=level, title=title)
-    typer.echo(f"dynamics: {out}")
+    path = plot_path(out)
+    check_outputs(files=[("--out", path)], home=False)
+    written = plot_dynamics(run_pairs(runs), path, level=level, title=title)
+    typer.echo(f"dynamics: {written}")
+
+
+def run_pairs(runs: list[str]) -> dict[str, str]:
+    """``LABEL=RUN_FOLDER`` or a bare run folder (labelled by its name) -> {label: folder}. An existing
+    path wins over the label syntax, so a folder whose name holds ``=`` is a bare run folder."""
+    pairs = {}
+    for r in runs:
+        label, run = r.split("=", 1) if "=" in r and not Path(r).exists() else (Path(r).name, r)
+        pairs[label] = run
+    return pairs

@@ -1,4 +1,4 @@
-"""``sinklab train CONFIG_OR_PRESET [--set key=value ...] [--steps N] [--resume] [--nproc N] --out DIR``.
+"""``sinklab train CONFIG_OR_PRESET [--set key=value ...] [--steps N] [--threads N] [--resume] [--nproc N] --out DIR``.
 
 ``--nproc N`` runs the same command on N local processes under ``torchrun`` (data parallel, see
 :mod:`sinklab.train.distributed`); ``torchrun ... -m sinklab train ...`` does the same by hand
@@ -9,14 +9,15 @@ Also registers ``sinklab list presets``.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from sinklab.cli.common import THREADS, check_outputs
 from sinklab.cli.main import LISTERS, cli
+from sinklab.fileio import read_json
 
 
 def _list_presets() -> list[tuple[str, str]]:
@@ -35,25 +36,38 @@ def train_cmd(
     set_: Optional[list[str]] = typer.Option(None, "--set", help="override section.key=value (value parsed as TOML); repeatable"),
     steps: Optional[int] = typer.Option(None, "--steps", help="number of optimizer steps (sets train.steps)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its checkpoint"),
-    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar (nor progress lines in a log file)"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="data-parallel processes on this machine (launches torchrun; "
                               "train.batch_size stays the global batch)"),
+    threads: Optional[int] = THREADS,
 ) -> None:
-    """Pre-train a model from scratch and track its attention sinks on a fixed probe set."""
+    """Pre-train a model from scratch and track its attention sinks on a fixed probe set.
+
+    Ctrl-C stops it with one line: the checkpoint kept and the command that continues the run."""
+    _check_out(Path(out), resume)
     from sinklab.train import distributed
     from sinklab.train.config import load_config
-    from sinklab.train.loop import train
+    from sinklab.train.loop import TrainingInterrupted, train
 
     overrides = list(set_ or [])
     if steps is not None:
         overrides.append(f"train.steps={steps}")
+    if threads is not None:
+        overrides.append(f"train.threads={threads}")
     cfg = load_config(config, overrides)
-    _check_out(Path(out), resume)
+
+    def args(resume: bool) -> list[str]:  # this command again (torchrun's ranks; the line that continues it)
+        return (["train", config, "--out", str(out), *[a for o in overrides for a in ("--set", o)]]
+                + ["--resume"] * resume + ["--no-progress"] * no_progress)
+
     if nproc > 1 and distributed.env_world_size() == 1:
         distributed.check_batch(distributed.Dist(world=nproc), cfg.train.batch_size)
-        args = ["train", config, "--out", str(out), *[a for o in overrides for a in ("--set", o)]]
-        args += ["--resume"] * resume + ["--no-progress"] * no_progress
-        distributed.launch(nproc, args)
+        try:
+            distributed.launch(nproc, args(resume))
+        except KeyboardInterrupt:
+            typer.echo(f"interrupted; {out} keeps its last checkpoint, if one was written; continue with: "
+                       f"{_command(args(True) + ['--nproc', str(nproc)])}", err=True)
+            raise typer.Exit(130) from None
         return
     if os.environ.get("RANK", "0") != "0":  # a torchrun rank other than 0: train silently
         train(cfg, out, resume=resume, progress=False)
@@ -61,24 +75,48 @@ def train_cmd(
     typer.echo(f"run folder {out}; {cfg.train.steps} steps x {cfg.tokens_per_step} tokens; "
                f"attention={cfg.model.attention}, packing={cfg.data.packing}, weight decay {cfg.optim.weight_decay} "
                f"on {cfg.optim.decay}", err=True)
-    res = train(cfg, out, resume=resume, progress=not no_progress, notify=lambda m: typer.echo(m, err=True))
+    try:
+        res = train(cfg, out, resume=resume, progress=not no_progress, notify=lambda m: typer.echo(m, err=True))
+    except TrainingInterrupted as e:
+        typer.echo(interrupted_line(e, _command(args(e.checkpoint is not None))), err=True)
+        raise typer.Exit(130) from None
     if res.already_finished:
         typer.echo(res.note)
         return
     summary_path = Path(out) / "summary.json"
     if summary_path.exists():
-        typer.echo(done_line(json.loads(summary_path.read_text()), Path(out)))
+        typer.echo(done_line(read_json(summary_path, "run summary"), Path(out)))
     else:
         typer.echo(f"stopped at step {max(res.losses) if res.losses else 0}; resume with --resume")
 
 
-def _check_out(out: Path, resume: bool) -> None:
-    """Refuse a bad --out / --resume combination before anything is printed or prepared."""
-    from sinklab.errors import InputError
+def _command(args: list[str]) -> str:
+    import shlex
+
+    return shlex.join(["sinklab", *args])
+
+
+def interrupted_line(e, command: str) -> str:
+    """The line ``sinklab train`` prints on Ctrl-C: the step reached, the checkpoint kept and
+    ``command``, the exact command that continues the run (or starts it again when no checkpoint
+    was written yet). ``e``: the :class:`~sinklab.train.loop.TrainingInterrupted`."""
     from sinklab.train.checkpoint import CHECKPOINT_NAME
 
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file; give a folder for the run")
+    head = f"interrupted at step {e.step} of {e.steps}"
+    if e.checkpoint is None:
+        return f"{head}, before the first checkpoint: nothing was kept; start it again with: {command}"
+    return (f"{head}; kept the checkpoint of step {e.checkpoint} in {e.out / CHECKPOINT_NAME} "
+            f"(steps after it are trained again); continue with: {command}")
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    """Refuse a bad --out / --resume combination (or an unwritable --out or SINKLAB_HOME) before
+    anything is printed or prepared."""
+    from sinklab.errors import InputError
+
+    check_outputs([("--out", out)])
+    from sinklab.train.checkpoint import CHECKPOINT_NAME
+
     if resume and not (out / CHECKPOINT_NAME).exists():
         raise InputError(f"no checkpoint at {out / CHECKPOINT_NAME}; nothing to resume (run without --resume)")
 

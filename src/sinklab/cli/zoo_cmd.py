@@ -6,6 +6,7 @@ import time
 
 import typer
 
+from sinklab.cli.common import check_outputs
 from sinklab.cli.main import LISTERS, cli
 from sinklab.errors import UnknownNameError
 from sinklab.zoo.corpora import CORPORA, fetch_corpus, load_corpus
@@ -30,6 +31,7 @@ def fetch_cmd(
     accept_license: bool = typer.Option(False, "--accept-license", help="accept an opt-in model licence (gemma3-270m)"),
 ) -> None:
     """Download, check (sha256) and cache a zoo model or corpus; print where it is cached."""
+    check_outputs()
     t0 = time.perf_counter()
     if name in MODELS:
         folder = fetch_model(name, accept_license=accept_license)

@@ -8,13 +8,13 @@ unknown token, so any text round-trips.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from sinklab.errors import ConfigError, InputError
+from sinklab.fileio import read_json, reading
 
 EOS = "<|endoftext|>"
 BOS = "<|bos|>"
@@ -92,8 +92,9 @@ def gpt2_tokenizer() -> Tokenizer:
 
 def gpt2_from_files(encoder_json: Path, vocab_bpe: Path) -> Tokenizer:
     """Build the GPT-2 tokenizer from its ``encoder.json`` and ``vocab.bpe`` files (see :func:`gpt2_tokenizer`)."""
-    vocab = json.loads(Path(encoder_json).read_text(encoding="utf-8"))
-    lines = Path(vocab_bpe).read_text(encoding="utf-8").splitlines()
+    vocab = read_json(encoder_json, "GPT-2 vocabulary")
+    with reading(vocab_bpe, "GPT-2 merges"):
+        lines = Path(vocab_bpe).read_text(encoding="utf-8").splitlines()
     merges = [tuple(line.split(" ")) for line in lines[1:] if line.strip()]  # first line is a version header
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

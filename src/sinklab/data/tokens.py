@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,8 @@ from tokenizers import Tokenizer
 
 from sinklab.data.tokenizer import build_tokenizer, special_ids
 from sinklab.errors import InputError
+from sinklab.fileio import atomic_write, publish, read_json, reading
+from sinklab.progress import progress as show_progress
 
 FORMAT_VERSION = 1
 
@@ -120,16 +121,14 @@ def _encode_split(folder: Path, name: str, tok: Tokenizer, docs: Sequence[str], 
     """Encode ``docs`` (in order) into ``name.bin`` (flat ids) and ``name.idx.npy`` (offsets).
 
     Chunks of :data:`ENCODE_CHUNK` documents are encoded in parallel by ``tokenizers`` and appended
-    to the file, so only one chunk's ids are in memory; a progress bar runs when stderr is a
-    terminal and there is more than one chunk. The bytes equal those of encoding all at once.
+    to the file, so only one chunk's ids are in memory; progress is shown when there is more than
+    one chunk (:func:`sinklab.progress.progress`: a bar on a terminal, plain lines in a log file). The bytes equal those of encoding all at once.
 
     Resumable: after each chunk its document lengths are appended to ``name.len.bin`` (int64),
     after its ids. A rerun on the same folder keeps the documents whose lengths were written,
     cuts ``name.bin`` back to their ids (a chunk cut off mid-write is redone), and continues
     with the next chunk. Nothing is done when ``name.idx.npy`` exists.
     """
-    from tqdm.auto import tqdm
-
     idx_path, bin_path, len_path = folder / f"{name}.idx.npy", folder / f"{name}.bin", folder / f"{name}.len.bin"
     if idx_path.exists():
         return
@@ -138,9 +137,9 @@ def _encode_split(folder: Path, name: str, tok: Tokenizer, docs: Sequence[str], 
     keep_bytes = int(done.sum()) * dtype.itemsize
     with open(bin_path, "ab") as f:  # drop ids written after the last complete chunk
         f.truncate(keep_bytes)
-    with open(bin_path, "ab") as f, open(len_path, "ab") as lf, tqdm(
-            total=len(docs), initial=n_done, desc=f"tokenizing {name}", unit="doc",
-            disable=None if len(docs) > ENCODE_CHUNK else True) as bar:
+    with open(bin_path, "ab") as f, open(len_path, "ab") as lf, show_progress(
+            total=len(docs), initial=n_done, desc=f"tokenizing {name}", unit="document",
+            enabled=len(docs) > ENCODE_CHUNK) as bar:
         for s in range(n_done, len(docs), ENCODE_CHUNK):
             lengths = []
             for e in tok.encode_batch(list(docs[s : s + ENCODE_CHUNK]), add_special_tokens=False):
@@ -172,19 +171,19 @@ def load_token_folder(folder: str | Path) -> TokenizedCorpus:
 
     Raises:
         InputError: the folder is missing or incomplete.
+        CorruptFileError: one of its files is unreadable or damaged (names it; deleting the folder
+            makes the next run tokenize again).
     """
     folder = Path(folder)
     if not (folder / "meta.json").exists():
         raise InputError(f"{folder} is not a sinklab token folder (no meta.json)")
-    meta = json.loads((folder / "meta.json").read_text())
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    return TokenizedCorpus(
-        folder=folder,
-        tokenizer=tok,
-        train=_read_split(folder, "train", meta["dtype"]),
-        val=_read_split(folder, "val", meta["dtype"]),
-        meta=meta,
-    )
+    hint = f"it is damaged; delete {folder} to tokenize again"
+    meta = read_json(folder / "meta.json", "token folder record")
+    with reading(folder / "tokenizer.json", "tokenizer", hint=hint):
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    with reading(folder, "token folder", hint=hint):
+        splits = {name: _read_split(folder, name, meta["dtype"]) for name in ("train", "val")}
+    return TokenizedCorpus(folder=folder, tokenizer=tok, train=splits["train"], val=splits["val"], meta=meta)
 
 
 def tokenize_documents(
@@ -247,8 +246,7 @@ def tokenize_documents(
         tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
     else:
         tok = build_tokenizer(tokenizer, train_docs, vocab_size)
-        tok.save(str(tmp / "tokenizer.json.tmp"))
-        os.replace(tmp / "tokenizer.json.tmp", tmp / "tokenizer.json")
+        atomic_write(tmp / "tokenizer.json", lambda p: tok.save(str(p)))
     n_vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(np.uint16 if n_vocab <= 1 << 16 else np.uint32)
 
@@ -267,7 +265,7 @@ def tokenize_documents(
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:
-            os.replace(tmp, folder)
+            publish(tmp, folder)
         except OSError:  # another process won the race: use its folder
             shutil.rmtree(tmp, ignore_errors=True)
     except (InputError, ValueError, TypeError):  # bad input: nothing worth resuming

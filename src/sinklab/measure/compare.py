@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sinklab.errors import InputError
+from sinklab.fileio import read_json
 
 
 def _load(folder: str | Path) -> dict[str, Any]:
@@ -26,10 +27,7 @@ def _load(folder: str | Path) -> dict[str, Any]:
     f = p / "results.json" if p.is_dir() else p
     if not f.exists():
         raise InputError(f"{folder}: no results.json (give folders written by `sinklab measure --out`)")
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{f}: not a valid results.json ({e})") from None
+    return read_json(f, "measurement results")
 
 
 def comparison_tables(folders: Sequence[str | Path]):

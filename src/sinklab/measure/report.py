@@ -7,20 +7,13 @@ imports nothing from :mod:`sinklab.measure.run`, which imports it (layers import
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from sinklab.fileio import atomic_write_text
+
 #: a :class:`sinklab.measure.run.MeasureResult` (not imported here: run.py imports this module)
 _Result = Any
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def write_outputs(result: _Result, out: Path) -> Path:
@@ -31,7 +24,7 @@ def write_outputs(result: _Result, out: Path) -> Path:
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=1))
+    atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=1))
     result.table().to_csv(out / "attention.csv", index=False)
     s = result.summary
     ci = s["sink_rate_ci"]

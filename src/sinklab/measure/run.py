@@ -3,7 +3,6 @@ statistics, summarise them (:func:`sinklab.metrics.summarize`)."""
 
 from __future__ import annotations
 
-import json
 import platform
 import shlex
 import sys
@@ -17,6 +16,7 @@ import torch
 from sinklab.capture import collect
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError, UnknownNameError
+from sinklab.fileio import check_writable, read_json
 from sinklab.measure.report import write_outputs
 from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
@@ -274,7 +274,8 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         :class:`MeasureResult`.
 
     Raises:
-        InputError: bad settings, T past the model's context, too few windows in the corpus.
+        InputError: bad settings, T past the model's context, too few windows in the corpus, an
+            ``out`` that cannot be written (checked first).
         UnknownNameError: unknown model, corpus, input kind or collector.
         FetchError / ChecksumError: a package could not be fetched or verified.
         CaptureError: the model exposes no attention weights.
@@ -286,8 +287,8 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     cfg = config or MeasureConfig()
     if overrides:
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise InputError(f"--out {out} is a file; give a folder for the results")
+    if out is not None:  # before any model or corpus work
+        check_writable(out, "--out")
     run = find_run(cfg.model)
     if run is None:
         check_model_spec(cfg.model)  # a bad --model fails before any corpus or weights are fetched
@@ -402,7 +403,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
         p = p / "results.json"
     if not p.exists():
         raise InputError(f"no results.json at {p}")
-    return json.loads(p.read_text())
+    return read_json(p, "measurement results")
 
 
 def model_slug(model: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sinklab.errors import InputError, SinklabError
+from sinklab.errors import ConfigError, InputError, SinklabError
 from sinklab.probe import Probe
 from sinklab.zoo.models import NATIVE_MARKER, is_run_folder, run_final_folder
 
@@ -81,7 +81,14 @@ def find_run(model: str) -> TrainedRun | None:
         return None
     from sinklab.train.config import load_config
 
-    return TrainedRun(folder, final, load_config(folder / "config.toml"))
+    cfg_file = folder / "config.toml"
+    try:
+        cfg = load_config(cfg_file)
+    except ConfigError as e:
+        if str(cfg_file) in str(e):
+            raise
+        raise ConfigError(f"{cfg_file} (the run's config) is invalid: {e}") from None
+    return TrainedRun(folder, final, cfg)
 
 
 def run_probe(run: TrainedRun, num_samples: int, seq_len: int, seed: int, bos: str, tokenizer=None) -> Probe:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import ConfigError, InputError
+from sinklab.fileio import atomic_write, atomic_write_text, check_safetensors, read_json, reading
 from sinklab.nn.attention import Attention, AttnContext, Observer
 from sinklab.nn.config import ModelConfig
 from sinklab.nn.ffn import FFN
@@ -229,8 +229,8 @@ class SinkLM(nn.Module):
         """Write ``sinklab_model.json`` (config) and ``model.safetensors`` into ``folder``.
 
         Each file is written to a temporary name in the folder and renamed into place,
-        so an interrupted save leaves either the old file or the new one. Tied
-        embeddings are stored once. Returns the folder.
+        so an interrupted save leaves either the old file or the new one; the files get the
+        mode a plain write would give (the umask's). Tied embeddings are stored once. Returns the folder.
         """
         from safetensors.torch import save_file
 
@@ -240,9 +240,9 @@ class SinkLM(nn.Module):
         if self.config.tie_embeddings:
             state.pop("lm_head.weight", None)
         meta = {"format": "sinklab", "format_version": str(FORMAT_VERSION)}
-        _atomic_write(folder / WEIGHTS_FILE, lambda p: save_file(state, str(p), metadata=meta))
+        atomic_write(folder / WEIGHTS_FILE, lambda p: save_file(state, str(p), metadata=meta))
         cfg = {"format_version": FORMAT_VERSION, "model_type": "sinklab", "config": self.config.to_dict()}
-        _atomic_write(folder / CONFIG_FILE, lambda p: p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n"))
+        atomic_write_text(folder / CONFIG_FILE, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         return folder
 
     @classmethod
@@ -251,6 +251,8 @@ class SinkLM(nn.Module):
 
         Raises:
             InputError: the folder or a file is missing, or the weights do not match the config.
+            CorruptFileError: ``sinklab_model.json`` or ``model.safetensors`` is garbage, truncated or
+                unreadable (the message names the file).
             ConfigError: the stored config is invalid.
         """
         from safetensors.torch import load_file
@@ -260,30 +262,20 @@ class SinkLM(nn.Module):
         for p in (cfg_path, w_path):
             if not p.is_file():
                 raise InputError(f"{p} not found: not a sinklab model folder (expected {CONFIG_FILE} and {WEIGHTS_FILE})")
-        try:
-            data = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
-        if data.get("format_version") != FORMAT_VERSION:
-            raise InputError(f"{cfg_path}: unsupported format_version {data.get('format_version')!r} (expected {FORMAT_VERSION})")
-        model = cls(ModelConfig.from_dict(data["config"]))
-        state = load_file(str(w_path), device=str(map_location))
-        if model.config.tie_embeddings:
+        data = read_json(cfg_path, "sinklab model config")
+        if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+            got = data.get("format_version") if isinstance(data, dict) else None
+            raise InputError(f"{cfg_path}: unsupported format_version {got!r} (expected {FORMAT_VERSION})")
+        with reading(cfg_path, "sinklab model config"):
+            config = ModelConfig.from_dict(data["config"])
+        model = cls(config)
+        check_safetensors(w_path)
+        with reading(w_path, "weights file"):
+            state = load_file(str(w_path), device=str(map_location))
+        if model.config.tie_embeddings and "embed.weight" in state:
             state["lm_head.weight"] = state["embed.weight"]
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        with reading(w_path, "weights file", error=InputError, hint=f"the weights do not match {cfg_path.name}"):
+            missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise InputError(f"{w_path} does not match its config: missing {missing}, unexpected {unexpected}")
         return model
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` then rename tmp_path to ``path`` (same folder)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -2,18 +2,19 @@
 
 Files live in ``$SINKLAB_HOME/probe_tokens/<key>.npz`` where the key is a sha256 of the
 tokenizer's serialised definition and of every document's text, so a changed tokenizer
-or corpus never reuses stale ids. Written to a temporary file and renamed into place.
+or corpus never reuses stale ids. Written to a temporary file and renamed into place; a damaged
+file is tokenized again and rewritten.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from sinklab.fileio import atomic_write
 from sinklab.paths import cache_dir
 from sinklab.probe.inputs import tokenize_plain
 
@@ -41,16 +42,20 @@ def tokenize_documents(tokenizer, documents: Sequence[str]) -> list[np.ndarray]:
     key = _key(tokenizer, documents)
     path = cache_dir("probe_tokens") / f"{key}.npz" if key else None
     if path is not None and path.exists():
-        with np.load(path) as z:
-            ids, offsets = z["ids"], z["offsets"]
-        return [ids[offsets[d] : offsets[d + 1]] for d in range(len(offsets) - 1)]
+        try:
+            with np.load(path) as z:
+                ids, offsets = z["ids"], z["offsets"]
+            return [ids[offsets[d] : offsets[d + 1]] for d in range(len(offsets) - 1)]
+        except Exception:  # noqa: BLE001 - a damaged cache file: tokenize again and rewrite it
+            pass
     docs = tokenize_plain(tokenizer, list(documents))
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(d) for d in docs])
     ids = np.fromiter((t for d in docs for t in d), dtype=np.int64, count=int(offsets[-1]))
     if path is not None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, ids=ids, offsets=offsets)
-        os.replace(tmp, path)
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                np.savez(f, ids=ids, offsets=offsets)
+
+        atomic_write(path, write)
     return [ids[offsets[d] : offsets[d + 1]] for d in range(len(docs))]

@@ -33,6 +33,8 @@ import torch
 from torch import Tensor
 
 from sinklab.errors import InputError
+from sinklab.fileio import atomic_write_text
+from sinklab.progress import progress as show_progress
 from sinklab.streaming.cache import SinkCache
 
 
@@ -224,13 +226,11 @@ def stream_nll_decode(model, ids: Tensor, spec: CacheSpec, *, max_context: int |
                       progress: bool = True) -> dict[int, float]:
     """The same NLLs fed one token at a time through the real cache (``--mode decode``): sink caches
     get cache positions (0 .. kept), the full cache absolute ones up to ``max_context``."""
-    from tqdm.auto import tqdm
-
     n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
     cache = _new_cache(model, spec, max_context)
     x = ids.view(1, -1).to(_device(model))
     out: dict[int, float] = {}
-    for t in tqdm(range(n - 1), desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
+    for t in show_progress(range(n - 1), desc=spec.name, unit="token", enabled=progress):
         pos = t if spec.kind == "full" else cache.kept_length()
         logits = _step(model, x[:, t : t + 1], cache, pos)
         out[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
@@ -277,14 +277,12 @@ def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int
     """Sliding window with recomputation: for t = 0, every, 2 every, ... a fresh forward over
     ``ids[max(0, t - window) : t + 1]`` (positions from 0) scores token t + 1; latency is the mean
     time of one such forward."""
-    from tqdm.auto import tqdm
-
     n, w = ids.numel(), spec.window
     x = ids.view(1, -1).to(_device(model))
     nll: dict[int, float] = {}
     elapsed, nbytes = 0.0, 0
     todo = list(range(0, n - 1, every))
-    for t in tqdm(todo, desc=spec.name, disable=not progress, leave=False, mininterval=2.0):
+    for t in show_progress(todo, desc=spec.name, unit="position", enabled=progress):
         ctx = x[:, max(0, t - w) : t + 1]
         cache = _new_cache(model, CacheSpec("full", "full", None, None), ctx.shape[1])
         t0 = time.perf_counter()
@@ -317,15 +315,13 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
     Raises:
         InputError: N < 2, ``n_sink + window`` above ``max_context``, an unknown mode.
     """
-    from tqdm.auto import tqdm
-
     if ids.dim() != 1 or ids.numel() < 2:
         raise InputError(f"the stream needs at least 2 tokens, got shape {tuple(ids.shape)}")
     if mode not in ("parallel", "decode"):
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
     n = ids.numel()
     out = []
-    bar = tqdm(specs, desc="caches", disable=not progress, leave=False)
+    bar = show_progress(specs, desc="caches", unit="configuration", enabled=progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)
         if done and spec.name in done:
@@ -388,9 +384,7 @@ def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], 
 
     out.mkdir(parents=True, exist_ok=True)
     payload = {**meta, "configs": [asdict(r) for r in results]}
-    tmp = out / ".stream.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(out / "stream.json")
+    atomic_write_text(out / "stream.json", json.dumps(payload, indent=2) + "\n")
     ints = {"n_sink": "Int64", "window": "Int64"}  # None (full, recompute) stays empty, not 0.0
     pd.DataFrame([{k: v for k, v in asdict(r).items() if not k.endswith("by_chunk") and k != "positions"}
                   for r in results]).astype(ints).to_csv(out / "stream.csv", index=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import sys
@@ -13,7 +12,8 @@ from typing import Sequence
 
 import torch
 
-from sinklab.errors import InputError
+from sinklab.errors import CorruptFileError, InputError
+from sinklab.fileio import check_writable, read_json
 from sinklab.streaming.cache import SinkCache
 from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, result_from_dict,
                                       token_stream, write_outputs)
@@ -61,7 +61,8 @@ def stream(
 
     Raises:
         InputError: ``tokens < 2``, ``window < 1``, negative sinks, ``n_sink + window`` past the
-            model's context, a corpus with fewer than ``tokens`` tokens, a model without RoPE.
+            model's context, a corpus with fewer than ``tokens`` tokens, a model without RoPE, an
+            ``out`` that cannot be written.
         UnknownNameError / FetchError: as :func:`sinklab.zoo.models.load_model`.
     """
     from sinklab.measure.run import versions
@@ -71,6 +72,7 @@ def stream(
 
     if tokens < 2:
         raise InputError(f"--tokens must be >= 2, got {tokens}")
+    check_writable(out, "--out")  # before the model is loaded
     if mode not in ("parallel", "decode"):
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
     specs = cache_specs(window, sinks, full=full, recompute=recompute)
@@ -139,7 +141,7 @@ def stream(
                     progress=progress, done=done, on_result=save)
     if done and all(s.name in done for s in specs):  # everything was already there: redraw from the file
         write_outputs(out, prev_meta, [results[s.name] for s in specs], chunk)
-    return json.loads((out / "stream.json").read_text())
+    return read_json(out / "stream.json", "stream results")
 
 
 def _load() -> list[float] | None:
@@ -164,8 +166,8 @@ def _resumable(out: Path, key: dict) -> tuple[dict[str, StreamConfigResult], dic
     if not path.exists():
         return {}, {}
     try:
-        prev = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        prev = read_json(path, "stream results")
+    except CorruptFileError:  # computed again and rewritten
         return {}, {}
     if any(prev.get(k) != v for k, v in key.items()):
         return {}, {}

@@ -6,10 +6,10 @@ Reads the tracker lines of one or more runs' ``metrics.jsonl`` (keys ``step``, `
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from sinklab.errors import InputError
+from sinklab.fileio import read_jsonl
 
 
 def seed_runs(point_folder: Path) -> list[Path]:
@@ -27,15 +27,30 @@ def tracker_records(run: str | Path) -> list[dict]:
 
     Raises:
         InputError: no metrics.jsonl or no tracker line in it.
+        CorruptFileError: metrics.jsonl is unreadable or holds a line that is not JSON.
     """
     p = Path(run) / "metrics.jsonl"
     if not p.exists():
         raise InputError(f"{p} does not exist")
-    recs = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
-    recs = [r for r in recs if "sink_rate" in r]
+    recs = [r for r in read_jsonl(p, "training log") if isinstance(r, dict) and "sink_rate" in r]
     if not recs:
         raise InputError(f"{p} has no tracker lines (sink_rate)")
     return sorted(recs, key=lambda r: r["step"])
+
+
+#: the file name :func:`plot_path` gives a plot asked for in a folder
+DEFAULT_NAME = "dynamics.png"
+
+
+def plot_path(out: str | Path) -> Path:
+    """The file a dynamics plot asked for at ``out`` is written to: ``out/dynamics.png`` when ``out``
+    is an existing folder or ends with a path separator, ``out.png`` when it has no suffix (as
+    matplotlib would write it), else ``out`` itself."""
+    text = str(out)
+    p = Path(out).expanduser()
+    if p.is_dir() or text.endswith(("/", "\\")):
+        return p / DEFAULT_NAME
+    return p if p.suffix else p.with_name(p.name + ".png")
 
 
 def plot_dynamics(runs: dict[str, str | Path], path: str | Path, *, level: float = 10.0, title: str = "") -> Path:
@@ -43,8 +58,11 @@ def plot_dynamics(runs: dict[str, str | Path], path: str | Path, *, level: float
 
     Args:
         runs: legend label -> run folder.
-        path: the PNG to write.
+        path: where to write the plot (resolved by :func:`plot_path`: a folder gets dynamics.png).
         level: emergence level drawn on the Sink_1 panel (percent).
+
+    Returns:
+        the file written.
     """
     import matplotlib
 
@@ -67,7 +85,7 @@ def plot_dynamics(runs: dict[str, str | Path], path: str | Path, *, level: float
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
+    path = plot_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

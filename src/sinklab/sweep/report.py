@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.errors import InputError
+from sinklab.fileio import read_json, reading
 from sinklab.sweep.summary import markdown_table, mean_std, seed_values, summarize_sweep
 
 SECTION_ORDER = ["regime", "optimisation", "data", "loss", "architecture", "attention", "positional"]
@@ -32,7 +33,7 @@ def find_sweeps(root: Path) -> list[Path]:
     found = sorted(p.parent for p in root.rglob("study.json") if ARCHIVE not in p.relative_to(root).parts[:-1])
 
     def key(p: Path):
-        sec = json.loads((p / "study.json").read_text()).get("section", "")
+        sec = read_json(p / "study.json", "study record").get("section", "")
         return (SECTION_ORDER.index(sec) if sec in SECTION_ORDER else len(SECTION_ORDER), p.name)
 
     return sorted(found, key=key)
@@ -125,7 +126,8 @@ def build_report(root: str | Path, out: str | Path, *, resummarize: bool = True,
             "row trained by other numerics is marked **stale**.\n"]
     notes = root / "NOTES.md"
     if notes.exists():  # hand-written findings kept beside the sweeps
-        head.append(notes.read_text().strip() + "\n")
+        with reading(notes, "notes file"):
+            head.append(notes.read_text(encoding="utf-8").strip() + "\n")
     if headline:
         head.append("## Headline\n")
         head.append("| study | setting | seeds | ours: Sink (%) mean ± std [95% CI] | per seed | paper (%) (table) "
@@ -176,7 +178,7 @@ def refresh_study_json(sw: Path) -> dict[str, Any]:
     from sinklab.errors import SinklabError
     from sinklab.sweep.spec import load_study
 
-    study = json.loads((sw / "study.json").read_text())
+    study = read_json(sw / "study.json", "study record")
     path = study_file(sw, study)
     if path is None or not path.exists():
         return study
@@ -197,7 +199,7 @@ def refresh_study_json(sw: Path) -> dict[str, Any]:
 def _level(sw: Path) -> float:
     from sinklab.sweep.summary import _emerge_level
 
-    return _emerge_level(sw, json.loads((sw / "study.json").read_text()))
+    return _emerge_level(sw, read_json(sw / "study.json", "study record"))
 
 
 def _read_rows(sw: Path) -> list[dict[str, Any]]:

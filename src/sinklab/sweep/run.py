@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from sinklab.errors import InputError
+from sinklab.fileio import atomic_write_text, read_json, reading
 from sinklab.sweep.spec import Point, Study
 
 SUMMARY_NAME = "summary.json"
@@ -61,7 +62,7 @@ def is_finished(d: Path) -> bool:
 def diverged_step(d: Path) -> int | None:
     """The step at which the run in ``d`` diverged (``diverged.json``), or None."""
     p = d / DIVERGED_NAME
-    return int(json.loads(p.read_text())["step"]) if p.exists() else None
+    return int(read_json(p, "divergence record")["step"]) if p.exists() else None
 
 
 def train_command(study: Study, point: Point, d: Path, seed: int = 0) -> list[str]:
@@ -77,7 +78,7 @@ def train_command(study: Study, point: Point, d: Path, seed: int = 0) -> list[st
 
 def _record(d: Path) -> dict:
     p = d / "sweep.json"
-    return json.loads(p.read_text()) if p.exists() else {"wall_s": 0.0, "starts": 0}
+    return read_json(p, "sweep record") if p.exists() else {"wall_s": 0.0, "starts": 0}
 
 
 def _close_record(d: Path, t0: float, returncode, jobs: int, threads: int) -> None:
@@ -92,9 +93,7 @@ def _close_record(d: Path, t0: float, returncode, jobs: int, threads: int) -> No
 
 
 def _write_record(d: Path, rec: dict) -> None:
-    tmp = d / "sweep.json.tmp"
-    tmp.write_text(json.dumps(rec, indent=1))
-    os.replace(tmp, d / "sweep.json")
+    atomic_write_text(d / "sweep.json", json.dumps(rec, indent=1))
 
 
 def _last_step(d: Path) -> int:
@@ -104,7 +103,7 @@ def _last_step(d: Path) -> int:
     try:
         lines = p.read_text().strip().splitlines()
         return int(json.loads(lines[-1])["step"]) if lines else 0
-    except (ValueError, KeyError, json.JSONDecodeError):
+    except (ValueError, KeyError, TypeError, OSError):  # a line being written, or a damaged file: no progress shown
         return 0
 
 
@@ -121,7 +120,8 @@ def finished_runs_by_config(root: Path) -> dict[str, Path]:
     for cfg in sorted(root.glob("*/runs/*/seed*/config.toml")):
         d = cfg.parent
         if is_finished(d) and (d / "final").exists():
-            index.setdefault(cfg.read_text(), d)
+            with reading(cfg, "run config"):
+                index.setdefault(cfg.read_text(encoding="utf-8"), d)
     return index
 
 
@@ -131,7 +131,7 @@ def same_numerics(src: Path, cfg, threads: int, fingerprint: Callable[[], str]) 
     when needed), this torch version and ``threads`` torch threads."""
     import torch
 
-    s = json.loads((src / SUMMARY_NAME).read_text())
+    s = read_json(src / SUMMARY_NAME, "run summary")
     if s.get("torch_version") != torch.__version__:
         return f"torch {s.get('torch_version')} there, {torch.__version__} here"
     if s.get("threads") != threads:

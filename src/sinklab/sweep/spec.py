@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import itertools
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sinklab.errors import ConfigError
+from sinklab.fileio import read_toml
 from sinklab.registry import nearest
 
 EXPECTATIONS = ("reference", "sink", "no_sink", "higher", "lower", "similar", "")
@@ -120,8 +120,9 @@ class Study:
 
 
 def slugify(label: str) -> str:
-    """A file-safe folder name for a label (letters, digits, ``.``, ``-``, ``_``, ``=``)."""
-    s = re.sub(r"[^A-Za-z0-9.=_-]+", "_", label).strip("_")
+    """A file-safe folder name for a label: letters, digits, ``.``, ``-`` and ``_``; every run of other
+    characters (``=`` included, which ``sinklab dynamics LABEL=RUN`` would read as a label) becomes ``_``."""
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_")
     return s or "run"
 
 
@@ -236,11 +237,7 @@ def load_study(path: str | Path) -> Study:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"study file {path} does not exist")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    return parse_study(raw, path)
+    return parse_study(read_toml(path, "study file"), path)
 
 
 def point_config(study: Study, point: Point):

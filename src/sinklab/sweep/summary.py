@@ -43,6 +43,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sinklab.fileio import read_json
 from sinklab.sweep.dynamics import seed_runs
 from sinklab.sweep.verdict import decide, holm, hypothesis_test, seed_stats, t_interval, welch
 
@@ -67,7 +68,7 @@ def final_ci(run: Path) -> dict[str, Any]:
     """
     cache = run / "final_ci.json"
     if cache.exists():
-        return json.loads(cache.read_text())
+        return read_json(cache, "cached final metrics")
     import torch
 
     from sinklab.capture import collect
@@ -118,7 +119,7 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
         return None
     from sinklab.sweep.dynamics import tracker_records
 
-    s = json.loads(s_path.read_text())
+    s = read_json(s_path, "run summary")
     steps = int(s.get("steps") or 0)
     recs = tracker_records(run)
     last = [r for r in recs if r["step"] > (1.0 - LAST_FRACTION) * steps] or recs[-1:]
@@ -166,7 +167,7 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     row.update(label=point["label"], paper=point.get("paper"), expect=point.get("expect", ""),
                metric="sink1_visible" if metric == "visible" else "sink1")
     runs = seed_runs(point_folder)
-    diverged = [(r, json.loads((r / "diverged.json").read_text())) for r in runs if (r / "diverged.json").exists()]
+    diverged = [(r, read_json(r / "diverged.json", "divergence record")) for r in runs if (r / "diverged.json").exists()]
     if diverged:
         row["diverged_steps"] = _join([d["step"] for _, d in diverged])
     row["table"] = point.get("table") or None
@@ -176,7 +177,7 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     for r in runs:
         rec = r / "sweep.json"
         if rec.exists():
-            sw = json.loads(rec.read_text())
+            sw = read_json(rec, "sweep record")
             wall += float(sw.get("wall_s") or 0.0)
             if sw.get("load_at_end"):
                 loads.append(float(sw["load_at_end"][0]))
@@ -322,7 +323,7 @@ def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) 
     sj = out / "study.json"
     if not sj.exists():
         raise InputError(f"{out} is not a sweep folder (no study.json); run `sinklab sweep` first")
-    study = json.loads(sj.read_text())
+    study = read_json(sj, "study record")
     level = _emerge_level(out, study)
     metric = study.get("metric", "paper")
     rows = [point_row(out / "runs" / p["slug"], p, metric) for p in study["points"]]
@@ -347,7 +348,7 @@ def _emerge_level(out: Path, study: dict) -> float:
         for r in seed_runs(out / "runs" / p["slug"]):
             s = r / "summary.json"
             if s.exists():
-                return float(json.loads(s.read_text()).get("emerge_level", 10.0))
+                return float(read_json(s, "run summary").get("emerge_level", 10.0))
     return 10.0
 
 

@@ -1,14 +1,16 @@
 """Atomic checkpoints: model, optimizer, RNG states, data position, config.
 
-A checkpoint is written to ``<name>.tmp`` and renamed over the old one with ``os.replace``
-(atomic on POSIX), so a crash or a full disk during the write leaves the previous checkpoint
-intact.
+A checkpoint is written to a temporary file in the run folder and renamed over the old one
+(:func:`sinklab.fileio.atomic_write`, atomic on POSIX, with the mode the umask gives), so a crash or a
+full disk during the write leaves the previous checkpoint intact.
 
 A checkpoint holds only tensors and plain data (dicts, lists, tuples, strings, numbers, booleans,
 None): the RNG states are stored as tensors and integers, not as pickled Python or NumPy objects.
 It is read with ``torch.load(..., weights_only=True)``, so a checkpoint from someone else's run
 folder cannot execute code when it is loaded; one that carries any other pickled object is
-refused (:class:`UnsafeCheckpointError`).
+refused (:class:`UnsafeCheckpointError`). A file that is not a checkpoint at all (garbage,
+truncated, another program's) is reported as corrupt or not a sinklab checkpoint; the message never
+suggests an unsafe load.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import numpy as np
 import torch
 
 from sinklab.errors import InputError, SinklabError
+from sinklab.fileio import atomic_write
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -44,7 +48,7 @@ def _write(state: dict[str, Any], path: Path) -> None:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically (temp file + ``os.replace``).
+    """Write ``state`` to ``path`` atomically (:func:`sinklab.fileio.atomic_write`).
 
     ``state`` must hold only tensors and plain data (see the module docstring), else it could not
     be loaded back by :func:`load_checkpoint`.
@@ -54,12 +58,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
             previous checkpoint at ``path`` is untouched.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        _write(state, tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: _write(state, tmp))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         prev = f"the previous checkpoint {path} is intact" if path.exists() else "no earlier checkpoint exists"
         raise CheckpointError(
             f"could not write checkpoint at step {state.get('step')}: {e.strerror or e}; {prev}"
@@ -77,6 +78,21 @@ def _legacy_numpy_safe_globals() -> list[Any]:
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
+#: keys every checkpoint written by sinklab's training loop holds
+RUN_CHECKPOINT_KEYS = ("step", "model", "optimizer", "rng", "config")
+
+
+def _not_a_checkpoint(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(f"cannot read checkpoint {path}: it is corrupt or not a sinklab checkpoint ({why}); "
+                           "start the run again without --resume in a new --out, or restore the file")
+
+
+def _why(e: BaseException) -> str:
+    """The first line of torch's message, unless it is torch's advice to load unsafely."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return "it cannot be unpickled as tensors and plain data" if "weights_only" in text else text[:200]
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (tensors mapped to CPU), without
     unpickling anything but tensors and plain data.
@@ -84,11 +100,18 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     Raises:
         InputError: no checkpoint at ``path``.
         UnsafeCheckpointError: the file carries other pickled objects (it is not loaded).
-        CheckpointError: the file is unreadable.
+        CheckpointError: the file is unreadable, truncated, garbage or not a PyTorch checkpoint (the
+            message says it is corrupt or not a sinklab checkpoint; it never suggests loading it
+            with ``weights_only=False``).
     """
     path = Path(path)
     if not path.exists():
         raise InputError(f"no checkpoint at {path}; nothing to resume (run without --resume)")
+    try:
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is not ours
+            raise _not_a_checkpoint(path, "not a PyTorch checkpoint archive")
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or e}") from None
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -97,13 +120,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - not a torch zip file at all
             unsafe = None
         if unsafe is None or not unsafe:
-            raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+            raise _not_a_checkpoint(path, _why(e)) from None
         if unsafe <= _LEGACY_NUMPY_GLOBALS:  # an older sinklab checkpoint: NumPy RNG state as an array
             with torch.serialization.safe_globals(_legacy_numpy_safe_globals()):
                 try:
                     return torch.load(path, map_location="cpu", weights_only=True)
                 except Exception as e2:  # noqa: BLE001
-                    raise CheckpointError(f"cannot read checkpoint {path}: {str(e2).splitlines()[0]}") from None
+                    raise _not_a_checkpoint(path, _why(e2)) from None
         names = ", ".join(sorted(unsafe)[:5]) + (" ..." if len(unsafe) > 5 else "")
         raise UnsafeCheckpointError(
             f"refusing to load checkpoint {path}: it carries pickled Python objects ({names}) besides tensors "
@@ -111,7 +134,21 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             "file was not written by sinklab or was altered"
         ) from None
     except Exception as e:  # noqa: BLE001 - truncated or corrupt file
-        raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise _not_a_checkpoint(path, _why(e)) from None
+
+
+def load_run_checkpoint(path: str | Path) -> dict[str, Any]:
+    """:func:`load_checkpoint` of a training run's ``checkpoint.pt``, checked to hold what the training
+    loop writes (:data:`RUN_CHECKPOINT_KEYS`).
+
+    Raises:
+        what :func:`load_checkpoint` raises; CheckpointError: a readable file without those keys.
+    """
+    state = load_checkpoint(path)
+    missing = [k for k in RUN_CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise _not_a_checkpoint(Path(path), f"no {', '.join(missing)}")
+    return state
 
 
 def rng_state() -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sinklab.errors import ConfigError
+from sinklab.fileio import read_toml
 from sinklab.registry import nearest
 
 GPT2_VOCAB = 50258  # 50257 GPT-2 ids + the added <|bos|>
@@ -495,10 +496,7 @@ def preset_description(name: str) -> str:
 
 
 def _read_toml(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return read_toml(path, "config file")
 
 
 def preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sinklab.fileio import atomic_write_text
 from sinklab.train.config import RunConfig
 
 #: optimizer steps of the canonical training
@@ -162,14 +162,14 @@ def cached_fingerprint(cfg: RunConfig, compute, out: Path | None = None) -> str:
     key = hashlib.sha256(json.dumps([source_digest(), environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
     path = home() / "fingerprints.json"
     try:
-        cache = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
+        cache = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: a cache, computed again
+        cache = {}
+    if not isinstance(cache, dict):
         cache = {}
     if key in cache:
         return cache[key]
     fp = compute(cfg, out)
     cache[key] = fp
-    tmp = path.with_name(f"fingerprints.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cache, indent=0))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(cache, indent=0))
     return fp

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -35,8 +34,11 @@ from sinklab.data.packing import IGNORE_INDEX, PackedData, PackingContext, make_
 from sinklab.data.probe import probe_set
 from sinklab.data.tokens import TokenizedCorpus, prepare_corpus
 from sinklab.errors import ConfigError, InputError, SinklabError
+from sinklab.fileio import atomic_write_text, check_writable, publish, read_json, read_jsonl
+from sinklab.progress import progress as show_progress
 from sinklab.train import distributed
-from sinklab.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from sinklab.train.checkpoint import (CHECKPOINT_NAME, load_checkpoint, load_run_checkpoint, rng_state, save_checkpoint,
+                                      set_rng_state)
 from sinklab.train.config import RunConfig, diff_keys, flatten, to_toml
 from sinklab.train.objective import make_objective
 from sinklab.train.schedule import lr_at
@@ -51,6 +53,30 @@ RESUME_MAY_DIFFER = {
 
 class TrainingDiverged(SinklabError):
     """The loss or the gradient norm became NaN or infinite."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped :func:`train`. The run folder keeps its last checkpoint (none is written
+    on the way out), from which ``resume=True`` continues with the same losses.
+
+    Attributes:
+        out: the run folder.
+        step: optimizer steps completed when it stopped.
+        checkpoint: the step of the last checkpoint in the run folder, or None (nothing to resume).
+        steps: the run's planned steps (``train.steps``).
+    """
+
+    def __init__(self, out: Path, step: int, checkpoint: int | None, steps: int) -> None:
+        super().__init__(f"training interrupted at step {step}")
+        self.out, self.step, self.checkpoint, self.steps = out, step, checkpoint, steps
+
+
+@dataclass
+class _Status:
+    """Where a training stands, for the message of an interruption."""
+
+    step: int = 0
+    checkpoint: int | None = None
 
 
 @dataclass
@@ -166,8 +192,8 @@ class _MetricsLog:
         """Drop lines past ``step`` (a killed run may have logged beyond its last checkpoint)."""
         if not self.enabled or not self.path.exists():
             return
-        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+        keep = [r for r in read_jsonl(self.path, "training log") if r["step"] <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
 
     def write(self, rec: dict[str, Any]) -> None:
         if not self.enabled:
@@ -201,8 +227,7 @@ def _save_final(model: torch.nn.Module, tc: TokenizedCorpus, out: Path, *, mask_
     save_hf(with_mask_token(tc.tokenizer) if mask_token else tc.tokenizer, tmp)
     if final.exists():
         shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
+    return publish(tmp, final)
 
 
 def train(
@@ -252,10 +277,17 @@ def train(
         ConfigError: resume with a differing config (names the keys); a global batch that does not
             split over the processes.
         TrainingDiverged: non-finite loss or gradient (names the step; the last checkpoint is kept).
-        CheckpointError: a checkpoint write failed (the previous one is intact).
+        CheckpointError: a checkpoint write failed (the previous one is intact), or ``checkpoint.pt``
+            is corrupt or not a sinklab checkpoint.
+        TrainingInterrupted: Ctrl-C (a KeyboardInterrupt) after the resume checks; says which step
+            was reached and which checkpoint is kept.
+
+    A resume calls ``notify`` with the step it continues from (or with ``note``, when it extends a
+    finished run).
     """
     t_start = time.perf_counter()
     out = Path(out)
+    check_writable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT_NAME
     t_cfg = cfg.train
@@ -263,8 +295,9 @@ def train(
         raise InputError(f"{out} already holds a run ({ckpt_path.name}); pass --resume to continue it or choose a new --out")
 
     ckpt, note = None, ""
+    status = _Status()
     if resume:
-        ckpt = load_checkpoint(ckpt_path)
+        ckpt = load_run_checkpoint(ckpt_path)
         done_before, planned_before = int(ckpt["step"]), int(ckpt["config"]["train"]["steps"])
         finished_before = done_before >= planned_before
         ignore = set(RESUME_MAY_DIFFER)
@@ -284,7 +317,10 @@ def train(
         if finished_before and t_cfg.steps > done_before:
             note = _extend_note(cfg, done_before, planned_before)
             if notify is not None:
-                notify(note)
+                notify(note)  # says where it continues from
+        elif notify is not None:
+            notify(f"resuming {out} from its checkpoint at step {done_before} (of {t_cfg.steps})")
+        status.step = status.checkpoint = done_before
 
     threads_before = torch.get_num_threads()
     if t_cfg.threads is not None:
@@ -296,18 +332,22 @@ def train(
         try:
             result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
                           progress=progress, stop_after=stop_after, notify=notify, fingerprint=fingerprint,
-                          canonical=_canonical)
+                          canonical=_canonical, status=status)
             distributed.barrier(dd)  # every rank done (rank 0 wrote final/ and summary.json) before the group goes
             return result
         finally:
             distributed.teardown(dd)
+    except KeyboardInterrupt as e:
+        if _canonical or isinstance(e, TrainingInterrupted):
+            raise
+        raise TrainingInterrupted(out, status.step, status.checkpoint, t_cfg.steps) from None
     finally:
         torch.set_num_threads(threads_before)
 
 
 def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device, dd: distributed.Dist, *,
          t_start: float, progress: bool, stop_after: int | None, notify: Callable[[str], None] | None,
-         fingerprint: str | None = None, canonical: bool = False) -> TrainResult:
+         fingerprint: str | None = None, canonical: bool = False, status: _Status | None = None) -> TrainResult:
     """The body of :func:`train` once the resume checks passed and the process group (if any) is up."""
     from sinklab.data.baseline import unigram_loss
     from sinklab.nn.model import SinkLM
@@ -316,6 +356,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
 
     t_cfg = cfg.train
     ckpt_path = out / CHECKPOINT_NAME
+    status = status or _Status()
 
     # ---- data (rank 0 tokenizes into the shared cache first)
     with distributed.main_first(dd):
@@ -331,7 +372,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
         )
     distributed.check_batch(dd, B)
     warn = epochs_warning(cfg, train_data.n_tokens)
-    if warn and dd.is_main:
+    if warn and dd.is_main and not canonical:  # the fingerprint's canonical training would repeat it
         (notify or _warn)(warn)
     try:
         val_data = PackedData(tc.val, packer, T, seed=t_cfg.seed)
@@ -399,16 +440,13 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "wall_s": wall_before + time.perf_counter() - t_start,
             "code_fingerprints": fingerprints,
         })
+        status.checkpoint = step
         distributed.barrier(dd)  # no rank runs ahead of a checkpoint that is not on disk yet
 
     end = t_cfg.steps if stop_after is None else min(t_cfg.steps, stop_after)
     tokens_per_step = cfg.tokens_per_step
-    bar = None
-    if progress and dd.is_main:
-        from tqdm.auto import tqdm
-
-        # disable=None: no bar when stderr is not a terminal (a log file gets no carriage-return lines)
-        bar = tqdm(total=t_cfg.steps, initial=start, unit="step", dynamic_ncols=True, desc="train", disable=None)
+    # a bar on a terminal, a plain line every 10% or 30 s in a log file (sinklab.progress)
+    bar = show_progress(total=t_cfg.steps, initial=start, unit="step", desc="train", enabled=progress and dd.is_main)
     model.train()
     t_log, tok_log, t_first = time.perf_counter(), 0, time.perf_counter()
     step_times: list[float] = []
@@ -460,18 +498,16 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
                     rec.update({k: v for k, v in tracker.evaluate(model, done, device, autocast).items() if k != "step"})
                 log.write(rec)
                 t_log, tok_log = time.perf_counter(), 0
-                if bar is not None:
-                    post = {"loss": f"{loss_sum:.3f}", "tok/s": f"{tps:,.0f}"}
-                    if "sink_rate" in rec:
-                        post["sink1"] = f"{rec['sink_rate'][0]:.1f}%"
-                    bar.set_postfix(post, refresh=False)
-            if bar is not None:
-                bar.update(1)
+                post = {"loss": f"{loss_sum:.3f}", "tok/s": f"{tps:,.0f}"}
+                if "sink_rate" in rec:
+                    post["sink1"] = f"{rec['sink_rate'][0]:.1f}%"
+                bar.set_postfix(post, refresh=False)
+            bar.update(1)
+            status.step = done
             if done == end or (t_cfg.checkpoint_every and done % t_cfg.checkpoint_every == 0):
                 checkpoint(done)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         log.close()
 
     # median step time: robust to the first (compile / warm-up) steps and to tracker pauses
@@ -569,7 +605,7 @@ def code_fingerprint(cfg: RunConfig, out: str | Path | None = None) -> str:
         try:
             res = train(c, tmp, progress=False, stop_after=fpm.FINGERPRINT_STEPS, _canonical=True)
         except TrainingDiverged:  # diverging within the first steps is a numeric outcome like any other
-            return fpm.diverged_digest(json.loads((Path(tmp) / DIVERGED_NAME).read_text()))
+            return fpm.diverged_digest(read_json(Path(tmp) / DIVERGED_NAME, "divergence record"))
         state = load_checkpoint(Path(tmp) / CHECKPOINT_NAME)
     return fpm.digest(res.losses, res.history, state["model"], c, res.data_digest)
 
@@ -623,7 +659,5 @@ def _diverged(what: str, value: float, step: int, last_ckpt: int | None, path: P
     msg = (f"training stopped: the {what} is {value} at step {step}; {kept}. "
            "Lower optim.lr, raise optim.warmup_steps or enable optim.grad_clip")
     rec = {"step": step, "what": what, "value": str(value), "last_checkpoint": last_ckpt, "message": msg}
-    tmp = path.parent / f"{DIVERGED_NAME}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(rec, indent=1))
-    os.replace(tmp, path.parent / DIVERGED_NAME)
+    atomic_write_text(path.parent / DIVERGED_NAME, json.dumps(rec, indent=1))
     raise TrainingDiverged(msg)

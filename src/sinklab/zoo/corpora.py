@@ -18,7 +18,6 @@ import bz2
 import gzip
 import html
 import json
-import os
 import re
 import shutil
 import struct
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from sinklab.errors import ChecksumError, FetchError, InputError, UnknownNameError
+from sinklab.fileio import publish, read_json, read_jsonl
 from sinklab.paths import cache_dir
 from sinklab.registry import Registry
 from sinklab.zoo import fetch
@@ -175,7 +175,7 @@ def _read_sotu(root: Path) -> Docs:
     for txt in sorted(data.glob("*.txt")):
         meta_file = txt.with_suffix(".json")
         if meta_file.exists():
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+            meta = read_json(meta_file, "speech record")
             title = f"{meta['year']} {meta['name']}"
         else:
             title = txt.stem
@@ -490,12 +490,12 @@ def fetch_corpus(name: str) -> Path:
         (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
         if dest.exists():
             shutil.rmtree(dest)
-        os.replace(out, dest)
+        publish(out, dest)
     return dest
 
 
 def _read_cached(name: str, folder: Path) -> Corpus:
-    source = json.loads((folder / SOURCE_FILE).read_text())
+    source = read_json(folder / SOURCE_FILE, "corpus source record")
     docs_file = folder / DOCS_FILE
     actual = fetch.sha256_file(docs_file)
     if actual != source.get("text_sha256"):
@@ -505,11 +505,9 @@ def _read_cached(name: str, folder: Path) -> Corpus:
             "it was deleted, run the command again"
         )
     titles, docs = [], []
-    with open(docs_file, encoding="utf-8") as fh:
-        for line in fh:
-            rec = json.loads(line)
-            titles.append(rec["title"])
-            docs.append(rec["text"])
+    for rec in read_jsonl(docs_file, "corpus documents"):
+        titles.append(rec["title"])
+        docs.append(rec["text"])
     return Corpus(name=name, documents=docs, titles=titles, source=source)
 
 
@@ -526,6 +524,8 @@ def _read_path(path: Path, given: str) -> Corpus:
             text = normalise_whitespace(f.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:
             raise InputError(f"corpus file {str(f)!r} is not UTF-8 text ({e})") from e
+        except OSError as e:
+            raise InputError(f"cannot read corpus file {str(f)!r}: {e.strerror or e}") from None
         if text:
             titles.append(f.stem)
             docs.append(text)

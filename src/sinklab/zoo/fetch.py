@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from sinklab.errors import ChecksumError, FetchError
+from sinklab.fileio import publish
 from sinklab.paths import cache_dir
 
 
@@ -60,9 +61,12 @@ def _fetch(kind: str, spec: str, sha256: str | None, download) -> Path:
     """Shared logic: cached file if present and valid, else download into a temp dir and move."""
     dest_dir = cache_dir("downloads", kind)
     marker = dest_dir / (spec.replace("/", "__") + ".path")
-    if marker.exists():
-        cached = dest_dir / marker.read_text().strip()
-        if cached.exists() and (sha256 is None or sha256_file(cached) == sha256):
+    try:
+        cached = dest_dir / marker.read_text(encoding="utf-8").strip() if marker.exists() else None
+    except (OSError, ValueError):  # a damaged marker: download again
+        cached = None
+    if cached is not None:
+        if cached.is_file() and (sha256 is None or sha256_file(cached) == sha256):
             return cached
     with tempfile.TemporaryDirectory(dir=dest_dir) as tmp:
         tmp_path = Path(tmp)
@@ -71,8 +75,7 @@ def _fetch(kind: str, spec: str, sha256: str | None, download) -> Path:
         if len(files) != 1:
             raise FetchError(f"could not fetch {spec}: expected one file, got {[p.name for p in files]}")
         verify_sha256(files[0], sha256, what=spec)
-        final = dest_dir / files[0].name
-        os.replace(files[0], final)
+        final = publish(files[0], dest_dir / files[0].name)
     marker.write_text(final.name)
     return final
 
@@ -155,7 +158,7 @@ def extract(archive: Path, dest: Path) -> Path:
             raise FetchError(f"do not know how to unpack {name}")
         if dest.exists():
             shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        publish(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

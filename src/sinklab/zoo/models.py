@@ -15,8 +15,8 @@ on a machine that has a hub: the zoo is a convenience, not a wall.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, SinklabError, UnknownNameError
+from sinklab.fileio import check_model_files, publish, read_json, reading
 from sinklab.paths import cache_dir
 from sinklab.registry import Registry
 from sinklab.zoo import fetch
@@ -314,14 +315,14 @@ def fetch_model(name: str, *, accept_license: bool = False) -> Path:
         (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
         if dest.exists():  # a half-built folder without sinklab_source.json
             shutil.rmtree(dest)
-        os.replace(out, dest)
+        publish(out, dest)
     return dest
 
 
 def model_source(name: str) -> dict | None:
     """The ``sinklab_source.json`` of a cached zoo model, or None when not cached yet."""
     f = cache_dir("models") / name / SOURCE_FILE
-    return json.loads(f.read_text()) if f.exists() else None
+    return read_json(f, "model source record") if f.exists() else None
 
 
 # ---------------------------------------------------------------------------
@@ -407,11 +408,18 @@ def _weights_sha256(folder: Path) -> str | None:
 def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str, local_files_only: bool = False,
                      device: str = "cpu", device_map: str | dict | None = None):
     """Load config, model (AutoModelForCausalLM or AutoModel) and tokenizer from a folder or hub id;
-    on ``device``, or spread over devices by ``accelerate`` with ``device_map``."""
+    on ``device``, or spread over devices by ``accelerate`` with ``device_map``.
+
+    A local folder's files are checked first (:func:`sinklab.fileio.check_model_files`), and an error
+    transformers raises while reading them becomes a CorruptFileError naming the folder."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
+    folder = Path(where).is_dir()
+    if folder:
+        check_model_files(where)
     local = {"local_files_only": True} if local_files_only else {}
-    config = AutoConfig.from_pretrained(where, **local)
+    with reading(where, "model folder") if folder else contextlib.nullcontext():
+        config = AutoConfig.from_pretrained(where, **local)
     encoder = is_encoder_config(config)
     cls = AutoModel if encoder else AutoModelForCausalLM
     kwargs = {"dtype": dtype, **local}
@@ -424,14 +432,16 @@ def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar per load (it lands in logs); downloads keep theirs
     try:
-        model = cls.from_pretrained(where, config=config, **kwargs)
+        with reading(where, "model folder") if folder else contextlib.nullcontext():
+            model = cls.from_pretrained(where, config=config, **kwargs)
     finally:
         if bar:
             hf_logging.enable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **local)
-    except (OSError, ValueError, TypeError) as e:
-        raise InputError(f"{what} has no usable tokenizer ({e}); save one with tokenizer.save_pretrained") from e
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, the tokenizers library's bare Exception...
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{what} has no usable tokenizer ({why}); save one with tokenizer.save_pretrained") from None
     model.eval()
     if device_map is None:
         model.to(device)
@@ -463,9 +473,11 @@ def _load_native(path: Path, *, dtype, attn_implementation) -> LoadedModel:
 
     if not (path / "tokenizer.json").exists():
         raise InputError(f"{path} holds a sinklab model but no tokenizer.json; save one with tokenizer.save_pretrained")
+    check_model_files(path)
     model = nn.SinkLM.from_pretrained(path).to(dtype=dtype or torch.float32)
     model.eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    with reading(path / "tokenizer.json", "tokenizer"):
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
     info = ModelInfo(name=str(path), source=f"path:{path.resolve()}", sha256=_weights_sha256(path), license=None,
                      path=str(path), is_encoder=False, max_context=model.config.max_seq_len,
                      architecture=f"sinklab:{model.config.attention}")
@@ -612,7 +624,7 @@ def load_model(
     if name_or_path in MODELS:
         recipe = MODELS.get(name_or_path)
         folder = fetch_model(name_or_path, accept_license=accept_license)
-        src = json.loads((folder / SOURCE_FILE).read_text())
+        src = read_json(folder / SOURCE_FILE, "model source record")
         model, tok, config, enc = _from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation,
                                                    what=f"zoo model {name_or_path}", device=device, device_map=device_map)
         info = ModelInfo(name=name_or_path, source=recipe.source, sha256=src.get("sha256"),
@@ -635,7 +647,7 @@ def load_model(
                                                    what=f"model folder {str(path)!r}", device=device,
                                                    device_map=device_map)
         src_file = path / SOURCE_FILE
-        src = json.loads(src_file.read_text()) if src_file.exists() else {}
+        src = read_json(src_file, "model source record") if src_file.exists() else {}
         info = ModelInfo(name=name_or_path, source=f"path:{path}",
                          sha256=src.get("sha256") or _weights_sha256(path), license=src.get("license"),
                          path=str(path), is_encoder=enc, max_context=max_context_of(config),
