@@ -197,5 +197,14 @@ def test_init_from_starts_from_the_runs_weights_with_a_fresh_optimizer(tiny, tmp
     resumed = loop.train(cfg, part, progress=False, resume=True)
     assert [resumed.losses[k] for k in (4, 5, 6)] == [res.losses[k] for k in (4, 5, 6)]
     assert json.loads((tmp_path / "ft" / "summary.json").read_text())["init_from"] == str(src)
+    # the step-0 tracker line measures the starting model: on the source's own data (same probe and
+    # validation windows) it equals the source run's final tracker line, number for number
+    same = loop.train(load_config(tiny, [over[0], "train.steps=2"]), tmp_path / "same", progress=False)
+    first = json.loads((tmp_path / "same" / "metrics.jsonl").read_text().splitlines()[0])
+    last_src = [json.loads(ln) for ln in (src / "metrics.jsonl").read_text().splitlines() if "sink_rate" in ln][-1]
+    assert first["step"] == 0 and "loss" not in first
+    for k in ("val_loss", "sink_rate", "attention_mass_first", "norm_ratio"):
+        assert first[k] == last_src[k], k
+    assert same.history[0]["step"] == 0
     with pytest.raises(ConfigError, match="model differs.*d_model"):
         loop.train(load_config(tiny, over + ["model.d_model=32"]), tmp_path / "bad", progress=False)

@@ -339,3 +339,42 @@ def test_dynamics_prints_the_file_it_wrote(tmp_path, capsys, monkeypatch, given,
     assert e.value.code in (0, None)
     assert out == f"dynamics: {written}" and (tmp_path / written).is_file()
     assert sorted(p.name for p in tmp_path.rglob("*.p[dn][gf]")) == [Path(written).name]
+
+
+def test_seed_placeholder_gives_each_seed_its_own_value(tmp_path):
+    """A string override may name the training seed as {seed} (a fine-tuning study's init_from)."""
+    from sinklab.sweep.run import shell_command
+    from sinklab.sweep.spec import point_config
+
+    study = load_study(_study(tmp_path, '''
+[[points]]
+label = "ft"
+set = { "train.init_from" = "base/runs/softmax/seed{seed}", "optim.lr" = 1e-3 }
+'''))
+    p = study.points[0]
+    cmd = train_command(study, p, tmp_path / "d", 7)
+    assert 'train.init_from="base/runs/softmax/seed7"' in cmd and "train.seed=7" in cmd
+    assert 'seed7' in shell_command(study, p, tmp_path / "d", 7, 1)
+    cfg = point_config(study, p, 3)
+    assert cfg.train.init_from == "base/runs/softmax/seed3" and cfg.train.seed == 3
+    assert point_config(study, p).train.init_from == "base/runs/softmax/seed{seed}"
+
+
+def test_spike_counts_hand_worked(tmp_path):
+    """count_spikes against a hand-worked curve; training_stability reads metrics.jsonl."""
+    from sinklab.sweep.dynamics import count_spikes, training_stability
+
+    flat = [1.0] * 10
+    # index 10: 1.3 > 1.2 * median(1.0 x 10) -> spike; index 11: 1.1 is not; index 12: 1.25 vs the
+    # median of [1.0 x 8, 1.3, 1.1] = 1.0 -> spike
+    assert count_spikes(flat + [1.3, 1.1, 1.25], ratio=1.2) == 2
+    assert count_spikes(flat + [1.2], ratio=1.2) == 0  # strictly above
+    assert count_spikes([5.0] * 5, ratio=1.2) == 0  # shorter than the window + 1
+    lines = [{"step": i + 1, "loss": v, "grad_norm": g} for i, (v, g) in
+             enumerate(zip(flat + [1.5], [0.5] * 10 + [2.0]))]
+    lines.insert(0, {"step": 0, "sink_rate": [0.0]})  # a tracker-only line (fine-tuning step 0) is skipped
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    st = training_stability(tmp_path)
+    assert st == {"loss_spikes": 1, "grad_spikes": 1, "max_grad_norm": 2.0}
+    with pytest.raises(InputError):
+        training_stability(tmp_path / "missing")

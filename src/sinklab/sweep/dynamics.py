@@ -38,6 +38,54 @@ def tracker_records(run: str | Path) -> list[dict]:
     return sorted(recs, key=lambda r: r["step"])
 
 
+#: a loss spike: a logged training loss more than LOSS_SPIKE (relative) above the median of the
+#: SPIKE_WINDOW logged losses before it; a gradient-norm spike: more than GRAD_SPIKE times that median
+SPIKE_WINDOW = 10
+LOSS_SPIKE = 0.2
+GRAD_SPIKE = 3.0
+
+
+def count_spikes(values: list[float], *, ratio: float, window: int = SPIKE_WINDOW) -> int:
+    """Number of entries ``v[i]`` (i >= ``window``) with ``v[i] > ratio * median(v[i-window:i])``.
+
+    Args:
+        values: a training curve in step order (one value per logged step).
+        ratio: the factor above the running median that counts as a spike (e.g. 1.2 for +20%).
+        window: how many preceding values the median is taken over.
+
+    Returns:
+        the count (0 for a curve shorter than ``window + 1``). A spike that lasts several logged
+        steps counts once per step above the threshold.
+    """
+    import statistics
+
+    return sum(1 for i in range(window, len(values)) if values[i] > ratio * statistics.median(values[i - window:i]))
+
+
+def training_stability(run: str | Path) -> dict[str, float | int | None]:
+    """Loss and gradient-norm stability of one run, from every line of ``run/metrics.jsonl`` that
+    has ``loss`` / ``grad_norm`` (logged every ``train.log_every`` steps).
+
+    Returns:
+        ``loss_spikes`` (:func:`count_spikes` at ratio ``1 + LOSS_SPIKE``), ``grad_spikes`` (ratio
+        ``GRAD_SPIKE``), ``max_grad_norm`` (largest logged pre-clipping gradient norm); None values
+        when the log has no such lines.
+
+    Raises:
+        InputError: no metrics.jsonl.
+    """
+    p = Path(run) / "metrics.jsonl"
+    if not p.exists():
+        raise InputError(f"{p} does not exist")
+    recs = sorted((r for r in read_jsonl(p, "training log") if isinstance(r, dict) and "loss" in r),
+                  key=lambda r: r["step"])
+    losses = [float(r["loss"]) for r in recs]
+    grads = [float(r["grad_norm"]) for r in recs if r.get("grad_norm") is not None]
+    return {"loss_spikes": count_spikes(losses, ratio=1 + LOSS_SPIKE) if losses else None,
+            "grad_spikes": count_spikes(grads, ratio=GRAD_SPIKE) if grads else None,
+            "max_grad_norm": max(grads) if grads else None}
+
+
 #: the file name :func:`plot_path` gives a plot asked for in a folder
 DEFAULT_NAME = "dynamics.png"
 
@@ -153,6 +201,63 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
     fig.suptitle(study.get("title") or study.get("name", ""))
     fig.tight_layout(rect=(0, 0, 0.8, 1))
     path = out / "dynamics.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def study_stability(out: str | Path, study: dict) -> Path | None:
+    """Training loss and gradient norm of every row against step, for the sweep folder ``out``
+    (the fine-tuning stability view of Gu et al. 2025, Fig. 30).
+
+    Writes ``out/stability.png`` (two panels: the seed mean of the logged training loss, nats/token,
+    and of the pre-clipping gradient norm, log scale; one line per row, a thin line per seed).
+    Returns the PNG's path, or None when no row has a training log yet.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    drawn = False
+    for i, p in enumerate(study["points"]):
+        color = plt.cm.tab20(i % 20)
+        curves = []
+        for run in seed_runs(out / "runs" / p["slug"]):
+            path = run / "metrics.jsonl"
+            if not path.exists():
+                continue
+            recs = sorted((r for r in read_jsonl(path, "training log") if isinstance(r, dict) and "loss" in r),
+                          key=lambda r: r["step"])
+            if recs:
+                curves.append(recs)
+        if not curves:
+            continue
+        drawn = True
+        name = f"{p['label']}, {len(curves)} seeds"
+        for j, key in enumerate(("loss", "grad_norm")):
+            series = [{r["step"]: float(r[key]) for r in c if r.get(key) is not None} for c in curves]
+            series = [c for c in series if c]
+            for c in series:
+                axes[j].plot(list(c), list(c.values()), "-", color=color, lw=0.4, alpha=0.35)
+            if series:
+                steps = sorted(set.intersection(*(set(c) for c in series)))
+                axes[j].plot(steps, [sum(c[s] for c in series) / len(series) for s in steps], "-", color=color,
+                             lw=1.4, label=name)
+    if not drawn:
+        plt.close(fig)
+        return None
+    axes[0].set_ylabel("training loss (nats/token)")
+    axes[1].set_ylabel("gradient norm (before clipping)")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("training step")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7, frameon=False)
+    fig.suptitle((study.get("title") or study.get("name", "")) + ": stability (seed mean; thin: each seed)")
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
+    path = out / "stability.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

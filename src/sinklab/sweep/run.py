@@ -68,7 +68,7 @@ def diverged_step(d: Path) -> int | None:
 def train_command(study: Study, point: Point, d: Path, seed: int = 0) -> list[str]:
     """The ``sinklab train`` command line of one point and seed (``--resume`` when a checkpoint exists)."""
     cmd = [sys.executable, "-c", "from sinklab.cli.main import app; app()", "train", study.base, "--out", str(d), "--no-progress"]
-    for s in point.set_args():
+    for s in point.set_args(seed):
         cmd += ["--set", s]
     cmd += ["--set", f"train.seed={seed}"]
     if (d / "checkpoint.pt").exists():
@@ -227,14 +227,15 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
     todo: list[tuple[Point, int]] = []
     # seed-major order: every point's first seed before any second seed, so a stopped sweep has
     # the whole grid at one seed rather than a few points at all seeds
-    from sinklab.train.config import load_config, to_toml
+    from sinklab.sweep.spec import point_config
+    from sinklab.train.config import to_toml
 
     finished = finished_runs_by_config(out.resolve().parent) if reuse else {}
     run_threads: dict[str, int] = {}
     for k in study.seed_list:
         for p in points:
             d = run_dir(out, p, k)
-            cfg = load_config(study.base, p.set_args() + [f"train.seed={k}"])
+            cfg = point_config(study, p, k)
             run_threads[p.slug] = cfg.train.threads or share
             if is_finished(d):
                 status[f"{p.slug}/seed{k}"] = "skipped"
@@ -254,8 +255,6 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
             todo.append((p, k))
     # steps per point, for the progress bars
     steps = {}
-    from sinklab.sweep.spec import point_config
-
     for p, _ in todo:
         if p.slug not in steps:
             steps[p.slug] = point_config(study, p).train.steps  # validates every config before starting any run

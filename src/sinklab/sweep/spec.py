@@ -58,6 +58,8 @@ TOP_KEYS = ("name", "title", "section", "base", "set", "sweep", "points", "paper
 #: the Sink_1 variant a study's verdicts use: the paper's formula, or the mask-aware one
 #: (mean over the queries the model's own mask lets see the key; see sinklab.metrics.visible_key_counts)
 METRICS = ("paper", "visible")
+#: the placeholder a string override may use for the training seed (see :meth:`Point.set_args`)
+SEED_PLACEHOLDER = "{seed}"
 
 
 @dataclass
@@ -83,11 +85,20 @@ class Point:
             return ""
         return "paper" if self.paper is not None or self.by == "paper" else "ours"
 
-    def set_args(self) -> list[str]:
-        """The overrides as ``--set key=value`` strings (values written as TOML)."""
+    def set_args(self, seed: int | None = None) -> list[str]:
+        """The overrides as ``--set key=value`` strings (values written as TOML).
+
+        A string value may name the training seed as ``{seed}`` (e.g. a fine-tuning study's
+        ``"train.init_from" = "results/finetune_base/runs/softmax/seed{seed}"``: each seed starts
+        from its own parent run); it is replaced by ``seed`` when one is given and left as written
+        otherwise (for validation of the rest of the config).
+        """
         from sinklab.train.config import _toml_value
 
-        return [f"{k}={_toml_value(v)}" for k, v in self.overrides.items()]
+        def value(v):
+            return v.replace(SEED_PLACEHOLDER, str(seed)) if isinstance(v, str) and seed is not None else v
+
+        return [f"{k}={_toml_value(value(v))}" for k, v in self.overrides.items()]
 
 
 @dataclass
@@ -240,8 +251,10 @@ def load_study(path: str | Path) -> Study:
     return parse_study(read_toml(path, "study file"), path)
 
 
-def point_config(study: Study, point: Point):
-    """The resolved :class:`~sinklab.train.config.RunConfig` of one point (validates it)."""
+def point_config(study: Study, point: Point, seed: int | None = None):
+    """The resolved :class:`~sinklab.train.config.RunConfig` of one point (validates it); with
+    ``seed``, that seed's config (``train.seed`` and ``{seed}`` placeholders set)."""
     from sinklab.train.config import load_config
 
-    return load_config(study.base, point.set_args())
+    extra = [] if seed is None else [f"train.seed={seed}"]
+    return load_config(study.base, point.set_args(seed) + extra)

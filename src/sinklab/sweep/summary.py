@@ -10,6 +10,11 @@ One row per point, aggregated over its training seeds (:data:`COLUMNS`). Per see
   training mask lets see token 1; equal to Sink_1 for plain causal attention), the attention mass
   on token 1 (``mass1``, ``mass1_visible``) and, for operations with a virtual key, the paper's
   ``Sink*`` (``sink_virtual``: share of heads whose attention to the virtual key exceeds eps).
+* ``sink1_start``: for a fine-tuning run (``train.init_from``), Sink_1 of the starting model on the
+  run's own probe (the tracker's step-0 evaluation); ``loss_spikes`` / ``grad_spikes`` count logged
+  steps whose training loss is > 20% above (gradient norm > 3x) the median of the 10 logged steps
+  before it, ``max_grad_norm`` the largest logged gradient norm
+  (:func:`sinklab.sweep.dynamics.training_stability`).
 * ``val_loss`` is the validation loss (nats/token) at the last step, and ``unigram_loss`` the loss of
   predicting the training unigram distribution; ``degenerate`` is True when the mean validation loss
   is above it (the model learned less than token frequencies: no verdict).
@@ -48,7 +53,8 @@ from sinklab.sweep.dynamics import seed_runs
 from sinklab.sweep.verdict import decide, holm, hypothesis_test, seed_stats, t_interval, welch
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
-SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "val_loss"]
+SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "val_loss", "sink1_start",
+          "loss_spikes", "grad_spikes", "max_grad_norm"]
 COLUMNS = (["label", "status", "n_seeds", "seeds", "sink_position"]
            + [f"{q}_{k}" for q in SEEDED for k in ("mean", "std", "seeds")]
            + ["ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi",
@@ -111,13 +117,15 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
     ``sink1_final``, ``sink1_move``, ``val_loss``, ``unigram_loss``, ``emergence_step``, ``steps``,
     ``tokens``, ``commit``, ``seed``, ``code_fingerprint`` (None for runs trained before fingerprints
     existed; "mixed:A+B" when its starts were trained by code with different numerics),
-    ``torch_version``, ``threads``. ``position`` (1-based): the key whose sink rate the ``sink1*``
+    ``torch_version``, ``threads``, ``sink1_start`` (the tracker's step-0 value: a fine-tuning run's
+    starting model on this run's probe; None otherwise), ``loss_spikes``, ``grad_spikes``,
+    ``max_grad_norm`` (:func:`sinklab.sweep.dynamics.training_stability`). ``position`` (1-based): the key whose sink rate the ``sink1*``
     values are (a point's ``position``; the attention mass stays on token 1).
     """
     s_path = run / "summary.json"
     if not s_path.exists():
         return None
-    from sinklab.sweep.dynamics import tracker_records
+    from sinklab.sweep.dynamics import tracker_records, training_stability
 
     s = read_json(s_path, "run summary")
     steps = int(s.get("steps") or 0)
@@ -134,7 +142,10 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
     mvis = mean("attention_mass_first_visible")
     fin = s.get("final") or recs[-1]
     code = s.get("code") or {}
+    start = recs[0]["sink_rate"][k] if recs[0]["step"] == 0 else None  # fine-tuning runs measure step 0
     return {
+        "sink1_start": start,
+        **training_stability(run),
         "sink1": mean("sink_rate", True),
         "sink1_visible": vis if vis is not None else mean("sink_rate", True),
         "mass1": mean("attention_mass_first"),
@@ -308,7 +319,8 @@ def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> No
 
 def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) -> list[dict[str, Any]]:
     """Build ``summary.csv``, ``summary.md``, ``sink_rate.png`` and (with ``plot``) the dynamics of every
-    row (``dynamics.csv``, ``dynamics.png``: :func:`sinklab.sweep.dynamics.study_dynamics`) in the sweep
+    row (``dynamics.csv``, ``dynamics.png``: :func:`sinklab.sweep.dynamics.study_dynamics`;
+    ``stability.png``: :func:`sinklab.sweep.dynamics.study_stability`) in the sweep
     folder ``out``; return the rows.
 
     ``check``: also fill ``fingerprint_current`` (:func:`check_fingerprints`: one canonical training
@@ -336,10 +348,11 @@ def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) 
         w.writerows(rows)
     (out / "summary.md").write_text(markdown_table(rows, level) + "\n")
     if plot:
-        from sinklab.sweep.dynamics import study_dynamics
+        from sinklab.sweep.dynamics import study_dynamics, study_stability
 
         plot_sweep(study, rows, out / "sink_rate.png", level)
         study_dynamics(out, study, level)
+        study_stability(out, study)
     return rows
 
 

@@ -443,6 +443,10 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
         status.checkpoint = step
         distributed.barrier(dd)  # no rank runs ahead of a checkpoint that is not on disk yet
 
+    if t_cfg.init_from and ckpt is None:
+        # fine-tuning: the starting model measured on this run's data and probe (step 0), so that the
+        # sink before and after fine-tuning are read on the same inputs
+        log.write({"step": 0, **{k: v for k, v in tracker.evaluate(model, 0, device, autocast).items() if k != "step"}})
     end = t_cfg.steps if stop_after is None else min(t_cfg.steps, stop_after)
     tokens_per_step = cfg.tokens_per_step
     # a bar on a terminal, a plain line every 10% or 30 s in a log file (sinklab.progress)
