@@ -35,6 +35,9 @@ def measure_cmd(
     text: str | None = typer.Option(None, help="text for --input text"),
     accept_license: bool = typer.Option(False, "--accept-license", help="accept a model's licence terms (gemma3-270m)"),
     allow_long_context: bool = typer.Option(False, "--allow-long-context", help="allow T past the model's context"),
+    cloze: int = typer.Option(0, "--cloze", help="also score N items of a HellaSwag-like cloze task built from held-out "
+                              "text (the run's own held-out data for a training run) and the held-out loss on the probe "
+                              "(0 = off; see `sinklab compare`)"),
     threads: Optional[int] = THREADS,
 ) -> None:
     """Measure the attention sink of a model: sink rate per position, layer and head, norms, plots."""
@@ -47,7 +50,7 @@ def measure_cmd(
     cfg = MeasureConfig(
         model=model[0], device=device, device_map=device_map, corpus=corpus, input=input, num_samples=num_samples, seq_len=seq_len, eps=eps,
         positions=positions, bos=bos, seed=seed, dtype=dtype, batch_size=batch_size, collector=collector,
-        token=token, text=text, accept_license=accept_license, allow_long_context=allow_long_context,
+        token=token, text=text, accept_license=accept_license, allow_long_context=allow_long_context, cloze=cloze,
     )
     if len(model) > 1:
         def report(folder: Path, result) -> None:
@@ -60,6 +63,10 @@ def measure_cmd(
         return
     result = measure(cfg, out=out)
     print_summary(result)
+    if result.downstream:
+        from sinklab.measure.report import downstream_line
+
+        typer.echo(downstream_line(result.downstream))
     typer.echo(f"probe: {result.probe_description()['description']}")
     typer.echo(f"wrote {out}/results.json, attention.csv, sink_rate.csv and 3 PNG plots ({result.wall_time_s:.1f} s)")
 

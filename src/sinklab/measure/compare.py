@@ -34,7 +34,10 @@ def comparison_tables(folders: Sequence[str | Path]):
     """(models, layers): two pandas DataFrames built from the folders' ``results.json``.
 
     ``models`` columns: ``model``, ``folder``, ``sink_rate_1`` (percent), ``attention_mass_first``,
-    ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``.
+    ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``, and from ``measure --cloze``
+    (empty otherwise): ``cloze_accuracy`` (percent, length-normalised), ``cloze_ci_lo`` /
+    ``cloze_ci_hi`` (Wilson 95%), ``cloze_items``, ``cloze_source``, ``heldout_loss`` (nats/token on
+    the probe windows).
     ``layers`` columns: ``model``, ``layer`` (0-based), ``depth`` (l / (L - 1)), ``sink_rate_1``
     (percent of heads x samples of that layer with mass on token 1 above eps).
 
@@ -62,20 +65,41 @@ def comparison_tables(folders: Sequence[str | Path]):
         models.append({"model": name, "folder": f, "sink_rate_1": r["sink_rate"][0],
                        "attention_mass_first": r.get("attention_mass_first"), "n_layers": L,
                        "num_samples": r["probe"]["num_samples"], "seq_len": r["probe"]["seq_len"],
-                       "eps": r["eps"], "input": r.get("input")})
+                       "eps": r["eps"], "input": r.get("input"), **_downstream_columns(r.get("downstream"))})
         for l, v in enumerate(per_layer):
             layers.append({"model": name, "layer": l, "depth": l / (L - 1) if L > 1 else 0.0, "sink_rate_1": v})
     return pd.DataFrame(models), pd.DataFrame(layers)
 
 
+def _downstream_columns(d: dict[str, Any] | None) -> dict[str, Any]:
+    c = (d or {}).get("cloze") or {}
+    ci = c.get("accuracy_ci") or [None, None]
+    return {"cloze_accuracy": c.get("accuracy"), "cloze_ci_lo": ci[0], "cloze_ci_hi": ci[1],
+            "cloze_items": c.get("n_items"), "cloze_source": c.get("source"),
+            "heldout_loss": (d or {}).get("heldout_loss")}
+
+
 def plot_comparison(models, layers, path: Path) -> Path:
-    """Two panels: Sink_1 per model (bars), sink rate at token 1 per layer over relative depth (lines)."""
+    """Two panels: Sink_1 per model (bars), sink rate at token 1 per layer over relative depth (lines);
+    a third, cloze accuracy against Sink_1 (Gu et al. 2025 Fig. 10's HellaSwag view, with 95%
+    intervals), when two or more models were measured with ``--cloze``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    cloze = models.dropna(subset=["cloze_accuracy"]) if "cloze_accuracy" in models else models.iloc[0:0]
+    if len(cloze) >= 2:
+        fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))
+        err = [cloze["cloze_accuracy"] - cloze["cloze_ci_lo"], cloze["cloze_ci_hi"] - cloze["cloze_accuracy"]]
+        c.errorbar(cloze["sink_rate_1"], cloze["cloze_accuracy"], yerr=err, fmt="o", capsize=3)
+        for r in cloze.itertuples():
+            c.annotate(r.model, (r.sink_rate_1, r.cloze_accuracy), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        c.set_xlabel("Sink_1 (%)")
+        c.set_ylabel("cloze accuracy (%), 95% interval")
+        c.set_title(f"cloze ({int(cloze['cloze_items'].min())}-{int(cloze['cloze_items'].max())} items) vs sink")
+    else:
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.bar(range(len(models)), models["sink_rate_1"])
     a.set_xticks(range(len(models)), models["model"], rotation=30, ha="right")
     a.set_ylabel("Sink_1 (%)")

@@ -177,3 +177,15 @@ def print_summary(result: _Result, console=None) -> None:
     console.print(t)
     for line in summary_lines(result):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def downstream_line(d: dict) -> str:
+    """One line for ``measure --cloze``: cloze accuracy with its 95% interval, chance, item count and
+    the held-out loss."""
+    c = d["cloze"]
+    lo, hi = c["accuracy_ci"]
+    line = (f"cloze: {c['accuracy']:.1f}% [{lo:.1f}, {hi:.1f}] (length-normalised; summed: {c['accuracy_sum']:.1f}%) "
+            f"on {c['n_items']} items, chance {c['chance']:.0f}% ({c['source']})")
+    if d.get("heldout_loss") is not None:
+        line += f"; held-out loss {d['heldout_loss']:.3f} nats/token on {d['heldout_loss_on']}"
+    return line

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from sinklab.capture import collect
@@ -64,6 +65,7 @@ class MeasureConfig:
     allow_long_context: bool = False
     device: str = "cpu"
     device_map: str | None = None
+    cloze: int = 0
 
     def __post_init__(self) -> None:
         from sinklab.capture import COLLECTORS
@@ -81,6 +83,8 @@ class MeasureConfig:
             raise InputError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.seed is not None and self.seed < 0:
             raise InputError(f"--seed must be >= 0, got {self.seed}")
+        if self.cloze < 0:
+            raise InputError(f"--cloze must be >= 0 (items of the cloze task; 0 = off), got {self.cloze}")
         if self.token is not None and self.token < 0:
             raise InputError(f"--token must be a token id >= 0, got {self.token}")
         if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
@@ -108,7 +112,7 @@ class MeasureConfig:
             if isinstance(value, bool):
                 if value:
                     parts.append(flag)
-            elif value is not None:
+            elif value is not None and not (f.name == "cloze" and value == 0):
                 parts += [flag, str(value)]
         return " ".join(shlex.quote(p) for p in parts)
 
@@ -155,6 +159,7 @@ class MeasureResult:
     command: str
     wall_time_s: float
     versions: dict[str, str] = field(default_factory=versions)
+    downstream: dict[str, Any] | None = None
 
     @property
     def sink_rate(self) -> list[float]:
@@ -182,6 +187,7 @@ class MeasureResult:
             "notes": self.stats.notes,
             "wall_time_s": round(self.wall_time_s, 3),
             "positions_are": "0-based indices; index 0 is the paper's token 1 (Sink_1)",
+            "downstream": self.downstream,
         }
         for k, v in self.summary.items():
             d.setdefault(k, v)
@@ -334,6 +340,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     summary = summarize(stats, cfg.eps, cfg.positions, seed=cfg.seed)
     top = _top_sinks(stats, probe, loaded.tokenizer, cfg.eps)
     wall = time.perf_counter() - t0
+    downstream = (_downstream(cfg, loaded, probe, run, corpus, progress) if cfg.cloze else None)
     argv_cmd = " ".join(shlex.quote(a) for a in sys.argv) if Path(sys.argv[0]).name == "sinklab" else None
     corpus_info = None
     if corpus is not None:
@@ -352,10 +359,44 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         top_sinks=top,
         command=argv_cmd or cfg.command(),
         wall_time_s=wall,
+        downstream=downstream,
     )
     if out is not None:
         result.save(out)
     return result
+
+
+def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress: bool) -> dict[str, Any]:
+    """``--cloze N``: the cloze task (:mod:`sinklab.measure.downstream`) on held-out text, and the
+    held-out loss on the probe windows (natural text or the run's own data only)."""
+    import sinklab.measure.downstream as ds
+    from sinklab.measure.trained import run_validation_documents
+
+    device = next(loaded.model.parameters()).device
+    if run is not None:
+        docs = run_validation_documents(run)
+        if run.synthetic:
+            n = int(np.median([len(d) for d in docs])) if docs else 0  # spans that fit the documents
+            end = max(2, min(8, n // 4))
+            items = ds.token_cloze_items(docs, cfg.cloze, seed=cfg.seed, ending_len=end,
+                                         context_len=max(1, min(24, n - end)))
+            source = f"token spans of the run's held-out {run.data_name} documents"
+        else:
+            texts = [loaded.tokenizer.decode(d.tolist()) for d in docs]
+            items = ds.text_cloze_items(texts, loaded.tokenizer, cfg.cloze, seed=cfg.seed)
+            source = f"sentences of the run's held-out {run.data_name} documents"
+    else:
+        from sinklab.zoo.corpora import load_corpus
+
+        c = corpus if corpus is not None else load_corpus(cfg.corpus or DEFAULT_CORPUS)
+        items = ds.text_cloze_items(c.documents, loaded.tokenizer, cfg.cloze, seed=cfg.seed)
+        source = f"sentences of {c.name}"
+    out: dict[str, Any] = {"cloze": {**ds.score_cloze(loaded.model, items, prefix=probe.prefix, device=device,
+                                                      progress=progress), "source": source, "seed": cfg.seed}}
+    if probe.kind in ("natural", "run", "text"):
+        out["heldout_loss"] = ds.heldout_loss(loaded.model, probe.input_ids, batch_size=cfg.batch_size, device=device)
+        out["heldout_loss_on"] = f"the {probe.kind} probe windows ({probe.input_ids.shape[0]} x {probe.input_ids.shape[1]})"
+    return out
 
 
 def resolve_config(cfg: MeasureConfig, run) -> MeasureConfig:

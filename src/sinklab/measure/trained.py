@@ -133,6 +133,15 @@ def run_probe(run: TrainedRun, num_samples: int, seq_len: int, seed: int, bos: s
     return Probe(ids, "run", bos, prefix, [], details)
 
 
+def run_validation_documents(run: TrainedRun) -> list:
+    """Token ids of every document of the run's validation split (its data prepared as for training),
+    one (len_d,) array per document, in order."""
+    from sinklab.train.loop import prepare_data
+
+    val = prepare_data(run.config, run.folder).val
+    return [val.doc(d) for d in range(val.n_docs)]
+
+
 def check_input(run: TrainedRun, input: str, corpus: str | None) -> None:
     """Refuse inputs that mean nothing to the run's model.
 
