@@ -378,3 +378,17 @@ def test_spike_counts_hand_worked(tmp_path):
     assert st == {"loss_spikes": 1, "grad_spikes": 1, "max_grad_norm": 2.0}
     with pytest.raises(InputError):
         training_stability(tmp_path / "missing")
+
+
+def test_code_mixed_follows_fingerprints_not_commits():
+    """Rows trained by two commits with the same numerics are not mixed; a row whose seeds carry two
+    fingerprints is; rows without fingerprints fall back to commits."""
+    from sinklab.sweep.summary import add_verdicts
+
+    def row(label, fp, commits, expect=""):
+        return {"label": label, "expect": expect, "sink1_seeds": "20;21;22", "n_seeds": 3, "code_fingerprint": fp,
+                "commits": commits, "metric": "sink1"}
+
+    rows = add_verdicts([row("ref", "aaaa", "c1", "reference"), row("new op", "bbbb", "c2"),
+                         row("two codes", "cccc;dddd", "c1"), row("old", None, "c3"), row("old2", None, "c1")], 10.0)
+    assert [r["code_mixed"] for r in rows] == [False, False, True, True, False]

@@ -26,7 +26,8 @@ not renormalised weights, for operations whose rows do not sum to 1), ``top_sink
 (1-based, most common over seeds), ``max_norm_ratio_mean``, ``emergence_steps`` (per seed),
 ``wall_s`` (all seeds; ``load_1min``: the range over seeds of the 1-minute load average at the end of
 each seed's last start, from ``sweep.json``: what the wall time was measured under), ``commits`` (the code versions that produced the seeds; ``code_mixed`` is
-True when they differ from the study's most common commit), ``code_fingerprint`` (the training-code
+True when the row's seeds carry different training-code fingerprints, or, for rows trained before
+fingerprints existed, when its commits differ from the study's most common commit), ``code_fingerprint`` (the training-code
 fingerprints of the seeds, :mod:`sinklab.train.fingerprint`; several, ``;``-separated, when the
 seeds were trained by code with different numerics), ``torch_version``, ``threads``, and
 ``paper``, ``table`` (where in the paper), ``expect``, ``expect_by`` ("paper", or "ours" for our
@@ -261,8 +262,7 @@ def _r(v: float, nd: int = 4) -> float | None:
 def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any]]:
     """Fill the statistics columns (``ci_lo``, ``ci_hi``, ``effect*`` against the row whose expect is
     ``reference``, ``p_value``, ``p_holm`` over the study's tested rows, ``verdict``; see
-    :mod:`sinklab.sweep.verdict`) and ``code_mixed`` (the row's commits differ from the study's most
-    common one)."""
+    :mod:`sinklab.sweep.verdict`) and ``code_mixed`` (see the module docstring)."""
     ref = next((r for r in rows if r.get("expect") == "reference"), None)
     tests = []
     for r in rows:
@@ -287,6 +287,13 @@ def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any
     counts = Counter(c for r in rows for c in (r.get("commits") or "").split(";") if c)
     main = counts.most_common(1)[0][0] if counts else None
     for r in rows:
+        fps = [f for f in (r.get("code_fingerprint") or "").split(";") if f]
+        if fps and "none" not in fps:
+            # the training code is identified by its numerics: a row is mixed when its seeds were
+            # trained by code with different fingerprints (rows differ from each other by design:
+            # the fingerprint depends on the config; `report --check` compares each with the current code)
+            r["code_mixed"] = len(fps) > 1 or any(f.startswith("mixed:") for f in fps)
+            continue
         cs = [c for c in (r.get("commits") or "").split(";") if c]
         r["code_mixed"] = bool(cs) and any(c != main for c in cs)
     return rows
