@@ -208,3 +208,53 @@ def test_init_from_starts_from_the_runs_weights_with_a_fresh_optimizer(tiny, tmp
     assert same.history[0]["step"] == 0
     with pytest.raises(ConfigError, match="model differs.*d_model"):
         loop.train(load_config(tiny, over + ["model.d_model=32"]), tmp_path / "bad", progress=False)
+
+
+def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, tmp_path, monkeypatch):
+    """A run trained on another CPU (whose rounding differs) is current when the code of its commit
+    gives the current fingerprint on this machine; a commit whose code computes other numbers is not;
+    a dirty tree or a missing commit cannot be checked."""
+    import shutil
+
+    import sinklab
+    from sinklab.sweep.summary import seed_is_current
+    from sinklab.train.fingerprint import cached_fingerprint
+
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    repo = tmp_path / "repo"
+    shutil.copytree(Path(sinklab.__file__).parent, repo / "src" / "sinklab",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+
+    def git(*a):
+        return subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "same code")
+    same = git("rev-parse", "HEAD")
+    fp_file = repo / "src" / "sinklab" / "train" / "fingerprint.py"
+    fp_file.write_text(fp_file.read_text().replace("FINGERPRINT_STEPS = 3", "FINGERPRINT_STEPS = 2"))
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "other numerics")
+    other = git("rev-parse", "HEAD")
+
+    run = repo / "results" / "run"
+    cfg = load_config(tiny)
+    loop.train(cfg, run, progress=False)
+    current = cached_fingerprint(load_config(run / "config.toml"), loop.code_fingerprint, run)
+    s_path = run / "summary.json"
+    s = json.loads(s_path.read_text())
+    assert seed_is_current(run, current) == (True, "same machine")
+
+    def as_if(commit, dirty=False):
+        s.update(cpu_model="Some Other CPU", code_fingerprint="0" * 16, code_fingerprints=["0" * 16],
+                 code={"commit": commit, "dirty": dirty})
+        s_path.write_text(json.dumps(s))
+        return seed_is_current(run, current)
+
+    assert as_if(same) == (True, f"commit {same[:12]} re-run here")
+    ok, how = as_if(other)
+    assert not ok and how == f"commit {other[:12]} re-run here"
+    ok, how = as_if(same, dirty=True)
+    assert not ok and "dirty tree" in how
+    ok, how = as_if("f" * 40)
+    assert not ok and "cannot compute" in how

@@ -52,7 +52,8 @@ def stale_rows(root: str | Path) -> list[str]:
             continue
         for r in _read_rows(sw):
             if int(r.get("n_seeds") or 0) and str(r.get("fingerprint_current")) != "True":
-                out.append(f"{sw.name}/{r['label']} (fingerprint {r.get('code_fingerprint')})")
+                how = f"; {r['fingerprint_check']}" if r.get("fingerprint_check") else ""
+                out.append(f"{sw.name}/{r['label']} (fingerprint {r.get('code_fingerprint')}{how})")
     return out
 
 

@@ -31,7 +31,9 @@ fingerprints existed, when its commits differ from the study's most common commi
 fingerprints of the seeds, :mod:`sinklab.train.fingerprint`; several, ``;``-separated, when the
 seeds were trained by code with different numerics), ``torch_version``, ``threads``, and
 ``paper``, ``table`` (where in the paper), ``expect``, ``expect_by`` ("paper", or "ours" for our
-hypothesis), ``metric`` (which Sink_1 the verdict uses: ``sink1`` or ``sink1_visible``).
+hypothesis), ``cpu_model`` (the CPUs the seeds were trained on: runs are bit-identical only on one
+CPU model, torch and thread count; across CPUs they agree statistically), ``fingerprint_check`` (how
+``report --check`` decided that the row is current), ``metric`` (which Sink_1 the verdict uses: ``sink1`` or ``sink1_visible``).
 
 Statistics (:mod:`sinklab.sweep.verdict`) on the verdict's metric: ``ci_lo``/``ci_hi`` the 95%
 Student-t interval of the seed mean, ``effect`` the difference from the reference row (percentage
@@ -61,7 +63,7 @@ COLUMNS = (["label", "status", "n_seeds", "seeds", "sink_position"]
            + ["ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi",
               "sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
               "top_sink_position", "max_norm_ratio_mean", "emergence_steps", "diverged_steps", "steps", "tokens",
-              "wall_s", "load_1min", "commits", "code_mixed", "code_fingerprint", "fingerprint_current", "torch_version", "threads", "paper", "table",
+              "wall_s", "load_1min", "commits", "code_mixed", "code_fingerprint", "fingerprint_current", "fingerprint_check", "torch_version", "threads", "cpu_model", "paper", "table",
               "expect", "expect_by", "metric", "p_value", "p_holm", "verdict"])
 #: share of training (at the end) whose tracker evaluations are averaged into a run's Sink_1
 LAST_FRACTION = 0.2
@@ -166,6 +168,7 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
                              else "mixed:" + "+".join(dict.fromkeys(s["code_fingerprints"]))),
         "torch_version": s.get("torch_version"),
         "threads": s.get("threads"),
+        "cpu_model": s.get("cpu_model"),
     }
 
 
@@ -215,6 +218,7 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     row["code_fingerprint"] = ";".join(dict.fromkeys(fps))
     row["torch_version"] = ";".join(dict.fromkeys(str(m["torch_version"]) for m in per))
     row["threads"] = ";".join(dict.fromkeys(str(m["threads"]) for m in per))
+    row["cpu_model"] = ";".join(dict.fromkeys(str(m["cpu_model"]) for m in per))
     for q in SEEDED:
         vals = [m[q] for m in per if m[q] is not None]
         if not vals:
@@ -313,15 +317,56 @@ def current_fingerprint(point_folder: Path) -> str | None:
     return None
 
 
+def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
+    """Whether one finished seed run was trained by code with the current numerics, and how that was
+    decided.
+
+    * trained on this machine's CPU and torch: its recorded fingerprint equals ``current`` (the
+      current code's fingerprint of its config here);
+    * trained on another CPU or torch (whose rounding differs): the code of the commit that trained
+      it is run here (:func:`sinklab.train.fingerprint.fingerprint_at_commit`) and must give
+      ``current``, i.e. that code and the current code compute the same numbers.
+
+    Returns:
+        (current?, how): ``how`` is "same machine", "commit <c> re-run here", or why it could not be
+        decided ("no fingerprint", "trained from a dirty tree", "commit <c> not found").
+    """
+    from sinklab.train.config import load_config
+    from sinklab.train.fingerprint import environment, fingerprint_at_commit
+
+    s = read_json(run / "summary.json", "run summary")
+    fps = s.get("code_fingerprints") or ([s["code_fingerprint"]] if s.get("code_fingerprint") else [])
+    if not fps or len(set(fps)) > 1:
+        return False, "no fingerprint" if not fps else "trained by code with different numerics"
+    env = environment()
+    if s.get("cpu_model") == env["cpu_model"] and s.get("torch_version") == env["torch_version"]:
+        return fps[0] == current, "same machine"
+    code = s.get("code") or {}
+    if code.get("dirty") or not code.get("commit") or code.get("commit") == "unknown":
+        return False, "trained on another machine from a dirty tree (its code cannot be re-run)"
+    fp = fingerprint_at_commit(load_config(run / "config.toml"), code["commit"], run)
+    if fp is None:
+        return False, f"commit {code['commit'][:12]} cannot compute a fingerprint here"
+    return fp == current, f"commit {code['commit'][:12]} re-run here"
+
+
 def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> None:
-    """Fill ``fingerprint_current``: True when every seed of the row was trained by code whose
-    fingerprint is the current code's for the row's config, False when any was not (or recorded
-    none), None for a row without finished seeds."""
+    """Fill ``fingerprint_current``: True when every seed of the row was trained by code with the
+    current code's numerics for the row's config (:func:`seed_is_current`: on this machine by the
+    recorded fingerprint, from another machine by re-running the training commit's code here), False
+    when any was not or cannot be checked, None for a row without finished seeds; and
+    ``fingerprint_check``: how it was decided."""
     for r, p in zip(rows, study["points"]):
         if not r.get("n_seeds"):
             continue
         cur = current_fingerprint(out / "runs" / p["slug"])
-        r["fingerprint_current"] = cur is not None and r.get("code_fingerprint") == cur
+        runs = [d for d in seed_runs(out / "runs" / p["slug"]) if (d / "summary.json").exists()]
+        if cur is None or not runs:
+            r["fingerprint_current"] = False
+            continue
+        checks = [seed_is_current(d, cur) for d in runs]
+        r["fingerprint_current"] = all(ok for ok, _ in checks)
+        r["fingerprint_check"] = "; ".join(dict.fromkeys(how for _, how in checks))
 
 
 def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) -> list[dict[str, Any]]:

@@ -173,3 +173,69 @@ def cached_fingerprint(cfg: RunConfig, compute, out: Path | None = None) -> str:
     cache[key] = fp
     atomic_write_text(path, json.dumps(cache, indent=0))
     return fp
+
+
+#: the program a subprocess runs to compute a fingerprint with another commit's code (argv: config path)
+_AT_COMMIT = ("import sys, sinklab; assert sinklab.__file__.startswith(sys.argv[2]), sinklab.__file__; "
+              "from sinklab.train.config import load_config; from sinklab.train.loop import code_fingerprint; "
+              "print(code_fingerprint(load_config(sys.argv[1])))")
+
+
+def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path) -> str | None:
+    """The fingerprint that the training code of ``commit`` gives for ``cfg`` *on this machine*
+    (its ``src/`` exported with ``git archive`` into a temporary folder and run in a subprocess),
+    cached in ``$SINKLAB_HOME/fingerprints.json`` under the commit, this machine's torch and CPU and
+    the canonical config.
+
+    This is how a run trained on another CPU is checked: its own recorded fingerprint holds that
+    CPU's rounding, so it cannot be compared with this machine's; but if the code that trained it and
+    the current code give the same fingerprint *here*, the two codes compute the same numbers.
+
+    Args:
+        cfg: the run's config. commit: the full commit that trained it. repo: a folder inside a git
+            checkout that has the commit.
+
+    Returns:
+        16 hex digits, or None when the commit is not in the repository or its code cannot compute a
+        fingerprint (older than fingerprints, or failing).
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    from sinklab.paths import home
+    from sinklab.train.config import to_toml
+
+    key = "commit:" + hashlib.sha256(json.dumps([commit, environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
+    path = home() / "fingerprints.json"
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError):
+        cache = {}
+    if not isinstance(cache, dict):
+        cache = {}
+    if key in cache:
+        return cache[key]
+    with tempfile.TemporaryDirectory(prefix="sinklab-fp-") as tmp:
+        tmp = Path(tmp)
+        top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode != 0:
+            return None
+        archive = subprocess.run(["git", "-C", top.stdout.strip(), "archive", "--format=tar", commit, "src"],
+                                 capture_output=True)
+        if archive.returncode != 0:
+            return None
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+        cfg_file = tmp / "config.toml"
+        cfg_file.write_text(to_toml(cfg))
+        env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+        env.update(PYTHONPATH=str(tmp / "src"), OMP_NUM_THREADS=str(cfg.train.threads or 1))
+        proc = subprocess.run([sys.executable, "-c", _AT_COMMIT, str(cfg_file), str(tmp / "src")], capture_output=True,
+                              text=True, env=env, cwd=top.stdout.strip())
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines or len(lines[-1]) != LENGTH:
+            return None
+        fp = lines[-1]
+    cache[key] = fp
+    atomic_write_text(path, json.dumps(cache, indent=0))
+    return fp
