@@ -544,3 +544,39 @@ def test_smollm2_interventions_and_minilm_swap(real_home):
     e = enc.tables["interventions"].set_index("intervention")
     assert e.loc["position-swap", "sink_rate_pos0"] < e.loc["baseline", "sink_rate_pos0"] / 2
     assert e.loc["position-swap", "sink_rate_swap_to"] > e.loc["baseline", "sink_rate_swap_to"] + 5
+
+
+def test_intervene_plot_shows_where_the_sink_and_the_mass_went(monkeypatch):
+    """issue 21, item 8: remove-sink used to look as if the sink vanished (only position 0's rate was drawn).
+    The ``mass`` table holds each variant's mean attention mass per key position, equal to a pass edited by
+    hand; the plot draws the top position after the change (bar height = its rate, labelled pK) and one
+    mass-by-position line per variant, read back from the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    m = tiny_llama()
+    ids = _ids(3, 30)
+    res = intervene(Subject(m, ids, model_info={"name": "t"}), eps=0.05, only=["remove-sink"], position=0)
+    t = res.tables["interventions"].set_index("intervention")
+    mass = res.tables["mass"]
+    cut = run_model(m, ids, edit=lambda l, w, **_: remove_key(w, 0)).stats.mass.mean(dim=(0, 1, 2))  # (T,)
+    got = mass[mass.intervention == "remove-sink"].sort_values("position")
+    assert got["position"].tolist() == list(range(30))
+    assert got["attention_mass"].tolist() == pytest.approx(cut.tolist(), rel=1e-9)
+    top = int(t.loc["remove-sink", "top_sink_position_after"])
+    assert top != 0
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    res.plots["intervene"]("unused.png")
+    (fig,) = figures
+    loss_ax, rate_ax, mass_ax = fig.axes[:3]
+    labels = [txt.get_text() for txt in rate_ax.texts]
+    assert labels == [f"p{int(t.loc[v, 'top_sink_position_after'])}" for v in ("baseline", "remove-sink")]
+    heights = [p.get_height() for p in rate_ax.containers[-1]]
+    assert heights == pytest.approx([t.loc["baseline", "top_sink_rate_after"], t.loc["remove-sink", "top_sink_rate_after"]])
+    lines = {ln.get_label(): ln for ln in mass_ax.get_lines()}
+    assert set(lines) == {"baseline", "remove-sink"}
+    assert list(lines["remove-sink"].get_ydata()) == pytest.approx(cut[:16].tolist(), rel=1e-9)
