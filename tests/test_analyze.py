@@ -515,6 +515,34 @@ def test_overmix_is_paired_and_matches_a_manual_pair():
     assert (per["pairs"] == 1).all()
 
 
+def test_sign_test_hand_worked():
+    from sinklab.analyze.common import sign_test_p
+
+    assert sign_test_p(2, 2) == 0.5 and sign_test_p(0, 2) == 0.5  # two unanimous pairs: p = 2 / 4
+    assert sign_test_p(6, 6) == pytest.approx(2 / 64) and sign_test_p(5, 5) == pytest.approx(2 / 32)
+    assert sign_test_p(6, 9) == pytest.approx(2 * (1 + 9 + 36 + 84) / 512)  # 0.508
+    assert sign_test_p(8, 10) == pytest.approx(2 * (45 + 10 + 1) / 1024)
+    assert sign_test_p(5, 10) == 1.0 and sign_test_p(0, 0) == 1.0
+
+
+def test_overmix_verdict_states_the_count_and_that_two_pairs_are_too_few():
+    """issue 21, item 8: 2 pairs used to give "in every (source, direction) pair"; the verdict now gives the
+    count, the sign test's p and says that fewer than 6 pairs cannot conclude; 6 unanimous pairs can."""
+    from sinklab.analyze.overmix import pair_verdict
+
+    res = overmix(Subject(_sinklm(), _ids(2, 10), model_info={"name": "t"}), eps=0.05, sources=[4], directions=2,
+                  scale=0.05)
+    v = res.summary["last_layer_verdict"]
+    over = res.summary["last_layer_relative_change_over_pairs"]
+    assert over["pairs"] == 2 and v.startswith("too few pairs to conclude: removing the sink ")
+    assert " of 2 (source, direction) pairs" in v and "every" not in v
+    assert over["sign_test_p"] == (0.5 if over["pairs_removed_higher"] in (0, 2) else 1.0)
+    assert pair_verdict(6, 6) == ("removing the sink increases sensitivity in all 6 of 6 (source, direction) pairs "
+                                  "(two-sided sign test p = 0.0312)")
+    assert pair_verdict(0, 7).startswith("removing the sink decreases sensitivity in all 7 of 7")
+    assert pair_verdict(6, 9).startswith("inconclusive: removing the sink increases sensitivity in 6 of 9 ")
+
+
 def test_repeat_natural_control_is_the_sink_rate_of_prefixes():
     from sinklab.metrics import sink_rate
 
