@@ -528,8 +528,6 @@ def test_sign_test_hand_worked():
 def test_overmix_verdict_states_the_count_and_that_two_pairs_are_too_few():
     """issue 21, item 8: 2 pairs used to give "in every (source, direction) pair"; the verdict now gives the
     count, the sign test's p and says that fewer than 6 pairs cannot conclude; 6 unanimous pairs can."""
-    from sinklab.analyze.overmix import pair_verdict
-
     res = overmix(Subject(_sinklm(), _ids(2, 10), model_info={"name": "t"}), eps=0.05, sources=[4], directions=2,
                   scale=0.05)
     v = res.summary["last_layer_verdict"]
@@ -537,6 +535,8 @@ def test_overmix_verdict_states_the_count_and_that_two_pairs_are_too_few():
     assert over["pairs"] == 2 and v.startswith("too few pairs to conclude: removing the sink ")
     assert " of 2 (source, direction) pairs" in v and "every" not in v
     assert over["sign_test_p"] == (0.5 if over["pairs_removed_higher"] in (0, 2) else 1.0)
+    from sinklab.analyze.overmix import pair_verdict
+
     assert pair_verdict(6, 6) == ("removing the sink increases sensitivity in all 6 of 6 (source, direction) pairs "
                                   "(two-sided sign test p = 0.0312)")
     assert pair_verdict(0, 7).startswith("removing the sink decreases sensitivity in all 7 of 7")
