@@ -20,11 +20,15 @@ def compare_cmd(
     import shlex
     import sys
 
-    from sinklab.measure.compare import write_comparison
+    from sinklab.measure.compare import comparison_warnings, write_comparison
 
     models = write_comparison(folders, out, command=" ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]]))
     width = max(len(m) for m in models["model"])
-    typer.echo(f"{'model':{width}s}  Sink_1 (%)  layers  probe")
+    typer.echo(f"{'model':{width}s}  Sink_1 (%)  {'95% CI':>14s}  layers  probe")
     for r in models.itertuples():
-        typer.echo(f"{r.model:{width}s}  {r.sink_rate_1:10.2f}  {r.n_layers:6d}  {r.input} N={r.num_samples} T={r.seq_len}")
+        ci = "none (N = 1)" if r.ci_low is None or r.ci_low != r.ci_low else f"[{r.ci_low:.1f}, {r.ci_high:.1f}]"
+        typer.echo(f"{r.model:{width}s}  {r.sink_rate_1:10.2f}  {ci:>14s}  {r.n_layers:6d}  {r.probe} N={r.num_samples} "
+                   f"T={r.seq_len}")
+    for w in comparison_warnings(models):
+        typer.echo(f"warning: {w}")
     typer.echo(f"wrote {out}/compare.csv, compare_layers.csv and compare.png")
