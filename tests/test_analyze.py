@@ -178,20 +178,61 @@ def test_remove_key_matches_a_loop_and_leaves_untouched_rows_bit_identical():
 
 @pytest.mark.parametrize("which", ["llama", "sinklm"])
 def test_noop_intervention_is_bit_identical(which):
-    m = tiny_llama() if which == "llama" else _sinklm(positional="learned")
-    res = intervene(Subject(m, _ids(3, 10), model_info={"name": which}), eps=0.05,
-                    only=["noop"] + (["position-replace"] if which == "sinklm" else []), swap_to=3)
+    """noop equals baseline exactly; remove-sink, through the same path, does not, and its loss equals one
+    computed without the seam (the seam's edit on a naive float64 attention for the one-layer SinkLM, a
+    forward without token 0 under RoPE for LLaMA): a path that dropped the edits would fail."""
+    m = tiny_llama() if which == "llama" else _sinklm(n_layers=1, positional="learned")
+    ids = _ids(3, 10)
+    res = intervene(Subject(m, ids, model_info={"name": which}), eps=0.05, position=0, allow_non_sink=True,
+                    only=["noop", "remove-sink"] + (["position-replace"] if which == "sinklm" else []), swap_to=3)
     t = res.tables["interventions"].set_index("intervention")
     assert t.loc["noop", "loss"] == t.loc["baseline", "loss"]  # exact
     assert t.loc["noop", "sink_rate_pos0"] == t.loc["baseline", "sink_rate_pos0"]
+    assert t.loc["remove-sink", "loss"] != t.loc["baseline", "loss"]
+    if which == "llama":
+        with torch.no_grad():
+            logp = m(ids[:, 1:]).logits.double().log_softmax(-1)
+        want = float(-logp[:, :-1].gather(-1, ids[:, 2:, None]).squeeze(-1).mean())  # targets 2..T-1
+    else:
+        want = float(_manual_remove_first_key_nll(m, ids)[:, 1:].mean())
+    assert t.loc["remove-sink", "loss"] == pytest.approx(want, abs=1e-5)
 
 
 def test_noop_edit_gives_identical_hidden_states_and_loss_on_both_seams():
+    """The identity edits change nothing, bit for bit; and the same seams do apply a real edit (a seam that
+    ignored its edits would pass the first half), checked against computations that bypass the seam:
+
+    * attention edit: removing key 0 in every layer equals, under RoPE, a plain forward without token 0
+      (scores depend only on i - j), so the NLL of targets 2..T-1 is that forward's;
+    * block-output edit: zeroing the last block's output at position 3 gives the head a zero vector there
+      (RMSNorm(0) = 0, no head bias): logits 0, so the NLL of target 4 is log(vocab), and no other changes."""
     for m in (tiny_llama(), _sinklm()):
         ids = _ids(2, 8)
         a = run_model(m, ids, hidden=True, nll=True)
         b = run_model(m, ids, hidden=True, nll=True, edit=lambda l, w, **_: w, hidden_edit=lambda l, h: None)
         assert torch.equal(a.hidden, b.hidden) and torch.equal(a.nll, b.nll)
+
+        cut = run_model(m, ids, hidden=True, nll=True, edit=lambda l, w, **_: remove_key(w, 0))
+        with torch.no_grad():
+            logp = m(ids[:, 1:]).logits.double().log_softmax(-1)  # no seam, no edit: token 0 simply absent
+        dropped = -logp[:, :-1].gather(-1, ids[:, 2:, None]).squeeze(-1)  # (N, T-2): targets 2..T-1
+        assert not torch.equal(cut.nll, a.nll)
+        assert torch.allclose(cut.nll[:, 1:], dropped, atol=1e-5)
+
+        last = a.hidden.shape[1] - 1
+
+        def zero_pos3(layer, h):
+            if layer != last:
+                return None
+            h = h.clone()
+            h[:, 3] = 0
+            return h
+
+        z = run_model(m, ids, hidden=True, nll=True, hidden_edit=zero_pos3)
+        vocab = m.config.vocab_size
+        assert torch.allclose(z.nll[:, 3], torch.full((2,), math.log(vocab), dtype=z.nll.dtype), atol=1e-6)
+        keep = [t for t in range(z.nll.shape[1]) if t != 3]
+        assert torch.equal(z.nll[:, keep], a.nll[:, keep]) and not torch.equal(z.nll, a.nll)
 
 
 def test_removing_the_first_key_everywhere_equals_dropping_the_first_token_under_rope():
@@ -204,14 +245,12 @@ def test_removing_the_first_key_everywhere_equals_dropping_the_first_token_under
     assert t.loc["remove-sink", "loss"] != t.loc["baseline", "loss"]
 
 
-def test_remove_sink_through_the_observer_matches_a_manual_forward():
-    """SinkLM: the edited pass equals one computed by hand from the same weights (1 layer, so the
-    attention input is the embedding)."""
-    m = _sinklm(n_layers=1, positional="learned")
-    ids = _ids(2, 6)
-    res = run_model(m, ids, nll=True, edit=lambda l, w, **_: remove_key(w, 0))
+def _manual_remove_first_key_nll(m, ids):
+    """(N, T-1) next-token NLL of a one-layer SinkLM with learned positions, computed by hand in float64 from
+    its weights with attention to key 0 removed (rows renormalised; query 0 keeps its only key)."""
+    T = ids.shape[1]
     with torch.no_grad():
-        x = m.embed(ids) + m.positional.table.weight[:6]
+        x = m.embed(ids) + m.positional.table.weight[:T]
         blk = m.layers[0]
         a = blk.attn
         h = blk.attn_norm(x)
@@ -227,8 +266,16 @@ def test_remove_sink_through_the_observer_matches_a_manual_forward():
         x = x + a.o_proj(y)
         x = x + blk.ffn(blk.ffn_norm(x))
         logits = m.lm_head(m.final_norm(x)).double()
-        nll = -logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
-    assert torch.allclose(res.nll, nll, atol=1e-5)
+        return -logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def test_remove_sink_through_the_observer_matches_a_manual_forward():
+    """SinkLM: the edited pass equals one computed by hand from the same weights (1 layer, so the
+    attention input is the embedding)."""
+    m = _sinklm(n_layers=1, positional="learned")
+    ids = _ids(2, 6)
+    res = run_model(m, ids, nll=True, edit=lambda l, w, **_: remove_key(w, 0))
+    assert torch.allclose(res.nll, _manual_remove_first_key_nll(m, ids), atol=1e-5)
 
 
 def _planted_sink_model():
@@ -515,6 +562,34 @@ def test_overmix_is_paired_and_matches_a_manual_pair():
     assert (per["pairs"] == 1).all()
 
 
+def test_sign_test_hand_worked():
+    from sinklab.analyze.common import sign_test_p
+
+    assert sign_test_p(2, 2) == 0.5 and sign_test_p(0, 2) == 0.5  # two unanimous pairs: p = 2 / 4
+    assert sign_test_p(6, 6) == pytest.approx(2 / 64) and sign_test_p(5, 5) == pytest.approx(2 / 32)
+    assert sign_test_p(6, 9) == pytest.approx(2 * (1 + 9 + 36 + 84) / 512)  # 0.508
+    assert sign_test_p(8, 10) == pytest.approx(2 * (45 + 10 + 1) / 1024)
+    assert sign_test_p(5, 10) == 1.0 and sign_test_p(0, 0) == 1.0
+
+
+def test_overmix_verdict_states_the_count_and_that_two_pairs_are_too_few():
+    """issue 21, item 8: 2 pairs used to give "in every (source, direction) pair"; the verdict now gives the
+    count, the sign test's p and says that fewer than 6 pairs cannot conclude; 6 unanimous pairs can."""
+    res = overmix(Subject(_sinklm(), _ids(2, 10), model_info={"name": "t"}), eps=0.05, sources=[4], directions=2,
+                  scale=0.05)
+    v = res.summary["last_layer_verdict"]
+    over = res.summary["last_layer_relative_change_over_pairs"]
+    assert over["pairs"] == 2 and v.startswith("too few pairs to conclude: removing the sink ")
+    assert " of 2 (source, direction) pairs" in v and "every" not in v
+    assert over["sign_test_p"] == (0.5 if over["pairs_removed_higher"] in (0, 2) else 1.0)
+    from sinklab.analyze.overmix import pair_verdict
+
+    assert pair_verdict(6, 6) == ("removing the sink increases sensitivity in all 6 of 6 (source, direction) pairs "
+                                  "(two-sided sign test p = 0.0312)")
+    assert pair_verdict(0, 7).startswith("removing the sink decreases sensitivity in all 7 of 7")
+    assert pair_verdict(6, 9).startswith("inconclusive: removing the sink increases sensitivity in 6 of 9 ")
+
+
 def test_repeat_natural_control_is_the_sink_rate_of_prefixes():
     from sinklab.metrics import sink_rate
 
@@ -544,3 +619,39 @@ def test_smollm2_interventions_and_minilm_swap(real_home):
     e = enc.tables["interventions"].set_index("intervention")
     assert e.loc["position-swap", "sink_rate_pos0"] < e.loc["baseline", "sink_rate_pos0"] / 2
     assert e.loc["position-swap", "sink_rate_swap_to"] > e.loc["baseline", "sink_rate_swap_to"] + 5
+
+
+def test_intervene_plot_shows_where_the_sink_and_the_mass_went(monkeypatch):
+    """issue 21, item 8: remove-sink used to look as if the sink vanished (only position 0's rate was drawn).
+    The ``mass`` table holds each variant's mean attention mass per key position, equal to a pass edited by
+    hand; the plot draws the top position after the change (bar height = its rate, labelled pK) and one
+    mass-by-position line per variant, read back from the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    m = tiny_llama()
+    ids = _ids(3, 30)
+    res = intervene(Subject(m, ids, model_info={"name": "t"}), eps=0.05, only=["remove-sink"], position=0)
+    t = res.tables["interventions"].set_index("intervention")
+    mass = res.tables["mass"]
+    cut = run_model(m, ids, edit=lambda l, w, **_: remove_key(w, 0)).stats.mass.mean(dim=(0, 1, 2))  # (T,)
+    got = mass[mass.intervention == "remove-sink"].sort_values("position")
+    assert got["position"].tolist() == list(range(30))
+    assert got["attention_mass"].tolist() == pytest.approx(cut.tolist(), rel=1e-9)
+    top = int(t.loc["remove-sink", "top_sink_position_after"])
+    assert top != 0
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    res.plots["intervene"]("unused.png")
+    (fig,) = figures
+    loss_ax, rate_ax, mass_ax = fig.axes[:3]
+    labels = [txt.get_text() for txt in rate_ax.texts]
+    assert labels == [f"p{int(t.loc[v, 'top_sink_position_after'])}" for v in ("baseline", "remove-sink")]
+    heights = [p.get_height() for p in rate_ax.containers[-1]]
+    assert heights == pytest.approx([t.loc["baseline", "top_sink_rate_after"], t.loc["remove-sink", "top_sink_rate_after"]])
+    lines = {ln.get_label(): ln for ln in mass_ax.get_lines()}
+    assert set(lines) == {"baseline", "remove-sink"}
+    assert list(lines["remove-sink"].get_ydata()) == pytest.approx(cut[:16].tolist(), rel=1e-9)

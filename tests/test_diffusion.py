@@ -401,3 +401,63 @@ def test_intervene_warns_without_a_sink_and_allows_bos(diffusion_run):
     assert iv.summary["sink_position"] == 0
     assert any("no sink" in w for w in iv.summary["warnings"])  # a 6-step model has no sink at BOS
     assert "--allow-non-sink" in iv.command or "allow_non_sink=True" in iv.command
+
+
+def test_remove_attention_to_bos_loss_equals_a_naive_float64_computation():
+    """issue 21, item 10: `analyze intervene` on a masked diffusion model, remove-sink at BOS (position 0):
+    its loss equals the masked diffusion loss (LLaDA Eq. 3, positions 1..T-1: sum of w * nll / (N T), w = 1/t
+    on the masked positions) of a one-layer bidirectional forward written out here in float64 from the
+    model's weights, with every query's attention to key 0 set to 0 and the row renormalised. The probe is
+    masked as intervene masks it (diffusion_probe: BOS never masked); baseline and noop are checked the same
+    way without the edit."""
+    from types import SimpleNamespace
+
+    from sinklab.analyze import Subject, intervene
+    from sinklab.analyze.intervene import diffusion_probe
+
+    torch.manual_seed(0)
+    m = SinkLM(ModelConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=32, causal=False,
+                           positional="learned")).eval()
+    with torch.no_grad():  # BOS's key points along every query (a sink at position 0), so removing it matters
+        m.embed.weight[BOS] = 0
+        m.embed.weight[BOS, 0] = 1.0
+        m.embed.weight[:, 1] += 1.0
+        m.layers[0].attn.k_proj.weight[:, 0] += 0.5
+        m.layers[0].attn.q_proj.weight[:, 1] += 0.5
+        m.layers[0].attn.o_proj.weight.mul_(10.0)  # and the attention output weighs in the prediction
+    tok = SimpleNamespace(mask_token_id=MASK, bos_token_id=BOS, eos_token_id=None, vocab_size=12)
+    clean = batch(B=4, T=12, seed=3)
+    subj = Subject(m, clean, tokenizer=tok, model_info={"name": "tiny-mdlm"}, seed=5)
+    res = intervene(subj, eps=0.05, only=["noop", "remove-sink"], position=0, allow_non_sink=True, seed=5)
+    t = res.tables["interventions"].set_index("intervention")
+    x, w = diffusion_probe(subj, 5)  # (N, T) masked input, (N, T) 1/t on masked positions
+    assert (x[:, 0] == BOS).all() and (x == MASK).any() and torch.equal(w > 0, x == MASK)
+
+    def loss(remove_bos: bool) -> float:
+        N, T = x.shape
+        with torch.no_grad():
+            h0 = (m.embed.weight[x] + m.positional.table.weight[:T]).double()  # (N, T, d)
+            blk = m.layers[0]
+            a = blk.attn
+            lin = lambda layer, v: v @ layer.weight.double().T  # noqa: E731  (no biases in this config)
+            def rms(norm, v):
+                return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.double()
+            hn = rms(blk.attn_norm, h0)
+            q, k, v = (lin(p, hn).view(N, T, 2, 8).transpose(1, 2) for p in (a.q_proj, a.k_proj, a.v_proj))
+            att = (q @ k.transpose(-1, -2) / math.sqrt(8)).softmax(-1)  # (N, H, T, T), no mask: bidirectional
+            if remove_bos:
+                att[..., 0] = 0
+                att = att / att.sum(-1, keepdim=True)
+            h1 = h0 + lin(a.o_proj, (att @ v).transpose(1, 2).reshape(N, T, 16))
+            f = blk.ffn
+            g = rms(blk.ffn_norm, h1)
+            h2 = h1 + lin(f.down_proj, F.silu(lin(f.gate_proj, g)) * lin(f.up_proj, g))
+            logp = (rms(m.final_norm, h2) @ m.lm_head.weight.double().T).log_softmax(-1)  # (N, T, V)
+            nll = -logp.gather(-1, clean[..., None]).squeeze(-1)  # same-position readout of the clean token
+        return float((nll[:, 1:] * w[:, 1:].double()).sum() / (N * T))
+
+    assert t.loc["baseline", "loss"] == pytest.approx(loss(False), abs=1e-6)  # float32 model: ~1e-8 off
+    assert t.loc["noop", "loss"] == t.loc["baseline", "loss"]
+    assert t.loc["remove-sink", "loss"] == pytest.approx(loss(True), abs=1e-6)
+    assert abs(loss(True) - loss(False)) > 1e-4  # the edit moves the loss 100x the tolerance (4.9e-4 here)
+    assert "masked diffusion loss" in res.summary["readout"]

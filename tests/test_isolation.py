@@ -54,3 +54,45 @@ def test_unit_tests_ignore_a_populated_user_cache(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"{len(CACHE_SENSITIVE)} passed" in r.stdout
     assert _snapshot(user) == before
+
+
+def _slow_test_source() -> str:
+    """The source (decorators included) of every test the `slow` marker selects: a function decorated
+    with it, or any test function of a module whose ``pytestmark`` is it."""
+    import ast
+
+    parts = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        module_slow = any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+                          and "slow" in ast.get_source_segment(text, n.value) for n in tree.body)
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            decorators = " ".join(ast.get_source_segment(text, d) for d in node.decorator_list)
+            if module_slow or "mark.slow" in decorators:
+                parts.append(decorators + "\n" + ast.get_source_segment(text, node))
+    return "\n".join(parts)
+
+
+def test_readme_names_exactly_what_make_test_fetches():
+    """issue 21, item 9: the README's Tests section said `make test` fetches SmolLM2 and SOTU; the slow tests
+    also fetch minilm-l6, four more corpora and an npm tokenizer. The zoo names the slow tests spell out (the
+    same set a recording run of `pytest -m slow` gave: wrappers around fetch_model, fetch_corpus and
+    gpt2_tokenizer) must be the zoo names the section gives, each with its registry package."""
+    from sinklab.data.tokenizer import GPT2_NPM
+    from sinklab.zoo.corpora import CORPORA
+    from sinklab.zoo.models import MODELS
+
+    src = _slow_test_source()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Tests\n", 1)[1].split("\n## ", 1)[0]
+    packages = {n: [p.package for p in MODELS.get(n).parts] for n in MODELS.names()}
+    packages.update({n: [CORPORA.get(n).package] for n in CORPORA.names()})
+    used = {n for n in packages if f'"{n}"' in src}
+    assert {"smollm2-135m", "minilm-l6", "sotu", "shakespeare", "austen", "wikipedia-sample", "web-bible"} <= used
+    assert {n for n in packages if f"`{n}`" in section} == used
+    for n in used:
+        assert all(f"`{p}`" in section for p in packages[n]), n
+    assert ("gpt2_tokenizer(" in src) == (f"`{GPT2_NPM[0]}`" in section)

@@ -77,3 +77,53 @@ def test_compare_bad_input(two_models, text_corpus_dir, tmp_path, capsys):
     assert code == 2 and "twice" in err
     code, _, err = run_cli_captured(["measure", "--model", two_models[0], "--device", "cuda"], capsys)
     assert code == 2 and ("CUDA is not available" in err or "cuda" in err)
+
+
+def _results(folder, name, *, n, kind, sink1, ci, T=64):
+    """A minimal results.json as `sinklab measure` writes it (the keys compare reads)."""
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({
+        "model": {"name": name}, "eps": 0.3, "input": kind, "sink_rate": [sink1, 0.0], "sink_rate_ci": [ci, ci],
+        "sink_rate_per_layer": [[sink1, 0.0], [sink1, 0.0]], "attention_mass_first": 0.5,
+        "probe": {"kind": kind, "num_samples": n, "seq_len": T}}))
+    return folder
+
+
+def test_compare_shows_intervals_and_warns_when_probes_differ(tmp_path, capsys, monkeypatch):
+    """issue 21, item 8: bars from N = 100 natural text and N = 1 repeated tokens used to stand side by side
+    with no interval and no warning. Now: each row's 95% CI (from results.json; none for N = 1), one warning
+    per difference (N, probe kind) in the console and compare.json, error bars on the bars that have one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    a = _results(tmp_path / "a", "alpha", n=100, kind="natural", sink1=71.0, ci=[69.5, 72.6])
+    b = _results(tmp_path / "b", "beta", n=1, kind="repeated", sink1=87.4, ci=[None, None])
+    figures = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *x, **k: (figures.append(self), real_savefig(self, *x, **k)))
+    code, stdout, err = run_cli_captured(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")], capsys)
+    assert code == 0, err
+    rows = {ln.split()[0]: ln for ln in stdout.splitlines() if ln.startswith(("alpha", "beta"))}
+    assert "[69.5, 72.6]" in rows["alpha"] and "natural N=100" in rows["alpha"]
+    assert "none (N = 1)" in rows["beta"] and "repeated N=1" in rows["beta"]
+    warnings = [ln for ln in stdout.splitlines() if ln.startswith("warning: ")]
+    assert warnings == ["warning: different sample sizes N (alpha 100, beta 1): the bars are not measured alike",
+                        "warning: different probe kinds (alpha natural, beta repeated): the bars are not measured alike",
+                        "warning: no confidence interval for beta (N = 1, or none in the file)"]
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert saved["warnings"] == [w[len("warning: "):] for w in warnings]
+    models = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+    assert models.ci_low.tolist()[0] == 69.5 and pd.isna(models.ci_low.tolist()[1])
+    bars_ax = figures[0].axes[0]
+    (bars,) = bars_ax.containers[:1]
+    assert [p.get_height() for p in bars] == [71.0, 87.4]
+    caps = [c for c in bars_ax.containers[1:]]  # the error bar container: alpha only
+    (segments,) = [c.lines[2][0].get_segments() for c in caps]
+    assert len(segments) == 1 and segments[0][:, 1].tolist() == pytest.approx([69.5, 72.6])
+    assert "warning" in bars_ax.get_title()
+    # alike probes with intervals: no warning
+    c = _results(tmp_path / "c", "gamma", n=100, kind="natural", sink1=50.0, ci=[48.0, 52.0])
+    code, stdout, err = run_cli_captured(["compare", str(a), str(c), "--out", str(tmp_path / "cmp2")], capsys)
+    assert code == 0 and "warning" not in stdout

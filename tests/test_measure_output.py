@@ -2,6 +2,7 @@
 layer and token numbering said, the tokenizer's long-sequence warning silenced, corpus-too-small
 messages that give the corpus size and the fix that helps, one eps convention named clearly."""
 
+import json
 import logging
 from types import SimpleNamespace
 
@@ -70,8 +71,11 @@ def test_log_file_output_is_clean_and_says_how_layers_are_numbered(short_context
     assert any("token k" in ln for ln in lines[1:5])
     layers = [ln for ln in lines if ln.startswith("strongest sink layers")]
     assert len(layers) == 1 and "(layers numbered 0 to 1)" in layers[0]
-    top = [ln for ln in lines if ln.startswith("top sink position: token ")]
-    assert len(top) == 1 and top[0].endswith("mean mass over the samples > eps)") and len(top[0]) > 80
+    top = [ln for ln in lines if ln.startswith("top sink position: ")]
+    has_sink = json.loads((tmp_path / "out" / "results.json").read_text())["has_sink"]
+    assert not has_sink  # this random tiny model has none at eps 0.3, and the line says so, whole
+    assert len(top) == 1 and top[0].endswith("(no (sample, layer, head) puts mass > eps on any position)")
+    assert len(top[0]) > 80
     assert any(ln.startswith("largest norm ratio: ") and ln.endswith(tuple("0123456789")) for ln in lines)
     assert not any(LONG_WARNING in m for m in transformers_log)
     assert LONG_WARNING not in io.err
@@ -190,3 +194,96 @@ def test_train_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
     assert "%|" not in io.err  # tqdm's "train: 33%|..." bar
     assert [ln.split(",")[0] for ln in io.err.splitlines() if ln.startswith("train: ")] == [
         "train: step 1/3 (33%)", "train: step 2/3 (67%)", "train: step 3/3 (100%)"]
+
+
+# ---------------------------------------------------------------- numbers that mislead (issue 21, item 8)
+def _printed(stats, eps=0.3, positions=4, name="m"):
+    """What print_summary writes for these statistics (a wide console: no table column is cut)."""
+    import io
+
+    from rich.console import Console
+
+    s = summarize(stats, eps, positions, n_boot=200)
+    buf = io.StringIO()
+    result = SimpleNamespace(summary=s, stats=stats, model={"name": name}, config=SimpleNamespace(input="natural"))
+    report.print_summary(result, Console(file=buf, width=250, soft_wrap=True, highlight=False))
+    return s, buf.getvalue()
+
+
+def test_no_sink_is_said_not_printed_as_layer_0_at_0_percent():
+    """Every mass below eps: the summary says there is no sink; no layer is "strongest" at 0% and no
+    "top sink" at 0.0% (the old lines: "layer 0 (0%), layer 1 (0%)" and "top sink ... 0.0%")."""
+    mass = torch.full((3, 2, 2, 6), 0.1, dtype=torch.float64)
+    s, out = _printed(_stats(mass))
+    assert s["has_sink"] is False and s["top_sink_rate"] == 0.0
+    layers = next(ln for ln in out.splitlines() if ln.startswith("strongest sink layers"))
+    top = next(ln for ln in out.splitlines() if ln.startswith("top sink position"))
+    assert "none, no layer has a sink at token 1" in layers and "(0%)" not in layers
+    assert top.startswith("top sink position: none, this model has no sink at eps = 0.3") and "0.0%" not in top
+    # a sink in one layer only: that layer is listed, the 0% layer is not
+    mass[:, 1, :, 0] = 0.9
+    s, out = _printed(_stats(mass))
+    layers = next(ln for ln in out.splitlines() if ln.startswith("strongest sink layers"))
+    assert s["has_sink"] and layers.endswith(": layer 1 (100%)")
+    assert "top sink position: token 1 (sink rate 50.0%" in out
+
+
+def test_one_sample_has_no_interval():
+    """N = 1: the bootstrap has nothing to resample; the CI is None (null in results.json), the table says
+    "none (N = 1)" and a note says why, instead of [87.4, 87.4]."""
+    mass = torch.zeros(1, 2, 2, 6, dtype=torch.float64)
+    mass[0, 0, :, 0] = 0.9
+    s, out = _printed(_stats(mass))
+    assert s["sink_rate_ci"] == [[None, None]] * 4 and s["sink_rate"][0] == 50.0
+    assert "none (N = 1)" in out and "[50.0, 50.0]" not in out
+    assert "note: N = 1: one sample has no confidence interval" in out
+    # two samples: an interval again
+    s2, out2 = _printed(_stats(torch.cat([mass, mass])))
+    assert s2["sink_rate_ci"][0] == [50.0, 50.0] and "none (N = 1)" not in out2 and "N = 1" not in out2
+
+
+def test_one_sample_sink_rate_csv_and_plot(tmp_path, monkeypatch):
+    """write_outputs with N = 1: sink_rate.csv has empty CI cells, the plot draws no error bars."""
+    import pandas as pd
+
+    from sinklab.measure.report import plot_all
+
+    mass = torch.zeros(1, 2, 2, 6, dtype=torch.float64)
+    mass[0, 0, :, 0] = 0.9
+    stats = _stats(mass)
+    stats.hidden_norms = torch.rand(1, 2, 6) + 1
+    s = summarize(stats, 0.3, 4, n_boot=50)
+    s["massive_activation_ratio"] = [1.0, 1.0]
+    result = SimpleNamespace(summary=s, stats=stats, model={"name": "m"}, config=SimpleNamespace(input="natural"),
+                             to_dict=lambda: s, table=lambda: pd.DataFrame({"a": [1]}))
+    report.write_outputs(result, tmp_path)
+    csv = pd.read_csv(tmp_path / "sink_rate.csv")
+    assert csv["ci_low"].isna().all() and csv["ci_high"].isna().all()
+    assert (tmp_path / "sink_rate_positions.png").stat().st_size > 0
+
+
+def test_windowed_model_prints_the_mask_aware_rate_first():
+    """A Gemma-3-style model (sliding layers of window 4, T = 12): both sink rates are printed, mask-aware
+    first, each the number in the summary (results.json); a plain causal model prints one."""
+    from test_capture_blockwise import tiny_gemma3
+
+    from sinklab.capture import collect
+
+    ids = torch.randint(0, 80, (4, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        stats = collect(tiny_gemma3(window=4), ids, collector="eager")
+    s, out = _printed(stats, eps=0.05)
+    assert s["mask_aware_differs"] and s["mask"]["window"] == 4
+    assert s["sink_rate_visible"] != s["sink_rate"]  # the two differ here
+    header = next(ln for ln in out.splitlines() if "token k" in ln)
+    assert header.index("mask-aware Sink_k (%)") < header.index("plain Sink_k (%)")
+    row1 = next(ln for ln in out.splitlines() if ln.replace("│", " ").split()[:1] == ["1"])
+    cells = [c.strip() for c in row1.split("│") if c.strip()]
+    assert cells[1] == f"{s['sink_rate_visible'][0]:.1f}" and cells[3] == f"{s['sink_rate'][0]:.1f}"
+    line = next(ln for ln in out.splitlines() if ln.startswith("mask-aware Sink_1"))
+    assert line.startswith(f"mask-aware Sink_1 {s['sink_rate_visible'][0]:.1f}%, plain Sink_1 {s['sink_rate'][0]:.1f}%")
+    assert "sliding window of 4 tokens" in line
+    # plain causal attention: one rate, no mask-aware column
+    plain = _stats(torch.rand(2, 1, 2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))
+    s, out = _printed(plain)
+    assert not s["mask_aware_differs"] and "mask-aware" not in out and "Sink_k (%)" in out

@@ -179,6 +179,33 @@ def test_generate_with_sink_cache():
     assert torch.equal(seq, small)
 
 
+def test_generate_after_eviction_equals_forward_over_kept_tokens():
+    """generate() with a small SinkCache (2 sinks + 4 recent, absolute positions from generate, a prefill that
+    fills the cache, then 16 decode steps, 14 of them after an eviction): every step's logits equal a
+    from-scratch forward (no cache at all) over exactly the kept tokens followed by the fed token, at
+    positions 0..K. One layer, float64 (compared in float32, as generate returns logits): a kept token's key and value depend only on the token and its
+    position. The test above compares generate with a loop through the same cache only; this one would
+    fail for a cache that evicts the wrong tokens or does not re-rotate the kept keys."""
+    m = llama(layers=1)
+    n_sink, window, P, new = 2, 4, 6, 16
+    prompt = torch.randint(4, 80, (1, P), generator=torch.Generator().manual_seed(10))
+    cache = SinkCache(m, n_sink=n_sink, window=window)
+    with torch.no_grad():
+        out = m.generate(prompt, cache=cache, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                         output_logits=True, return_dict_in_generate=True)
+    seq, logits = out.sequences, out.logits  # (1, P + new); new x (1, V), which generate returns in float32
+    assert len(logits) == new
+    with torch.no_grad():
+        assert torch.allclose(logits[0], m(prompt).logits[:, -1].float(), atol=1e-6)  # the prompt fits: all of it
+        for step in range(1, new):
+            t = P - 1 + step  # the token fed at this step; the cache has seen t tokens
+            kept = kept_positions(t, n_sink, window)
+            assert len(kept) == n_sink + window
+            ref = m(seq[:, kept + [t]]).logits[:, -1].float()
+            assert torch.allclose(logits[step], ref, atol=1e-6), step
+            assert int(logits[step].argmax()) == int(seq[0, t + 1])
+
+
 def test_partial_rotary_model():
     """GPT-NeoX rotates only the first quarter of each head's dimensions."""
     m = tiny_neox()

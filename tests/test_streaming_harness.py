@@ -144,6 +144,27 @@ def test_cli_stream_writes_results_and_resumes(tiny_model_dir, text_corpus_dir, 
     assert [c["latency_ms_per_token"] for c in again["configs"]] == [c["latency_ms_per_token"] for c in data["configs"]]
 
 
+def test_cli_stream_table_says_how_many_positions_the_last_chunk_rests_on(tiny_model_dir, text_corpus_dir, tmp_path,
+                                                                         capsys):
+    """issue 21, item 8: recompute's "last chunk" perplexity rests on the few positions it scores there; the
+    table prints that count. 40 tokens, chunks of 8: the caches score positions 0..38 (7 in the last chunk,
+    32..38); recompute every 5th (0, 5, ..., 35: 0 5 | 10 15 | 20 | 25 30 | 35)."""
+    out = tmp_path / "st"
+    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+            "--window", "8", "--sinks", "0", "--out", str(out), "--recompute-every", "5", "--no-full"]
+    code, stdout, err = run_cli_captured(argv, capsys)
+    assert code == 0, err
+    data = {c["name"]: c for c in json.loads((out / "stream.json").read_text())["configs"]}
+    want = {"window": [8, 8, 8, 8, 7], "recompute": [2, 2, 1, 2, 1]}
+    for name, counts in want.items():
+        assert data[name]["count_by_chunk"] == counts
+        row = next(ln for ln in stdout.splitlines() if ln.startswith(name + " "))
+        assert f"{data[name]['ppl_by_chunk'][-1]:.2f} ({counts[-1]})" in row
+    assert "last chunk (n)" in stdout
+    by_chunk = pd.read_csv(out / "stream_by_chunk.csv")
+    assert by_chunk[by_chunk.config == "recompute"]["positions"].tolist() == want["recompute"]
+
+
 @pytest.mark.parametrize("extra,msg", [
     (["--window", "0"], "--window must be >= 1"),
     (["--window", "8", "--sinks", "-1"], "--sinks must be >= 0"),

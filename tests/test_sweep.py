@@ -392,3 +392,30 @@ def test_code_mixed_follows_fingerprints_not_commits():
     rows = add_verdicts([row("ref", "aaaa", "c1", "reference"), row("new op", "bbbb", "c2"),
                          row("two codes", "cccc;dddd", "c1"), row("old", None, "c3"), row("old2", None, "c1")], 10.0)
     assert [r["code_mixed"] for r in rows] == [False, False, True, True, False]
+
+
+@pytest.mark.parametrize("given, written", [("plots/", "plots/REPORT.md"), ("existing", "existing/REPORT.md"),
+                                            ("noext", "noext.md"), ("r.md", "r.md"), (None, "res/REPORT.md")])
+def test_report_out_follows_the_dynamics_rule(tmp_path, capsys, monkeypatch, given, written):
+    """issue 21, item 9: one rule for every option that names one output file (sinklab.fileio.output_file):
+    a folder (existing, or ending with /) gets the default name inside it, a name without suffix gets the
+    default's suffix; `report` used to refuse a folder, `dynamics` to write it elsewhere than it printed."""
+    from sinklab.cli.main import app
+    from sinklab.sweep import report
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "res").mkdir()
+    seen = []
+    def build(root, out):  # the real one writes the report the same way, after the sweeps' summaries
+        seen.append(Path(out))
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text("r")
+
+    monkeypatch.setattr(report, "build_report", build)
+    monkeypatch.setattr(report, "stale_rows", lambda root: [])
+    with pytest.raises(SystemExit) as e:
+        app(["report", "res", *(["--out", given] if given else [])])
+    out = capsys.readouterr().out.splitlines()
+    assert e.value.code in (0, None)
+    assert seen == [Path(written)] and out[0] == f"report: {written}" and (tmp_path / written).is_file()

@@ -95,6 +95,25 @@ def test_list_presets():
     assert {"tiny-cpu", "paper-60m", "paper-1b"} <= set(names)
 
 
+def test_preset_descriptions_are_whole():
+    """issue 21, item 9: emergence-cpu's three-line comment was listed up to its first line's end ("... lr 1e-2:
+    the"). The description is the whole leading comment block, read here line by line from the file."""
+    from sinklab.cli.main import LISTERS
+    from sinklab.train.config import presets
+
+    _load_commands()
+    listed = dict(LISTERS.get("presets")())
+    for name, path in presets().items():
+        block = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            block.append(line[1:].strip())
+        assert listed[name] == " ".join(block), name
+    assert listed["emergence-cpu"].endswith("the search is in results/regime_search/). About 1-2 minutes per run on one core.")
+    assert "\n" not in "".join(listed.values())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Issue 21, items 6 and 7: plain progress lines without a terminal, Ctrl-C says how to continue, --threads
 

@@ -67,6 +67,37 @@ def test_gemma_requires_license_acceptance():
     assert not isinstance(ei.value, (FetchError, UnknownNameError))
 
 
+def test_gemma_license_acceptance_is_remembered(monkeypatch, capsys):
+    """issue 21, item 9: after `fetch gemma3-270m --accept-license` a later fetch / measure without the flag
+    used to be refused again. The acceptance is recorded in the cache and read back; no download happens here
+    (the cached folder is faked, and a download would fail the test)."""
+    from sinklab.cli.main import app
+    from sinklab.paths import cache_dir
+
+    monkeypatch.setattr(models, "_download_parts", lambda r: pytest.fail("nothing should be downloaded"))
+    dest = cache_dir("models") / "gemma3-270m"
+    dest.mkdir(parents=True)
+    (dest / models.SOURCE_FILE).write_text(json.dumps({"sha256": "x", "license": "Gemma Terms of Use"}))
+    with pytest.raises(SinklabError, match="--accept-license"):
+        fetch_model("gemma3-270m")
+    with pytest.raises(SystemExit) as e:
+        app(["fetch", "gemma3-270m", "--accept-license"])
+    assert e.value.code in (0, None) and f"model gemma3-270m: {dest}" in capsys.readouterr().out
+    assert fetch_model("gemma3-270m") == dest  # remembered: no flag needed any more
+    rec = json.loads((cache_dir("licences") / "gemma3-270m.json").read_text())
+    assert rec["model"] == "gemma3-270m" and rec["license"] == "Gemma Terms of Use"
+    # a licence that changed name must be accepted again; a damaged record counts as not accepted
+    import dataclasses
+
+    v2 = dataclasses.replace(MODELS.get("gemma3-270m"), license="Gemma Terms of Use v2")
+    monkeypatch.setattr(MODELS, "get", lambda name, get=MODELS.get: v2 if name == "gemma3-270m" else get(name))
+    with pytest.raises(SinklabError, match="--accept-license"):
+        fetch_model("gemma3-270m")
+    models.license_record("gemma3-270m").write_text("{garbage")
+    with pytest.raises(SinklabError, match="--accept-license"):
+        fetch_model("gemma3-270m")
+
+
 def test_load_local_hf_folder_matches_original(tiny_model_dir, tokenizer):
     lm = load_model(str(tiny_model_dir))
     ref = tiny_llama(vocab_size=len(tokenizer))  # same seed -> same weights as the saved model

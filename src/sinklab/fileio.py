@@ -1,5 +1,7 @@
 """The files sinklab writes and reads.
 
+* :func:`output_file`: the file an option that names one output file writes (a folder given: the
+  default name inside it).
 * :func:`check_writable`: an output location (a folder to create or fill, a file to write) can be
   written. Every command checks its outputs with it before any model or data work, so a bad
   ``--out`` or ``SINKLAB_HOME`` costs nothing and says why in one line.
@@ -87,6 +89,24 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> Path:
     os.chmod(tmp, dir_mode() if Path(tmp).is_dir() else file_mode())
     os.replace(tmp, dest)
     return Path(dest)
+
+
+def output_file(out: str | os.PathLike, default_name: str) -> Path:
+    """The file an output asked for at ``out`` is written to (the rule of every option that names one
+    file: ``sinklab dynamics --out``, ``sinklab report --out``): ``out/default_name`` when ``out`` is an
+    existing folder or ends with a path separator (``plots/``: a folder, created if need be), ``out``
+    plus ``default_name``'s suffix when ``out`` has none (``fig`` -> ``fig.png``, as matplotlib would
+    write it), else ``out`` itself. The command prints the path this returns.
+
+    Args:
+        out: the option's value, as typed (a ``str`` keeps its trailing separator; ``Path`` drops it).
+        default_name: e.g. ``"dynamics.png"``, ``"REPORT.md"``.
+    """
+    text = os.fspath(out)
+    p = Path(text).expanduser()
+    if p.is_dir() or text.endswith(("/", os.sep)):
+        return p / default_name
+    return p if p.suffix else p.with_name(p.name + Path(default_name).suffix)
 
 
 def check_writable(path: str | os.PathLike, what: str, *, folder: bool = True) -> None:

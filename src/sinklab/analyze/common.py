@@ -242,6 +242,27 @@ def position_norm_ratio(norms: Tensor, position: int) -> float:
     return float((norms[..., position].double() / others.clamp_min(1e-30)).mean())
 
 
+def sign_test_p(k: int, n: int) -> float:
+    """Two-sided exact sign test: the probability, under a fair coin, of a split of ``n`` paired
+    differences at least as uneven as ``k`` positive of ``n`` (``min(1, 2 P(X <= min(k, n - k)))``,
+    X ~ Binomial(n, 1/2)). ``n = 0`` gives 1. With all ``n`` one way it is ``2 / 2**n``: below 0.05 only
+    from n = 6 on.
+
+    Raises:
+        InputError: ``k`` outside [0, n].
+    """
+    if not 0 <= k <= n:
+        raise InputError(f"sign test: {k} of {n} is not a count")
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+#: fewest unanimous pairs whose two-sided sign test reaches p < 0.05 (2 / 2**6 = 0.031)
+MIN_SIGN_TEST_PAIRS = 6
+
+
 def check_layers(layers: list[int] | None, num_layers: int) -> list[int]:
     """The 0-based layers to act on (None = all). Raises InputError for an index out of range."""
     if layers is None:

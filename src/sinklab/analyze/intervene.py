@@ -211,7 +211,10 @@ def intervene(
         (Sink^eps at 0-based position 0 of the sequence fed), ``sink_rate_sink`` (at the sink position p),
         ``top_sink_position_after`` / ``top_sink_rate_after`` (the position with the highest sink rate
         after the change, among those seen by >= 10% of the queries, and its rate: where the sink went;
-        for ``drop-first`` positions are those of the shortened sequence), loss, perplexity, loss_change.
+        for ``drop-first`` positions are those of the shortened sequence), loss, perplexity, loss_change;
+        table ``mass``: one row per (variant, key position) with the mean attention mass (over samples,
+        layers and heads) and the sink rate there (``drop-first``'s positions shifted by one, to the
+        full window's); plot ``intervene`` draws both (where the sink and the mass went).
         ``summary["warnings"]`` lists edits that cannot mean what they seem (massive dims that are not
         massive, an edit the readout cannot see).
 
@@ -269,6 +272,8 @@ def intervene(
                         + ("there" if position is not None else "anywhere; the top position is only the least flat key")
                         + ", so remove-sink removes ordinary attention")
 
+    mass_rows = []
+
     def record(name: str, res, *, targets_from: int = 1, note: str = "") -> None:
         r = sink_rate(res.stats.mass, eps)
         top = int(r[: rankable_positions(len(r), res.stats.causal)].argmax())
@@ -277,6 +282,11 @@ def intervene(
         if lm and res.nll is not None:
             row.update(_readout(res, targets_from, weights))
         rows.append(row)
+        shift = 1 if name == "drop-first" else 0  # the shortened sequence's position j is the window's j + 1
+        mean_mass = res.stats.mass.mean(dim=(0, 1, 2))  # (T,) mean over samples, layers, heads
+        for j in range(len(r)):
+            mass_rows.append({"intervention": name, "position": j + shift, "attention_mass": float(mean_mass[j]),
+                              "sink_rate": float(r[j])})
 
     record("baseline", base)
     if "noop" in want:
@@ -349,6 +359,7 @@ def intervene(
                    + f"; Sink at 0: {float(r[0]):.2f}%, at {swap_to}: {float(r[swap_to]):.2f}%")
             rows[-1]["sink_rate_swap_to"] = float(r[swap_to])
     table = pd.DataFrame(rows)
+    mass_table = pd.DataFrame(mass_rows)
     if learned:
         table.loc[table["intervention"] == "baseline", "sink_rate_swap_to"] = float(sink_rate(base.stats.mass, eps)[swap_to])
     if lm:
@@ -366,24 +377,45 @@ def intervene(
         summary["position_swap"] = "not applicable: " + _why_no_table(m)
 
     def plot(path):
+        """Loss per variant (LM only); the sink rate at position 0, at the sink / swap position and at the
+        top position after the change (labelled with that position: where the sink went); the mean
+        attention mass on each of the first key positions, one line per variant (where the mass went)."""
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2 if lm else 1, figsize=(11 if lm else 6, 4), squeeze=False)
-        x = range(len(table))
+        n = 3 if lm else 2
+        fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
+        x = list(range(len(table)))
         if lm:
             axes[0, 0].bar(x, table["loss"], color="C0")
-            axes[0, 0].set_xticks(list(x), table["intervention"], rotation=40, ha="right")
+            axes[0, 0].set_xticks(x, table["intervention"], rotation=40, ha="right")
             axes[0, 0].set_ylabel("loss (nats)")
             axes[0, 0].set_ylim(min(table["loss"]) * 0.9, max(table["loss"]) * 1.05)
-        ax = axes[0, -1]
+        ax = axes[0, n - 2]
         other = ("sink_rate_sink", pos) if pos != 0 else ("sink_rate_swap_to", swap_to) if learned else None
-        width = 0.4 if other else 0.8
-        ax.bar([i - (0.2 if other else 0) for i in x], table["sink_rate_pos0"], width, label="Sink at position 0")
-        if other:
-            ax.bar([i + 0.2 for i in x], table[other[0]].fillna(0), width, label=f"Sink at position {other[1]}")
-        ax.set_xticks(list(x), table["intervention"], rotation=40, ha="right")
+        bars = [("sink_rate_pos0", "Sink at position 0")] + ([(other[0], f"Sink at position {other[1]}")] if other else [])
+        bars.append(("top_sink_rate_after", "Sink at the top position after the change (labelled)"))
+        width = 0.8 / len(bars)
+        for b, (col, label) in enumerate(bars):
+            xs = [i + (b - (len(bars) - 1) / 2) * width for i in x]
+            drawn = ax.bar(xs, table[col].fillna(0), width, label=label)
+            if col == "top_sink_rate_after":
+                ax.bar_label(drawn, labels=[f"p{int(t) + (v == 'drop-first')}" for t, v in
+                                            zip(table["top_sink_position_after"], table["intervention"])], fontsize=7)
+        ax.set_xticks(x, table["intervention"], rotation=40, ha="right")
         ax.set_ylabel("sink rate (%)")
-        ax.legend()
+        ax.set_ylim(0, 110)
+        ax.set_title("pK = 0-based top sink position after the change (in the full window)", fontsize=8)
+        ax.legend(fontsize=7)
+        ax = axes[0, n - 1]
+        shown = min(T, 16)
+        for name, g in mass_table.groupby("intervention", sort=False):
+            g = g[g["position"] < shown]
+            ax.plot(g["position"], g["attention_mass"], marker="o", ms=3,
+                    label=name + (" (positions of the full window)" if name == "drop-first" else ""))
+        ax.set_xlabel("key position (0-based)")
+        ax.set_ylabel("mean attention mass (samples, layers, heads)")
+        ax.set_title(f"where the attention mass goes (first {shown} positions)", fontsize=9)
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
@@ -392,7 +424,7 @@ def intervene(
                 "seed": seed, "eps": eps, "position": position, "layers": layers, "dims": dims,
                 "massive_layer": massive_layer, "token": token, "swap_to": swap_to, "only": only,
                 "allow_non_sink": True if allow_non_sink else None}
-    return AnalysisResult("intervene", summary, {"interventions": table}, {"intervene": plot}, settings,
+    return AnalysisResult("intervene", summary, {"interventions": table, "mass": mass_table}, {"intervene": plot}, settings,
                           subj.model_info, subj.corpus_info, command_line("intervene", settings, subj))
 
 

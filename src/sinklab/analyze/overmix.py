@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sinklab.analyze.common import AnalysisResult, Subject, command_line, resolve_subject, run_model, sink_position
+from sinklab.analyze.common import (MIN_SIGN_TEST_PAIRS, AnalysisResult, Subject, command_line, resolve_subject, run_model,
+                                    sign_test_p, sink_position)
 from sinklab.analyze.intervene import remove_key
 from sinklab.capture.native import is_native
 from sinklab.errors import InputError
@@ -26,6 +27,22 @@ def sensitivity(base: Tensor, perturbed: Tensor, source: int) -> Tensor:
     """
     b, p = base[:, :, source:].double(), perturbed[:, :, source:].double()
     return ((p - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)).mean(dim=0)
+
+
+def pair_verdict(higher: int, pairs: int, alpha: float = 0.05) -> str:
+    """The last layer's verdict from ``higher`` of ``pairs`` (source, direction) pairs in which removing the
+    sink raised the sensitivity: the count always, the two-sided sign test's p
+    (:func:`~sinklab.analyze.common.sign_test_p`), and, below :data:`~sinklab.analyze.common.MIN_SIGN_TEST_PAIRS`
+    pairs, that they are too few for any split to be significant (two unanimous pairs have p = 0.5)."""
+    p = sign_test_p(higher, pairs)
+    way = "increases" if 2 * higher >= pairs else "decreases"
+    count = higher if way == "increases" else pairs - higher
+    said = (f"removing the sink {way} sensitivity in {'all ' if count == pairs else ''}{count} of {pairs} "
+            f"(source, direction) pairs (two-sided sign test p = {p:.3g})")
+    if pairs < MIN_SIGN_TEST_PAIRS:
+        return (f"too few pairs to conclude: {said}; fewer than {MIN_SIGN_TEST_PAIRS} pairs cannot reach p < {alpha:g} "
+                f"even when all agree (add --sources or --directions)")
+    return said if p < alpha else f"inconclusive: {said}"
 
 
 def overmix(
@@ -139,11 +156,8 @@ def overmix(
         "last_layer_relative_change_over_pairs": {
             "mean": float(lastrow["change_mean"]), "std": float(lastrow["change_std"]),
             "min": float(lastrow["change_min"]), "max": float(lastrow["change_max"]),
-            "pairs_removed_higher": higher, "pairs": npairs},
-        "last_layer_verdict": ("removing the sink increases sensitivity in every (source, direction) pair" if higher == npairs
-                               else "removing the sink decreases sensitivity in every (source, direction) pair" if higher == 0
-                               else f"inconclusive: removing the sink increases sensitivity in {higher} of {npairs} "
-                                    f"(source, direction) pairs"),
+            "pairs_removed_higher": higher, "pairs": npairs, "sign_test_p": sign_test_p(higher, npairs)},
+        "last_layer_verdict": pair_verdict(higher, npairs),
         "relative_change_by_layer": [float(x) for x in per_layer["change_mean"]],
         "last_layer_curve_by_distance": {c: [float(x) for x in v[last, : len(far) + 1]] for c, v in curves.items()},
     }

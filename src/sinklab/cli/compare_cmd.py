@@ -20,17 +20,22 @@ def compare_cmd(
     import shlex
     import sys
 
-    from sinklab.measure.compare import write_comparison
+    from sinklab.measure.compare import comparison_warnings, write_comparison
 
     models = write_comparison(folders, out, command=" ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]]))
     width = max(len(m) for m in models["model"])
     has_cloze = models["cloze_accuracy"].notna().any()
-    typer.echo(f"{'model':{width}s}  Sink_1 (%)  layers  " + ("cloze (%) [95% CI]    loss  " if has_cloze else "") + "probe")
+    typer.echo(f"{'model':{width}s}  Sink_1 (%)  {'95% CI':>14s}  layers  "
+               + ("cloze (%) [95% CI]    loss  " if has_cloze else "") + "probe")
     for r in models.itertuples():
+        ci = "none (N = 1)" if r.ci_low is None or r.ci_low != r.ci_low else f"[{r.ci_low:.1f}, {r.ci_high:.1f}]"
         extra = ""
         if has_cloze:
             extra = (f"{r.cloze_accuracy:5.1f} [{r.cloze_ci_lo:4.1f}, {r.cloze_ci_hi:4.1f}] n={r.cloze_items:<4.0f}"
                      if r.cloze_accuracy == r.cloze_accuracy else f"{'-':22s}")
             extra += f" {r.heldout_loss:5.3f}  " if r.heldout_loss == r.heldout_loss else "    -  "
-        typer.echo(f"{r.model:{width}s}  {r.sink_rate_1:10.2f}  {r.n_layers:6d}  {extra}{r.input} N={r.num_samples} T={r.seq_len}")
+        typer.echo(f"{r.model:{width}s}  {r.sink_rate_1:10.2f}  {ci:>14s}  {r.n_layers:6d}  {extra}{r.probe} "
+                   f"N={r.num_samples} T={r.seq_len}")
+    for w in comparison_warnings(models):
+        typer.echo(f"warning: {w}")
     typer.echo(f"wrote {out}/compare.csv, compare_layers.csv and compare.png")

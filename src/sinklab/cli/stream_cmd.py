@@ -39,12 +39,20 @@ def stream_cmd(
     res = stream(model, corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,
                  recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute, threads=threads)
     typer.echo(f"{res['title']}")
-    typer.echo(f"{'config':<11} {'n_sink':>6} {'ppl':>9} {'ppl@recomp':>10} {'last chunk':>10} {'ms/token':>9} "
+    typer.echo(f"{'config':<11} {'n_sink':>6} {'ppl':>9} {'ppl@recomp':>10} {'last chunk (n)':>16} {'ms/token':>9} "
                f"{'cache MiB':>9}")
     for c in res["configs"]:
-        last = next((p for p in reversed(c["ppl_by_chunk"]) if p is not None), float("nan"))
+        last_chunk = next((i for i in reversed(range(len(c["ppl_by_chunk"]))) if c["ppl_by_chunk"][i] is not None), None)
+        counts = c.get("count_by_chunk") or []
+        if last_chunk is None:
+            last = "-"
+        else:  # the perplexity of the last chunk with a scored position, and how many positions it rests on
+            n = f"{counts[last_chunk]}" if counts else "?"
+            last = f"{c['ppl_by_chunk'][last_chunk]:.2f} ({n})"
         ns = "-" if c["n_sink"] is None else str(c["n_sink"])
         matched = "-" if c["ppl_matched"] is None else f"{c['ppl_matched']:.2f}"
-        typer.echo(f"{c['name']:<11} {ns:>6} {c['ppl']:>9.2f} {matched:>10} {last:>10.2f} "
+        typer.echo(f"{c['name']:<11} {ns:>6} {c['ppl']:>9.2f} {matched:>10} {last:>16} "
                    f"{c['latency_ms_per_token']:>9.1f} {c['cache_bytes'] / 2**20:>9.2f}")
+    typer.echo("last chunk (n): perplexity of the last chunk, over the n positions scored in it (recompute scores "
+               "every k-th position only)")
     typer.echo(f"wrote {out}/stream.json, stream.csv, stream_by_chunk.csv, stream_ppl.png")

@@ -65,14 +65,17 @@ def sweep_cmd(
 @cli.command("report")
 def report_cmd(
     root: Path = typer.Argument(Path("results"), help="folder holding the sweep folders"),
-    out: Optional[Path] = typer.Option(None, "--out", help="the Markdown report (default ROOT/REPORT.md)"),
+    out: Optional[str] = typer.Option(None, "--out", help="the Markdown report (default ROOT/REPORT.md; a folder: "
+                                      "FOLDER/REPORT.md)"),
     check: bool = typer.Option(False, "--check", help="exit 1 when any reported row was trained by code whose "
                                "training-code fingerprint differs from the current code's"),
 ) -> None:
     """Gather finished sweeps into one Markdown report: tables, plots, paper values and verdicts. Every row's
     training-code fingerprint is compared with the current code's (one short canonical training per row and
     code version, cached); rows that differ are marked stale."""
-    out = out or root / "REPORT.md"
+    from sinklab.fileio import output_file
+
+    out = output_file(out, "REPORT.md") if out is not None else root / "REPORT.md"
     check_outputs(files=[("--out", out)])  # the fingerprint cache is in SINKLAB_HOME
     from sinklab.sweep.report import build_report, stale_rows
 

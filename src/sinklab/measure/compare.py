@@ -7,8 +7,9 @@ sink rate per layer at token 1 against the layer's relative depth ``l / (L - 1)`
 the comparison of model families and sizes in Gu et al. 2025 (Sec. 3 and Fig. 2).
 
 Outputs (:func:`write_comparison`): ``compare.csv`` (one row per model), ``compare_layers.csv``
-(one row per model and layer), ``compare.png`` (Sink_1 bars; per-layer curves over depth) and
-``compare.json`` (the folders, the command, versions).
+(one row per model and layer), ``compare.png`` (Sink_1 bars with their 95% intervals; per-layer
+curves over depth) and ``compare.json`` (the folders, the command, versions, and the warnings of
+:func:`comparison_warnings`: sample sizes, lengths or probe kinds that differ).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sinklab.errors import InputError
-from sinklab.fileio import read_json
+from sinklab.fileio import atomic_write_text, read_json
 
 
 def _load(folder: str | Path) -> dict[str, Any]:
@@ -33,8 +34,10 @@ def _load(folder: str | Path) -> dict[str, Any]:
 def comparison_tables(folders: Sequence[str | Path]):
     """(models, layers): two pandas DataFrames built from the folders' ``results.json``.
 
-    ``models`` columns: ``model``, ``folder``, ``sink_rate_1`` (percent), ``attention_mass_first``,
-    ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``, and from ``measure --cloze``
+    ``models`` columns: ``model``, ``folder``, ``sink_rate_1`` (percent), ``ci_low`` / ``ci_high`` (its
+    95% bootstrap interval from ``sink_rate_ci``; empty for N = 1 or a file without one),
+    ``attention_mass_first``, ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``, ``probe``
+    (the probe kind measured: natural, run, random, repeated, text), and from ``measure --cloze``
     (empty otherwise): ``cloze_accuracy`` (percent, length-normalised), ``cloze_ci_lo`` /
     ``cloze_ci_hi`` (Wilson 95%), ``cloze_items``, ``cloze_source``, ``heldout_loss`` (nats/token on
     the probe windows).
@@ -62,10 +65,13 @@ def comparison_tables(folders: Sequence[str | Path]):
     for name, (r, f) in zip(names, results):
         per_layer = [row[0] for row in r["sink_rate_per_layer"]]  # (L,) token 1
         L = len(per_layer)
+        ci = (r.get("sink_rate_ci") or [[None, None]])[0]
         models.append({"model": name, "folder": f, "sink_rate_1": r["sink_rate"][0],
+                       "ci_low": ci[0], "ci_high": ci[1],
                        "attention_mass_first": r.get("attention_mass_first"), "n_layers": L,
                        "num_samples": r["probe"]["num_samples"], "seq_len": r["probe"]["seq_len"],
-                       "eps": r["eps"], "input": r.get("input"), **_downstream_columns(r.get("downstream"))})
+                       "eps": r["eps"], "input": r.get("input"), "probe": r["probe"].get("kind", r.get("input")),
+                       **_downstream_columns(r.get("downstream"))})
         for l, v in enumerate(per_layer):
             layers.append({"model": name, "layer": l, "depth": l / (L - 1) if L > 1 else 0.0, "sink_rate_1": v})
     return pd.DataFrame(models), pd.DataFrame(layers)
@@ -79,14 +85,35 @@ def _downstream_columns(d: dict[str, Any] | None) -> dict[str, Any]:
             "heldout_loss": (d or {}).get("heldout_loss")}
 
 
+def comparison_warnings(models) -> list[str]:
+    """Why the bars of :func:`comparison_tables`' ``models`` may not be comparable: different sample sizes
+    N (their intervals differ in width), sequence lengths T (the mass on token 1 is a mean over T - 1
+    queries) or probe kinds (natural text, repeated tokens, ... give different sink rates), and models
+    with no interval (N = 1). Each a one-line message naming the values per model; [] when none applies."""
+    out = []
+
+    def per_model(col: str) -> str:
+        return ", ".join(f"{m} {v}" for m, v in zip(models["model"], models[col]))
+
+    for col, what in (("num_samples", "sample sizes N"), ("seq_len", "sequence lengths T"), ("probe", "probe kinds")):
+        if models[col].nunique() > 1:
+            out.append(f"different {what} ({per_model(col)}): the bars are not measured alike")
+    none = [m for m, lo in zip(models["model"], models["ci_low"]) if lo is None or lo != lo]
+    if none:
+        out.append(f"no confidence interval for {', '.join(none)} (N = 1, or none in the file)")
+    return out
+
+
 def plot_comparison(models, layers, path: Path) -> Path:
-    """Two panels: Sink_1 per model (bars), sink rate at token 1 per layer over relative depth (lines);
-    a third, cloze accuracy against Sink_1 (Gu et al. 2025 Fig. 10's HellaSwag view, with 95%
-    intervals), when two or more models were measured with ``--cloze``."""
+    """Two panels: Sink_1 per model (bars, with the 95% interval where there is one; each bar labelled
+    with its N, T and probe kind, and the title says when they differ), sink rate at token 1 per layer
+    over relative depth (lines); a third, cloze accuracy against Sink_1 (Gu et al. 2025 Fig. 10's
+    HellaSwag view, with 95% intervals), when two or more models were measured with ``--cloze``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     cloze = models.dropna(subset=["cloze_accuracy"]) if "cloze_accuracy" in models else models.iloc[0:0]
     if len(cloze) >= 2:
@@ -100,10 +127,20 @@ def plot_comparison(models, layers, path: Path) -> Path:
         c.set_title(f"cloze ({int(cloze['cloze_items'].min())}-{int(cloze['cloze_items'].max())} items) vs sink")
     else:
         fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.bar(range(len(models)), models["sink_rate_1"])
-    a.set_xticks(range(len(models)), models["model"], rotation=30, ha="right")
-    a.set_ylabel("Sink_1 (%)")
-    a.set_title(f"sink rate at token 1 (eps = {models['eps'].iloc[0]})")
+    xs = np.arange(len(models))
+    rate = models["sink_rate_1"].to_numpy(dtype=float)
+    lo, hi = models["ci_low"].to_numpy(dtype=float), models["ci_high"].to_numpy(dtype=float)  # None -> nan
+    a.bar(xs, rate)
+    has = ~np.isnan(lo)
+    if has.any():
+        a.errorbar(xs[has], rate[has], yerr=[rate[has] - lo[has], hi[has] - rate[has]], fmt="none", ecolor="k", capsize=3)
+    a.set_xticks(xs, [f"{m}\nN={n} T={t} {k}" + ("" if h else " (no CI)") for m, n, t, k, h in
+                      zip(models["model"], models["num_samples"], models["seq_len"], models["probe"], has)],
+                 rotation=30, ha="right", fontsize=8)
+    a.set_ylabel("Sink_1 (%) with 95% CI")
+    unlike = [w.split(" (")[0] for w in comparison_warnings(models) if w.startswith("different")]
+    a.set_title(f"sink rate at token 1 (eps = {models['eps'].iloc[0]})"
+                + (f"\nwarning: {'; '.join(unlike)}" if unlike else ""), fontsize=9, color="C3" if unlike else "k")
     for name, g in layers.groupby("model", sort=False):
         b.plot(g["depth"], g["sink_rate_1"], marker="o", label=name)
     b.set_xlabel("relative layer depth l / (L - 1)")
@@ -139,8 +176,8 @@ def write_comparison(folders: Sequence[str | Path], out: str | Path, command: st
     models.to_csv(out / "compare.csv", index=False)
     layers.to_csv(out / "compare_layers.csv", index=False)
     plot_comparison(models, layers, out / "compare.png")
-    (out / "compare.json").write_text(json.dumps({
-        "folders": [str(f) for f in folders], "command": command,
+    atomic_write_text(out / "compare.json", json.dumps({
+        "folders": [str(f) for f in folders], "command": command, "warnings": comparison_warnings(models),
         "versions": {"sinklab": sinklab.__version__, "torch": torch.__version__, "python": platform.python_version()},
         "code": code_version(),
     }, indent=1))

@@ -79,12 +79,15 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
 
     # 2. Sink rate over positions (first K with CI, plus the full curve).
     rate = np.array(s["sink_rate"])
-    ci = np.array(s["sink_rate_ci"])
+    ci = np.array(s["sink_rate_ci"], dtype=float)  # None (N = 1) -> nan
     curve = np.array(s["sink_rate_curve"])
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     xs = np.arange(1, len(rate) + 1)
     axes[0].bar(xs, rate, color="tab:blue")
-    axes[0].errorbar(xs, rate, yerr=[rate - ci[:, 0], ci[:, 1] - rate], fmt="none", ecolor="k", capsize=3)
+    if _no_interval(s):  # one sample: no interval to draw
+        axes[0].set_title("N = 1: no confidence interval", fontsize=8)
+    else:
+        axes[0].errorbar(xs, rate, yerr=[rate - ci[:, 0], ci[:, 1] - rate], fmt="none", ecolor="k", capsize=3)
     axes[0].set_xlabel("token position k (1-based)")
     axes[0].set_ylabel(f"sink rate Sink_k^{s['eps']} (%)")
     axes[0].set_ylim(0, 100)
@@ -104,7 +107,8 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     # 3. Hidden-state norm by layer: sink token vs the rest.
     fig, ax = plt.subplots(figsize=(6, 3.5))
     layers = np.array(s.get("layer_ids") or range(len(s["hidden_norm_sink"])))
-    ax.plot(layers, s["hidden_norm_sink"], "o-", label=f"token {top + 1} (top sink, 1-based)")
+    sink_label = "top sink" if s.get("has_sink", True) else "no sink: the first token"
+    ax.plot(layers, s["hidden_norm_sink"], "o-", label=f"token {top + 1} ({sink_label}, 1-based)")
     ax.plot(layers, s["hidden_norm_others"], "s-", label="other tokens (mean)")
     ax.set_yscale("log")
     ax.set_xlabel("layer (numbered from 0: 0 = output of the first block)")
@@ -120,33 +124,78 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     return paths
 
 
+def _no_interval(s: dict) -> bool:
+    """True when the summary has no confidence interval (N = 1: one sample has none)."""
+    return s["num_samples"] < 2 or any(b is None for row in s["sink_rate_ci"] for b in row)
+
+
+def _ci_text(ci) -> str:
+    return "none (N = 1)" if ci[0] is None or ci[1] is None else f"[{ci[0]:.1f}, {ci[1]:.1f}]"
+
+
+def mask_aware(s: dict) -> bool:
+    """True when the model's own mask (sliding-window layers shorter than T, a prefix LM) makes the
+    mask-aware sink rate differ from the plain one (``summary["mask_aware_differs"]``; for a summary
+    written before that key, read off its ``mask``)."""
+    if "mask_aware_differs" in s:
+        return bool(s["mask_aware_differs"])
+    m = s.get("mask") or {}
+    return bool(m.get("prefix_len")) or (m.get("window") is not None and m["window"] < s["seq_len"])
+
+
 def summary_lines(result: _Result) -> list[str]:
     """The plain-text lines printed under the table (no wrapping: each is one line, however long).
 
     Token positions are 1-based (token 1 is the first token, the paper's Sink_1); layer numbers are
     0-based (layer 0 is the first transformer block), as in ``results.json`` and ``attention.csv``;
-    the lines say so.
+    the lines say so. A model without a sink (no (sample, layer, head) puts mass > eps on any
+    position) gets a line that says so instead of a "strongest layer" and a "top sink" at 0%;
+    layers at 0% are never listed as strongest. N = 1 gets a note that one sample has no interval;
+    a model whose own mask hides keys (sliding window shorter than T, prefix LM) a line naming both
+    sink rates, mask-aware first.
     """
     s = result.summary
     per_layer = s["sink_rate_per_layer"]
     n_layers = len(per_layer)
     ids = s.get("layer_ids") or list(range(n_layers))
     other = s.get("other_layers") or {}
-    strongest = ", ".join(f"layer {ids[l]} ({per_layer[l][0]:.0f}%)" for l in s["strongest_layers"])
+    eps = s["eps"]
     if other:  # a hybrid model: name the blocks that have no attention
         kinds = sorted(set(other.values()))
         where = (f"attention layers {', '.join(map(str, ids))} of blocks 0 to {n_layers + len(other) - 1}; "
                  f"blocks {', '.join(sorted(other, key=int))} have no attention ({', '.join(kinds)})")
     else:
         where = f"layers numbered 0 to {n_layers - 1}"
-    lines = [
-        f"strongest sink layers for token 1 ({where}): {strongest}",
-        f"top sink position: token {s['top_sink_position'] + 1} (sink rate {s['top_sink_rate']:.1f}%: "
-        f"mass > eps in that share of (sample, layer, head) triples; "
-        f"{100 * s['top_sink_mean_mass_head_share']:.0f}% of (layer, head) pairs have a mean mass over the samples > eps)",
-        f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
-        f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}",
-    ]
+    sinking = [l for l in s["strongest_layers"] if per_layer[l][0] > 0]
+    if sinking:
+        strongest = ", ".join(f"layer {ids[l]} ({per_layer[l][0]:.0f}%)" for l in sinking)
+        layers_line = f"strongest sink layers for token 1 ({where}): {strongest}"
+    else:
+        layers_line = (f"strongest sink layers for token 1 ({where}): none, no layer has a sink at token 1 "
+                       f"(no (sample, head) puts mass > eps = {eps} on it)")
+    if s.get("has_sink", s["top_sink_rate"] > 0):
+        top_line = (f"top sink position: token {s['top_sink_position'] + 1} (sink rate {s['top_sink_rate']:.1f}%: "
+                    f"mass > eps in that share of (sample, layer, head) triples; "
+                    f"{100 * s['top_sink_mean_mass_head_share']:.0f}% of (layer, head) pairs have a mean mass over the "
+                    f"samples > eps)")
+    else:
+        top_line = (f"top sink position: none, this model has no sink at eps = {eps} (no (sample, layer, head) puts "
+                    f"mass > eps on any position)")
+    lines = [layers_line, top_line]
+    if mask_aware(s):
+        m = s.get("mask") or {}
+        how = (f"sliding window of {m['window']} tokens" if m.get("window") is not None else "") + \
+              (" and " if m.get("window") is not None and m.get("prefix_len") else "") + \
+              (f"bidirectional prefix of {m['prefix_len']} tokens" if m.get("prefix_len") else "")
+        lines.append(f"mask-aware Sink_1 {s['sink_rate_visible'][0]:.1f}%, plain Sink_1 {s['sink_rate'][0]:.1f}%: this "
+                     f"model's own mask ({how}, T = {s['seq_len']}) hides keys from some queries; the mask-aware rate "
+                     f"averages each key's mass over the queries that may see it, the plain one (Gu et al. 2025, Eq. 2) "
+                     f"over every later query, counting the hidden ones as 0")
+    lines.append(f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
+                 f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}")
+    if _no_interval(s):
+        lines.append("note: N = 1: one sample has no confidence interval (the bootstrap resamples samples); "
+                     "measure more with -n")
     if result.stats.renormalised:
         lines.append("note: attention rows were renormalised before the metric")
     lines += [f"note: {n}" for n in result.stats.notes]
@@ -155,7 +204,8 @@ def summary_lines(result: _Result) -> list[str]:
 
 def print_summary(result: _Result, console=None) -> None:
     """A short console report: a title line, the sink rate at the first positions with CI and norm
-    ratio (a table), then :func:`summary_lines`.
+    ratio (a table; for a model whose own mask hides keys, the mask-aware rate and its CI first, then
+    the plain one), then :func:`summary_lines`.
 
     Clean in a log file too: the title and the summary lines are printed as they are, never wrapped
     at the terminal width (80 columns when stdout is not a terminal), and without markup.
@@ -167,13 +217,20 @@ def print_summary(result: _Result, console=None) -> None:
     s = result.summary
     console.print(f"sink rate · {result.model.get('name')} · {result.config.input} · "
                   f"N={s['num_samples']} T={s['seq_len']} eps={s['eps']}", markup=False, soft_wrap=True)
+    both = mask_aware(s)
     t = Table()
     t.add_column("token k", justify="right")
-    t.add_column("Sink_k (%)", justify="right")
+    if both:
+        t.add_column("mask-aware Sink_k (%)", justify="right")
+        t.add_column("95% CI", justify="right")
+    t.add_column("plain Sink_k (%)" if both else "Sink_k (%)", justify="right")
     t.add_column("95% CI", justify="right")
     t.add_column("norm ratio Sink'_k", justify="right")
     for k, (r, ci, nr) in enumerate(zip(s["sink_rate"], s["sink_rate_ci"], s["norm_ratio"])):
-        t.add_row(str(k + 1), f"{r:.1f}", f"[{ci[0]:.1f}, {ci[1]:.1f}]", f"{nr:.2f}")
+        cells = [str(k + 1)]
+        if both:
+            cells += [f"{s['sink_rate_visible'][k]:.1f}", _ci_text(s["sink_rate_visible_ci"][k])]
+        t.add_row(*cells, f"{r:.1f}", _ci_text(ci), f"{nr:.2f}")
     console.print(t)
     for line in summary_lines(result):
         console.print(line, markup=False, highlight=False, soft_wrap=True)

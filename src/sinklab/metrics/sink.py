@@ -242,10 +242,14 @@ def bootstrap_sink_rate_ci(
         seed: seed of the resampling generator (results are reproducible).
 
     Returns:
-        (K, 2) float64: lower and upper bounds in percent.
+        (K, 2) float64: lower and upper bounds in percent; NaN with fewer than two samples
+        (one sample has no sampling distribution to resample: every replicate is that sample,
+        and a [x, x] interval would claim a certainty that one sample cannot give).
     """
     per_sample = sink_rate_per_sample(mass, eps, positions)  # (N, K)
     N = per_sample.shape[0]
+    if N < 2:
+        return torch.full((per_sample.shape[1], 2), float("nan"), dtype=torch.float64)
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, N, (n_boot, N), generator=gen)
     reps = per_sample.cpu()[idx].mean(dim=1)  # (n_boot, K)

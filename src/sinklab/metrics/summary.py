@@ -29,6 +29,12 @@ def _r(x: torch.Tensor, nd: int = 6) -> Any:
     return [_r(v, nd) for v in x]
 
 
+def _ci(x: torch.Tensor) -> list[list[float | None]]:
+    """(K, 2) interval bounds -> nested lists rounded to 4 decimals; a NaN bound (no interval: one
+    sample, see :func:`bootstrap_sink_rate_ci`) becomes None (JSON null, an empty CSV cell)."""
+    return [[None if math.isnan(float(b)) else round(float(b), 4) for b in row] for row in x]
+
+
 def rankable_positions(seq_len: int, causal: bool, min_share: float = 0.1) -> int:
     """Number of leading key positions eligible as "top sink" (0-based ``j < result``).
 
@@ -57,7 +63,8 @@ def summarize(
     Positions in the output lists are 0-based indices (index 0 = the paper's token 1).
 
     Keys:
-        ``sink_rate`` (K,) percent, ``sink_rate_ci`` (K, 2) bootstrap CI in percent,
+        ``sink_rate`` (K,) percent, ``sink_rate_ci`` (K, 2) bootstrap CI in percent ([None, None] for
+        every position when N = 1: one sample has no interval),
         ``sink_rate_curve`` (T,) sink rate at every position, ``sink_rate_per_layer`` (L, K),
         ``sink_rate_per_head`` (L, H, K), ``attention_mass`` (L, H, K) mean over samples,
         ``attention_mass_first`` mean mass on position 0, ``norm_ratio`` / ``norm_ratio_median``
@@ -67,14 +74,20 @@ def summarize(
         sink rate: eps applied per sample, as for every ``sink_rate*`` key) and
         ``top_sink_mean_mass_head_share`` (the one quantity with eps applied to a *mean over
         samples*: the share, in [0, 1], of (layer, head) pairs whose sample-mean mass there
-        exceeds eps), ``strongest_layers`` (0-based indices into the L layers, sorted by sink rate at
+        exceeds eps), ``has_sink`` (False when no (sample, layer, head) puts mass > eps on any of those
+        positions: ``top_sink_position`` is then only the arg-max of zeros), ``strongest_layers`` (0-based indices into the L layers, sorted by sink rate at
         position 0, top 3), ``layer_ids`` (L,) the 0-based block index of each layer (a hybrid model's
         attention blocks; 0..L-1 otherwise), ``other_layers`` {block index: class name} of the blocks
         without attention (SSM / Mamba blocks of a hybrid model; empty otherwise),
         ``hidden_norm_sink`` / ``hidden_norm_others`` (L,) mean l2 norm of the top sink
         token vs the other tokens, ``massive_activation_ratio`` (L,) mean max/median
         ``|h|``, ``key_norm`` / ``value_norm`` (L, H_kv, K) when captured, ``extra_mass``
-        (L, H) when the model has a virtual sink key, plus ``eps``, ``positions``,
+        (L, H) when the model has a virtual sink key, the mask-aware ``sink_rate_visible`` (K,) with
+        ``sink_rate_visible_ci``, ``sink_rate_visible_per_layer``, ``attention_mass_visible``,
+        ``attention_mass_first_visible`` (the mass averaged over the queries the model's own mask lets
+        see each key), ``mask`` and ``mask_aware_differs`` (True when some layer's mask hides keys
+        beyond plain causal or bidirectional attention -- a sliding window shorter than T, a prefix LM
+        -- so the mask-aware values differ from the plain ones), plus ``eps``, ``positions``,
         ``num_samples``, ``seq_len``, ``causal``, ``renormalised``, ``collector``.
 
     Raises:
@@ -100,7 +113,7 @@ def summarize(
         "renormalised": stats.renormalised,
         "collector": stats.collector,
         "sink_rate": _r(curve[:K], 4),
-        "sink_rate_ci": _r(bootstrap_sink_rate_ci(mass, eps, K, n_boot=n_boot, level=level, seed=seed), 4),
+        "sink_rate_ci": _ci(bootstrap_sink_rate_ci(mass, eps, K, n_boot=n_boot, level=level, seed=seed)),
         "sink_rate_curve": _r(curve, 4),
         "sink_rate_per_layer": _r(per_layer, 4),
         "sink_rate_per_head": _r(sink_rate_per_head(mass, eps, K), 2),
@@ -112,6 +125,7 @@ def summarize(
         "max_norm_ratio_position": int(ratio.argmax()),
         "top_sink_position": top,
         "top_sink_rate": round(float(curve[top]), 4),
+        "has_sink": bool(float(curve[top]) > 0),
         "top_sink_mean_mass_head_share": round(float((mass[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4),
         "strongest_layers": [int(i) for i in per_layer[:, 0].argsort(descending=True, stable=True)[:3]],
         "layer_ids": stats.block_ids,
@@ -122,9 +136,10 @@ def summarize(
     }
     vis = stats.visible_mass
     out["mask"] = dict(stats.mask) or {"causal": stats.causal, "prefix_len": 0, "window": None}
+    out["mask_aware_differs"] = stats.mass_visible is not None
     out["sink_rate_visible"] = _r(sink_rate(vis, eps, K), 4)
     out["sink_rate_visible_ci"] = (out["sink_rate_ci"] if stats.mass_visible is None
-                                   else _r(bootstrap_sink_rate_ci(vis, eps, K, n_boot=n_boot, level=level, seed=seed), 4))
+                                   else _ci(bootstrap_sink_rate_ci(vis, eps, K, n_boot=n_boot, level=level, seed=seed)))
     out["sink_rate_visible_per_layer"] = _r(sink_rate_per_layer(vis, eps, K), 4)
     out["attention_mass_visible"] = _r(vis[..., :K].mean(dim=0))
     out["attention_mass_first_visible"] = round(float(vis[..., 0].mean()), 6)

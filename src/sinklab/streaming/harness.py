@@ -60,6 +60,9 @@ class StreamConfigResult:
     evaluated: number of predictions scored; positions: first and last scored position.
     ppl_matched: perplexity over the positions ``recompute`` scores (the same predictions for
     every configuration: compare these with recompute's ``ppl``).
+    count_by_chunk: predictions scored in each chunk (what each ``ppl_by_chunk`` entry rests on:
+    ``chunk`` for the caches, about ``chunk / recompute_every`` for ``recompute``; empty in a
+    ``stream.json`` written before it was recorded).
     """
 
     name: str
@@ -73,6 +76,7 @@ class StreamConfigResult:
     positions: list[int]
     ppl_matched: float | None = None
     nll_by_chunk: list[float | None] = field(default_factory=list)
+    count_by_chunk: list[int] = field(default_factory=list)
 
 
 def cache_specs(window: int, sinks: Sequence[int], *, full: bool = True, recompute: bool = True) -> list[CacheSpec]:
@@ -152,7 +156,8 @@ def _result(spec: CacheSpec, nll: dict[int, float], n: int, chunk: int, latency_
         ppl_by_chunk=[None if x is None else math.exp(x) for x in by_chunk_nll],
         latency_ms_per_token=1000.0 * latency_s, cache_bytes=int(nbytes),
         evaluated=len(nll), positions=[min(nll), max(nll)],
-        ppl_matched=math.exp(float(np.mean(common))) if common else None, nll_by_chunk=by_chunk_nll)
+        ppl_matched=math.exp(float(np.mean(common))) if common else None, nll_by_chunk=by_chunk_nll,
+        count_by_chunk=[c or 0 for c in _chunked(nll, n, chunk, len)])
 
 
 def _is_native(model) -> bool:
@@ -378,7 +383,7 @@ def result_from_dict(d: dict) -> StreamConfigResult:
 
 def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], chunk: int) -> None:
     """``stream.json`` (meta + ``configs``), ``stream.csv`` (one row per configuration),
-    ``stream_by_chunk.csv`` (tidy: config, chunk, start, end, ppl) and
+    ``stream_by_chunk.csv`` (tidy: config, chunk, start, end, ppl, positions scored) and
     ``stream_ppl.png`` (perplexity against stream position, one line per configuration)."""
     import pandas as pd
 
@@ -392,8 +397,9 @@ def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], 
     for r in results:
         for c, p in enumerate(r.ppl_by_chunk):
             rows.append({"config": r.name, "n_sink": r.n_sink, "window": r.window, "chunk": c,
-                         "start": c * chunk, "end": (c + 1) * chunk, "ppl": p})
-    pd.DataFrame(rows).astype(ints).to_csv(out / "stream_by_chunk.csv", index=False)
+                         "start": c * chunk, "end": (c + 1) * chunk, "ppl": p,
+                         "positions": r.count_by_chunk[c] if r.count_by_chunk else None})
+    pd.DataFrame(rows).astype({**ints, "positions": "Int64"}).to_csv(out / "stream_by_chunk.csv", index=False)
     plot_ppl(results, chunk, out / "stream_ppl.png", title=meta.get("title", ""))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sinklab.errors import InputError
-from sinklab.fileio import read_jsonl
+from sinklab.fileio import output_file, read_jsonl
 
 
 def seed_runs(point_folder: Path) -> list[Path]:
@@ -93,12 +93,8 @@ DEFAULT_NAME = "dynamics.png"
 def plot_path(out: str | Path) -> Path:
     """The file a dynamics plot asked for at ``out`` is written to: ``out/dynamics.png`` when ``out``
     is an existing folder or ends with a path separator, ``out.png`` when it has no suffix (as
-    matplotlib would write it), else ``out`` itself."""
-    text = str(out)
-    p = Path(out).expanduser()
-    if p.is_dir() or text.endswith(("/", "\\")):
-        return p / DEFAULT_NAME
-    return p if p.suffix else p.with_name(p.name + ".png")
+    matplotlib would write it), else ``out`` itself (:func:`sinklab.fileio.output_file`)."""
+    return output_file(out, DEFAULT_NAME)
 
 
 def plot_dynamics(runs: dict[str, str | Path], path: str | Path, *, level: float = 10.0, title: str = "") -> Path:

@@ -488,11 +488,14 @@ def presets() -> dict[str, Path]:
 
 
 def preset_description(name: str) -> str:
-    """First comment line of a preset file."""
+    """A preset's description: its leading comment block (the ``#`` lines before the first other line),
+    joined into one line, so a description that runs over several lines is never cut mid-sentence."""
+    lines = []
     for line in presets()[name].read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(x for x in lines if x)
 
 
 def _read_toml(path: Path) -> dict:

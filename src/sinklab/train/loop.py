@@ -371,9 +371,9 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "use a larger corpus, a smaller train.batch_size or data.seq_len, or a larger data.max_train_tokens"
         )
     distributed.check_batch(dd, B)
-    warn = epochs_warning(cfg, train_data.n_tokens)
-    if warn and dd.is_main and not canonical:  # the fingerprint's canonical training would repeat it
-        (notify or _warn)(warn)
+    for warn in (warmup_warning(cfg), epochs_warning(cfg, train_data.n_tokens)):
+        if warn and dd.is_main and not canonical:  # the fingerprint's canonical training would repeat it
+            (notify or _warn)(warn)
     try:
         val_data = PackedData(tc.val, packer, T, seed=t_cfg.seed)
     except InputError as e:
@@ -631,6 +631,20 @@ def epochs_warning(cfg: RunConfig, train_tokens: int) -> str:
     return (f"warning: {cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens pass over the {train_tokens:,} distinct "
             f"training tokens {epochs:.1f} times (more than {EPOCHS_WARN:g}): the model will memorise them; use a larger "
             "corpus (a JSON-lines, Parquet or Arrow dataset, see 'Scaling out' in the README) or fewer steps")
+
+
+def warmup_warning(cfg: RunConfig) -> str:
+    """The one-line warning for a run shorter than its learning-rate warm-up ("" otherwise): with
+    ``train.steps < optim.warmup_steps`` the learning rate of :func:`sinklab.train.schedule.lr_at` peaks at
+    its last step at ``lr * steps / warmup_steps`` and never reaches ``optim.lr`` (``sinklab train tiny-cpu
+    --steps 20``: 2e-4 instead of 1e-3)."""
+    steps, warm = cfg.train.steps, cfg.optim.warmup_steps
+    if steps >= warm:
+        return ""
+    peak = lr_at(steps - 1, cfg.optim, steps)
+    return (f"warning: train.steps = {steps} is shorter than the warm-up optim.warmup_steps = {warm}: the learning rate "
+            f"peaks at {peak:.3g} ({steps}/{warm} of optim.lr = {cfg.optim.lr:g}) and never decays; lower it, e.g. "
+            f"--set optim.warmup_steps={max(1, steps // 10)}")
 
 
 def _warn(message: str) -> None:

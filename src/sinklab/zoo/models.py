@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, SinklabError, UnknownNameError
-from sinklab.fileio import check_model_files, publish, read_json, reading
+from sinklab.fileio import atomic_write_text, check_model_files, publish, read_json, reading
 from sinklab.paths import cache_dir
 from sinklab.registry import Registry
 from sinklab.zoo import fetch
@@ -183,12 +183,45 @@ _register(ModelRecipe(
 # ---------------------------------------------------------------------------
 
 
+def license_record(name: str) -> Path:
+    """Where the acceptance of zoo model ``name``'s opt-in licence is remembered:
+    ``$SINKLAB_HOME/licences/<name>.json`` (``model``, ``license``, ``accepted_at``)."""
+    return cache_dir("licences") / f"{name}.json"
+
+
+def license_accepted(recipe: ModelRecipe) -> bool:
+    """True when the recipe needs no opt-in, or its licence (by name: a changed licence must be accepted
+    again) was accepted before in this cache. A damaged record counts as not accepted."""
+    if not recipe.opt_in:
+        return True
+    f = license_record(recipe.name)
+    if not f.exists():
+        return False
+    try:
+        return read_json(f, "licence acceptance").get("license") == recipe.license
+    except (SinklabError, AttributeError):
+        return False
+
+
 def _check_license(recipe: ModelRecipe, accept_license: bool) -> None:
-    if recipe.opt_in and not accept_license:
+    """Refuse an opt-in model whose licence was never accepted in this cache; ``accept_license`` accepts
+    it and remembers that (:func:`license_record`), so later commands (``sinklab measure --model
+    gemma3-270m`` after ``sinklab fetch gemma3-270m --accept-license``) need not repeat the flag."""
+    if not recipe.opt_in:
+        return
+    if accept_license:
+        if not license_accepted(recipe):
+            atomic_write_text(license_record(recipe.name), json.dumps({
+                "model": recipe.name, "license": recipe.license,
+                "accepted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "how": "--accept-license / accept_license=True",
+            }, indent=1) + "\n")
+        return
+    if not license_accepted(recipe):
         raise SinklabError(
             f"model {recipe.name!r} is under the {recipe.license}, which you must accept first.\n\n"
             f"{recipe.license_terms}\n\n"
-            f"To accept these terms pass --accept-license (Python: accept_license=True)."
+            f"To accept these terms pass --accept-license (Python: accept_license=True); the acceptance is "
+            f"remembered in {license_record(recipe.name)}."
         )
 
 
@@ -275,8 +308,9 @@ def fetch_model(name: str, *, accept_license: bool = False) -> Path:
 
     Raises:
         UnknownNameError: ``name`` is not a zoo model (the message lists the valid names).
-        SinklabError: the model's licence is opt-in and ``accept_license`` is False
-            (the message prints the terms and says to pass ``--accept-license``).
+        SinklabError: the model's licence is opt-in, ``accept_license`` is False and it was never
+            accepted in this cache (the message prints the terms and says to pass ``--accept-license``;
+            an acceptance is remembered, :func:`license_record`).
         FetchError: a package could not be downloaded (the message names it).
         ChecksumError: an archive or artifact has the wrong sha256 (it is deleted).
     """
