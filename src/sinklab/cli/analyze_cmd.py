@@ -26,11 +26,12 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 @cli.command("analyze")
 def analyze_cmd(
-    kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat | denoise"),
+    kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat | denoise | attention"),
     model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run or model folder"),
     corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (default sotu; "
                                          "for a sinklab training run: its own held-out data)"),
-    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="probe windows N (default 32; overmix 16)"),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="probe windows N (default 32; overmix 16; "
+                                              "attention 1)"),
     seq_len: int = typer.Option(64, "--seq-len", "-t", help="tokens per window T"),
     seed: int = typer.Option(0, help="seed of the probe draw and of random choices"),
     eps: float = typer.Option(0.3, help="sink threshold on attention mass"),
@@ -40,7 +41,12 @@ def analyze_cmd(
     massive_ratio: Optional[float] = typer.Option(None, "--massive-ratio", help="massive: multiple of the median |h| "
                                                   "that makes an entry massive (default 100)"),
     position: Optional[int] = typer.Option(None, help="keybias, intervene: 0-based sink position (default: the top one)"),
-    layers: Optional[str] = typer.Option(None, help="intervene: layers for remove-sink, e.g. 0,1,2 (default all)"),
+    layers: Optional[str] = typer.Option(None, help="intervene: layers for remove-sink, e.g. 0,1,2 (default all); "
+                                         "attention: layers shown (default first, middle, last)"),
+    heads: Optional[str] = typer.Option(None, help="attention: heads shown, e.g. 0,3 (default all)"),
+    sample: Optional[int] = typer.Option(None, help="attention: 0-based probe window shown (default 0)"),
+    max_matrix_len: Optional[int] = typer.Option(None, "--max-matrix-len", help="attention: longest T shown as full "
+                                                 "matrices; longer: mass per key, blockwise (default 256)"),
     dims: Optional[str] = typer.Option(None, help="intervene: massive dimensions to ablate (default: found)"),
     massive_layer: Optional[int] = typer.Option(None, "--massive-layer", help="intervene: block whose output is ablated"),
     token: Optional[int] = typer.Option(None, help="intervene: replacement first token; repeat: the repeated token"),
@@ -66,7 +72,8 @@ def analyze_cmd(
     threads: Optional[int] = THREADS,
 ) -> None:
     """Why sinks exist: massive activations, the key-bias view, interventions, over-mixing, repeated tokens;
-    a masked diffusion LM's sink across denoising steps (denoise).
+    a masked diffusion LM's sink across denoising steps (denoise); one window's attention pattern and
+    per-head entropy (attention).
 
     Writes OUT/analysis.json (every number, command, versions, provenance), CSV tables and PNG plots."""
     out = out or Path("runs/analyze") / kind
@@ -85,6 +92,7 @@ def analyze_cmd(
         "directions": directions, "scale": scale, "prompt_len": prompt_len, "counts": _ints(counts, "--counts"),
         "steps": steps, "temperature": temperature, "mask_id": mask_id, "sink_level": sink_level,
         "allow_non_sink": True if allow_non_sink else None,
+        "heads": _ints(heads, "--heads"), "sample": sample, "max_matrix_len": max_matrix_len,
     }
     params = inspect.signature(fn).parameters
     kwargs = {}
