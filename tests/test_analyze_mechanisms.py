@@ -97,3 +97,88 @@ def test_attention_cli_writes_plot_and_keeps_weights_out_of_analysis_json(tiny_m
     assert "attention_entropy_uniform:" in stdout
     code, _, err = run_cli_captured(base + ["--heads", "9", "--out", str(tmp_path / "b")], capsys)
     assert code == 2 and "head 9 is out of range" in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ repeat: first-layer mechanism and sink injection
+def test_self_attention_statistics_match_loops():
+    from sinklab.analyze.repeat import self_attention_statistics
+
+    g = torch.Generator().manual_seed(0)
+    B, H, T, D = 2, 3, 7, 4
+    logits = torch.randn(B, H, T, T, generator=g).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    w = logits.softmax(-1)
+    q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, H, T, D, generator=g)
+    got = self_attention_statistics(w, q, k, start=2)
+    cos = lambda a, c: float(a.double() @ c.double() / (a.double().norm() * c.double().norm()))  # noqa: E731
+    for b in range(B):
+        for h in range(H):
+            rows = range(2, T)
+            assert float(got["self_share"][b, h]) == pytest.approx(sum(float(w[b, h, i, i]) for i in rows) / 5, abs=1e-7)
+            assert float(got["uniform_share"][b, h]) == pytest.approx(sum(1 / (i + 1) for i in rows) / 5, abs=1e-12)
+            assert float(got["qk_cos_self"][b, h]) == pytest.approx(sum(cos(q[b, h, i], k[b, h, i]) for i in rows) / 5,
+                                                                    abs=1e-9)
+            other = [cos(q[b, h, i], k[b, h, j]) for i in rows for j in range(i)]
+            assert float(got["qk_cos_other"][b, h]) == pytest.approx(sum(other) / len(other), abs=1e-9)
+
+
+def test_forcing_every_first_layer_head_to_self_attend_makes_the_position_a_first_token():
+    """With every head of layer 0 attending only to itself, position p's layer-0 output is what token x_p
+    gives as the first token of a sequence (the value has no RoPE; RMSNorm and the MLP act per position);
+    positions before p are unchanged."""
+    from sinklab.analyze.common import run_model
+    from sinklab.analyze.repeat import force_self_attention
+
+    m = tiny_llama()
+    ids = _ids(2, 10)
+    p = 6
+    edited = run_model(m, ids, edit=force_self_attention(p, {0: [0, 1, 2, 3]}), hidden=True).hidden
+    plain = run_model(m, ids, hidden=True).hidden
+    with torch.no_grad():
+        alone = m(input_ids=ids[:, p : p + 1], output_hidden_states=True).hidden_states[1][:, 0]  # layer 0's output
+    torch.testing.assert_close(edited[:, 0, p], alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(plain[:, 0, p], alone, atol=1e-3)
+    torch.testing.assert_close(edited[:, :, :p], plain[:, :, :p], rtol=0, atol=0)
+    with pytest.raises(InputError, match="outside the sequence"):
+        run_model(m, ids, edit=force_self_attention(10, {0: [0]}))
+
+
+def test_repeat_mechanism_and_injection_tables_match_eager_and_recomputed_projections():
+    from sinklab.analyze import repeat
+
+    m = tiny_llama()
+    ids = _ids(3, 12)
+    res = repeat(Subject(m, ids, model_info={"name": "tiny"}), prompt_len=3, counts=[2], eps=0.05, position=7)
+    out = _eager(m, ids)
+    mech = res.tables["self_attention"]
+    a0 = out.attentions[0].double()  # (N, H, T, T)
+    with torch.no_grad():
+        emb = m.model.layers[0].input_layernorm(m.model.embed_tokens(ids))
+        attn = m.model.layers[0].self_attn
+        q = attn.q_proj(emb).view(3, 12, 4, 8).double()  # (N, T, H, D), before RoPE: cos(q_i, k_i) is the same after
+        k = attn.k_proj(emb).view(3, 12, 2, 8).double()
+    for h in range(4):
+        row = mech[(mech["layer"] == 0) & (mech["head"] == h)].iloc[0]
+        share = float(sum(a0[n, h, i, i] for n in range(3) for i in range(2, 12)) / 30)
+        cs = float(sum(F.cosine_similarity(q[n, i, h], k[n, i, h // 2], dim=0) for n in range(3) for i in range(2, 12)) / 30)
+        assert row["self_share"] == pytest.approx(share, abs=1e-6)
+        assert row["qk_cos_self"] == pytest.approx(cs, abs=1e-5)
+    inj = res.tables["inject"]
+    none = inj[inj["variant"] == "none"].sort_values("layer")
+    for l in range(2):
+        a = out.attentions[l].double()
+        mass = attention_mass(a)[..., 7]  # (N, H)
+        assert none.iloc[l]["mass_on_position"] == pytest.approx(float(mass.mean()), abs=1e-6)
+        assert none.iloc[l]["sink_rate_position"] == pytest.approx(float((mass > 0.05).double().mean() * 100))
+        h = out.hidden_states[l + 1].double()
+        assert none.iloc[l]["cos_position_to_first"] == pytest.approx(
+            float(F.cosine_similarity(h[:, 7], h[:, 0], dim=-1).mean()), abs=1e-5)
+    s = res.summary
+    lowest = mech[mech["layer"] == 0].sort_values(["self_share", "head"])["head"].tolist()
+    assert s["inject_heads"] == sorted(lowest[:2]) and s["control_heads"] == sorted(lowest[2:])
+    assert set(inj["variant"]) == {"none", "self_heads", "self_all", "control_heads"}
+    assert set(s["inject_after_last_edited_layer"]) == {"none", "self_heads", "self_all", "control_heads"}
+    # the edit changes layer 1's attention on position 7 (layer 0's row 7 only feeds later layers)
+    edited = inj[(inj["variant"] == "self_all") & (inj["layer"] == 1)].iloc[0]
+    assert edited["mass_on_position"] != pytest.approx(none.iloc[1]["mass_on_position"], abs=1e-6)
+    with pytest.raises(InputError, match="must lie in"):
+        repeat(Subject(m, ids, model_info={"name": "tiny"}), prompt_len=3, counts=[2], eps=0.05, position=0)

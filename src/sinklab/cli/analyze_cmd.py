@@ -40,10 +40,13 @@ def analyze_cmd(
     top_k: Optional[int] = typer.Option(None, "--top-k", help="massive: largest entries per (sample, layer) (default 3)"),
     massive_ratio: Optional[float] = typer.Option(None, "--massive-ratio", help="massive: multiple of the median |h| "
                                                   "that makes an entry massive (default 100)"),
-    position: Optional[int] = typer.Option(None, help="keybias, intervene: 0-based sink position (default: the top one)"),
+    position: Optional[int] = typer.Option(None, help="keybias, intervene: 0-based sink position (default: the top one); "
+                                           "repeat: position made to attend only to itself (default T // 2)"),
     layers: Optional[str] = typer.Option(None, help="intervene: layers for remove-sink, e.g. 0,1,2 (default all); "
-                                         "attention: layers shown (default first, middle, last)"),
-    heads: Optional[str] = typer.Option(None, help="attention: heads shown, e.g. 0,3 (default all)"),
+                                         "attention: layers shown (default first, middle, last); repeat: layers where --position is "
+                                         "made self-attending (default 0)"),
+    heads: Optional[str] = typer.Option(None, help="attention: heads shown, e.g. 0,3 (default all); repeat: heads made "
+                                        "self-attending (default: the lowest self-attention shares)"),
     sample: Optional[int] = typer.Option(None, help="attention: 0-based probe window shown (default 0)"),
     max_matrix_len: Optional[int] = typer.Option(None, "--max-matrix-len", help="attention: longest T shown as full "
                                                  "matrices; longer: mass per key, blockwise (default 256)"),
