@@ -182,3 +182,119 @@ def test_repeat_mechanism_and_injection_tables_match_eager_and_recomputed_projec
     assert edited["mass_on_position"] != pytest.approx(none.iloc[1]["mass_on_position"], abs=1e-6)
     with pytest.raises(InputError, match="must lie in"):
         repeat(Subject(m, ids, model_info={"name": "tiny"}), prompt_len=3, counts=[2], eps=0.05, position=0)
+
+
+# ------------------------------------------------------------------ depth
+def test_depth_layer_statistics_match_eager_weights_and_numpy_entropy():
+    from sinklab.analyze import depth
+
+    m = tiny_llama()
+    ids = _ids(4, 20)
+    res = depth(Subject(m, ids, model_info={"name": "tiny"}), eps=0.1, top_k=2)
+    out = _eager(m, ids)
+    layers = res.tables["layers"]
+    assert layers["step"].tolist() == [-1, -1]
+    for l in range(2):
+        row = layers[layers["layer"] == l].iloc[0]
+        mass = attention_mass(out.attentions[l].double())  # (N, H, T)
+        curve = (mass > 0.1).double().mean(dim=(0, 1)) * 100  # (T,)
+        assert row["sink_rate_first"] == pytest.approx(float(curve[0]))
+        ranked = sorted(range(1, 19), key=lambda j: (-float(curve[j]), j))  # positions seen by >= 10% of the queries
+        assert [row["sink2_position"], row["sink3_position"]] == ranked[:2]
+        assert row["sink2_rate"] == pytest.approx(float(curve[ranked[0]]))
+        per_sample = (mass > 0.1).double().mean(dim=1) * 100  # (N, T)
+        assert row["secondary_sink_rate"] == pytest.approx(float(per_sample[:, 1:19].max(dim=1).values.mean()))
+        h = out.hidden_states[l + 1].double()  # layer l's block output (the last one is after the final norm in HF)
+        if l == 1:
+            h = torch.stack(_last_block_output(m, ids))
+        norms = h.norm(dim=-1)  # (N, T)
+        assert row["norm_ratio_first"] == pytest.approx(float((norms[:, 0] / norms.mean(dim=1)).mean()), rel=1e-5)
+        ents = []
+        for n in range(4):
+            x = h[n].numpy()
+            lam = np.clip(np.linalg.eigvalsh(x @ x.T / np.trace(x @ x.T)), 0, None)
+            lam = lam[lam > 0]
+            ents.append(float(-(lam * np.log(lam)).sum()))
+        assert row["matrix_entropy"] == pytest.approx(sum(ents) / 4, abs=1e-5)
+        assert row["matrix_entropy_normalised"] == pytest.approx(sum(ents) / 4 / math.log(20), abs=1e-5)
+
+
+def _last_block_output(m, ids):
+    """The last block's output before the final norm (what the capture seam records), per sample."""
+    seen = []
+    handle = m.model.layers[-1].register_forward_hook(lambda _m, _i, o: seen.append(o[0] if isinstance(o, tuple) else o))
+    with torch.no_grad():
+        m(input_ids=ids)
+    handle.remove()
+    return [x.double() for x in seen[0]]
+
+
+def _kept_checkpoint_run(tmp_path):
+    """A 2-layer synthetic run trained to step 4 with the step-2 checkpoint kept in checkpoints/ (train to 2,
+    copy checkpoint.pt, resume: resume is exact, so this is the uninterrupted run)."""
+    import shutil
+
+    from conftest import synthetic_run_toml
+    from sinklab.train import loop
+    from sinklab.train.config import load_config
+
+    f = tmp_path / "run.toml"
+    f.write_text(synthetic_run_toml(steps=4))
+    cfg = load_config(f, ["model.n_layers=2"])
+    out = tmp_path / "run"
+    loop.train(cfg, out, progress=False, stop_after=2)
+    (out / "checkpoints").mkdir()
+    shutil.copy(out / "checkpoint.pt", out / "checkpoints" / "step_000002.pt")
+    loop.train(cfg, out, progress=False, resume=True)
+    return out
+
+
+def test_depth_on_every_checkpoint_of_a_run(tmp_path):
+    from sinklab.analyze import depth
+    from sinklab.analyze.depth import run_checkpoints
+    from sinklab.capture.native import forward_native
+    from sinklab.measure.trained import find_run, run_probe
+    from sinklab.train.checkpoint import load_run_checkpoint
+
+    out = _kept_checkpoint_run(tmp_path)
+    found = run_checkpoints(out)
+    assert [(c.step, c.source) for c in found] == [(2, "checkpoints/step_000002.pt"), (4, "final")]  # checkpoint.pt = step 4
+    res = depth(str(out), num_samples=4, seq_len=16, eps=0.1)
+    assert res.summary["steps"] == [2, 4] and "note" not in res.summary
+    layers = res.tables["layers"]
+    assert len(layers) == 4 and set(layers["source"]) == {"checkpoints/step_000002.pt", "final"}
+    # step 2 from the kept file, recomputed through the model's own observer weights
+    run = find_run(str(out))
+    ids = run_probe(run, 4, 16, 0, "auto").input_ids
+    model = found[0].load()
+    state = load_run_checkpoint(out / "checkpoints" / "step_000002.pt")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state["model"][k])
+    seen = {}
+    with torch.no_grad():
+        model(ids, observer=lambda l, w, **_: seen.__setitem__(l, w.double()))
+    for l in range(2):
+        rate = float((attention_mass(seen[l])[..., 0] > 0.1).double().mean() * 100)
+        row = layers[(layers["step"] == 2) & (layers["layer"] == l)].iloc[0]
+        assert row["sink_rate_first"] == pytest.approx(rate)
+    assert res.tables["steps"]["step"].tolist() == [2, 4]
+    res.save(tmp_path / "d")
+    assert (tmp_path / "d" / "depth.png").stat().st_size > 0
+
+
+def test_depth_run_without_any_model_state_and_with_one(tmp_path, capsys):
+    import shutil
+
+    from sinklab.analyze import depth
+
+    out = _kept_checkpoint_run(tmp_path)
+    shutil.rmtree(out / "checkpoints")
+    one = depth(str(out), num_samples=2, seq_len=16)
+    assert one.summary["steps"] == [4] and "keeps one model state" in one.summary["note"]
+    shutil.rmtree(out / "final")
+    (out / "checkpoint.pt").unlink()
+    with pytest.raises(InputError, match="keeps no model state"):
+        depth(str(out), num_samples=2, seq_len=16)
+    code, _, err = run_cli_captured(["analyze", "depth", "--model", str(out), "-n", "2", "-t", "16",
+                                     "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "keeps no model state" in err and len(err.strip().splitlines()) == 1
