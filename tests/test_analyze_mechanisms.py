@@ -217,6 +217,8 @@ def test_depth_layer_statistics_match_eager_weights_and_numpy_entropy():
             ents.append(float(-(lam * np.log(lam)).sum()))
         assert row["matrix_entropy"] == pytest.approx(sum(ents) / 4, abs=1e-5)
         assert row["matrix_entropy_normalised"] == pytest.approx(sum(ents) / 4 / math.log(20), abs=1e-5)
+    none = depth(Subject(m, ids, model_info={"name": "tiny"}), eps=0.99, top_k=1).tables["layers"]
+    assert (none["sink2_position"] == -1).all() and (none["sink2_rate"] == 0).all()  # no sink anywhere
 
 
 def _last_block_output(m, ids):

@@ -17,6 +17,7 @@ from sinklab.analyze.common import (AnalysisResult, Subject, check_heads, check_
 from sinklab.errors import InputError
 from sinklab.metrics import attention_entropy
 from sinklab.metrics.entropy import uniform_attention_entropy
+from sinklab.metrics.summary import rankable_positions
 
 #: T above which ``attention`` shows the mass per key instead of the full matrices
 MAX_MATRIX_LEN = 256
@@ -117,6 +118,7 @@ def attention(
         raise InputError(f"layer {missing[0]} has no attention (blocks with attention: {block_ids})")
     causal = stats.causal
     uniform = uniform_attention_entropy(T, causal=causal)
+    k = rankable_positions(T, causal)  # keys seen by at least 10% of the queries
     ent = stats.attention_entropy[0]  # (L', H)
     tokens = (subj.tokenizer.convert_ids_to_tokens(ids[0].tolist()) if subj.tokenizer is not None
               else [str(int(t)) for t in ids[0]])
@@ -146,8 +148,7 @@ def attention(
         "attention_entropy_shown": head_ent,
         "attention_entropy_per_layer": dict(zip([str(b) for b in block_ids], layer_ent.tolist())),
         "lowest_entropy_head": _lowest(ent, block_ids),
-        "top_mass_position_shown": {f"{l}.{h}": int(mass[rows_of[l], h, 1:].argmax()) + 1 if T > 1 else 0
-                                    for l in layers for h in heads},
+        "top_mass_position_shown": {f"{l}.{h}": int(mass[rows_of[l], h, :k].argmax()) for l in layers for h in heads},
     }
     name = subj.model_info.get("name")
 
@@ -156,7 +157,7 @@ def attention(
         from matplotlib.colors import PowerNorm
 
         nr, nc = len(layers), len(heads)
-        fig, axes = plt.subplots(nr, nc, figsize=(1.9 * nc + 1.2, 1.9 * nr + 0.9), squeeze=False)
+        fig, axes = plt.subplots(nr, nc, figsize=(1.9 * nc + 1.2, 2.2 * nr + 1.0), squeeze=False)
         for a, l in enumerate(layers):
             for b, h in enumerate(heads):
                 ax = axes[a][b]

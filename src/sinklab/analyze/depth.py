@@ -114,7 +114,9 @@ def layer_statistics(stats, hidden: Tensor, *, eps: float = 0.3, top_k: int = 3,
     Returns:
         One dict per attention layer, keyed ``layer`` (0-based block index) and the quantities of the
         module docstring; ``sink{r}_position`` / ``sink{r}_rate`` for r = 2 .. top_k + 1 (rank 1 is
-        position 0).
+        position 0; position -1 and rate 0 where no further position has a sink rate above 0). The
+        sink rates of layer l come from its attention, which reads the output of layer l - 1; the norm
+        ratio and the entropy are those of layer l's own output.
     """
     mass = stats.mass.double()  # (N, L', H, T)
     N, Lp, H, T = mass.shape
@@ -134,10 +136,10 @@ def layer_statistics(stats, hidden: Tensor, *, eps: float = 0.3, top_k: int = 3,
                "matrix_entropy_without_first": float(ent_rest.mean())}
         rest = curve[i, 1:k]
         order = rest.argsort(descending=True, stable=True)[:top_k]
-        for r in range(top_k):
-            has = r < len(order)
+        for r in range(top_k):  # position -1 and rate 0: no further position with any sink
+            has = r < len(order) and float(rest[order[r]]) > 0
             row[f"sink{r + 2}_position"] = int(order[r]) + 1 if has else -1
-            row[f"sink{r + 2}_rate"] = float(rest[order[r]]) if has else math.nan
+            row[f"sink{r + 2}_rate"] = float(rest[order[r]]) if has else 0.0
         if k > 1:
             sec_rate, sec_pos = per_sample[:, i, 1:k].max(dim=1)  # (N,): each sample's most sink-like non-first position
             row["secondary_sink_rate"] = float(sec_rate.mean())
