@@ -229,6 +229,7 @@ def depth(
                            f"the run keeps one model state ({ckpts[0].source}, step {ckpts[0].step}): no history over "
                            "training (sinklab train keeps only its latest checkpoint.pt and final/)")
     name = subj.model_info.get("name")
+    title = name if ckpts is None else f"run {Path(model).resolve().name}"
 
     def plot(path):
         import matplotlib.pyplot as plt
@@ -251,7 +252,7 @@ def depth(
             axes[2].legend(fontsize=7)
             for ax in axes:
                 ax.set_xlabel("layer (0-based)")
-            fig.suptitle(f"{name}: N={ids.shape[0]} T={ids.shape[1]}", fontsize=9)
+            fig.suptitle(f"{title}: N={ids.shape[0]} T={ids.shape[1]}", fontsize=9)
         else:
             fig, axes = plt.subplots(1, 3, figsize=(15, 4))
             for ax, col, label, log in ((axes[0], "sink_rate_first", "Sink_1 per layer (%)", False),
@@ -266,7 +267,7 @@ def depth(
                 ax.set_ylabel("layer (0-based)")
                 ax.set_title(label, fontsize=9)
                 fig.colorbar(im, ax=ax)
-            fig.suptitle(f"{name}: emergence over depth and training, N={ids.shape[0]} T={ids.shape[1]}", fontsize=9)
+            fig.suptitle(f"{title}: emergence over depth and training, N={ids.shape[0]} T={ids.shape[1]}", fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
