@@ -297,7 +297,7 @@ class AnalysisResult:
     """The outcome of one ``sinklab analyze`` kind.
 
     Attributes:
-        kind: ``massive``, ``keybias``, ``intervene``, ``overmix`` or ``repeat``.
+        kind: ``massive``, ``keybias``, ``intervene``, ``overmix``, ``repeat``, ``denoise``, ``depth`` or ``attention``.
         summary: the headline numbers (JSON-serialisable).
         tables: tidy tables by name (pandas DataFrames), written as ``NAME.csv``.
         plots: plot makers by name, ``fn(path)`` writes ``NAME.png``.
