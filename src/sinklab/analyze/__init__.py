@@ -11,19 +11,26 @@ writes ``analysis.json``, CSV tables and PNG plots):
 * :func:`overmix` -- spread of a one-token perturbation with and without the sink (Barbero et al. 2025).
 * :func:`repeat` -- a prompt followed by one repeated token: similarity to the first position, sink rate.
 * :func:`denoise` -- a masked diffusion LM's sink at every denoising step of generation.
+* :func:`depth` -- per layer Sink_1, secondary sinks, the first token's norm ratio and the matrix entropy
+  of the hidden states (the "compression valley"); for a training run, at every checkpoint it keeps.
+* :func:`attention` -- one window's attention matrices (or mass per key) for chosen layers and heads,
+  every head's attention entropy on it.
 
 All forward passes go through the capture seam (:mod:`sinklab.capture.hf`, :mod:`sinklab.capture.native`);
 interventions are its optional attention / block-output edits.
 """
 
+from sinklab.analyze.attention import attention
 from sinklab.analyze.common import AnalysisResult, Subject, load_subject
 from sinklab.analyze.denoise import denoise
+from sinklab.analyze.depth import depth
 from sinklab.analyze.intervene import intervene
 from sinklab.analyze.keybias import keybias
 from sinklab.analyze.massive import massive
 from sinklab.analyze.overmix import overmix
 from sinklab.analyze.repeat import repeat
 
-KINDS = {"massive": massive, "keybias": keybias, "intervene": intervene, "overmix": overmix, "repeat": repeat, "denoise": denoise}
+KINDS = {"massive": massive, "keybias": keybias, "intervene": intervene, "overmix": overmix, "repeat": repeat, "denoise": denoise,
+         "attention": attention, "depth": depth}
 
-__all__ = ["AnalysisResult", "Subject", "load_subject", "massive", "keybias", "intervene", "overmix", "repeat", "denoise", "KINDS"]
+__all__ = ["AnalysisResult", "Subject", "load_subject", "massive", "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth", "KINDS"]

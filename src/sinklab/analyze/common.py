@@ -143,6 +143,7 @@ def run_model(
     batch_size: int = 16,
     embed_delta: Tensor | None = None,
     targets: Tensor | None = None,
+    entropy: bool = False,
 ) -> Pass:
     """Forward passes through the capture seam (:mod:`sinklab.capture.hf` for ``transformers`` models,
     the observer of :mod:`sinklab.capture.native` for sinklab models), with optional interventions.
@@ -160,6 +161,7 @@ def run_model(
         targets: (N, T) int64: with ``nll``, ``nll[n, t] = -log p(targets[n, t] | input_ids[n])`` at every
             position t (the masked diffusion readout: the clean token behind each position) instead
             of the next-token NLL; ``Pass.nll`` is then (N, T).
+        entropy: record each head's attention entropy (:attr:`ProbeStats.attention_entropy`).
 
     Raises:
         InputError: ``nll`` for a model without an LM head.
@@ -177,7 +179,7 @@ def run_model(
             delta = embed_delta[s : s + batch_size]
             handle = emb.register_forward_hook(lambda _m, _i, o, d=delta: o + d.to(o.dtype))
         try:
-            kw = dict(edit=edit, hidden_edit=hidden_edit, logits=nll, keep_hidden=hidden)
+            kw = dict(edit=edit, hidden_edit=hidden_edit, logits=nll, keep_hidden=hidden, entropy=entropy)
             rec = forward_native(model, ids, **kw) if native else forward_hf(model, ids, "eager", **kw)
         finally:
             if handle is not None:
@@ -273,6 +275,22 @@ def check_layers(layers: list[int] | None, num_layers: int) -> list[int]:
     return sorted(set(layers))
 
 
+def check_heads(heads: list[int] | None, num_heads: int) -> list[int]:
+    """The 0-based heads to act on (None = all). Raises InputError for an index out of range."""
+    if heads is None:
+        return list(range(num_heads))
+    bad = [h for h in heads if not 0 <= h < num_heads]
+    if bad:
+        raise InputError(f"head {bad[0]} is out of range: the layers have {num_heads} heads (0 to {num_heads - 1})")
+    return sorted(set(heads))
+
+
+def num_heads(model: nn.Module) -> int:
+    """Query heads per attention layer of a ``transformers`` model or a :class:`~sinklab.nn.SinkLM`."""
+    c = model.config
+    return c.n_heads if is_native(model) else c.num_attention_heads
+
+
 def _versions() -> dict[str, str]:
     from sinklab.measure.run import versions
     from sinklab.provenance import code_version
@@ -300,11 +318,13 @@ class AnalysisResult:
     """The outcome of one ``sinklab analyze`` kind.
 
     Attributes:
-        kind: ``massive``, ``keybias``, ``intervene``, ``overmix`` or ``repeat``.
+        kind: ``massive``, ``keybias``, ``intervene``, ``overmix``, ``repeat``, ``denoise``, ``depth`` or ``attention``.
         summary: the headline numbers (JSON-serialisable).
         tables: tidy tables by name (pandas DataFrames), written as ``NAME.csv``.
         plots: plot makers by name, ``fn(path)`` writes ``NAME.png``.
         settings: the analysis' settings. model, corpus: provenance.
+        csv_only: names of tables too large to repeat in ``analysis.json`` (written as CSV only;
+            ``analysis.json`` lists them under ``csv_only_tables``).
     """
 
     kind: str
@@ -315,13 +335,15 @@ class AnalysisResult:
     model: dict = field(default_factory=dict)
     corpus: dict | None = None
     command: str = ""
+    csv_only: tuple = ()
 
     def to_dict(self) -> dict:
         """The content of ``analysis.json``: every number, the command, versions, provenance, settings."""
         return _jsonable({
             "kind": self.kind, "summary": self.summary, "settings": self.settings, "model": self.model,
             "corpus": self.corpus, "command": self.command, "versions": _versions(),
-            "tables": {name: df.to_dict(orient="list") for name, df in self.tables.items()},
+            "tables": {name: df.to_dict(orient="list") for name, df in self.tables.items() if name not in self.csv_only},
+            **({"csv_only_tables": [f"{n}.csv" for n in self.csv_only]} if self.csv_only else {}),
             "positions_are": "0-based indices; index 0 is the paper's token 1",
         })
 

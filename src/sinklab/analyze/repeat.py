@@ -1,16 +1,105 @@
-"""``repeat``: a natural prompt followed by one token repeated n times. Do the repeated tokens' hidden
-states become like the first position's, and what happens to the sink on the first position as n grows?"""
+"""``repeat``: the repeated-token mechanism (Yona et al. 2025, *Interpreting the repeated token phenomenon
+in large language models*; seed 003 section 1).
+
+In LLaMA-2 the first layer has heads whose query and key are near-orthogonal for the same token, so they
+attend to every token but themselves, while the causal mask forces the first token to attend to itself;
+later layers find "the token that attended to itself", and a run of repeated tokens looks more and more
+like that token, so the sink dissolves. Three parts:
+
+1. the first-layer mechanism on natural text: per (layer, head) the self-attention share
+   ``mean_{i >= 2} A[i, i]`` against a uniform head's ``mean_{i >= 2} 1 / (i + 1)``, and the query-key
+   cosine of the same token, ``cos(q_i, k_i)`` (:func:`self_attention_statistics`);
+2. a natural prompt followed by one token repeated n times: the cosine of each repeated position's
+   hidden state to the first position's, layer by layer, and the sink rate as n grows;
+3. sink injection: make a chosen position look self-attending in the first layer (its attention row set
+   to weight 1 on itself, :func:`force_self_attention`) and measure the attention mass later layers put
+   on that position, against the same windows without the edit.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.analyze.common import AnalysisResult, Subject, command_line, natural_ids, resolve_subject, run_model
+from sinklab.analyze.common import (AnalysisResult, Subject, check_heads, check_layers, command_line, natural_ids,
+                                    num_heads, resolve_subject, run_model)
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
+
+#: queries from this 0-based position on enter the self-attention share (query 0 must attend to
+#: itself, query 1 sees only two keys)
+SELF_START = 2
+
+
+def self_attention_statistics(weights: Tensor, query: Tensor, key: Tensor, *, start: int = SELF_START,
+                              causal: bool = True) -> dict[str, Tensor]:
+    """How much each head attends to the query's own token, and why.
+
+    Args:
+        weights: (B, H, T, T) attention weights (rows = queries). query, key: (B, H, T, D) after RoPE
+            (grouped-query heads repeated to H); RoPE rotates a token's query and key by the same
+            angle, so ``cos(q_i, k_i)`` is the same before and after it.
+        start: first 0-based query position counted (default 2).
+        causal: query i sees keys j <= i (else every key).
+
+    Returns:
+        (B, H) float64 tensors over the queries ``i >= start``: ``self_share`` the mean of ``A[i, i]``;
+        ``uniform_share`` a head spreading evenly, the mean of ``1 / (i + 1)`` (causal) or ``1 / T``;
+        ``qk_cos_self`` the mean of ``cos(q_i, k_i)``; ``qk_cos_other`` the mean of ``cos(q_i, k_j)``
+        over the other visible keys j.
+
+    Raises:
+        InputError: ``start`` not in [0, T).
+    """
+    B, H, T, _ = weights.shape
+    if not 0 <= start < T:
+        raise InputError(f"start {start} is outside [0, T={T})")
+    rows = torch.arange(start, T)
+    diag = weights.double().diagonal(dim1=-2, dim2=-1)[..., start:]  # (B, H, T - start)
+    n_vis = (rows + 1).double() if causal else torch.full((T - start,), float(T), dtype=torch.float64)
+    cos = torch.matmul(F.normalize(query.double(), dim=-1), F.normalize(key.double(), dim=-1).transpose(-1, -2))
+    vis = torch.ones(T, T, dtype=torch.bool)
+    if causal:
+        vis = vis.tril()
+    vis[torch.arange(T), torch.arange(T)] = False  # the other keys
+    vis[:start] = False
+    return {
+        "self_share": diag.mean(dim=-1),
+        "uniform_share": (1.0 / n_vis).mean().expand(B, H),
+        "qk_cos_self": cos.diagonal(dim1=-2, dim2=-1)[..., start:].mean(dim=-1),
+        "qk_cos_other": (cos * vis).sum(dim=(-1, -2)) / vis.sum().clamp_min(1),
+    }
+
+
+def force_self_attention(position: int, heads: dict[int, list[int]]):
+    """An attention edit (:data:`sinklab.capture.hf.AttentionEdit`) that makes query ``position`` attend only
+    to itself: in each layer of ``heads`` (0-based layer -> 0-based heads) row ``position`` of those heads
+    becomes ``A[position, j] = 1 if j == position else 0`` (what the causal mask does to position 0 in
+    every head). Other rows, heads and layers are untouched (the edit returns None there); a virtual key's
+    share, if the model has one, is left as it was.
+
+    Raises:
+        InputError: ``position`` < 0 (a position past T is refused when the edit runs).
+    """
+    if position < 0:
+        raise InputError(f"--position must be >= 0, got {position}")
+
+    def edit(layer, w, **_):
+        hs = heads.get(layer)
+        if not hs:
+            return None
+        if position >= w.shape[-2]:
+            raise InputError(f"--position {position} is outside the sequence (0-based, T={w.shape[-2]})")
+        new = w.clone()
+        new[:, hs, position, :] = 0.0
+        new[:, hs, position, position] = 1.0
+        return new
+
+    return edit
 
 
 def cosine_to_first(hidden: Tensor, start: int) -> Tensor:
@@ -37,9 +126,28 @@ def repeat(
     prompt_len: int = 8,
     counts: list[int] | None = None,
     token: int | None = None,
+    position: int | None = None,
+    heads: list[int] | None = None,
+    layers: list[int] | None = None,
     batch_size: int = 16,
 ) -> AnalysisResult:
-    """Repeated-token probe: prompt (the first ``prompt_len`` tokens of each natural window) + one token
+    """The repeated-token mechanism: first-layer self-attention, repeated tokens, sink injection.
+
+    **First-layer mechanism** (table ``self_attention``, every layer and head, on the natural windows):
+    :func:`self_attention_statistics`; the summary lists the first layer's heads, and as
+    ``attend_to_others_heads`` those whose self-attention share is below the uniform head's.
+
+    **Sink injection** (table ``inject``): on the natural windows, query ``position`` (default T // 2) is
+    made to attend only to itself (:func:`force_self_attention`) in ``layers`` (default: the first, 0)
+    in one of these head sets: ``self_heads`` -- ``heads`` (default: the ceil(H / 3) heads of lowest
+    self-attention share in the first of ``layers``, the "attend to others" candidates); ``self_all``
+    -- every head; ``control_heads`` -- as many heads of the highest self-attention share; ``none``
+    -- no edit. Per variant and layer: the attention mass on ``position`` (mean over samples and heads of
+    ``alpha[l, h, position]``), its sink rate (percent of (sample, head) pairs with mass > eps), the same
+    on position 0, and the cosine of ``position``'s block output with position 0's. The summary gives
+    them over the layers after the last edited one.
+
+    **Repeats**: prompt (the first ``prompt_len`` tokens of each natural window) + one token
     repeated n times, for n in ``counts`` (default 1, 2, 4, ... up to ``seq_len``).
 
     Per n and layer: the mean over samples and repeated positions of the cosine between each repeated
@@ -54,9 +162,13 @@ def repeat(
 
     Args:
         token: the repeated token id (default: one per sample, drawn from the non-special vocabulary, seeded).
+        position: 0-based position made self-attending (default T // 2), in [1, T).
+        heads: 0-based heads of the ``self_heads`` variant (default: the lowest self-attention shares).
+        layers: 0-based layers where the position is made self-attending (default [0]).
 
     Raises:
-        InputError: prompt_len outside [0, seq_len), a count < 1, or a token outside the vocabulary.
+        InputError: prompt_len outside [0, seq_len), a count < 1, a token outside the vocabulary, a
+            position outside [1, T), a layer or head out of range.
     """
     import pandas as pd
 
@@ -72,6 +184,16 @@ def repeat(
     limit = subj.model_info.get("max_context")
     if limit is not None and prompt_len + max(counts) > limit:
         raise InputError(f"prompt {prompt_len} + {max(counts)} repeats is past the model's context of {limit} tokens")
+    position = T // 2 if position is None else position
+    if not 1 <= position < T:
+        raise InputError(f"--position {position} must lie in [1, T={T}) (position 0 attends to itself already)")
+    L, H = subj.num_layers, num_heads(m)
+    inject_layers = check_layers([0] if layers is None else layers, L)
+    if heads is not None:
+        heads = check_heads(heads, H)
+    causal = not subj.is_encoder
+    mech, base = _mechanism(subj, batch_size, causal)  # (N, L', H) statistics and the unedited natural pass
+    ids_layers = base.stats.block_ids
     vocab = len(subj.tokenizer) if subj.tokenizer is not None else int(ids.max()) + 1
     if token is not None:
         if not 0 <= token < vocab:
@@ -111,9 +233,64 @@ def repeat(
             rows.append({"repeats": n, "layer": l, "mean_cos_to_first": float(cos[:, l].mean()),
                          "last_cos_to_first": float(cos[:, l, -1].mean())})
     cos_df, sink_df = pd.DataFrame(rows), pd.DataFrame(sink_rows)
+    # --- first-layer mechanism table
+    mech_rows = []
+    for i, b in enumerate(ids_layers):
+        for h in range(H):
+            r = {name: float(v[:, i, h].mean()) for name, v in mech.items()}
+            r["self_share_over_uniform"] = r["self_share"] / r["uniform_share"]
+            mech_rows.append({"layer": b, "head": h, **r})
+    mech_df = pd.DataFrame(mech_rows)
+    first = inject_layers[0]
+    if first not in ids_layers:
+        raise InputError(f"layer {first} has no attention (blocks with attention: {ids_layers})")
+    l0 = mech_df[mech_df["layer"] == first].sort_values("head")
+    order = l0.sort_values(["self_share", "head"])["head"].tolist()  # lowest self-attention share first
+    k = len(heads) if heads is not None else math.ceil(H / 3)
+    chosen = heads if heads is not None else sorted(order[:k])
+    control = sorted([h for h in reversed(order) if h not in chosen][:k])
+    variants = {"none": None, "self_heads": chosen, "self_all": list(range(H)), "control_heads": control}
+    inj_rows = []
+    for name, hs in variants.items():
+        if name == "control_heads" and not hs:
+            continue
+        if hs is None:
+            res = base
+        else:
+            res = run_model(m, ids, edit=force_self_attention(position, {l: hs for l in inject_layers}), hidden=True,
+                            batch_size=batch_size)
+        mass = res.stats.mass.double()  # (N, L', H, T)
+        cos_p = F.cosine_similarity(res.hidden[:, :, position].double(), res.hidden[:, :, 0].double(), dim=-1)  # (N, L')
+        for i, b in enumerate(ids_layers):
+            inj_rows.append({
+                "variant": name, "heads": ",".join(map(str, hs)) if hs is not None else "",
+                "layer": b, "mass_on_position": float(mass[:, i, :, position].mean()),
+                "sink_rate_position": float((mass[:, i, :, position] > eps).double().mean() * 100),
+                "mass_on_first": float(mass[:, i, :, 0].mean()),
+                "sink_rate_first": float((mass[:, i, :, 0] > eps).double().mean() * 100),
+                "cos_position_to_first": float(cos_p[:, i].mean()),
+            })
+    inj_df = pd.DataFrame(inj_rows)
+    after = inj_df[inj_df["layer"] > max(inject_layers)]
+    inject_summary = {}
+    for name, d in after.groupby("variant", sort=False):
+        inject_summary[name] = {
+            "sink_rate_position": float(d["sink_rate_position"].mean()),
+            "mass_on_position": float(d["mass_on_position"].mean()),
+            "sink_rate_first": float(d["sink_rate_first"].mean()),
+            "cos_position_to_first_last_layer": float(d.sort_values("layer")["cos_position_to_first"].iloc[-1]),
+        }
     nmax = max(counts)
     at_max = cos_df[cos_df["repeats"] == nmax]
     summary = {
+        "first_layer": first,
+        "first_layer_self_share_by_head": l0["self_share"].tolist(),
+        "first_layer_uniform_share": float(l0["uniform_share"].iloc[0]),
+        "first_layer_qk_cos_self_by_head": l0["qk_cos_self"].tolist(),
+        "first_layer_qk_cos_other_by_head": l0["qk_cos_other"].tolist(),
+        "attend_to_others_heads": sorted(l0[l0["self_share"] < l0["uniform_share"]]["head"].tolist()),
+        "inject_position": position, "inject_layers": inject_layers, "inject_heads": chosen, "control_heads": control,
+        "inject_after_last_edited_layer": inject_summary,
         "prompt_len": prompt_len, "counts": counts, "num_samples": N,
         "sink_rate_pos0_by_repeats": dict(zip(sink_df["repeats"].tolist(), sink_df["sink_rate_pos0"].tolist())),
         "sink_rate_pos0_natural_same_len_by_repeats": dict(zip(sink_df["repeats"].tolist(),
@@ -146,7 +323,52 @@ def repeat(
         fig.savefig(path, dpi=120)
         plt.close(fig)
 
+    def plot_mechanism(path):
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        x = l0["head"].to_numpy()
+        axes[0].bar(x - 0.2, l0["self_share"], width=0.4, label="self-attention share")
+        axes[0].axhline(float(l0["uniform_share"].iloc[0]), color="k", ls="--", lw=1, label="uniform head")
+        axes[0].set_xlabel(f"head of layer {first}")
+        axes[0].set_ylabel(f"mean A[i, i], i >= {SELF_START}")
+        ax2 = axes[0].twinx()
+        ax2.plot(x, l0["qk_cos_self"], "o-", color="tab:red", ms=3, label="cos(q_i, k_i)")
+        ax2.plot(x, l0["qk_cos_other"], "s:", color="tab:gray", ms=3, label="cos(q_i, k_j), j != i")
+        ax2.set_ylabel("query-key cosine")
+        axes[0].legend(loc="upper left", fontsize=7)
+        ax2.legend(loc="upper right", fontsize=7)
+        for col, ax, label in (("mass_on_position", axes[1], f"attention mass on position {position}"),
+                               ("cos_position_to_first", axes[2], f"cos(h[{position}], h[0])")):
+            for name, d in inj_df.groupby("variant", sort=False):
+                ax.plot(d["layer"], d[col], marker="o", ms=2, label=f"{name} {d['heads'].iloc[0]}".strip())
+            ax.set_xlabel("layer")
+            ax.set_ylabel(label)
+            ax.legend(fontsize=7)
+        axes[1].set_title(f"query {position} forced to attend only to itself in layer(s) {inject_layers}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
-                "seed": seed, "eps": eps, "prompt_len": prompt_len, "counts": counts, "token": token}
-    return AnalysisResult("repeat", summary, {"cosine": cos_df, "sink_rate": sink_df}, {"repeat": plot}, settings,
+                "seed": seed, "eps": eps, "prompt_len": prompt_len, "counts": counts, "token": token,
+                "position": position, "heads": heads, "layers": layers}
+    tables = {"cosine": cos_df, "sink_rate": sink_df, "self_attention": mech_df, "inject": inj_df}
+    return AnalysisResult("repeat", summary, tables, {"repeat": plot, "mechanism": plot_mechanism}, settings,
                           subj.model_info, subj.corpus_info, command_line("repeat", settings, subj))
+
+
+def _mechanism(subj: Subject, batch_size: int, causal: bool):
+    """The natural windows through the seam with an inspecting edit: (N, L', H) tensors of
+    :func:`self_attention_statistics` per layer with attention, and the unedited pass (hidden states kept)."""
+    per_layer: dict[int, list[dict]] = {}
+
+    def inspect(layer, w, *, query, key, value):
+        per_layer.setdefault(layer, []).append(self_attention_statistics(w, query, key, causal=causal))
+        return None
+
+    res = run_model(subj.model, subj.input_ids, edit=inspect, hidden=True, batch_size=batch_size)
+    layers = sorted(per_layer)
+    stacked = {name: torch.stack([torch.cat([d[name] for d in per_layer[l]]) for l in layers], dim=1)
+               for name in per_layer[layers[0]][0]}
+    return stacked, res

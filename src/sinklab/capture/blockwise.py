@@ -222,8 +222,8 @@ key block (1024 x 65 floats per key head, 260 KiB) stays in the L2 cache while e
 
 def column_sums_from_lse(
     query: Tensor, key: Tensor, lse: Tensor, *, scaling: float, is_causal: bool, tile_bytes: int = COLSUM_TILE_BYTES,
-    block_size: int | None = None, key_block: int = COLSUM_KEYS,
-) -> Tensor:
+    block_size: int | None = None, key_block: int = COLSUM_KEYS, entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Column sums of softmax attention from each query's log-sum-exp: one more Q K^T, no P V.
 
     ``c_j = sum_i exp(scaling * q_i . k_j - LSE_i)`` over the queries ``i`` that see key ``j``
@@ -250,9 +250,12 @@ def column_sums_from_lse(
         tile_bytes: largest float32 tile when choosing the queries per tile.
         block_size: queries per tile (overrides ``tile_bytes``).
         key_block: keys per tile (rounded down to a multiple of the queries per tile).
+        entropy: also return each query's attention entropy in nats, ``-sum_j A[i, j] log A[i, j]``,
+            accumulated over the same tiles (one more ``xlogy`` and sum per tile).
 
     Returns:
-        (B, H_q, T_k) float64 column sums ``sum_i A[b, h, i, j]``.
+        (B, H_q, T_k) float64 column sums ``sum_i A[b, h, i, j]``; with ``entropy``, the pair
+        (column sums, row entropies (B, H_q, T_q) float64).
 
     Raises:
         InputError: ``is_causal`` with T_q != T_k; ``block_size`` or ``key_block`` not positive.
@@ -279,6 +282,7 @@ def column_sums_from_lse(
     # tiles are keys x queries: the GEMM is a little faster that way round and each key's sum is over
     # contiguous memory; col[b, g, j, r] belongs to query head g * n_rep + r
     col = torch.zeros(B, Hkv, Tk, n_rep, dtype=torch.float64, device=query.device)
+    ent = torch.zeros(B, Hkv, n_rep, Tq, dtype=torch.float64, device=query.device) if entropy else None
     for k0 in range(0, Tk, m):
         for q0 in range(k0 if is_causal else 0, Tq, n):  # causal: k0 is a multiple of n
             q1 = min(Tq, q0 + n)
@@ -290,7 +294,10 @@ def column_sums_from_lse(
             if is_causal and k1 == q1:  # the diagonal tile: hide keys after the query
                 tile[:, :, q0 - k0 :].masked_fill_(hidden[: q1 - q0, :, : q1 - q0], float("-inf"))
             col[:, :, k0:k1] += tile.exp2_().sum(dim=-1)  # (B, H_kv, k1 - k0, n_rep)
-    return col.transpose(2, 3).reshape(B, Hq, Tk)
+            if ent is not None:  # -sum over the tile's keys of p log p (natural log), per query
+                ent[..., q0:q1] -= torch.special.xlogy(tile, tile).sum(dim=2)  # (B, H_kv, n_rep, q1 - q0)
+    col = col.transpose(2, 3).reshape(B, Hq, Tk)
+    return (col, ent.reshape(B, Hq, Tq)) if ent is not None else col
 
 
 def blockwise_attention(
@@ -307,7 +314,8 @@ def blockwise_attention(
     block_size: int | None = None,
     budget_bytes: int | None = None,
     output: str | None = None,
-) -> tuple[Tensor, Tensor]:
+    entropy: bool = False,
+) -> tuple[Tensor, ...]:
     """Attention output and exact column sums, block by block over queries.
 
     Computes the same as the ``eager`` collector (softmax attention, Vaswani et al.
@@ -347,11 +355,16 @@ def blockwise_attention(
             Soft-capping, sink logits, a sliding window that no mask expresses, or fewer
             causal queries than keys without a mask always use ``tiles`` (SDPA cannot compute
             them); ``fused`` off CPU (or with value and query head sizes differing) is ``sdpa``.
+        entropy: also return the row entropies, from the same tiles: with ``u_j`` a row's
+            unnormalised weights (after the max shift) and ``Z = sum_j u_j`` (the sink logit's
+            ``u`` included), ``H = log Z - sum_j u_j log u_j / Z``; on the log-sum-exp paths
+            ``H = -sum_j p_j log p_j`` directly. Costs one ``xlogy`` over every tile.
 
     Returns:
         output (B, T_q, H_q, D) in ``value``'s dtype; column sums (B, H_q, T_k)
         float64, ``sum_i A[b, h, i, j]`` over 0-based query positions ``i``. Queries
-        whose every key is masked (padding) contribute nothing.
+        whose every key is masked (padding) contribute nothing. With ``entropy``, a third
+        tensor: the row entropies (B, H_q, T_q) float64 in nats (0 for a fully masked query).
 
     Raises:
         InputError: mismatched shapes, H_q not a multiple of H_kv, a block size
@@ -403,7 +416,10 @@ def blockwise_attention(
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal), scale=scale)
         if query.dtype != torch.float32:  # the LSE of the float32 scores the statistics use
             _, lse = _FUSED_CPU(query.float(), key.float(), value.float(), 0.0, bool(is_causal), scale=scale)
-        col = column_sums_from_lse(query, key, lse, scaling=scale, is_causal=is_causal, block_size=fixed_block)
+        col = column_sums_from_lse(query, key, lse, scaling=scale, is_causal=is_causal, block_size=fixed_block,
+                                   entropy=entropy)
+        if entropy:
+            return out.transpose(1, 2).contiguous(), *col
         return out.transpose(1, 2).contiguous(), col
 
     lse = None  # (B, H_q, T_q) float32, when the output kernel provides it
@@ -428,6 +444,7 @@ def blockwise_attention(
     kT = key.float().reshape(B * Hkv, Tk, D).transpose(1, 2)  # (B*H_kv, D, T_k)
     vf = value.float().reshape(B * Hkv, Tk, -1) if output == "tiles" else None
     col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
+    ent = torch.zeros(B, Hq, Tq, dtype=torch.float64, device=query.device) if entropy else None
     sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1) * base
     exp_ = Tensor.exp2_ if base != 1.0 else Tensor.exp_  # in place
     # one score buffer for every block: a fresh multi-MB tile per block costs an mmap and page faults
@@ -444,7 +461,7 @@ def blockwise_attention(
         if k1 <= k0:
             if output == "tiles":
                 out[:, q0:q1] = 0.0
-            continue
+            continue  # no visible key: column sums and entropies stay 0
         span = k1 - k0
         # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
         qb = qf[:, :, q0:q1].reshape(B * Hkv, n_rep * n, D)
@@ -465,6 +482,8 @@ def blockwise_attention(
                 torch.sub(bias, lse_b, out=scores)
             probs = exp_(tile.baddbmm_(qb, kT[:, :, k0:k1])).view(B * Hq, n, span)
             weights = torch.ones(B * Hq, 1, n, device=query.device)
+            if ent is not None:  # normalised probabilities: -sum p log p
+                ent[:, :, q0:q1] = -torch.special.xlogy(probs, probs).sum(dim=-1).view(B, Hq, n)
         else:
             torch.bmm(qb, kT[:, :, k0:k1], out=tile)  # (B*H_kv, n_rep*n, span): scaled scores
             if softcap is not None:
@@ -480,9 +499,16 @@ def blockwise_attention(
             scores.sub_(row_max)
             probs = exp_(scores)  # unnormalised
             denom = probs.sum(dim=-1, keepdim=True)
-            if sink_logits is not None:
-                denom = denom + exp_(sink_logits - row_max)
+            u_sink = None if sink_logits is None else exp_(sink_logits - row_max)  # (B, H_q, n, 1)
+            if u_sink is not None:
+                denom = denom + u_sink
             inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))  # (B, H_q, n, 1)
+            if ent is not None:  # H = log Z - sum_j u_j log u_j / Z (natural log of the unnormalised u)
+                ulogu = torch.special.xlogy(probs, probs).sum(dim=-1, keepdim=True)
+                if u_sink is not None:
+                    ulogu = ulogu + torch.special.xlogy(u_sink, u_sink)
+                h = torch.where(denom > 0, torch.log(denom.clamp_min(1e-38)) - ulogu * inv, torch.zeros_like(denom))
+                ent[:, :, q0:q1] = h.squeeze(-1)
             probs = probs.view(B * Hq, n, span)
             weights = inv.view(B * Hq, 1, n)
             if output == "tiles":
@@ -491,9 +517,10 @@ def blockwise_attention(
         # column sums of the (normalised) tile: weights^T @ probs, (B*H_q, 1, span)
         col[:, :, k0:k1] += torch.bmm(weights, probs).view(B, Hq, span)
 
+    more = (ent,) if ent is not None else ()
     if output == "tiles":
-        return out.to(value.dtype), col
-    return out.transpose(1, 2).contiguous(), col
+        return out.to(value.dtype), col, *more
+    return out.transpose(1, 2).contiguous(), col, *more
 
 
 @COLLECTORS.register(
@@ -512,7 +539,8 @@ def blockwise_collector(
     softcap: float | None = None,
     sinks: Tensor | None = None,
     sliding_window: int | None = None,
-) -> tuple[Tensor, Tensor]:
+    entropy: bool = False,
+) -> tuple[Tensor, ...]:
     """The registered collector: :func:`blockwise_attention` with the thread's :func:`current_options`."""
     return blockwise_attention(
         query,
@@ -524,4 +552,5 @@ def blockwise_collector(
         softcap=softcap,
         sinks=sinks,
         sliding_window=sliding_window,
+        entropy=entropy,
     )

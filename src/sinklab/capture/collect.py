@@ -20,6 +20,7 @@ def collect(
     collector: str = "auto",
     progress: bool = False,
     prefix_len: int = 0,
+    entropy: bool = False,
 ) -> ProbeStats:
     """Attention mass, hidden-state norms and key/value norms of every probe sequence.
 
@@ -39,6 +40,8 @@ def collect(
         prefix_len: run a sinklab model with a bidirectional prefix of this many tokens
             (the prefix-LM mask it was trained with); 0 = its plain causal mask. A sinklab
             model's sliding window (``config.sliding_window``) is always applied.
+        entropy: also record each head's attention entropy (mean over queries, in nats:
+            :attr:`ProbeStats.attention_entropy`); costs one ``xlogy`` over every attention tile.
 
     Returns:
         :class:`ProbeStats` with ``N`` samples.
@@ -60,7 +63,8 @@ def collect(
     starts = range(0, input_ids.shape[0], batch_size)
     for s in show_progress(starts, desc="probe", unit="batch", enabled=progress):
         batch = input_ids[s : s + batch_size].to(device)
-        rec = forward_native(model, batch, prefix_len) if is_native(model) else forward_hf(model, batch, collector)
+        rec = (forward_native(model, batch, prefix_len, entropy=entropy) if is_native(model)
+               else forward_hf(model, batch, collector, entropy=entropy))
         parts.append(rec.finish())
     return ProbeStats.concat(parts)
 

@@ -4,7 +4,7 @@ its attention matrix in one pass.
 A collector has the signature::
 
     collector(query, key, value, *, scaling, attention_mask, is_causal,
-              softcap=None, sinks=None, sliding_window=None) -> (output, column_sums)
+              softcap=None, sinks=None, sliding_window=None, entropy=False) -> (output, column_sums)
 
 with ``query`` (B, H_q, T_q, D), ``key``/``value`` (B, H_kv, T_k, D) (grouped-query
 heads not repeated), ``attention_mask`` None, a boolean mask (True = may attend) or
@@ -12,8 +12,11 @@ an additive float mask broadcastable to (B, H_q, T_q, T_k); ``output`` (B, T_q, 
 in ``value``'s dtype, and ``sliding_window`` the layer's window (applied by the
 collector when the mask is None: sinklab's mask builder returns None for a plain
 causal sliding-window pattern rather than a T x T mask), and ``column_sums`` (B, H_q, T_k) float64:
-``sum_i A[b, h, i, j]``. Registered collectors are interchangeable: ``eager`` builds
-one layer's T x T matrix at a time, others may never build it.
+``sum_i A[b, h, i, j]``. With ``entropy=True`` a collector returns a third tensor, the row
+entropies (B, H_q, T_q) float64 in nats, ``-sum_j A[b, h, i, j] log A[b, h, i, j]`` (a gpt-oss
+sink logit's share counted as one more entry of the row; :func:`sinklab.metrics.attention_entropy`).
+Registered collectors are interchangeable: ``eager`` builds one layer's T x T matrix at a time,
+others may never build it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from torch import Tensor
 
 from sinklab.attention_masks import build_mask, repeat_kv
+from sinklab.metrics.entropy import attention_entropy
 from sinklab.registry import Registry
 
 COLLECTORS: Registry = Registry("attention collector")
@@ -62,7 +66,8 @@ def eager_collector(
     sinks: Tensor | None = None,
     sliding_window: int | None = None,
     edit=None,
-) -> tuple[Tensor, Tensor]:
+    entropy: bool = False,
+) -> tuple[Tensor, ...]:
     """Plain matmul-mask-softmax attention that also returns the column sums.
 
     Scores are ``scaling * q k^T`` (``scaling`` defaults to ``1/sqrt(D)``), optionally
@@ -74,7 +79,9 @@ def eager_collector(
     the output and the column sums then come from the replacement.
 
     Returns:
-        output (B, T_q, H_q, D) in value's dtype, column sums (B, H_q, T_k) float64.
+        output (B, T_q, H_q, D) in value's dtype, column sums (B, H_q, T_k) float64; with
+        ``entropy``, also the row entropies (B, H_q, T_q) float64 in nats of the (possibly edited)
+        weights, the sink logit's weight ``1 - sum_j A[i, j]`` counted as one more entry.
     """
     B, Hq, Tq, D = query.shape
     Tk = key.shape[2]
@@ -98,4 +105,8 @@ def eager_collector(
         edited = edit(probs)
         probs = probs if edited is None else edited
     out = torch.matmul(probs.to(v.dtype), v)  # (B, Hq, Tq, D)
-    return out.transpose(1, 2).contiguous(), probs.sum(dim=-2, dtype=torch.float64)
+    col = probs.sum(dim=-2, dtype=torch.float64)
+    if entropy:
+        extra = None if sinks is None else (1.0 - probs.sum(dim=-1, dtype=torch.float64)).clamp_min(0.0)
+        return out.transpose(1, 2).contiguous(), col, attention_entropy(probs, extra)
+    return out.transpose(1, 2).contiguous(), col

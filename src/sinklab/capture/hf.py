@@ -25,6 +25,7 @@ from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.errors import CaptureError
+from sinklab.metrics.entropy import attention_entropy
 
 ATTN_NAME = "sinklab_capture"
 
@@ -66,7 +67,9 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
     window = None
     if attention_mask is None and skipped_window() is not None:
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", skipped_window()))
-    out, col = collector(
+    if recorder.wants_entropy:
+        more["entropy"] = True
+    out, col, *ent = collector(
         query,
         key,
         value,
@@ -83,7 +86,8 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         # gpt-oss style sink logits: every query's weights on the real keys sum to 1 - (its weight on the
         # virtual sink), so the mean weight on the sink over the T_q queries is 1 - sum(col) / T_q
         extra = (1.0 - col.sum(dim=-1) / query.shape[2]).unsqueeze(-1)  # (B, H, 1)
-    recorder.add_attention(layer, col, causal=bool(is_causal), key=key, value=value, window=window, extra=extra)
+    recorder.add_attention(layer, col, causal=bool(is_causal), key=key, value=value, window=window, extra=extra,
+                           entropy=ent[0] if ent else None)
     return out, None
 
 
@@ -190,6 +194,7 @@ def forward_hf(
     hidden_edit: HiddenEdit | None = None,
     logits: bool = False,
     keep_hidden: bool = False,
+    entropy: bool = False,
 ) -> BatchRecorder:
     """One forward pass of ``input_ids`` (B, T) with statistics recorded.
 
@@ -197,14 +202,15 @@ def forward_hf(
     model does not route attention through ``AttentionInterface``, noting it.
     ``edit``/``hidden_edit``: interventions, see :func:`capturing`. ``logits``: run the LM
     head too and keep ``recorder.logits`` (B, T, V). ``keep_hidden``: keep every block's
-    output in ``recorder.full_hidden``.
+    output in ``recorder.full_hidden``. ``entropy``: record each head's mean attention entropy
+    (:attr:`ProbeStats.attention_entropy`).
 
     Raises:
         CaptureError: the model exposes no attention weights at all, or an ``edit`` was
             given for a model whose attention does not go through ``AttentionInterface``.
     """
     L = model.config.num_hidden_layers
-    recorder = BatchRecorder(L, collector, keep_hidden=keep_hidden)
+    recorder = BatchRecorder(L, collector, keep_hidden=keep_hidden, entropy=entropy)
     # The backbone alone (no LM head) unless logits are asked for: the statistics never need
     # them, and the head is a large matmul over the vocabulary.
     runner = model if logits else getattr(model, "base_model", model)
@@ -218,7 +224,7 @@ def forward_hf(
         raise CaptureError(f"{type(model).__name__} does not route attention through transformers' "
                            "AttentionInterface: interventions and analyses need that seam")
     # Fallback: the model's code does not use the AttentionInterface.
-    recorder = BatchRecorder(L, "output_attentions")
+    recorder = BatchRecorder(L, "output_attentions", entropy=entropy)
     recorder.notes.append("attention not interceptable: fell back to eager output_attentions")
     warnings.warn(
         f"{type(model).__name__} does not route attention through transformers' AttentionInterface: "
@@ -250,5 +256,6 @@ def forward_hf(
     # says is_decoder=False; an encoder attends both ways)
     causal = all(bool((a.triu(diagonal=1) == 0).all()) for a in attns)
     for i, a in enumerate(attns):
-        recorder.add_attention(i, a.sum(dim=-2, dtype=torch.float64), causal=causal)
+        recorder.add_attention(i, a.sum(dim=-2, dtype=torch.float64), causal=causal,
+                               entropy=attention_entropy(a) if entropy else None)
     return recorder

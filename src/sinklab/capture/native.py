@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from sinklab.attention_masks import repeat_kv
 from sinklab.capture.recorder import BatchRecorder
+from sinklab.metrics.entropy import attention_entropy
 
 
 def is_native(model: nn.Module) -> bool:
@@ -24,6 +25,7 @@ def forward_native(
     hidden_edit=None,
     logits: bool = False,
     keep_hidden: bool = False,
+    entropy: bool = False,
 ) -> BatchRecorder:
     """One forward pass of a SinkLM on ``input_ids`` (B, T) with statistics recorded.
 
@@ -36,13 +38,16 @@ def forward_native(
     ``edit`` (:data:`sinklab.capture.hf.AttentionEdit`) inspects or replaces each layer's
     weights through the observer (the model recomputes the output from the replacement);
     ``hidden_edit`` (:data:`sinklab.capture.hf.HiddenEdit`) may replace each block's output.
-    ``logits`` keeps ``recorder.logits`` (B, T, V); ``keep_hidden`` keeps every block's output.
+    ``logits`` keeps ``recorder.logits`` (B, T, V); ``keep_hidden`` keeps every block's output;
+    ``entropy`` records each head's mean attention entropy of the (possibly edited) weights the
+    observer sees, the virtual key's weight counted as one more entry
+    (:func:`sinklab.metrics.attention_entropy`).
     """
     L = model.config.n_layers
     causal = getattr(model.config, "causal", True)
     if not causal:
         prefix_len = 0  # a bidirectional model: no prefix, every query sees every key
-    recorder = BatchRecorder(L, "observer", keep_hidden=keep_hidden)
+    recorder = BatchRecorder(L, "observer", keep_hidden=keep_hidden, entropy=entropy)
     window = getattr(model.config, "sliding_window", None)
     H = model.config.n_heads
 
@@ -64,6 +69,7 @@ def forward_native(
             value=value,
             extra=extra,
             renormalised=renormalised,
+            entropy=attention_entropy(weights, extra) if entropy else None,
         )
         return edited
 

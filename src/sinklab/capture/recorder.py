@@ -59,8 +59,11 @@ def median_nonnegative(x: Tensor) -> Tensor:
 class BatchRecorder:
     """Per-layer statistics of one batch of ``B`` sequences of ``T`` tokens."""
 
-    def __init__(self, num_layers: int, collector: str, *, keep_hidden: bool = False) -> None:
+    def __init__(self, num_layers: int, collector: str, *, keep_hidden: bool = False, entropy: bool = False) -> None:
         self.num_layers = num_layers
+        #: the seams compute each layer's row entropies (:meth:`add_attention`'s ``entropy``) when True
+        self.wants_entropy = entropy
+        self.entropy: list[Tensor | None] = [None] * num_layers
         #: with ``keep_hidden``, ``full_hidden[l]`` keeps layer l's whole output (B, T, d) float32
         self.keep_hidden = keep_hidden
         self.full_hidden: list[Tensor | None] = [None] * num_layers
@@ -108,6 +111,7 @@ class BatchRecorder:
         prefix_len: int = 0,
         window: int | None = None,
         causal_column_sums: Tensor | None = None,
+        entropy: Tensor | None = None,
     ) -> None:
         """Record a layer's attention.
 
@@ -127,6 +131,8 @@ class BatchRecorder:
             key, value: (B, H_kv, T, D) keys (after RoPE) and values, or None.
             extra: (B, H, T_q) attention on a virtual key (sink token / bias / sink logit), or None.
             renormalised: rows were renormalised to sum to 1 before the column sums.
+            entropy: (B, H, T_q) each query's attention entropy in nats, or None; its mean over
+                the T_q queries is kept, (B, H).
         """
         self.causal = causal
         self.renormalised = self.renormalised or renormalised
@@ -144,6 +150,8 @@ class BatchRecorder:
             self.mass_visible[layer] = self.mass[layer]
         if extra is not None:
             self.extra[layer] = extra.to(torch.float64).mean(dim=-1).cpu()
+        if entropy is not None:
+            self.entropy[layer] = entropy.to(torch.float64).mean(dim=-1).cpu()
         if key is not None:
             self.key_norms[layer] = key.float().norm(dim=-1).cpu()
         if value is not None:
@@ -186,7 +194,7 @@ class BatchRecorder:
             raise CaptureError("hidden states of some layers were not captured")
         keep = [i for i, m in enumerate(self.mass) if m is not None]
         if len(keep) < self.num_layers:
-            for name in ("mass", "mass_visible", "extra", "key_norms", "value_norms", "hidden"):
+            for name in ("mass", "mass_visible", "extra", "key_norms", "value_norms", "hidden", "entropy"):
                 setattr(self, name, [getattr(self, name)[i] for i in keep])
 
         def stack(items: list, dim: int = 1) -> Tensor | None:
@@ -203,6 +211,7 @@ class BatchRecorder:
             key_norms=stack(self.key_norms),
             value_norms=stack(self.value_norms),
             extra_mass=stack(self.extra),
+            attention_entropy=stack(self.entropy),
             causal=self.causal,
             renormalised=self.renormalised,
             collector=self.collector,

@@ -42,6 +42,10 @@ class ProbeStats:
         layer_ids: 0-based block index of each of the ``L`` layers, or None when layer l is
             block l. A hybrid model (attention + SSM blocks) keeps only its attention blocks here.
         other_layers: block index -> class name of the blocks without attention (not in ``L``).
+        attention_entropy: (N, L, H) float64 mean over the T query positions of each query's
+            attention entropy ``-sum_j A[i, j] log A[i, j]`` in nats (a virtual key's weight counted
+            as one more entry; rows taken as ``|w| / sum |w|``), when the capture computed it
+            (``collect(..., entropy=True)``), else None.
     """
 
     mass: Tensor
@@ -61,6 +65,7 @@ class ProbeStats:
     mask: dict = field(default_factory=dict)
     layer_ids: list[int] | None = None
     other_layers: dict[int, str] = field(default_factory=dict)
+    attention_entropy: Tensor | None = None
 
     @property
     def block_ids(self) -> list[int]:
@@ -113,6 +118,7 @@ class ProbeStats:
             mask=dict(first.mask),
             layer_ids=None if first.layer_ids is None else list(first.layer_ids),
             other_layers=dict(first.other_layers),
+            attention_entropy=None if any(p.attention_entropy is None for p in parts) else cat("attention_entropy"),
         )
 
     @property

@@ -26,21 +26,34 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 @cli.command("analyze")
 def analyze_cmd(
-    kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat | denoise"),
-    model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run or model folder"),
+    kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat | denoise | "
+                                                 "attention | depth"),
+    model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run or model folder (depth: a "
+                              "run folder analyses every checkpoint it keeps)"),
     corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (default sotu; "
                                          "for a sinklab training run: its own held-out data)"),
-    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="probe windows N (default 32; overmix 16)"),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="probe windows N (default 32; overmix 16; "
+                                              "attention 1; depth 8)"),
     seq_len: int = typer.Option(64, "--seq-len", "-t", help="tokens per window T"),
     seed: int = typer.Option(0, help="seed of the probe draw and of random choices"),
     eps: float = typer.Option(0.3, help="sink threshold on attention mass"),
     out: Optional[Path] = typer.Option(None, help="output folder (default runs/analyze/KIND)"),
     batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="massive: largest entries per (sample, layer) (default 3)"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="massive: largest entries per (sample, layer) (default 3); "
+                                        "depth: non-first sink positions per layer (default 3)"),
+    alpha: Optional[float] = typer.Option(None, help="depth: order of the matrix-based Renyi entropy (default 1 = von Neumann)"),
     massive_ratio: Optional[float] = typer.Option(None, "--massive-ratio", help="massive: multiple of the median |h| "
                                                   "that makes an entry massive (default 100)"),
-    position: Optional[int] = typer.Option(None, help="keybias, intervene: 0-based sink position (default: the top one)"),
-    layers: Optional[str] = typer.Option(None, help="intervene: layers for remove-sink, e.g. 0,1,2 (default all)"),
+    position: Optional[int] = typer.Option(None, help="keybias, intervene: 0-based sink position (default: the top one); "
+                                           "repeat: position made to attend only to itself (default T // 2)"),
+    layers: Optional[str] = typer.Option(None, help="intervene: layers for remove-sink, e.g. 0,1,2 (default all); "
+                                         "attention: layers shown (default first, middle, last); repeat: layers where --position is "
+                                         "made self-attending (default 0)"),
+    heads: Optional[str] = typer.Option(None, help="attention: heads shown, e.g. 0,3 (default all); repeat: heads made "
+                                        "self-attending (default: the lowest self-attention shares)"),
+    sample: Optional[int] = typer.Option(None, help="attention: 0-based probe window shown (default 0)"),
+    max_matrix_len: Optional[int] = typer.Option(None, "--max-matrix-len", help="attention: longest T shown as full "
+                                                 "matrices; longer: mass per key, blockwise (default 256)"),
     dims: Optional[str] = typer.Option(None, help="intervene: massive dimensions to ablate (default: found)"),
     massive_layer: Optional[int] = typer.Option(None, "--massive-layer", help="intervene: block whose output is ablated"),
     token: Optional[int] = typer.Option(None, help="intervene: replacement first token; repeat: the repeated token"),
@@ -66,7 +79,9 @@ def analyze_cmd(
     threads: Optional[int] = THREADS,
 ) -> None:
     """Why sinks exist: massive activations, the key-bias view, interventions, over-mixing, repeated tokens;
-    a masked diffusion LM's sink across denoising steps (denoise).
+    a masked diffusion LM's sink across denoising steps (denoise); one window's attention pattern and
+    per-head entropy (attention); per-layer sinks, first-token norm and representation entropy, for a model or
+    every checkpoint of a training run (depth).
 
     Writes OUT/analysis.json (every number, command, versions, provenance), CSV tables and PNG plots."""
     out = out or Path("runs/analyze") / kind
@@ -85,6 +100,7 @@ def analyze_cmd(
         "directions": directions, "scale": scale, "prompt_len": prompt_len, "counts": _ints(counts, "--counts"),
         "steps": steps, "temperature": temperature, "mask_id": mask_id, "sink_level": sink_level,
         "allow_non_sink": True if allow_non_sink else None,
+        "heads": _ints(heads, "--heads"), "sample": sample, "max_matrix_len": max_matrix_len, "alpha": alpha,
     }
     params = inspect.signature(fn).parameters
     kwargs = {}

@@ -218,7 +218,8 @@ class MeasureResult:
         ``head``, ``kv_head``, ``position`` (0-based), ``token_position``
         (1-based, the paper's k), ``attention_mass`` (mean over samples), ``sink_rate``
         (percent of samples with mass > eps), ``key_norm`` and ``value_norm`` (mean over
-        samples, of the head's KV head), ``model``, ``input``.
+        samples, of the head's KV head), ``attention_entropy`` (the head's mean attention entropy in
+        nats over samples and queries, the same on every position's row), ``model``, ``input``.
         """
         import pandas as pd
 
@@ -226,6 +227,7 @@ class MeasureResult:
         mass = s["attention_mass"]
         rate = s["sink_rate_per_head"]
         kn, vn = s.get("key_norm"), s.get("value_norm")
+        ent = s.get("attention_entropy")
         L, H, K = len(mass), len(mass[0]), len(mass[0][0])
         ids = s.get("layer_ids") or list(range(L))  # block index of each layer (a hybrid's attention blocks)
         H_kv = len(kn[0]) if kn else H
@@ -239,6 +241,7 @@ class MeasureResult:
                         "attention_mass": mass[l][h][k], "sink_rate": rate[l][h][k],
                         "key_norm": kn[l][g][k] if kn else float("nan"),
                         "value_norm": vn[l][g][k] if vn else float("nan"),
+                        "attention_entropy": ent[l][h] if ent else float("nan"),
                         "model": self.model.get("name"), "input": self.config.input,
                     })
         return pd.DataFrame(rows)
@@ -336,7 +339,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     t0 = time.perf_counter()
     extra = {"prefix_len": run.config.train.prefix_len} if run is not None and run.config.train.prefix_len else {}
     stats = collect(loaded.model, probe.input_ids, batch_size=cfg.batch_size, collector=cfg.collector,
-                    progress=progress, **extra)
+                    progress=progress, entropy=True, **extra)
     summary = summarize(stats, cfg.eps, cfg.positions, seed=cfg.seed)
     top = _top_sinks(stats, probe, loaded.tokenizer, cfg.eps)
     wall = time.perf_counter() - t0

@@ -12,6 +12,7 @@ from sinklab.metrics.sink import (
     key_counts,
     massive_activation_ratio,
     norm_ratio,
+    norm_ratio_per_layer,
     sink_rate,
     sink_rate_per_head,
     sink_rate_per_layer,
@@ -20,6 +21,7 @@ from sinklab.metrics.sink import (
     visible_key_counts,
     attention_mass_visible_from_column_sums,
 )
+from sinklab.metrics.entropy import attention_entropy, matrix_entropy
 from sinklab.metrics.summary import summarize
 
 __all__ = [
@@ -29,6 +31,9 @@ __all__ = [
     "key_counts",
     "massive_activation_ratio",
     "norm_ratio",
+    "norm_ratio_per_layer",
+    "attention_entropy",
+    "matrix_entropy",
     "sink_rate",
     "sink_rate_per_head",
     "sink_rate_per_layer",

@@ -258,20 +258,17 @@ def bootstrap_sink_rate_ci(
     return torch.quantile(reps, q, dim=0).T.contiguous()
 
 
-def norm_ratio(hidden_norms: Tensor, reduce: str = "mean") -> Tensor:
-    """Norm-ratio sink score ``Sink'_k`` for every position k.
-
-    ``Sink'_k = mean_l ||h_k^l|| / mean_t ||h_t^l||`` (or ``median_t`` with
-    ``reduce="median"``): how much larger token k's hidden state is than a typical
-    token's, averaged over layers. Values far above 1 mark a sink token (massive
-    activations, Sun et al. 2024).
+def norm_ratio_per_layer(hidden_norms: Tensor, reduce: str = "mean") -> Tensor:
+    """Per-layer norm ratio ``||h_k^l|| / mean_t ||h_t^l||`` (or ``median_t``): the term of ``Sink'_k``
+    (DESIGN.md) before the mean over layers; at k = 0 it is the first token's hidden-norm ratio.
 
     Args:
-        hidden_norms: (N, L, T) l2 norms of the hidden states (layer outputs).
+        hidden_norms: (N, L, T) l2 norms of the hidden states (layer outputs); the mean / median in
+            the denominator runs over all T positions, k included.
         reduce: "mean" or "median" over token positions in the denominator.
 
     Returns:
-        (N, T) float64 ratios per sample and position (0-based).
+        (N, L, T) float64 ratios per sample, layer and position (0-based).
 
     Raises:
         InputError: unknown ``reduce``.
@@ -283,7 +280,28 @@ def norm_ratio(hidden_norms: Tensor, reduce: str = "mean") -> Tensor:
         denom = h.median(dim=-1, keepdim=True).values
     else:
         raise InputError(f"reduce must be 'mean' or 'median', got {reduce!r}")
-    return (h / denom).mean(dim=1)
+    return h / denom
+
+
+def norm_ratio(hidden_norms: Tensor, reduce: str = "mean") -> Tensor:
+    """Norm-ratio sink score ``Sink'_k`` for every position k.
+
+    ``Sink'_k = mean_l ||h_k^l|| / mean_t ||h_t^l||`` (or ``median_t`` with
+    ``reduce="median"``): how much larger token k's hidden state is than a typical
+    token's, averaged over layers (:func:`norm_ratio_per_layer` before that mean). Values
+    far above 1 mark a sink token (massive activations, Sun et al. 2024).
+
+    Args:
+        hidden_norms: (N, L, T) l2 norms of the hidden states (layer outputs).
+        reduce: "mean" or "median" over token positions in the denominator.
+
+    Returns:
+        (N, T) float64 ratios per sample and position (0-based).
+
+    Raises:
+        InputError: unknown ``reduce``.
+    """
+    return norm_ratio_per_layer(hidden_norms, reduce).mean(dim=1)
 
 
 def massive_activation_ratio(max_abs: Tensor, median_abs: Tensor) -> Tensor:

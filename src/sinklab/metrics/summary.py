@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from sinklab.errors import InputError
+from sinklab.metrics.entropy import uniform_attention_entropy
 from sinklab.metrics.sink import (
     bootstrap_sink_rate_ci,
     massive_activation_ratio,
@@ -87,7 +88,13 @@ def summarize(
         ``attention_mass_first_visible`` (the mass averaged over the queries the model's own mask lets
         see each key), ``mask`` and ``mask_aware_differs`` (True when some layer's mask hides keys
         beyond plain causal or bidirectional attention -- a sliding window shorter than T, a prefix LM
-        -- so the mask-aware values differ from the plain ones), plus ``eps``, ``positions``,
+        -- so the mask-aware values differ from the plain ones),
+        ``attention_entropy`` (L, H) nats: the mean over
+        samples and query positions of each head's attention entropy, with ``attention_entropy_per_layer``
+        (L,) its mean over heads and ``attention_entropy_uniform`` the value of evenly spread attention
+        under the probe's mask (:func:`~sinklab.metrics.entropy.uniform_attention_entropy`; a model that mixes
+        sliding-window and global layers gets its windowed layers' value), when the
+        capture recorded entropies, plus ``eps``, ``positions``,
         ``num_samples``, ``seq_len``, ``causal``, ``renormalised``, ``collector``.
 
     Raises:
@@ -147,6 +154,14 @@ def summarize(
         out["key_norm"] = _r(stats.key_norms[..., :K].to(torch.float64).mean(dim=0), 4)
     if stats.value_norms is not None:
         out["value_norm"] = _r(stats.value_norms[..., :K].to(torch.float64).mean(dim=0), 4)
+    if stats.attention_entropy is not None:
+        ent = stats.attention_entropy.to(torch.float64).mean(dim=0)  # (L, H)
+        m = out["mask"]
+        out["attention_entropy"] = _r(ent, 4)
+        out["attention_entropy_per_layer"] = _r(ent.mean(dim=1), 4)
+        out["attention_entropy_uniform"] = round(uniform_attention_entropy(
+            stats.seq_len, causal=bool(m.get("causal", stats.causal)), prefix_len=int(m.get("prefix_len") or 0),
+            window=m.get("window")), 4)
     if stats.extra_mass is not None:
         out["extra_mass"] = _r(stats.extra_mass.mean(dim=0))
         out["sink_rate_virtual"] = round(sink_rate_virtual(stats.extra_mass, eps), 4)
