@@ -206,6 +206,9 @@ def test_init_from_starts_from_the_runs_weights_with_a_fresh_optimizer(tiny, tmp
     for k in ("val_loss", "sink_rate", "attention_mass_first", "norm_ratio"):
         assert first[k] == last_src[k], k
     assert same.history[0]["step"] == 0
+    # the fingerprint identifies the code, not the starting weights: every parent gives the one of a
+    # training from scratch with the same config, so the seeds of a fine-tuning study share it
+    assert loop.code_fingerprint(cfg) == loop.code_fingerprint(load_config(tiny, over[1:]))
     with pytest.raises(ConfigError, match="model differs.*d_model"):
         loop.train(load_config(tiny, over + ["model.d_model=32"]), tmp_path / "bad", progress=False)
 

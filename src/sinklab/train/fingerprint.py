@@ -55,9 +55,13 @@ def canonical_config(cfg: RunConfig, out: Path | None = None) -> RunConfig:
     """The config of the canonical training: ``cfg`` with ``train.seed = 0``, the tracker after every
     step, no TensorBoard and no intermediate checkpoint. The schedule keeps ``train.steps`` (its
     learning rates are those of the real run). A run-local token cache (``data.cache_dir = "run"``)
-    points at the run folder ``out`` so the corpus is not tokenized again."""
+    points at the run folder ``out`` so the corpus is not tokenized again. A fine-tuning run's
+    ``train.init_from`` is dropped: the fingerprint identifies the training code, not the weights a
+    run starts from (the seeds of a fine-tuning study start from different parents, and share one
+    fingerprint), so its canonical training starts from the seed-0 initialisation like any other."""
     c = copy.deepcopy(cfg)
     c.train.seed = 0
+    c.train.init_from = None
     c.train.tensorboard = False
     c.train.checkpoint_every = 0
     c.train.log_every = 1
