@@ -265,24 +265,23 @@ def sign_test_p(k: int, n: int) -> float:
 MIN_SIGN_TEST_PAIRS = 6
 
 
+def _check_indices(values: list[int] | None, n: int, what: str, owner: str) -> list[int]:
+    if values is None:
+        return list(range(n))
+    bad = [v for v in values if not 0 <= v < n]
+    if bad:
+        raise InputError(f"{what} {bad[0]} is out of range: {owner} {n} {what}s (0 to {n - 1})")
+    return sorted(set(values))
+
+
 def check_layers(layers: list[int] | None, num_layers: int) -> list[int]:
     """The 0-based layers to act on (None = all). Raises InputError for an index out of range."""
-    if layers is None:
-        return list(range(num_layers))
-    bad = [l for l in layers if not 0 <= l < num_layers]
-    if bad:
-        raise InputError(f"layer {bad[0]} is out of range: the model has {num_layers} layers (0 to {num_layers - 1})")
-    return sorted(set(layers))
+    return _check_indices(layers, num_layers, "layer", "the model has")
 
 
 def check_heads(heads: list[int] | None, num_heads: int) -> list[int]:
     """The 0-based heads to act on (None = all). Raises InputError for an index out of range."""
-    if heads is None:
-        return list(range(num_heads))
-    bad = [h for h in heads if not 0 <= h < num_heads]
-    if bad:
-        raise InputError(f"head {bad[0]} is out of range: the layers have {num_heads} heads (0 to {num_heads - 1})")
-    return sorted(set(heads))
+    return _check_indices(heads, num_heads, "head", "the layers have")
 
 
 def num_heads(model: nn.Module) -> int:
