@@ -46,7 +46,7 @@ from sinklab.train.tracker import SinkTracker
 
 #: config keys that may change between a run and its resume without changing the losses
 RESUME_MAY_DIFFER = {
-    "data.num_proc", "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard",
+    "data.num_proc", "data.max_epochs", "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard",
     "train.parallel", "track.every", "track.batch_size", "track.emerge_level",
 }
 
@@ -374,6 +374,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "use a larger corpus, a smaller train.batch_size or data.seq_len, or a larger data.max_train_tokens"
         )
     distributed.check_batch(dd, B)
+    check_epochs(cfg, train_data.n_tokens)
     warn = epochs_warning(cfg, train_data.n_tokens)
     if warn and dd.is_main and not canonical:  # the fingerprint's canonical training would repeat it
         (notify or _warn)(warn)
@@ -625,6 +626,31 @@ def code_fingerprint(cfg: RunConfig, out: str | Path | None = None) -> str:
 EPOCHS_WARN = 4.0
 
 
+def passes(cfg: RunConfig, train_tokens: int) -> float:
+    """Passes the run makes over its distinct training tokens: ``train.steps x tokens per step /
+    train_tokens`` (``train_tokens``: stream tokens in whole training windows, after any cap)."""
+    return cfg.train.steps * cfg.tokens_per_step / max(train_tokens, 1)
+
+
+def check_epochs(cfg: RunConfig, train_tokens: int) -> None:
+    """Refuse a run that would pass over its training tokens more than ``data.max_epochs`` times.
+
+    Raises:
+        InputError: ``data.max_epochs`` is set and :func:`passes` exceeds it; the one-line message
+            gives the count and the fixes (a larger corpus, fewer steps, a higher limit).
+    """
+    limit = cfg.data.max_epochs
+    epochs = passes(cfg, train_tokens)
+    if limit is None or epochs <= limit:
+        return
+    raise InputError(
+        f"{cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens would pass over the {train_tokens:,} distinct "
+        f"training tokens {epochs:.1f} times, more than data.max_epochs={limit:g}: give it a corpus of the paper's size "
+        "(data.corpus = \"hf:NAME\" or a folder of Parquet or JSON-lines shards, see 'Scaling out' in the README), "
+        f"fewer train.steps, or allow the repetition with --set data.max_epochs={math.ceil(epochs)}"
+    )
+
+
 def epochs_warning(cfg: RunConfig, train_tokens: int) -> str:
     """The warning for a run that passes over its distinct training tokens more than :data:`EPOCHS_WARN`
     times ("" otherwise). ``train_tokens``: stream tokens in whole training windows (after any cap).
@@ -632,7 +658,7 @@ def epochs_warning(cfg: RunConfig, train_tokens: int) -> str:
     The data-amount study (README) shows that repeated passes put the model into a memorisation
     regime whose sinks differ from those of a run on fresh tokens.
     """
-    epochs = cfg.train.steps * cfg.tokens_per_step / max(train_tokens, 1)
+    epochs = passes(cfg, train_tokens)
     if epochs <= EPOCHS_WARN:
         return ""
     return (f"warning: {cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens pass over the {train_tokens:,} distinct "
