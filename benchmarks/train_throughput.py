@@ -86,15 +86,15 @@ def make_naive(model: SinkLM) -> SinkLM:
 
 
 class Trainee:
-    """A model, its optimizer and a step function timed in seconds.
+    """A model, its optimizer and a step function timed in seconds (bf16 autocast unless ``bf16=False``).
 
     ``logits_loss``: the loss is ``F.cross_entropy`` on the full float32 logits (what transformers
     does; sinklab before :mod:`sinklab.nn.loss`) instead of sinklab's chunked ``SinkLM(targets=)``.
     """
 
     def __init__(self, name: str, model: torch.nn.Module, hf: bool = False, unfused: bool = False,
-                 logits_loss: bool = False, device: torch.device | str = "cpu") -> None:
-        self.name, self.model, self.hf, self.unfused = name, model, hf, unfused
+                 logits_loss: bool = False, device: torch.device | str = "cpu", bf16: bool = True) -> None:
+        self.name, self.model, self.hf, self.unfused, self.bf16 = name, model, hf, unfused, bf16
         self.device = torch.device(device)
         self.logits_loss = logits_loss or hf
         fused = {"fused": True} if self.device.type == "cuda" else {}  # as sinklab train (build_optimizer)
@@ -115,7 +115,7 @@ class Trainee:
         try:
             self._sync()
             t0, c0 = time.perf_counter(), time.process_time()
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 if self.hf:
                     logits = self.model(x, use_cache=False).logits  # (B, T, V)
                 elif self.logits_loss:
