@@ -1,171 +1,444 @@
-"""GPU check (about 5 minutes on one GPU): paper-60m training throughput and MFU, the 2-rank DDP
-equality check when two GPUs are present, and SmolLM2 at T = 32768 with the blockwise collector.
+"""The device script: everything sinklab checks and measures on one GPU, in at most 9 minutes on an H200.
 
-1. **Training.** ``sinklab train paper-60m`` (10 layers, d_model 768, T = 2048, global batch 16 x 4
-   micro-batches, bf16 autocast, ``torch.compile``) for ``--steps`` steps on the synthetic
-   Bigram-Backcopy source with the model's vocabulary kept at the preset's 32,000 ids (FLOPs do not
-   depend on the token values; no corpus download or BPE training on the GPU machine). Prints the
-   median optimizer step's tokens/s and the model FLOPs utilisation
-   ``MFU = (6 N + 6 L T d) * tokens/s / peak`` (N: parameters in matmuls; the formula of
-   ``benchmarks/train_throughput.py``) against the GPU's dense bf16 peak (table below, or
-   ``--peak-tflops``).
-2. **DDP equality** (only with 2+ GPUs): a small config trained by 1 process and by
-   ``sinklab train --nproc 2`` (NCCL, fp32) for 5 steps; prints the largest loss difference.
-3. **Long context.** ``sinklab measure --model smollm2-135m --device cuda -n 1 -t 32768
-   --allow-long-context --collector blockwise --input random`` (the model must be in the sinklab
-   cache: run ``sinklab fetch smollm2-135m`` first on a machine that reaches PyPI).
+    bash benchmarks/gpu.sh                      # = python benchmarks/gpu.py --out "$OUT"
+    SINKLAB_GPU_SMOKE=1 bash benchmarks/gpu.sh  # the same steps on the CPU at tiny sizes (no GPU needed)
 
-Usage::
+Steps, each in its own process with its own time limit (a step that fails, crashes or runs out
+of time is reported as FAILED with the end of its log, the others still run, and the script
+exits 1):
 
-    python benchmarks/gpu.py [--steps 60] [--peak-tflops 989] [--skip-measure]
-    bash benchmarks/gpu.sh                    # the same, with the default settings
+1. ``cuda_tests``: ``pytest -m cuda tests/test_gpu.py`` (bf16 training of every attention
+   operation, ``sinklab train`` on CUDA, blockwise measure on CUDA = CPU, SinkCache decoding on
+   CUDA = CPU, NCCL data parallel with 2+ GPUs); counts and the JUnit XML. In the smoke run they
+   are skipped (no CUDA), and reported so.
+2. ``train``: training tokens/s, peak memory and MFU at the paper-60m shapes (d 768, 10 layers,
+   8 heads, FFN 1536, vocabulary 32000, T 2048, micro-batch 16 as the preset), bf16 autocast,
+   fused AdamW, per attention operation family: the SDPA family (softmax, sink_logit,
+   gated_headwise), the tile family (sigmoid, relu, softpick), softmax under ``torch.compile``, and
+   transformers' ``LlamaForCausalLM`` (SDPA) on the same shapes and weights. ``MFU = (6 N + 6 L T d)
+   tokens/s / peak`` (``benchmarks/train_throughput.py``), peak = the GPU's dense bf16 rate
+   (table below or ``--peak-tflops``).
+3. ``measure``: the blockwise collector (``sinklab measure --collector blockwise``) on SmolLM2-135M
+   (bf16) at T = 8k / 32k / 128k: seconds and peak CUDA memory. 128k is left out, and said so,
+   when 16 x the 32k time would not fit the step's time left.
+4. ``decode``: SinkCache (4 sinks + 1020 recent tokens) decode latency per token at 4k and 64k
+   tokens into a stream, against recomputing the window (one forward over its 1024 + 1 tokens).
 
-Writes ``benchmarks/results/gpu-<device name>.json``. ``--device cpu --preset tiny-cpu --steps 3
---skip-measure`` runs the same code on a CPU (a smoke test of the script, not a GPU figure).
+SmolLM2-135M is the cached model when ``$SINKLAB_HOME`` holds it, else a model of its shape with
+random weights (``tests/gpu_models.py``; time and memory do not depend on the weights): the JSON
+says which.
+
+Writes into ``--out`` (default ``$OUT``, else ``benchmarks/results/gpu/``, the smoke run
+``benchmarks/results/gpu-smoke/``): ``gpu.json`` (every
+number, the command, the code version, the device, each step's status and wall time),
+``summary.txt`` (a few lines), ``logs/<step>.log`` and ``cuda_tests.xml``. ``--time-scale X``
+multiplies the step limits (a slower GPU); ``--only STEP ...`` runs some steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import re
+import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-SRC = str(HERE.parent / "src")
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE), str(ROOT / "tests"), str(ROOT / "src")]
 
+STEPS = ("cuda_tests", "train", "measure", "decode")
+#: seconds per step on the GPU (sum 520 s: the 9 minutes of the script, start-up included)
+LIMITS_S = {"cuda_tests": 150, "train": 200, "measure": 110, "decode": 60}
+#: seconds per step in the smoke run (a CPU, tiny sizes: no time promise)
+SMOKE_LIMITS_S = {"cuda_tests": 300, "train": 900, "measure": 300, "decode": 300}
 #: dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name()
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
                     "L40S": 362.0, "L4": 121.0, "A10G": 125.0, "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0}
-SYNTHETIC = ['data.source="synthetic-bigram-backcopy"', "data.synthetic={vocab = 64, n_triggers = 3, n_train_docs = 4000, n_val_docs = 64}",
-             "model.vocab_size=32000"]
 
 
-def sinklab(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
-    p = subprocess.run([sys.executable, "-m", "sinklab", *args], env=e, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"sinklab {' '.join(args)} failed:\n{p.stderr[-3000:]}")
-    return p
+def smoke() -> bool:
+    """``SINKLAB_GPU_SMOKE=1``: the CPU smoke run."""
+    return os.environ.get("SINKLAB_GPU_SMOKE") == "1"
 
 
-def flops_per_token(preset: str, overrides: list[str]) -> float:
-    """6 N + 6 L T d of the resolved config (model built on the meta device: no memory)."""
+def device():
     import torch
 
-    sys.path.insert(0, str(HERE))
-    from train_throughput import train_flops_per_token
+    return torch.device("cpu" if smoke() else "cuda")
+
+
+def sync() -> None:
+    import torch
+
+    if device().type == "cuda":
+        torch.cuda.synchronize()
+
+
+def reset_peak() -> None:
+    import torch
+
+    if device().type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib() -> float | None:
+    """Peak CUDA memory allocated since :func:`reset_peak` (None on the CPU)."""
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3) if device().type == "cuda" else None
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def step_cuda_tests(out: Path, limit_s: float) -> dict:
+    """pytest -m cuda tests/test_gpu.py; the counts from its JUnit XML."""
+    import xml.etree.ElementTree as ET
+
+    xml = out / "cuda_tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "-rA",
+           str(ROOT / "tests" / "test_gpu.py"), f"--junitxml={xml}"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(10, limit_s - 10))
+    print(p.stdout[-6000:], p.stderr[-3000:], sep="\n")
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    cases = []
+    for c in suite.iter("testcase"):
+        state = "failed" if c.find("failure") is not None or c.find("error") is not None else \
+            "skipped" if c.find("skipped") is not None else "passed"
+        cases.append({"test": c.get("name"), "state": state, "seconds": float(c.get("time", 0))})
+    res = {"command": " ".join(cmd[2:]), "counts": n, "passed": n["tests"] - n["failures"] - n["errors"] - n["skipped"],
+           "cases": cases, "pytest_exit": p.returncode}
+    if p.returncode != 0:
+        raise RuntimeError(f"pytest exit {p.returncode}: {n['failures']} failed, {n['errors']} errors")
+    if res["passed"] == 0:
+        res["status"] = "skipped"
+        res["reason"] = f"all {n['tests']} CUDA tests skipped (no CUDA device)" if smoke() else "no CUDA test ran"
+        if not smoke():
+            raise RuntimeError(res["reason"])
+    return res
+
+
+def train_shapes() -> dict:
+    if smoke():
+        return {"shape": dict(vocab_size=512, d_model=64, n_layers=2, n_heads=2, d_ff=128), "T": 64, "B": 2,
+                "warmup": 1, "steps": 2, "box_s": 60.0}
+    from train_throughput import PAPER60M
+
+    return {"shape": PAPER60M, "T": 2048, "B": 16, "warmup": 2, "steps": 8, "box_s": 15.0}
+
+
+#: (variant name, attention operation, family, compiled); "hf-llama" is transformers' LLaMA
+TRAIN_VARIANTS = [("hf-llama", "softmax", "transformers sdpa", False), ("softmax", "softmax", "sdpa", False),
+                  ("softmax+compile", "softmax", "sdpa", True), ("sink_logit", "sink_logit", "sdpa", False),
+                  ("gated_headwise", "gated_headwise", "sdpa", False), ("sigmoid", "sigmoid", "tile", False),
+                  ("relu", "relu", "tile", False), ("softpick", "softpick", "tile", False)]
+
+
+def step_train(out: Path, limit_s: float) -> dict:
+    """Training tokens/s, peak memory and MFU per attention operation family (see the module docstring)."""
+    import torch
+    from train_throughput import Trainee, batches, sink_config, train_flops_per_token
 
     from sinklab.nn import SinkLM
-    from sinklab.train.config import load_config
+    from sinklab.nn.export import llama_config, llama_state_dict
 
-    cfg = load_config(preset, overrides)
-    with torch.device("meta"):
-        model = SinkLM(cfg.model)
-    return train_flops_per_token(model, cfg.data.seq_len)
+    s, dev = train_shapes(), device()
+    T, B = s["T"], s["B"]
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or "cpu"
+    peak = next((tf * 1e12 for k, tf in BF16_PEAK_TFLOPS.items() if k in name), None) if dev.type == "cuda" else None
+    if ARGS.peak_tflops:
+        peak = ARGS.peak_tflops * 1e12
+    data = [(x.to(dev), y.to(dev)) for x, y in batches(4, B, T, s["shape"]["vocab_size"])]
+    rows, failed = [], []
+    t_start = time.perf_counter()
+    for vname, op, family, compiled in TRAIN_VARIANTS:
+        row = {"variant": vname, "attention": op, "family": family, "compiled": compiled}
+        try:
+            reset_peak()
+            cfg = sink_config(T, attention=op, **s["shape"])
+            torch.manual_seed(0)
+            model = SinkLM(cfg)
+            fpt = train_flops_per_token(model, T)
+            if vname == "hf-llama":
+                from transformers import LlamaForCausalLM
+
+                hcfg = llama_config(cfg)
+                hcfg._attn_implementation = "sdpa"
+                hf = LlamaForCausalLM(hcfg)
+                hf.load_state_dict(llama_state_dict(model), strict=True)
+                model = hf
+            model = model.to(dev)
+            run = torch.compile(model) if compiled else model
+            t = Trainee(vname, run, hf=vname == "hf-llama", device=dev)
+            t0 = time.perf_counter()
+            for i in range(s["warmup"]):
+                t.step(*data[i % len(data)])
+            row["warmup_s"] = round(time.perf_counter() - t0, 2)  # compile time included
+            t1 = time.perf_counter()
+            for i in range(s["steps"]):
+                dt, _ = t.step(*data[(s["warmup"] + i) % len(data)])
+                t.seconds += dt
+                t.steps += 1
+                if time.perf_counter() - t1 > s["box_s"]:
+                    break
+            tps = t.steps * B * T / t.seconds
+            row.update(timed_steps=t.steps, step_s=round(t.seconds / t.steps, 4), tokens_per_s=round(tps, 1),
+                       flops_per_token=fpt, mfu=round(fpt * tps / peak, 4) if peak else None,
+                       peak_gib=peak_gib(), final_loss=round(t.losses[-1], 4),
+                       finite=all(math.isfinite(v) for v in t.losses))
+            if not row["finite"]:
+                raise RuntimeError(f"non-finite loss: {t.losses}")
+        except Exception as e:  # one variant failing must not hide the others' numbers
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            failed.append(vname)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        model = run = t = None  # noqa: F841 (free the model before the next variant)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    base = next((r["tokens_per_s"] for r in rows if r["variant"] == "hf-llama" and "tokens_per_s" in r), None)
+    for r in rows:
+        if base and "tokens_per_s" in r:
+            r["vs_hf_llama"] = round(r["tokens_per_s"] / base, 3)
+    res = {"device_name": name, "shape": s["shape"], "T": T, "micro_batch": B, "peak_bf16_flops": peak,
+           "precision": "bf16 autocast", "rows": rows, "wall_s": round(time.perf_counter() - t_start, 1)}
+    if failed:
+        res["failed_variants"] = failed
+        RESULT_SO_FAR.update(res)
+        raise RuntimeError(f"variants failed: {', '.join(failed)}")
+    return res
 
 
-def peak_flops(name: str, given: float | None) -> float | None:
-    if given:
-        return given * 1e12
-    for key, tf in BF16_PEAK_TFLOPS.items():
-        if key in name:
-            return tf * 1e12
-    return None
+def _measure_lengths() -> list[int]:
+    return [128, 256, 512] if smoke() else [8192, 32768, 131072]
 
 
-def bench_train(args, tmp: Path) -> dict:
-    sets = [f"train.steps={args.steps}", f'train.device="{args.device}"', "train.checkpoint_every=0",
-            "train.tensorboard=false", "track.every=0", "optim.warmup_steps=10", *SYNTHETIC]
-    if args.device == "cpu":
-        sets.append("train.compile=false")
-    out = tmp / "train"
+def step_measure(out: Path, limit_s: float) -> dict:
+    """Blockwise collector time and peak memory on SmolLM2 at each T (see the module docstring)."""
+    import torch
+    from gpu_models import smollm2
+
+    from sinklab.capture import collect
+
+    lengths = _measure_lengths()
+    dev = device()
+    dtype = torch.float32 if smoke() else torch.bfloat16
+    model, what = smollm2(device=dev, dtype=dtype, max_positions=max(lengths), layers=2 if smoke() else None)
+    model_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+    rows, t_begin = [], time.perf_counter()
+    for T in lengths:
+        prev = [r for r in rows if "seconds" in r]
+        left = limit_s - (time.perf_counter() - t_begin) - 15
+        if prev and (T / prev[-1]["T"]) ** 2 * prev[-1]["seconds"] > left:
+            rows.append({"T": T, "skipped": f"estimated {(T / prev[-1]['T']) ** 2 * prev[-1]['seconds']:.0f} s "
+                                            f"(quadratic from T = {prev[-1]['T']}) > {left:.0f} s left in the step"})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        ids = torch.randint(0, 49152, (1, T), generator=torch.Generator().manual_seed(T))
+        reset_peak()
+        sync()
+        t0 = time.perf_counter()
+        st = collect(model, ids, collector="blockwise", batch_size=1)
+        sync()
+        dt = time.perf_counter() - t0
+        total = (st.mass[0].double().cpu() * (T - torch.arange(T, dtype=torch.float64))).sum(-1)  # (L, H): = T
+        rows.append({"T": T, "seconds": round(dt, 3), "peak_gib": peak_gib(),
+                     "row_sum_max_rel_err": round(float((total / T - 1).abs().max()), 5),
+                     "sink_rate_1": round(float((st.mass[0, :, :, 0] > 0.3).double().mean() * 100), 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    bad = [r["T"] for r in rows if r.get("row_sum_max_rel_err", 0) > 2e-2]
+    if bad:
+        raise RuntimeError(f"attention rows do not sum to 1 at T = {bad}")
+    return {"model": what, "dtype": str(dtype).removeprefix("torch."), "model_gib": round(model_gib, 3),
+            "collector": "blockwise", "rows": rows}
+
+
+def step_decode(out: Path, limit_s: float) -> dict:
+    """SinkCache decode latency per token against recomputation (see the module docstring)."""
+    import torch
+    from gpu_models import smollm2
+
+    from sinklab.streaming.harness import CacheSpec, _cache_nbytes, decode_latency
+
+    n_sink, window = (4, 60) if smoke() else (4, 1020)
+    points = [256, 1024] if smoke() else [4096, 65536]
+    steps = 4 if smoke() else 32
+    dev = device()
+    dtype = torch.float32 if smoke() else torch.bfloat16
+    model, what = smollm2(device=dev, dtype=dtype, max_positions=max(points) + steps + 1,
+                          layers=2 if smoke() else None)
+    ids = torch.randint(0, 49152, (max(points) + steps + 1,), generator=torch.Generator().manual_seed(0))
+    spec = CacheSpec(f"sinks_{n_sink}", "sink", n_sink, window)
+    rows = []
+    for at in points:
+        ms, nbytes = decode_latency(model, ids, spec, at=at, steps=steps)
+        rows.append({"cache": spec.name, "window": window, "at_tokens": at, "ms_per_token": round(ms, 3),
+                     "cache_mib": round(nbytes / 2**20, 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    x = ids[-(n_sink + window + 1):].view(1, -1).to(dev)  # recompute: one forward over the window + 1 tokens
+    with torch.no_grad():
+        model(x, use_cache=False, logits_to_keep=1)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            model(x, use_cache=False, logits_to_keep=1)
+        sync()
+    rec = 1000 * (time.perf_counter() - t0) / steps
+    rows.append({"cache": "recompute", "window": n_sink + window, "at_tokens": None, "ms_per_token": round(rec, 3)})
+    print(json.dumps(rows[-1]), flush=True)
+    return {"model": what, "dtype": str(dtype).removeprefix("torch."), "n_sink": n_sink, "steps": steps, "rows": rows,
+            "speedup_over_recompute": {str(r["at_tokens"]): round(rec / r["ms_per_token"], 2) for r in rows[:-1]}}
+
+
+STEP_FUNCS = {"cuda_tests": step_cuda_tests, "train": step_train, "measure": step_measure, "decode": step_decode}
+RESULT_SO_FAR: dict = {}
+ARGS: argparse.Namespace
+
+
+def run_step(name: str, out: Path, limit_s: float) -> int:
+    """Child process: run one step, write ``out/steps/<name>.json`` (its result, or its error)."""
+    (out / "steps").mkdir(parents=True, exist_ok=True)
+    path = out / "steps" / f"{name}.json"
     t0 = time.perf_counter()
-    sinklab("train", args.preset, "--out", str(out), "--no-progress", *[a for s in sets for a in ("--set", s)])
-    s = json.loads((out / "summary.json").read_text())
-    fpt = flops_per_token(args.preset, sets)
+    try:
+        res = STEP_FUNCS[name](out, limit_s)
+        res.setdefault("status", "ok")
+        rc = 0
+    except Exception as e:
+        import traceback
+
+        traceback.print_exc()
+        res = {**RESULT_SO_FAR, "status": "failed", "error": f"{type(e).__name__}: {e}"}
+        rc = 1
+    res["wall_s"] = round(time.perf_counter() - t0, 1)
+    path.write_text(json.dumps(res, indent=1))
+    return rc
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def environment() -> dict:
     import torch
 
-    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    peak = peak_flops(name, args.peak_tflops)
-    tps = s["median_step_tokens_per_s"]
-    return {"preset": args.preset, "overrides": sets, "device_name": name, "steps": s["steps"],
-            "tokens_per_step": s["tokens"] // s["steps"], "median_step_s": s["seconds_per_step"],
-            "median_step_tokens_per_s": tps, "run_tokens_per_s": s["tokens_per_s"], "launch_wall_s": round(time.perf_counter() - t0, 1),
-            "flops_per_token": fpt, "peak_bf16_flops": peak, "mfu": round(fpt * tps / peak, 4) if peak else None,
-            "final_loss": s["final_loss"]}
-
-
-def bench_ddp(args, tmp: Path) -> dict:
-    sets = ["train.steps=5", f'train.device="{args.device}"', 'train.precision="fp32"', "train.tensorboard=false",
-            "track.every=0", "optim.warmup_steps=0", "train.batch_size=8"]
-    flags = [a for s in sets for a in ("--set", s)]
-    sinklab("train", "emergence-cpu", "--out", str(tmp / "one"), "--no-progress", *flags)
-    sinklab("train", "emergence-cpu", "--out", str(tmp / "two"), "--no-progress", "--nproc", "2", *flags)
-
-    def losses(d: Path) -> list[float]:
-        return [json.loads(ln)["loss"] for ln in (d / "metrics.jsonl").read_text().splitlines()]
-
-    a, b = losses(tmp / "one"), losses(tmp / "two")
-    return {"losses_1proc": a, "losses_2proc": b, "max_abs_diff": max(abs(x - y) for x, y in zip(a, b))}
-
-
-def bench_measure(args, tmp: Path) -> dict:
-    out = tmp / "measure"
-    t0 = time.perf_counter()
-    p = sinklab("measure", "--model", "smollm2-135m", "--device", args.device, "-n", "1", "-t", str(args.seq_len),
-                "--allow-long-context", "--collector", "blockwise", "--input", "random", "--batch-size", "1",
-                "--out", str(out))
-    r = json.loads((out / "results.json").read_text())
-    return {"seq_len": args.seq_len, "wall_s": round(time.perf_counter() - t0, 1), "forward_and_metrics_s": r["wall_time_s"],
-            "sink_rate_1": r["sink_rate"][0], "stdout_tail": p.stdout[-500:]}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--preset", default="paper-60m")
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: table)")
-    ap.add_argument("--seq-len", type=int, default=32768)
-    ap.add_argument("--skip-measure", action="store_true")
-    args = ap.parse_args()
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device here: this is the GPU check (use --device cpu only as a smoke test)")
-    res: dict = {"command": "python benchmarks/gpu.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
-                 "gpus": torch.cuda.device_count() if args.device == "cuda" else 0}
-    with tempfile.TemporaryDirectory() as t:
-        tmp = Path(t)
-        res["train"] = tr = bench_train(args, tmp)
-        mfu = f"{100 * tr['mfu']:.1f}% MFU" if tr["mfu"] else "MFU: unknown peak (pass --peak-tflops)"
-        print(f"[train] {tr['preset']} on {tr['device_name']}: {tr['median_step_tokens_per_s']:,.0f} tokens/s "
-              f"(median step {tr['median_step_s']:.3f} s), {mfu}")
-        if res["gpus"] >= 2:
-            res["ddp"] = d = bench_ddp(args, tmp)
-            print(f"[ddp] 2 ranks vs 1 process, 5 steps: max |loss difference| {d['max_abs_diff']:.2e}")
-        else:
-            print("[ddp] skipped: fewer than 2 GPUs")
-        if not args.skip_measure:
-            res["measure"] = m = bench_measure(args, tmp)
-            print(f"[measure] smollm2-135m at T = {m['seq_len']}, blockwise: {m['forward_and_metrics_s']:.1f} s, "
-                  f"Sink_1 {m['sink_rate_1']:.1f}%")
     from sinklab.provenance import code_version
 
-    res["code"] = code_version()
-    RESULTS.mkdir(exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9]+", "-", res["train"]["device_name"]).strip("-").lower()
-    path = RESULTS / f"gpu-{name}.json"
-    path.write_text(json.dumps(res, indent=1))
-    print(f"wrote {path}")
+    cuda = torch.cuda.is_available()
+    return {"smoke": smoke(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name() if cuda else None, "gpus": torch.cuda.device_count() if cuda else 0,
+            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "code": code_version(),
+            "python": sys.version.split()[0]}
+
+
+def summary_lines(res: dict) -> list[str]:
+    """The short text summary: one line per step and per headline number."""
+    env = res["environment"]
+    lines = [f"sinklab device script ({'CPU SMOKE RUN, tiny sizes: not GPU figures' if env['smoke'] else env['device']}), "
+             f"torch {env['torch']}, code {str(env['code'].get('commit', '?'))[:12] if isinstance(env['code'], dict) else env['code']}, "
+             f"{res['wall_s']:.0f} s"]
+    for name in res["steps_run"]:
+        st = res["steps"][name]
+        head = f"[{name}] {st['status'].upper()} ({st.get('wall_s', '?')} s)"
+        if st["status"] == "failed":
+            lines.append(f"{head}: {st.get('error', '')}")
+        elif name == "cuda_tests":
+            c = st.get("counts", {})
+            lines.append(f"{head}: {st.get('passed', 0)} passed, {c.get('skipped', 0)} skipped, "
+                         f"{c.get('failures', 0) + c.get('errors', 0)} failed" + (f"; {st['reason']}" if "reason" in st else ""))
+        else:
+            lines.append(head)
+        if name == "train":
+            for r in st.get("rows", []):
+                if "tokens_per_s" in r:
+                    mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ""
+                    vs = f", {r['vs_hf_llama']:.2f}x hf-llama" if "vs_hf_llama" in r else ""
+                    mem = f", peak {r['peak_gib']:.1f} GiB" if r.get("peak_gib") is not None else ""
+                    lines.append(f"  {r['variant']:<16} {r['family']:<18} {r['tokens_per_s']:>12,.0f} tok/s{mfu}{vs}{mem}")
+                else:
+                    lines.append(f"  {r['variant']:<16} FAILED {r.get('error', '')}")
+        if name == "measure":
+            for r in st.get("rows", []):
+                mem = "n/a (CPU)" if r.get("peak_gib") is None else f"{r['peak_gib']:.2f} GiB"
+                lines.append(f"  T = {r['T']:>6}: " + (f"{r['seconds']:.2f} s, peak {mem}"
+                                                       if "seconds" in r else f"skipped: {r['skipped']}"))
+        if name == "decode":
+            for r in st.get("rows", []):
+                at = f"at {r['at_tokens']:>6} tokens" if r["at_tokens"] else "any position   "
+                lines.append(f"  {r['cache']:<10} {at}: {r['ms_per_token']:.2f} ms/token")
+            for at, x in st.get("speedup_over_recompute", {}).items():
+                lines.append(f"  sink cache at {at} tokens: {x:.1f}x faster than recomputing the window")
+    failed = [n for n in res["steps_run"] if res["steps"][n]["status"] == "failed"]
+    lines.append("FAILED: " + ", ".join(failed) if failed else "every step ran (skips are listed above)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    global ARGS
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results" / ("gpu-smoke" if smoke() else "gpu")))
+    ap.add_argument("--time-scale", type=float, default=1.0, help="multiply every step's time limit (a slower GPU)")
+    ap.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
+    ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: table)")
+    ap.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)  # internal: run one step (child process)
+    ap.add_argument("--limit-s", type=float, default=None, help=argparse.SUPPRESS)
+    ARGS = args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.step:
+        return run_step(args.step, out, args.limit_s)
+    import torch
+
+    if not smoke() and not torch.cuda.is_available():
+        print("error: no CUDA device here; SINKLAB_GPU_SMOKE=1 runs the same steps on the CPU at tiny sizes",
+              file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    limits = {k: round(v * args.time_scale, 1) for k, v in (SMOKE_LIMITS_S if smoke() else LIMITS_S).items()}
+    env_vars = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    t_start = time.perf_counter()
+    res = {"command": "bash benchmarks/gpu.sh" + (" " + " ".join(argv or sys.argv[1:]) if (argv or sys.argv[1:]) else ""),
+           "environment": environment(), "limits_s": limits, "steps_run": args.only, "steps": {}}
+    for name in args.only:
+        print(f"== {name} (limit {limits[name]} s)", flush=True)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--out", str(out),
+               "--limit-s", str(limits[name])] + (["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])
+        t0 = time.perf_counter()
+        with open(out / "logs" / f"{name}.log", "w") as log:
+            try:
+                p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env_vars, timeout=limits[name])
+                rc = p.returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        path = out / "steps" / f"{name}.json"
+        st = json.loads(path.read_text()) if path.exists() and rc != "timeout" else {}
+        if rc == "timeout":
+            st = {"status": "failed", "error": f"ran past its {limits[name]} s limit"}
+        elif not st:
+            st = {"status": "failed", "error": f"the step process died (exit {rc}) before writing its result"}
+        st["wall_s"] = round(time.perf_counter() - t0, 1)
+        if st["status"] == "failed":
+            tail = (out / "logs" / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]
+            st["log_tail"] = tail
+            print(f"[{name}] FAILED: {st.get('error')}\n  " + "\n  ".join(tail), file=sys.stderr, flush=True)
+        else:
+            print(f"[{name}] {st['status']} in {st['wall_s']} s", flush=True)
+        res["steps"][name] = st
+    res["wall_s"] = round(time.perf_counter() - t_start, 1)
+    (out / "gpu.json").write_text(json.dumps(res, indent=1))
+    lines = summary_lines(res)
+    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out / 'gpu.json'} and {out / 'summary.txt'}")
+    return 1 if any(s["status"] == "failed" for s in res["steps"].values()) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -86,28 +86,36 @@ def make_naive(model: SinkLM) -> SinkLM:
 
 
 class Trainee:
-    """A model, its optimizer and a step function timed in seconds.
+    """A model, its optimizer and a step function timed in seconds (bf16 autocast unless ``bf16=False``).
 
     ``logits_loss``: the loss is ``F.cross_entropy`` on the full float32 logits (what transformers
     does; sinklab before :mod:`sinklab.nn.loss`) instead of sinklab's chunked ``SinkLM(targets=)``.
     """
 
     def __init__(self, name: str, model: torch.nn.Module, hf: bool = False, unfused: bool = False,
-                 logits_loss: bool = False) -> None:
-        self.name, self.model, self.hf, self.unfused = name, model, hf, unfused
+                 logits_loss: bool = False, device: torch.device | str = "cpu", bf16: bool = True) -> None:
+        self.name, self.model, self.hf, self.unfused, self.bf16 = name, model, hf, unfused, bf16
+        self.device = torch.device(device)
         self.logits_loss = logits_loss or hf
-        self.opt = torch.optim.AdamW(param_groups(model), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        fused = {"fused": True} if self.device.type == "cuda" else {}  # as sinklab train (build_optimizer)
+        self.opt = torch.optim.AdamW(param_groups(model), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, **fused)
         self.seconds, self.cpu_seconds, self.steps, self.losses = 0.0, 0.0, 0, []
         model.train()
 
+    def _sync(self) -> None:
+        if self.device.type == "cuda":  # the timer must see the kernels, not their launches
+            torch.cuda.synchronize(self.device)
+
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        """One optimizer step on (B, T) ids x and targets y; returns (wall, process CPU) seconds."""
+        """One optimizer step on (B, T) ids x and targets y (on the trainee's device); returns (wall,
+        process CPU) seconds (CUDA: synchronised before and after)."""
         fused = Attention.fused_qkv, Attention.cpu_fp32_sdpa_backward
         if self.unfused:  # sinklab before the speed switches, for the before/after comparison
             Attention.fused_qkv = Attention.cpu_fp32_sdpa_backward = False
         try:
+            self._sync()
             t0, c0 = time.perf_counter(), time.process_time()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 if self.hf:
                     logits = self.model(x, use_cache=False).logits  # (B, T, V)
                 elif self.logits_loss:
@@ -120,6 +128,7 @@ class Trainee:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
+            self._sync()
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
         finally:
             Attention.fused_qkv, Attention.cpu_fp32_sdpa_backward = fused

@@ -98,6 +98,16 @@ def text_corpus_dir(tmp_path: Path) -> Path:
     return d
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` are skipped where no CUDA GPU is present (never counted as passed there)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (benchmarks/gpu.sh runs these on a GPU machine)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_home(tmp_path_factory):
     """Point SINKLAB_HOME at a private folder before any fixture runs (module-scoped ones included)."""

@@ -419,3 +419,114 @@ def test_report_out_follows_the_dynamics_rule(tmp_path, capsys, monkeypatch, giv
     out = capsys.readouterr().out.splitlines()
     assert e.value.code in (0, None)
     assert seen == [Path(written)] and out[0] == f"report: {written}" and (tmp_path / written).is_file()
+
+
+# ----------------------------------------------------------------------------- launchers (submitit)
+
+TWO_POINTS = """
+seeds = 1
+[sweep]
+"optim.weight_decay" = [0.0, 0.5]
+"""
+
+#: summary.csv columns that depend on when and how fast the runs went, not on what they computed
+TIMING_COLUMNS = {"wall_s", "load_1min"}
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_submitit_launcher_gives_the_local_launchers_files_and_summary(tmp_path):
+    """A two-point study through submitit's local executor (one job per point and seed; one run stopped
+    after 2 of 4 steps beforehand, so its job resumes it) gives the summary.csv of the local launcher
+    in every column but the timing ones, the same run files, and the same skip and copy rules."""
+    from sinklab.sweep.run import SlurmOptions
+    from sinklab.sweep.spec import point_config
+    from sinklab.train.loop import train
+
+    study = load_study(_study(tmp_path, TWO_POINTS))
+    sub, loc = tmp_path / "sub", tmp_path / "loc"
+    p05 = study.points[1]
+    d05 = run_dir(sub, p05, 0)
+    train(point_config(study, p05), d05, progress=False, stop_after=2)
+    opts = SlurmOptions(time_min=20)
+    events = []
+    status = run_sweep(study, sub, launcher="submitit-local", slurm=opts, progress=False, poll_s=0.5,
+                       on_event=lambda e, p: events.append((e, p.label)))
+    assert status == {"0/seed0": "done", "0.5/seed0": "done"}, status
+    assert sorted(events) == [("done", "0"), ("done", "0.5"), ("start", "0"), ("start", "0.5")]
+    assert [json.loads(x)["step"] for x in (d05 / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert "--resume" in (d05 / "train.log").read_text()
+    rec = json.loads((d05 / "sweep.json").read_text())
+    assert rec["launcher"] == "submitit" and rec["job_id"] and rec["returncode"] == 0 and rec["threads"] == 1
+    assert list((sub / "submitit").glob("*_log.out"))  # submitit's own logs beside the runs
+
+    assert set(run_sweep(study, loc, jobs=2, cores=2, progress=False, poll_s=0.2, reuse=False).values()) == {"done"}
+    for p in study.points:
+        a, b = run_dir(sub, p, 0), run_dir(loc, p, 0)
+        assert sorted(x.name for x in a.iterdir()) == sorted(x.name for x in b.iterdir())
+        assert (a / "config.toml").read_text() == (b / "config.toml").read_text()
+        la = [{k: v for k, v in json.loads(x).items() if k not in ("tokens_per_s", "elapsed_s")}
+              for x in (a / "metrics.jsonl").read_text().splitlines()]
+        lb = [{k: v for k, v in json.loads(x).items() if k not in ("tokens_per_s", "elapsed_s")}
+              for x in (b / "metrics.jsonl").read_text().splitlines()]
+        assert la == lb  # resumed or not, launched by submitit or not: the same numbers
+    summarize_sweep(sub)
+    summarize_sweep(loc)
+    rows_sub, rows_loc = _csv_rows(sub / "summary.csv"), _csv_rows(loc / "summary.csv")
+    assert len(rows_sub) == 2 and set(rows_sub[0]) == set(COLUMNS)
+    for rs, rl in zip(rows_sub, rows_loc):
+        assert {k: v for k, v in rs.items() if k not in TIMING_COLUMNS} == \
+               {k: v for k, v in rl.items() if k not in TIMING_COLUMNS}
+        assert float(rs["wall_s"]) > 0
+    # skip: nothing left to submit; copy: a sibling sweep of the same configs copies the finished runs
+    assert set(run_sweep(study, sub, launcher="submitit-local", slurm=opts, progress=False).values()) == {"skipped"}
+    st = run_sweep(study, tmp_path / "third", launcher="submitit-local", slurm=opts, progress=False)
+    assert set(st.values()) == {"copied"} and not (tmp_path / "third" / "submitit").exists()
+
+
+def test_slurm_executor_writes_the_jobs_resources_into_sbatch(tmp_path, monkeypatch):
+    """--partition / --gpus / --cpus / --time / --slurm-opt / --jobs become #SBATCH lines (submitit's
+    own sbatch text, with a stand-in srun so that submitit takes the machine for a Slurm login node);
+    no srun: a one-line InputError."""
+    from sinklab.sweep.run import SlurmOptions, make_executor
+
+    opts = SlurmOptions(partition="gpu", gpus=2, cpus=8, time_min=90, extra={"account": "lab"})
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    with pytest.raises(InputError, match="no Slurm here"):
+        make_executor("slurm", tmp_path / "jobs", opts)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_ / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_))
+    ex = make_executor("slurm", tmp_path / "jobs", opts, name="sinklab-wd", jobs=4)
+    text = ex._make_submission_file_text("python -m submitit.core._submit x", "uid")
+    for line in ("--partition=gpu", "--gpus-per-node=2", "--cpus-per-task=8", "--time=90", "--account=lab",
+                 "--job-name=sinklab-wd", "--signal=USR2@90"):
+        assert f"#SBATCH {line}\n" in text, (line, text)
+    assert ex.parameters["array_parallelism"] == 4
+    with pytest.raises(InputError, match="--gpus must be >= 0"):
+        SlurmOptions(gpus=-1)
+
+
+def test_train_job_adds_nproc_for_several_gpus(tmp_path):
+    study = load_study(_study(tmp_path, TWO_POINTS))
+    cmd = train_command(study, study.points[0], tmp_path / "r", 0, nproc=4)
+    assert cmd[cmd.index("--nproc") + 1] == "4" and "--resume" not in cmd
+    assert "--nproc" not in train_command(study, study.points[0], tmp_path / "r", 0)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--partition", "gpu"], "--partition: options of the submitted jobs; add --launcher slurm"),
+    (["--launcher", "pbs"], "--launcher must be one of local, slurm, submitit-local"),
+    (["--launcher", "slurm", "--slurm-opt", "account"], "expected KEY=VALUE"),
+])
+def test_sweep_launcher_bad_options_exit_2(tmp_path, capsys, args, message):
+    from conftest import run_cli_captured
+
+    code, _, err = run_cli_captured(["sweep", str(_study(tmp_path, TWO_POINTS)), "--out", str(tmp_path / "o"), *args],
+                                    capsys)
+    assert code == 2 and message in err, err

@@ -136,17 +136,117 @@ def test_rank_shares_partition_the_global_micro_batch(corpus, tmp_path):
     data = PackedData(tc.train, make_packer("concat", PackingContext(eos_id=tc.eos_id, bos_id=tc.bos_id,
                                                                      vocab_size=tc.vocab_size)), 16, seed=0)
     B, A = 6, 2
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        for step, micro in ((0, 0), (3, 1)):
-            whole_x, whole_y = data.batch(step * A + micro, B)
-            parts = [distributed.micro_batch(distributed.Dist(rank=r, world=3), data, step, micro, A, B) for r in range(3)]
-            assert torch.equal(torch.cat([x for x, _, _ in parts]), whole_x)
-            assert torch.equal(torch.cat([y for _, y, _ in parts]), whole_y)
-    finally:
-        torch.distributed.destroy_process_group()
-    x, y, w = distributed.micro_batch(distributed.Dist(), data, 3, 1, A, B)
-    assert w == 1.0 and torch.equal(x, data.batch(3 * A + 1, B)[0])
+    for step, micro in ((0, 0), (3, 1)):
+        whole_x, whole_y = data.batch(step * A + micro, B)
+        parts = [distributed.micro_batch(distributed.Dist(rank=r, world=3), data, step, micro, A, B) for r in range(3)]
+        assert torch.equal(torch.cat([x for x, _ in parts]), whole_x)
+        assert torch.equal(torch.cat([y for _, y in parts]), whole_y)
+    x, y = distributed.micro_batch(distributed.Dist(), data, 3, 1, A, B)
+    assert torch.equal(x, data.batch(3 * A + 1, B)[0])
+    assert distributed.loss_weights(distributed.Dist(), [(x, y)], torch.device("cpu")) is None
+
+
+def test_backend_for_each_device_type():
+    """CUDA training needs NCCL for CUDA tensors and gloo for CPU ones; CPU training gloo alone."""
+    assert distributed.backend_for(torch.device("cuda", 1)) == "cpu:gloo,cuda:nccl"
+    assert distributed.backend_for(torch.device("cpu")) == "gloo"
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_step_statistics_are_reduced_on_the_training_device(monkeypatch, device):
+    """loss_weights / mean_over_ranks: one all_reduce each, of a tensor on the training device (meta
+    stands in for a CUDA device: a CPU tensor there would be the NCCL failure of issue 22), with the
+    hand-worked weights c_{r,m} W / C_m of rank 0 of 2 whose peer has 4 and 2 targets."""
+    calls = []
+    peer = {"counts": torch.tensor([4.0, 2.0], dtype=torch.float64), "losses": torch.tensor([3.0, 5.0])}
+
+    def fake_all_reduce(t):  # the sum over ranks: this rank's tensor plus the peer's
+        calls.append((t.device.type, t.dtype, tuple(t.shape)))
+        t += peer["counts" if t.dtype == torch.float64 else "losses"].to(t.device, t.dtype)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", fake_all_reduce)
+    d = distributed.Dist(rank=0, world=2)
+    ignore = -100
+    y0 = torch.tensor([[1, 2, ignore, ignore]])  # 2 targets
+    y1 = torch.tensor([[1, 2, 3, 4]])  # 4 targets
+    w = distributed.loss_weights(d, [(y0, y0), (y1, y1)], torch.device(device))
+    losses = distributed.mean_over_ranks(d, torch.tensor([1.0, 2.0], device=device))
+    assert calls == [(device, torch.float64, (2,)), (device, torch.float32, (2,))]
+    assert w.device.type == device and losses.device.type == device
+    if device == "cpu":  # rank 0: 2 of 6 targets in micro-batch 0, 4 of 6 in micro-batch 1
+        assert w.tolist() == pytest.approx([2 * 2 / 6, 4 * 2 / 6], rel=1e-12)
+        assert losses.tolist() == pytest.approx([(1 + 3) / 2, (2 + 5) / 2])
+
+
+# ----------------------------------------------------------------------------- scale-sensitive equality
+
+#: plain SGD without clipping: the update is lr x the gradient, so summing the ranks' gradients instead
+#: of averaging them (or any other wrong scale) moves the parameters by a different amount
+SGD = ["optim.lr=0.5", "optim.grad_clip=0", "optim.weight_decay=0", "train.steps=2", "train.grad_accum=3"]
+WORKER = str(Path(__file__).resolve().parent / "dist_record_worker.py")
+
+
+def final_params(run: Path) -> dict[str, torch.Tensor]:
+    from sinklab.nn.model import SinkLM
+
+    return SinkLM.from_pretrained(run / "final").state_dict()
+
+
+@pytest.fixture(scope="module")
+def sgd_one_process(corpus, tmp_path_factory):
+    """The one-process SGD references: parameters after 2 steps at lr and at 2 lr."""
+    from dist_record_worker import sgd
+
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "build_optimizer", sgd)
+        for name, lr in (("lr", 0.5), ("2lr", 1.0)):
+            run = tmp_path_factory.mktemp(f"sgd-one-{name}") / "run"
+            loop.train(from_dict(apply_overrides(raw_cfg(corpus), [*SGD, f"optim.lr={lr}"])), run, progress=False)
+            out[name] = final_params(run)
+    return out
+
+
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def sgd_two_ranks(request, corpus, tmp_path_factory):
+    """2 SGD steps on 2 ranks (grad_accum 3) under the recording worker: final parameters and every
+    rank's collectives."""
+    root = tmp_path_factory.mktemp(f"sgd-two-{request.param}")
+    cfg_file = root / "cfg.toml"
+    cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), [*SGD, f"train.parallel={request.param}"]))))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER,
+           str(cfg_file), str(root / "run"), str(root / "records"), "sgd"]
+    p = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    records = [json.loads((root / "records" / f"rank{r}.json").read_text()) for r in range(2)]
+    return {"parallel": request.param, "params": final_params(root / "run"), "records": records}
+
+
+def test_two_ranks_sgd_parameters_equal_one_process(sgd_two_ranks, sgd_one_process):
+    """After 2 SGD steps without clipping the 2-rank parameters equal the one-process ones; the 2 lr
+    reference (what a summed instead of averaged gradient would give at the first step) is far off,
+    so the comparison sees a wrong gradient scale (AdamW and clipping would hide it)."""
+    two, one, one2 = sgd_two_ranks["params"], sgd_one_process["lr"], sgd_one_process["2lr"]
+    assert sorted(two) == sorted(one)
+    worst = max(float((two[k] - one[k]).abs().max()) for k in one)
+    scale = max(float((one2[k] - one[k]).abs().max()) for k in one)
+    assert worst < 1e-5, (sgd_two_ranks["parallel"], worst)
+    assert scale > 1e-2, scale  # the parameters moved: a 2x gradient would miss by >1000x the tolerance
+
+
+def test_collectives_are_on_the_device_once_per_step(sgd_two_ranks):
+    """Every collective inside an optimizer step is on the training device; sinklab's own are two
+    all_reduces per step (the 3 micro-batches' counts, then their losses: float64, 3 values each),
+    not two per micro-batch."""
+    for rank, records in enumerate(sgd_two_ranks["records"]):
+        in_step = [r for r in records if r["phase"] == "step"]
+        assert {r["device"] for r in in_step if r["device"] is not None} == {"cpu"}, (rank, in_step)
+        ours = [r for r in in_step if r["caller"].startswith("sinklab")]
+        assert {r["caller"] for r in ours} == {"sinklab.train.distributed"}
+        for step in (1, 2):
+            got = [(r["op"], r["dtype"], r["numel"]) for r in ours if r["step"] == step]
+            assert got == [("all_reduce", "float64", 3)] * 2, (rank, step, got)
+        assert {r["step"] for r in ours} == {1, 2}
 
 
 def test_two_ranks_masked_diffusion_equal_one_process(corpus, tmp_path):

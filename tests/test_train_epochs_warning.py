@@ -1,6 +1,8 @@
 """``sinklab train`` warns when a run passes over its distinct training tokens more than a few times, and when
 it is shorter than its learning-rate warm-up."""
 
+import pytest
+
 from sinklab.nn.config import ModelConfig
 from sinklab.train.config import DataConfig, RunConfig, TrainConfig
 from sinklab.train.loop import EPOCHS_WARN, epochs_warning
@@ -74,3 +76,84 @@ def test_train_cli_prints_the_warmup_warning_once(tmp_path, capsys):
     assert lines == ["warning: train.steps = 3 is shorter than the warm-up optim.warmup_steps = 10: the learning rate "
                      "peaks at 0.0009 (3/10 of optim.lr = 0.003) and never decays; lower it, e.g. "
                      "--set optim.warmup_steps=1"]
+
+
+# ----------------------------------------------------------------------------- data.max_epochs
+
+
+def test_max_epochs_refuses_past_the_limit_with_the_hand_worked_count():
+    from sinklab.errors import InputError
+    from sinklab.train.loop import check_epochs, passes
+
+    c = cfg(50)  # 50 steps x 128 tokens over 800 distinct: 8.0 passes
+    assert passes(c, 800) == 8.0
+    check_epochs(c, 800)  # no limit: only the warning
+    c.data.max_epochs = 8.0
+    check_epochs(c, 800)  # exactly at the limit
+    c.data.max_epochs = 4.0
+    with pytest.raises(InputError) as e:
+        check_epochs(c, 800)
+    msg = str(e.value)
+    assert "\n" not in msg and "8.0 times" in msg and "data.max_epochs=4" in msg and "800 distinct" in msg
+    assert 'data.corpus = "hf:NAME"' in msg and "--set data.max_epochs=8" in msg
+    with pytest.raises(InputError, match="--set data.max_epochs=9"):
+        check_epochs(c, 790)  # 8.1 passes: the suggested limit is rounded up
+
+
+def test_paper_presets_limit_the_passes_and_the_cpu_presets_do_not():
+    from sinklab.train.config import ConfigError, load_config
+
+    for name in ("paper-60m", "paper-1b"):
+        assert load_config(name).data.max_epochs == 4.0
+        assert load_config(name, ["data.max_epochs=200"]).data.max_epochs == 200.0
+    for name in ("tiny-cpu", "emergence-cpu"):
+        assert load_config(name).data.max_epochs is None
+    with pytest.raises(ConfigError, match="data.max_epochs must be > 0"):
+        load_config("tiny-cpu", ["data.max_epochs=0"])
+
+
+def _small_texts(root):
+    import random
+
+    root.mkdir()
+    rng = random.Random(0)
+    for i in range(6):
+        (root / f"d{i}.txt").write_text(" ".join(rng.choice("a b c the of and".split()) for _ in range(300)))
+    return root
+
+
+def test_paper_preset_on_a_small_corpus_exits_2_before_training(tmp_path, capsys):
+    """``sinklab train paper-60m`` on a corpus its 10000 steps would repeat: exit 2, one line naming
+    the fixes, no checkpoint; ``data.max_epochs`` raised lifts the refusal (the run trains)."""
+    from conftest import run_cli_captured
+
+    import sinklab.train.loop as loop
+    from sinklab.train.config import load_config
+
+    texts = _small_texts(tmp_path / "t")
+    small = [f'data.corpus="{texts}"', "data.vocab_size=300", 'data.cache_dir="run"', "data.seq_len=16",
+             "data.val_fraction=0.34", "train.batch_size=2", "train.grad_accum=1", 'train.device="cpu"',
+             "track.probe_len=16", "track.n_probe=2", "track.val_windows=1", "track.positions=2"]
+    code, _, err = run_cli_captured(["train", "paper-60m", *[a for o in small for a in ("--set", o)],
+                                     "--out", str(tmp_path / "run"), "--no-progress"], capsys)
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert "more than data.max_epochs=4" in last and "--set data.max_epochs=" in last, err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+    tiny = ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32", 'train.precision="fp32"',
+            "train.compile=false", "data.max_epochs=1e9"]
+    said: list[str] = []
+    res = loop.train(load_config("paper-60m", [*small, *tiny]), tmp_path / "allowed", progress=False, stop_after=1,
+                     notify=said.append)
+    assert sorted(res.losses) == [1] and "memorise" in said[0]  # allowed, and still warned
+
+
+@pytest.mark.slow
+def test_paper_60m_on_the_offline_corpora_exits_2_with_the_epochs_message(tmp_path, capsys):
+    """The preset as a user copies it from the README: the offline corpus zoo is far too small."""
+    from conftest import run_cli_captured
+
+    code, _, err = run_cli_captured(["train", "paper-60m", "--out", str(tmp_path / "run"), "--no-progress"], capsys)
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert "10000 steps x 131,072 tokens" in last and "more than data.max_epochs=4" in last, err

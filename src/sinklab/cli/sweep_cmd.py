@@ -1,4 +1,4 @@
-"""``sinklab sweep STUDY.toml [--jobs J] [--out DIR]``, ``sinklab report [ROOT] --out FILE``,
+"""``sinklab sweep STUDY.toml [--jobs J] [--out DIR] [--launcher local|slurm|submitit-local ...]``, ``sinklab report [ROOT] --out FILE``,
 ``sinklab dynamics LABEL=RUN ... --out FILE``."""
 
 from __future__ import annotations
@@ -16,13 +16,25 @@ from sinklab.cli.main import cli
 @cli.command("sweep")
 def sweep_cmd(
     study: Path = typer.Argument(..., help="a study file, e.g. experiments/weight_decay.toml"),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="trainings at once; each gets cores // J torch threads"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="trainings at once (default 1); each gets cores // J "
+                                       "torch threads. With --launcher slurm: the most jobs running at once (default: no cap)"),
     out: Optional[Path] = typer.Option(None, "--out", help="sweep folder (default results/NAME)"),
     cores: Optional[int] = typer.Option(None, "--cores", help="cores to share between the jobs (default: all)"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only this point (label or folder name); repeatable"),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="training seeds per point, train.seed = first_seed.. (default: the study's)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the points and their train commands, run nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress display"),
+    launcher: str = typer.Option("local", "--launcher", help="local (child processes of this command), slurm (one "
+                                 "Slurm job per point and seed, through submitit) or submitit-local (the same jobs "
+                                 "through submitit's local executor, all at once)"),
+    partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition of the jobs"),
+    gpus: int = typer.Option(0, "--gpus", help="GPUs per job (more than 1: data parallel, sinklab train --nproc)"),
+    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPUs per job; the torch threads of a config without "
+                                       "train.threads (default: the job's CPUs)"),
+    time_min: int = typer.Option(24 * 60, "--time", help="time limit per job, minutes; a job that reaches it is "
+                                 "requeued and resumes from its last checkpoint"),
+    slurm_opt: Optional[list[str]] = typer.Option(None, "--slurm-opt", help="a further sbatch option KEY=VALUE "
+                                                  "(account=lab, qos=high, mem=64G); repeatable"),
 ) -> None:
     """Run a study's grid (one `sinklab train` per point and seed), skip finished runs, resume stopped
     ones, then write summary.csv, summary.md and sink_rate.png (mean ± std over seeds)."""
@@ -33,6 +45,22 @@ def sweep_cmd(
 
     from sinklab.errors import InputError
 
+    from sinklab.sweep.run import LAUNCHERS, SlurmOptions
+
+    if launcher not in LAUNCHERS:
+        raise InputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    given = [n for n, v in (("--partition", partition), ("--gpus", gpus or None), ("--cpus", cpus),
+                            ("--slurm-opt", slurm_opt or None), ("--time", None if time_min == 24 * 60 else time_min))
+             if v is not None]
+    if launcher == "local" and given:
+        raise InputError(f"{', '.join(given)}: options of the submitted jobs; add --launcher slurm (or submitit-local)")
+    extra = {}
+    for o in slurm_opt or []:
+        k, eq, v = o.partition("=")
+        if not eq or not k.strip():
+            raise InputError(f"--slurm-opt {o!r}: expected KEY=VALUE, e.g. account=lab")
+        extra[k.strip()] = v.strip()
+    opts = SlurmOptions(partition=partition, gpus=gpus, cpus=cpus, time_min=time_min, extra=extra)
     s = load_study(study)
     if seeds is not None:
         if seeds < 1:
@@ -43,15 +71,16 @@ def sweep_cmd(
         check_outputs([("--out", out)])
     if dry_run:
         points = select_points(s, only)
-        share = max(1, (cores or os.cpu_count() or 1) // jobs)
-        threads = {p.slug: point_config(s, p).train.threads or share for p in points}
+        share = max(1, (cores or os.cpu_count() or 1) // (jobs or 1)) if launcher == "local" else cpus
+        threads = {p.slug: point_config(s, p).train.threads or share or "$SLURM_CPUS_PER_TASK" for p in points}
         for k in s.seed_list:
             for p in points:
                 d = run_dir(out, p, k)
                 state = "finished" if is_finished(d) else ("resume" if (d / "checkpoint.pt").exists() else "new")
-                typer.echo(f"[{state}] {p.label} (seed {k}): {shell_command(s, p, d, k, threads[p.slug])}")
+                typer.echo(f"[{state}] {p.label} (seed {k}): {shell_command(s, p, d, k, threads[p.slug], gpus)}")
         return
-    status = run_sweep(s, out, jobs=jobs, cores=cores or os.cpu_count(), progress=not no_progress, only=only)
+    status = run_sweep(s, out, jobs=jobs, cores=cores or os.cpu_count(), progress=not no_progress, only=only,
+                       launcher=launcher, slurm=opts)
     failed = {k: v for k, v in status.items() if v.startswith("failed")}
     rows = summarize_sweep(out)
     typer.echo(markdown_table(rows))

@@ -246,6 +246,13 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA runs asynchronously: a timer read without this
+    measures the launches, not the work); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int = 32,
                    prefill_chunk: int = 512) -> tuple[float, int]:
@@ -269,9 +276,11 @@ def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int =
     for a in range(0, at, prefill_chunk):
         b = min(at, a + prefill_chunk)
         _step(model, x[:, a:b], cache, start(a), last_only=True)
+    _sync(x.device)
     t0 = time.perf_counter()
     for t in range(at, at + steps):
         _step(model, x[:, t : t + 1], cache, start(t))
+    _sync(x.device)
     ms = 1000.0 * (time.perf_counter() - t0) / steps
     return ms, _cache_nbytes(cache)
 
@@ -290,8 +299,10 @@ def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int
     for t in show_progress(todo, desc=spec.name, unit="position", enabled=progress):
         ctx = x[:, max(0, t - w) : t + 1]
         cache = _new_cache(model, CacheSpec("full", "full", None, None), ctx.shape[1])
+        _sync(x.device)
         t0 = time.perf_counter()
         logits = _step(model, ctx, cache, 0, last_only=True)
+        _sync(x.device)
         elapsed += time.perf_counter() - t0
         nll[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
         nbytes = _cache_nbytes(cache)

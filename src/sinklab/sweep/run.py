@@ -11,6 +11,16 @@ Layout of ``--out`` (default ``results/NAME``)::
     summary.csv, summary.md one row per point (see :data:`COLUMNS`)
     sink_rate.png           Sink_1 (95% CI) against the swept value, paper values beside
 
+Launchers (``launcher``): ``"local"`` (default) runs J trainings at once as child processes of the
+sweep; ``"slurm"`` submits one Slurm job per point and seed through ``submitit`` (a job array: the
+partition, GPUs, CPUs, time limit and any other ``sbatch`` option from :class:`SlurmOptions`; J caps
+the array's running jobs) and waits for them; ``"submitit-local"`` runs the same jobs through
+submitit's local executor on this machine (all at once: a check of the Slurm path). Each job runs
+the same ``sinklab train`` command in the same run folder and writes the same files, so the skip /
+resume / copy rules and the summary are the launcher's business in no way. A job that reaches its
+time limit (or is preempted) is requeued by submitit and resumes from its last checkpoint; the
+submitit logs and job pickles are in ``--out/submitit/``.
+
 A run is *finished* when ``summary.json`` exists: it is skipped. A run with ``checkpoint.pt`` but
 no ``summary.json`` (stopped or killed) is continued with ``--resume``. Stopping the sweep
 (Ctrl-C, SIGTERM) stops the running trainings, which keep their last checkpoint; running the
@@ -28,7 +38,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -65,15 +75,24 @@ def diverged_step(d: Path) -> int | None:
     return int(read_json(p, "divergence record")["step"]) if p.exists() else None
 
 
-def train_command(study: Study, point: Point, d: Path, seed: int = 0) -> list[str]:
-    """The ``sinklab train`` command line of one point and seed (``--resume`` when a checkpoint exists)."""
+def train_command(study: Study, point: Point, d: Path, seed: int = 0, nproc: int = 1) -> list[str]:
+    """The ``sinklab train`` command line of one point and seed (``--resume`` when a checkpoint exists;
+    ``--nproc N`` when ``nproc`` > 1: data parallel over the job's N GPUs)."""
     cmd = [sys.executable, "-c", "from sinklab.cli.main import app; app()", "train", study.base, "--out", str(d), "--no-progress"]
     for s in point.set_args(seed):
         cmd += ["--set", s]
     cmd += ["--set", f"train.seed={seed}"]
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
     if (d / "checkpoint.pt").exists():
         cmd.append("--resume")
     return cmd
+
+
+def _train_env(threads: int) -> dict[str, str]:
+    """The environment of one training: this one with ``threads`` OpenMP / MKL threads."""
+    n = str(threads)
+    return {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _record(d: Path) -> dict:
@@ -81,14 +100,15 @@ def _record(d: Path) -> dict:
     return read_json(p, "sweep record") if p.exists() else {"wall_s": 0.0, "starts": 0}
 
 
-def _close_record(d: Path, t0: float, returncode, jobs: int, threads: int) -> None:
+def _close_record(d: Path, t0: float, returncode, jobs: int, threads: int, **extra) -> None:
     """Add one start's wall time to ``sweep.json`` with its exit status and the conditions it ran under
-    (trainings at once, torch threads each, the load average at its end: 1, 5, 15 min)."""
+    (trainings at once, torch threads each, the load average at its end: 1, 5, 15 min; ``extra``:
+    e.g. the launcher and the job id of a Slurm job)."""
     rec = _record(d)
     rec["wall_s"] = round(rec["wall_s"] + time.time() - t0, 1)
     rec["starts"] += 1
     rec["returncode"] = returncode
-    rec.update(jobs=jobs, threads=threads, load_at_end=[round(x, 2) for x in os.getloadavg()])
+    rec.update(jobs=jobs, threads=threads, load_at_end=[round(x, 2) for x in os.getloadavg()], **extra)
     _write_record(d, rec)
 
 
@@ -180,24 +200,29 @@ def select_points(study: Study, only: list[str] | None) -> list[Point]:
     return keep
 
 
-def shell_command(study: Study, point: Point, d: Path, seed: int, threads: int) -> str:
+def shell_command(study: Study, point: Point, d: Path, seed: int, threads: int | str, nproc: int = 1) -> str:
     """The exact shell line the sweep runs for one point and seed (``sinklab train ...`` with the
-    thread setting it applies), quoted so that it can be pasted into a shell."""
+    thread setting it applies: a number, or a shell expression such as ``$SLURM_CPUS_PER_TASK``),
+    quoted so that it can be pasted into a shell."""
     import shlex
 
-    args = train_command(study, point, d, seed)[3:]
+    args = train_command(study, point, d, seed, nproc=nproc)[3:]
     return f"OMP_NUM_THREADS={threads} sinklab " + " ".join(shlex.quote(a) for a in args)
 
 
-def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None = None, progress: bool = True,
+def run_sweep(study: Study, out: str | Path, *, jobs: int | None = 1, cores: int | None = None, progress: bool = True,
               only: list[str] | None = None, poll_s: float = 1.0, seeds: int | None = None,
-              reuse: bool = True, on_event: Callable[[str, Point], None] | None = None) -> dict[str, str]:
+              reuse: bool = True, on_event: Callable[[str, Point], None] | None = None,
+              launcher: str = "local", slurm: "SlurmOptions | None" = None) -> dict[str, str]:
     """Run every unfinished (point, seed) of ``study``; return {"slug/seed<k>": "done" | "skipped" | "failed (rc)"}.
 
     Args:
         study: the parsed study.
         out: the sweep folder.
-        jobs: J, trainings at once.
+        jobs: J, trainings at once (local; None = 1); with a submitit launcher the most jobs of the
+            array running at once (None = no cap).
+        launcher: one of :data:`LAUNCHERS` (see the module docstring).
+        slurm: the jobs' resources for the submitit launchers (default :class:`SlurmOptions`()).
         seeds: S, training seeds per point (``train.seed = first_seed .. first_seed + S - 1``);
             default ``study.seeds``. The number used is written to ``study.json``.
         reuse: copy a finished run with a byte-identical resolved config from a sibling sweep folder
@@ -210,11 +235,18 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         on_event: called with ("start" | "done" | "failed", point), for tests.
 
     Raises:
-        InputError: ``jobs < 1`` or a label in ``only`` matches no point.
-        KeyboardInterrupt: re-raised after stopping the running trainings (their checkpoints survive).
+        InputError: ``jobs < 1``, an unknown launcher, or a label in ``only`` matches no point.
+        KeyboardInterrupt: re-raised after stopping the running trainings (their checkpoints survive;
+            submitted jobs are cancelled).
     """
-    if jobs < 1:
+    if launcher not in LAUNCHERS:
+        raise InputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    local = launcher == "local"
+    if jobs is None and local:
+        jobs = 1
+    if jobs is not None and jobs < 1:
         raise InputError(f"--jobs must be >= 1, got {jobs}")
+    slurm = slurm or SlurmOptions()
     if seeds is not None:
         if seeds < 1:
             raise InputError(f"--seeds must be >= 1, got {seeds}")
@@ -222,7 +254,9 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
     out = Path(out)
     write_study_json(study, out)
     points = select_points(study, only)
-    share = max(1, (cores or os.cpu_count() or 1) // jobs)
+    # torch threads of a training whose config leaves train.threads unset: the local jobs share the
+    # cores; a submitted job takes its --cpus (or, when not given, the CPUs it finds on its node)
+    share = max(1, (cores or os.cpu_count() or 1) // jobs) if local else slurm.cpus
     status: dict[str, str] = {}
     todo: list[tuple[Point, int]] = []
     # seed-major order: every point's first seed before any second seed, so a stopped sweep has
@@ -261,6 +295,10 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
 
     n_jobs = len(points) * study.seeds
     display = _Display(study, n_jobs, n_jobs - len(todo), progress)
+    if not local:
+        _run_submitted(study, out, todo, run_threads, steps, status, display, launcher=launcher, slurm=slurm,
+                       jobs=jobs, poll_s=poll_s, on_event=on_event)
+        return status
     prev_term = _term_as_interrupt()
     running: dict[str, tuple[subprocess.Popen, Point, float, object, int]] = {}
     queue = list(todo)
@@ -274,8 +312,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
                 log = open(d / "train.log", "a")
                 log.write(f"\n$ {' '.join(cmd)}\n")
                 log.flush()
-                n = str(run_threads[p.slug])
-                env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TOKENIZERS_PARALLELISM": "false"}
+                env = _train_env(run_threads[p.slug])
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 running[f"{p.slug}/seed{k}"] = (proc, p, time.time(), log, k)
                 display.start(p, k, steps[p.slug])
@@ -292,9 +329,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
                 _close_record(d, t0, rc, jobs, run_threads[p.slug])
                 del running[slug]
                 ok = rc == 0 and is_finished(d)
-                div = diverged_step(d)
-                status[slug] = ("done" if ok else f"diverged at step {div}" if div is not None
-                                else f"failed ({rc}; see {d / 'train.log'})")
+                status[slug] = _outcome(d, rc)
                 display.finish(slug, ok)
                 if on_event:
                     on_event("done" if ok else "failed", p)
@@ -309,6 +344,188 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, cores: int | None
         if prev_term is not None:
             signal.signal(signal.SIGTERM, prev_term)
     return status
+
+
+def _outcome(d: Path, rc) -> str:
+    """The status of a training that ended with exit status ``rc`` in run folder ``d``."""
+    if rc == 0 and is_finished(d):
+        return "done"
+    div = diverged_step(d)
+    return f"diverged at step {div}" if div is not None else f"failed ({rc}; see {d / 'train.log'})"
+
+
+# ----------------------------------------------------------------------------- submitit (Slurm) jobs
+
+#: the values of ``sinklab sweep --launcher``
+LAUNCHERS = ("local", "slurm", "submitit-local")
+
+
+@dataclass
+class SlurmOptions:
+    """Resources of each submitted job (one training).
+
+    Fields:
+        partition: Slurm partition (None: the cluster's default).
+        gpus: GPUs per job; more than 1 trains data parallel over them (``sinklab train --nproc``).
+        cpus: CPUs per job (``--cpus-per-task``); also the torch threads of a config that leaves
+            ``train.threads`` unset (None: the CPUs the job finds on its node).
+        time_min: time limit of a job in minutes; a job that reaches it is requeued (up to
+            ``max_requeue`` times) and resumes from its last checkpoint.
+        max_requeue: requeues after a time limit or preemption.
+        extra: further ``sbatch`` options, e.g. ``{"account": "lab", "qos": "high", "mem": "64G"}``.
+    """
+
+    partition: str | None = None
+    gpus: int = 0
+    cpus: int | None = None
+    time_min: int = 24 * 60
+    max_requeue: int = 3
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0:
+            raise InputError(f"--gpus must be >= 0, got {self.gpus}")
+        if self.cpus is not None and self.cpus < 1:
+            raise InputError(f"--cpus must be >= 1, got {self.cpus}")
+        if self.time_min < 1:
+            raise InputError(f"--time must be >= 1 minute, got {self.time_min}")
+
+
+def make_executor(launcher: str, folder: Path, opts: SlurmOptions, *, name: str = "sinklab",
+                  jobs: int | None = None):
+    """The submitit executor of ``launcher`` ("slurm" or "submitit-local"), logs and pickles in ``folder``.
+
+    "slurm": ``submitit.SlurmExecutor`` with the partition, ``--gpus-per-node``, ``--cpus-per-task``,
+    ``--time`` (minutes), ``--array`` parallelism ``jobs`` and ``opts.extra`` as further ``#SBATCH``
+    lines; USR2 90 s before the limit lets submitit requeue the job. "submitit-local":
+    ``submitit.LocalExecutor`` with the same time limit and GPUs.
+
+    Raises:
+        InputError: "slurm" where Slurm is not installed (no ``srun``).
+    """
+    import submitit
+
+    if launcher == "slurm":
+        import shutil
+
+        if shutil.which("srun") is None:
+            raise InputError("--launcher slurm: no Slurm here (srun not found on PATH); run the sweep on the "
+                             "cluster's login node, or use --launcher local (or submitit-local)")
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=opts.max_requeue)
+        params = {"time": opts.time_min, "job_name": name, "signal_delay_s": 90, "ntasks_per_node": 1, "nodes": 1}
+        if opts.partition:
+            params["partition"] = opts.partition
+        if opts.gpus:
+            params["gpus_per_node"] = opts.gpus
+        if opts.cpus:
+            params["cpus_per_task"] = opts.cpus
+        if jobs is not None:
+            params["array_parallelism"] = jobs
+        if opts.extra:
+            params["additional_parameters"] = dict(opts.extra)
+        ex.update_parameters(**params)
+        return ex
+    ex = submitit.LocalExecutor(folder=folder, max_num_timeout=opts.max_requeue)
+    ex.update_parameters(timeout_min=opts.time_min, gpus_per_node=opts.gpus)
+    return ex
+
+
+class TrainJob:
+    """What one submitted job runs: ``sinklab train`` of one point and seed in its run folder, as the
+    local launcher does (``train.log``, ``sweep.json``), on the node. Returns the exit status.
+
+    ``checkpoint()`` (called by submitit at a time limit or preemption) stops the training, which
+    keeps its last checkpoint, and resubmits this job, which then continues it (``--resume``).
+    """
+
+    def __init__(self, study: Study, point: Point, d: Path, seed: int, threads: int | None, gpus: int = 0) -> None:
+        self.study, self.point, self.d, self.seed, self.threads, self.gpus = study, point, d, seed, threads, gpus
+        self._proc: subprocess.Popen | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_proc": None}
+
+    def __call__(self) -> int:
+        threads = self.threads or len(os.sched_getaffinity(0))
+        self.d.mkdir(parents=True, exist_ok=True)
+        cmd = train_command(self.study, self.point, self.d, self.seed, nproc=self.gpus)
+        t0 = time.time()
+        with open(self.d / "train.log", "a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_train_env(threads),
+                                          start_new_session=True)
+            rc = self._proc.wait()
+        _close_record(self.d, t0, rc, 1, threads, launcher="submitit", job_id=_job_id())
+        return rc
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        if self._proc is not None and self._proc.poll() is None:
+            _stop(self._proc)  # SIGINT: the training stops and keeps its last checkpoint
+        return submitit.helpers.DelayedSubmission(TrainJob(self.study, self.point, self.d, self.seed, self.threads,
+                                                           self.gpus))
+
+
+def _job_id() -> str | None:
+    """The submitit job id of this process (the Slurm job id, array index included), None outside a job."""
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().job_id)
+    except Exception:  # not in a submitit job
+        return None
+
+
+def _run_submitted(study: Study, out: Path, todo: list[tuple[Point, int]], run_threads: dict[str, int | None],
+                   steps: dict[str, int], status: dict[str, str], display: "_Display", *, launcher: str,
+                   slurm: SlurmOptions, jobs: int | None, poll_s: float,
+                   on_event: Callable[[str, Point], None] | None) -> None:
+    """Submit one job per (point, seed) of ``todo`` as one array and wait for them, filling ``status``.
+    Stopping the sweep (Ctrl-C, SIGTERM) cancels the jobs not finished (their checkpoints survive)."""
+    if not todo:
+        display.close()
+        return
+    executor = make_executor(launcher, out / "submitit", slurm, name=f"sinklab-{study.name}", jobs=jobs)
+    submitted = []
+    with executor.batch():
+        for p, k in todo:
+            submitted.append((executor.submit(TrainJob(study, p, run_dir(out, p, k), k, run_threads[p.slug],
+                                                       slurm.gpus)), p, k))
+    pending = {f"{p.slug}/seed{k}": (job, p, k) for job, p, k in submitted}
+    for _, p, _k in submitted:
+        if on_event:
+            on_event("start", p)
+    prev_term = _term_as_interrupt()
+    try:
+        while pending:
+            time.sleep(poll_s)
+            for key, (job, p, k) in list(pending.items()):
+                d = run_dir(out, p, k)
+                step = _last_step(d)
+                if step and key not in display.tasks:
+                    display.start(p, k, steps[p.slug])
+                display.update(key, step)
+                if not job.done():
+                    continue
+                del pending[key]
+                try:
+                    rc = job.result()
+                except Exception as e:  # the job itself failed (killed, out of time after its requeues)
+                    rc = f"job {job.job_id}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+                status[key] = _outcome(d, rc)
+                display.finish(key, status[key] == "done")
+                if on_event:
+                    on_event("done" if status[key] == "done" else "failed", p)
+    except BaseException:
+        for job, _p, _k in pending.values():
+            job.cancel(check=False)
+        raise
+    finally:
+        display.close()
+        if prev_term is not None:
+            signal.signal(signal.SIGTERM, prev_term)
 
 
 def _raise_interrupt(signum, frame):  # noqa: ARG001

@@ -63,6 +63,11 @@ class DataConfig:
             Arrow, ``hf:NAME``; see :mod:`sinklab.zoo.datasets_io`); None = "text".
         num_proc: processes for reading a dataset; None = automatic. Neither option changes the
             tokens of a ``.txt`` or zoo corpus; None values are not written to ``config.toml``.
+        max_epochs: the most passes over the distinct training tokens (``train.steps x tokens per
+            step / training tokens``) the run may make: more refuses to start (InputError, before
+            any training). None (not written) = no limit, only the warning past
+            :data:`sinklab.train.loop.EPOCHS_WARN` passes. 4 in the paper presets, whose step
+            counts would repeat the offline corpus zoo (6.0M tokens with their BPE) 220-440 times.
     """
 
     corpus: str | list[str] = "sotu"
@@ -81,11 +86,15 @@ class DataConfig:
     ngram: dict[str, Any] | None = None
     text_field: str | None = None
     num_proc: int | None = None
+    max_epochs: float | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "data")
         if self.num_proc is not None and self.num_proc < 1:
             raise ConfigError(f"data.num_proc must be >= 1, got {self.num_proc}")
+        if self.max_epochs is not None:
+            _positive("data.max_epochs", self.max_epochs)
+            self.max_epochs = float(self.max_epochs)
         if self.source == "ngram":
             from sinklab.data.ngram import make_config as ngram_config
 

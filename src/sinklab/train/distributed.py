@@ -4,9 +4,15 @@ The training loop (:func:`sinklab.train.loop.train`) stays single-device code; t
 data parallelism from outside, the way torchtitan's ``parallelize`` does:
 
 * :func:`setup` joins the process group that ``torchrun`` describes in the environment
-  (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``): NCCL on CUDA, gloo on CPU.
+  (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``) with a backend for each
+  device type in use (:func:`backend_for`: ``"cpu:gloo,cuda:nccl"`` on CUDA, ``"gloo"`` on CPU).
   Without those variables it returns a one-process context and every function below is the
   identity, so a plain ``sinklab train`` computes exactly what it did before.
+* **Collectives per step.** Besides the engine's own gradient reduction, a step makes two
+  collectives, both on tensors of the training device and neither per micro-batch: the target
+  counts of all its micro-batches (:func:`loss_weights`, before the first forward) and the
+  micro-batch losses (:func:`mean_over_ranks`, after the last backward), followed by the step's
+  one host synchronisation (torchtitan and nanochat keep these on the device the same way).
 * **Global batch.** ``train.batch_size`` B and ``train.grad_accum`` A keep their single-process
   meaning: step s reads global samples ``g = (s*A + m)*B + b`` for micro-batch m = 0..A-1 and
   b = 0..B-1 (:meth:`~sinklab.data.packing.PackedData.batch`). With W ranks, rank r takes
@@ -82,12 +88,23 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def backend_for(device: torch.device) -> str:
+    """The ``init_process_group`` backend for training on ``device``: one backend per device type in use.
+
+    CUDA: ``"cpu:gloo,cuda:nccl"`` (NCCL serves CUDA tensors; a CPU tensor, e.g. a DCP state-dict
+    gather with CPU offload, goes through gloo instead of failing with "No backend type associated
+    with device type cpu"). Anything else: ``"gloo"``.
+    """
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 def setup(parallel: str | None, device: torch.device) -> Dist:
     """Join the process group described by the ``torchrun`` environment, if any.
 
     Args:
         parallel: ``train.parallel`` (None = "ddp").
-        device: the configured device; CUDA uses NCCL, anything else gloo.
+        device: the configured device; the backend is :func:`backend_for` (NCCL for CUDA tensors,
+            gloo for CPU tensors).
 
     Returns:
         A :class:`Dist`; ``world == 1`` (nothing initialised) when ``WORLD_SIZE`` is unset or 1.
@@ -100,10 +117,9 @@ def setup(parallel: str | None, device: torch.device) -> Dist:
     owns = False
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=float(os.environ.get("SINKLAB_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
-        backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(local)
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend_for(device), timeout=timeout)
         owns = True
     return Dist(rank=rank, world=world, local_rank=local, strategy=strategy, owns_group=owns)
 
@@ -147,6 +163,16 @@ def main_first(d: Dist) -> Iterator[None]:
         dist.barrier()
 
 
+def from_main(d: Dist, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (a picklable object; an object collective, over gloo on the CPU);
+    ``obj`` itself on one process."""
+    if not d.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def first_sample(d: Dist, step: int, micro: int, grad_accum: int, batch_size: int) -> int:
     """Global 0-based index of this rank's first sample in micro-batch ``micro`` of ``step``."""
     first = (step * grad_accum + micro) * batch_size
@@ -154,36 +180,57 @@ def first_sample(d: Dist, step: int, micro: int, grad_accum: int, batch_size: in
 
 
 def micro_batch(d: Dist, data: PackedData, step: int, micro: int, grad_accum: int, batch_size: int,
-                *, prefix_len: int = 0, count=None) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """This rank's share of micro-batch ``micro`` of ``step`` (both 0-based) and its loss weight.
-
-    ``count(x, y) -> float``: the number of positions the rank's mean loss runs over (default: the
-    targets that are not -100; the masked diffusion objective counts every position).
+                *, prefix_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share of micro-batch ``micro`` of ``step`` (both 0-based); no collective.
 
     Returns:
-        (input_ids (B/W, T) int64, targets (B/W, T) int64 with -100 masked, weight): multiply the
-        rank's mean loss by ``weight = c_r * W / C`` (see the module docstring); 1.0 on one process.
+        (input_ids (B/W, T) int64, targets (B/W, T) int64 with -100 masked), on the CPU; the whole
+        micro-batch (B, T) on one process.
     """
     first = first_sample(d, step, micro, grad_accum, batch_size)
+    share = batch_size // d.world if d.enabled else batch_size
+    return data.samples(first, share, prefix_len=prefix_len)
+
+
+def stat_dtype(device: torch.device) -> torch.dtype:
+    """dtype of a step's counts and losses on ``device``: float64 (a float32 loss converts exactly, so
+    sums in it are those of Python floats), float32 on MPS (no float64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def loss_weights(d: Dist, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+                 count=None) -> torch.Tensor | None:
+    """The loss weights of this rank's micro-batches of one step: one collective for the whole step.
+
+    Args:
+        batches: the A micro-batches ``(x, y)`` of the step (:func:`micro_batch`).
+        device: the training device; the counts are reduced as a tensor there.
+        count: ``count(x, y) -> float``, the number of positions the rank's mean loss runs over
+            (default: the targets that are not -100; the masked diffusion objective counts every
+            position).
+
+    Returns:
+        (A,) tensor on ``device`` (float64; float32 on MPS): ``w[m] = c_{r,m} * W / C_m`` with
+        ``C_m = sum_r c_{r,m}`` (see the module docstring), to multiply micro-batch m's mean loss
+        by; None on one process (every weight is 1 and the loss is left untouched).
+    """
     if not d.enabled:
-        x, y = data.samples(first, batch_size, prefix_len=prefix_len)
-        return x, y, 1.0
-    share = batch_size // d.world
-    x, y = data.samples(first, share, prefix_len=prefix_len)
-    c = float((y != IGNORE_INDEX).sum()) if count is None else float(count(x, y))
-    counts = torch.tensor([c], dtype=torch.float64)
+        return None
+    c = [float((y != IGNORE_INDEX).sum()) if count is None else float(count(x, y)) for x, y in batches]
+    counts = torch.tensor(c, dtype=stat_dtype(device), device=device)  # (A,)
     total = counts.clone()
     dist.all_reduce(total)
-    return x, y, float(counts[0] * d.world / total[0])
+    return counts * d.world / total
 
 
-def mean(d: Dist, value: float) -> float:
-    """Mean of a float over the ranks (``value`` itself on one process)."""
+def mean_over_ranks(d: Dist, values: torch.Tensor) -> torch.Tensor:
+    """Element-wise mean over the ranks of a tensor on the training device: one collective
+    (``values`` itself on one process). ``values``: any shape, float."""
     if not d.enabled:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
+        return values
+    t = values.clone()
     dist.all_reduce(t)
-    return float(t[0]) / d.world
+    return t / d.world
 
 
 def wrap(d: Dist, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -221,10 +268,11 @@ def grad_sync(d: Dist, wrapped: torch.nn.Module, sync: bool) -> contextlib.Abstr
     return wrapped.no_sync()
 
 
-def as_float(x: torch.Tensor) -> float:
-    """A scalar tensor (a DTensor under FSDP2, e.g. the clipped gradient norm) as a Python float."""
+def local_full(x: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2: e.g. the clipped gradient norm) as a plain tensor (a collective); any other
+    tensor unchanged. Stays on its device (no host synchronisation)."""
     full = getattr(x, "full_tensor", None)
-    return float(full() if full is not None else x)
+    return full() if full is not None else x
 
 
 def _param_names(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[str]:

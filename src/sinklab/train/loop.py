@@ -46,7 +46,7 @@ from sinklab.train.tracker import SinkTracker
 
 #: config keys that may change between a run and its resume without changing the losses
 RESUME_MAY_DIFFER = {
-    "data.num_proc", "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard",
+    "data.num_proc", "data.max_epochs", "train.device", "train.compile", "train.log_every", "train.checkpoint_every", "train.tensorboard",
     "train.parallel", "track.every", "track.batch_size", "track.emerge_level",
 }
 
@@ -326,10 +326,13 @@ def train(
     if t_cfg.threads is not None:
         torch.set_num_threads(t_cfg.threads)
     try:
-        fingerprint = None if _canonical else code_fingerprint(cfg, out)
         device = resolve_device(t_cfg.device)
         dd = distributed.Dist() if _canonical else distributed.setup(t_cfg.parallel, device)
         try:
+            # rank 0 alone runs the canonical training (on its own device; W ranks at once would race
+            # for the token cache and all land on cuda:0) and hands the others its result
+            fingerprint = None if _canonical or not dd.is_main else code_fingerprint(cfg, out)
+            fingerprint = distributed.from_main(dd, fingerprint)
             result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
                           progress=progress, stop_after=stop_after, notify=notify, fingerprint=fingerprint,
                           canonical=_canonical, status=status)
@@ -371,6 +374,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "use a larger corpus, a smaller train.batch_size or data.seq_len, or a larger data.max_train_tokens"
         )
     distributed.check_batch(dd, B)
+    check_epochs(cfg, train_data.n_tokens)
     for warn in (warmup_warning(cfg), epochs_warning(cfg, train_data.n_tokens)):
         if warn and dd.is_main and not canonical:  # the fingerprint's canonical training would repeat it
             (notify or _warn)(warn)
@@ -462,25 +466,33 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             lr = lr_at(step, cfg.optim, t_cfg.steps)
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss_sum = 0.0
-            for micro in range(t_cfg.grad_accum):
-                # this rank's share of the global micro-batch and its loss weight (1.0 on one process)
-                x, y, w = distributed.micro_batch(dd, train_data, step, micro, t_cfg.grad_accum, B, prefix_len=p,
-                                                  count=objective.count)
+            # this rank's share of the step's micro-batches and their loss weights: the step's first
+            # collective (None on one process: the loss is left untouched)
+            batches = [distributed.micro_batch(dd, train_data, step, m, t_cfg.grad_accum, B, prefix_len=p)
+                       for m in range(t_cfg.grad_accum)]
+            weights = distributed.loss_weights(dd, batches, device, objective.count)
+            micro_losses = []
+            for micro, (x, y) in enumerate(batches):
                 first = distributed.first_sample(dd, step, micro, t_cfg.grad_accum, B)  # seeds the diffusion masks
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with distributed.grad_sync(dd, wrapped, sync=micro == t_cfg.grad_accum - 1):
                     with autocast():
                         loss = objective.loss(fwd, x, y, first) / t_cfg.grad_accum
-                    if w != 1.0:
-                        loss = loss * w
-                    lv = distributed.mean(dd, float(loss.detach()))
-                    if not math.isfinite(lv):
-                        _diverged("loss", lv, step + 1, last_ckpt, ckpt_path)
+                    if weights is not None:
+                        loss = loss * weights[micro].to(loss.dtype)
+                    micro_losses.append(loss.detach())
                     loss.backward()
-                loss_sum += lv
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            gnv = distributed.as_float(gn)
+            # the micro-batch losses, mean over the ranks (the step's second collective), and the
+            # gradient norm: the step's one host synchronisation
+            lvs = distributed.mean_over_ranks(dd, torch.stack(micro_losses).to(distributed.stat_dtype(device)))
+            *lvs, gnv = torch.cat([lvs, distributed.local_full(gn).detach().reshape(1).to(lvs.dtype)]).tolist()
+            for lv in lvs:  # the first non-finite micro-batch loss, as it would have been seen on its own
+                if not math.isfinite(lv):
+                    _diverged("loss", lv, step + 1, last_ckpt, ckpt_path)
+            loss_sum = 0.0
+            for lv in lvs:  # summed in micro-batch order, in float64 (the logged loss of the step)
+                loss_sum += lv
             if not math.isfinite(gnv):
                 _diverged("gradient norm", gnv, step + 1, last_ckpt, ckpt_path)
             opt.step()
@@ -618,6 +630,31 @@ def code_fingerprint(cfg: RunConfig, out: str | Path | None = None) -> str:
 EPOCHS_WARN = 4.0
 
 
+def passes(cfg: RunConfig, train_tokens: int) -> float:
+    """Passes the run makes over its distinct training tokens: ``train.steps x tokens per step /
+    train_tokens`` (``train_tokens``: stream tokens in whole training windows, after any cap)."""
+    return cfg.train.steps * cfg.tokens_per_step / max(train_tokens, 1)
+
+
+def check_epochs(cfg: RunConfig, train_tokens: int) -> None:
+    """Refuse a run that would pass over its training tokens more than ``data.max_epochs`` times.
+
+    Raises:
+        InputError: ``data.max_epochs`` is set and :func:`passes` exceeds it; the one-line message
+            gives the count and the fixes (a larger corpus, fewer steps, a higher limit).
+    """
+    limit = cfg.data.max_epochs
+    epochs = passes(cfg, train_tokens)
+    if limit is None or epochs <= limit:
+        return
+    raise InputError(
+        f"{cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens would pass over the {train_tokens:,} distinct "
+        f"training tokens {epochs:.1f} times, more than data.max_epochs={limit:g}: give it a corpus of the paper's size "
+        "(data.corpus = \"hf:NAME\" or a folder of Parquet or JSON-lines shards, see 'Scaling out' in the README), "
+        f"fewer train.steps, or allow the repetition with --set data.max_epochs={math.ceil(epochs)}"
+    )
+
+
 def epochs_warning(cfg: RunConfig, train_tokens: int) -> str:
     """The warning for a run that passes over its distinct training tokens more than :data:`EPOCHS_WARN`
     times ("" otherwise). ``train_tokens``: stream tokens in whole training windows (after any cap).
@@ -625,7 +662,7 @@ def epochs_warning(cfg: RunConfig, train_tokens: int) -> str:
     The data-amount study (README) shows that repeated passes put the model into a memorisation
     regime whose sinks differ from those of a run on fresh tokens.
     """
-    epochs = cfg.train.steps * cfg.tokens_per_step / max(train_tokens, 1)
+    epochs = passes(cfg, train_tokens)
     if epochs <= EPOCHS_WARN:
         return ""
     return (f"warning: {cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens pass over the {train_tokens:,} distinct "

@@ -1,0 +1,94 @@
+"""torchrun worker of tests/test_train_distributed.py: ``sinklab train`` with every collective recorded.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_record_worker.py CONFIG OUT RECORDS [sgd]
+
+Trains the run config file CONFIG into OUT (as ``sinklab train CONFIG --out OUT`` does) with each
+public ``torch.distributed`` collective wrapped so that every call is recorded: the op, the module
+that called it, the device, dtype and size of its tensor and where in the loop it was made
+(``step``: 1-based optimizer step, ``phase``: "step" between the start of the step and the end of
+``optimizer.step()``, "between" otherwise). ``sgd``: plain SGD (no momentum, no weight decay) at
+``optim.lr`` replaces AdamW, so a wrong gradient scale shows in the parameters. Rank r writes its
+records to RECORDS/rank{r}.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from sinklab.train import distributed, loop
+from sinklab.train.config import load_config
+
+#: the collectives of torch.distributed that are recorded
+OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+       "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter", "barrier", "all_gather_object",
+       "broadcast_object_list", "_broadcast_coalesced")
+
+RECORDS: list[dict] = []
+WHERE = {"step": 0, "phase": "between"}
+
+
+def _first_tensor(args, kwargs):
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return a[0]
+    return None
+
+
+def _recorded(name, fn):
+    def call(*args, **kwargs):
+        t = _first_tensor(args, kwargs)
+        RECORDS.append({"op": name, "caller": sys._getframe(1).f_globals.get("__name__", "?"), **WHERE,
+                        "device": None if t is None else str(t.device),
+                        "dtype": None if t is None else str(t.dtype).removeprefix("torch."),
+                        "numel": None if t is None else t.numel()})
+        return fn(*args, **kwargs)
+    return call
+
+
+def sgd(model, cfg, device):
+    """Plain SGD at ``optim.lr`` (no momentum, no weight decay): the update is lr x the gradient."""
+    return torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=0.0, weight_decay=0.0)
+
+
+def _marking(build):
+    """``build`` (the loop's optimizer builder) whose optimizer marks the end of each step."""
+    def build_and_mark(model, cfg, device):
+        opt = build(model, cfg, device)
+        step = opt.step
+
+        def step_and_mark(*a, **k):
+            out = step(*a, **k)
+            WHERE["phase"] = "between"
+            return out
+        opt.step = step_and_mark
+        return opt
+    return build_and_mark
+
+
+def main() -> None:
+    cfg_path, out, records = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    for name in OPS:
+        if hasattr(dist, name):
+            setattr(dist, name, _recorded(name, getattr(dist, name)))
+    fault = distributed.maybe_fault
+
+    def step_start(d, step):  # the loop calls this as it starts each 1-based step
+        WHERE.update(step=step, phase="step")
+        fault(d, step)
+    distributed.maybe_fault = step_start
+    loop.build_optimizer = _marking(sgd if "sgd" in sys.argv[4:] else loop.build_optimizer)
+    loop.train(load_config(cfg_path), out, progress=False)
+    records.mkdir(parents=True, exist_ok=True)
+    (records / f"rank{os.environ['RANK']}.json").write_text(json.dumps(RECORDS))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""CUDA tests (marker ``cuda``: skipped without a GPU, see conftest.py; ``benchmarks/gpu.sh`` runs them).
+
+* bf16 autocast training of every attention operation for 20 steps (finite, and the loss falls);
+* ``sinklab train`` end to end on CUDA (bf16);
+* the blockwise collector (``sinklab measure --collector blockwise``) on CUDA equals the CPU at
+  T = 2048 on the same ids, and at T = 32768 on CUDA its attention masses satisfy the identity
+  ``sum_j alpha_j (T - j) = T`` (every causal row sums to 1);
+* SinkCache decoding on CUDA gives the CPU's next-token losses;
+* (2+ GPUs) data parallel over NCCL: SGD parameters after 2 steps equal one process, DDP and FSDP2.
+
+SmolLM2-135M is the cached model where there is one, else a model of its shape with random weights
+(tests/gpu_models.py): the comparisons do not depend on the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import USER_HOME
+from gpu_models import smollm2
+from sinklab.nn import ATTENTION, ModelConfig, SinkLM
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.mark.parametrize("op", ATTENTION.names())
+def test_bf16_autocast_training_of_every_operation(op):
+    """20 AdamW steps under bf16 autocast on one fixed batch: every loss finite, and the model
+    learns the batch (the last loss at least 0.5 nats below the first, from ln 256 = 5.5)."""
+    cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=128, attention=op)
+    torch.manual_seed(0)
+    model = SinkLM(cfg).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
+    g = torch.Generator().manual_seed(0)
+    t = torch.randint(0, 256, (4, 129), generator=g).cuda()
+    x, y = t[:, :-1], t[:, 1:]
+    losses = []
+    for _ in range(20):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, targets=y).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    assert all(math.isfinite(v) for v in losses), (op, losses)
+    assert losses[-1] < losses[0] - 0.5, (op, losses)
+
+
+def test_sinklab_train_on_cuda_bf16(tmp_path):
+    """``sinklab train`` with ``train.device = "cuda"`` and bf16: finite losses, the run on cuda:0,
+    a final model that loads on the CPU."""
+    from conftest import synthetic_run_toml
+
+    import sinklab.train.loop as loop
+    from sinklab.nn.model import SinkLM as Model
+    from sinklab.train.config import load_config
+
+    cfg_file = tmp_path / "cfg.toml"
+    cfg_file.write_text(synthetic_run_toml(20))
+    cfg = load_config(cfg_file, ['train.device="cuda"', 'train.precision="bf16"'])
+    res = loop.train(cfg, tmp_path / "run", progress=False)
+    assert sorted(res.losses) == list(range(1, 21)) and all(math.isfinite(v) for v in res.losses.values())
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["device"].startswith("cuda")
+    Model.from_pretrained(tmp_path / "run" / "final")
+
+
+def _ids(T: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 49152, (1, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_blockwise_measure_on_cuda_equals_cpu_at_2048():
+    """SmolLM2 (fp32, TF32 off) on the same 2048 random ids: the blockwise collector's attention masses
+    and hidden-state norms on CUDA equal the CPU's."""
+    from sinklab.capture import collect
+
+    ids = _ids(2048)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cpu, what = smollm2(home=USER_HOME)
+    a = collect(cpu, ids, collector="blockwise", batch_size=1)
+    gpu, _ = smollm2(device="cuda", home=USER_HOME)
+    b = collect(gpu, ids, collector="blockwise", batch_size=1)
+    torch.testing.assert_close(b.mass.cpu(), a.mass, rtol=1e-3, atol=1e-6, msg=what)
+    torch.testing.assert_close(b.hidden_norms.cpu(), a.hidden_norms, rtol=1e-3, atol=1e-4, msg=what)
+
+
+def test_blockwise_measure_on_cuda_at_32768_sums_each_row_to_one():
+    """SmolLM2 in bf16 at T = 32768 on CUDA (RoPE past its 8192 training context): the masses are
+    finite and sum_j alpha[l, h, j] (T - j) = T for every layer and head (each query's weights sum to 1)."""
+    from sinklab.capture import collect
+
+    T = 32768
+    model, what = smollm2(device="cuda", dtype=torch.bfloat16, max_positions=T, home=USER_HOME)
+    s = collect(model, _ids(T), collector="blockwise", batch_size=1)
+    assert torch.isfinite(s.mass).all(), what
+    total = (s.mass[0].cpu() * (T - torch.arange(T, dtype=torch.float64))).sum(-1)  # (L, H)
+    torch.testing.assert_close(total, torch.full_like(total, float(T)), rtol=2e-2, atol=0.0, msg=what)
+
+
+def test_sink_cache_decode_on_cuda_equals_cpu():
+    """StreamingLLM decoding (4 sinks + a 64-token window) through 300 tokens, one at a time: the
+    next-token losses on CUDA equal the CPU's (fp32), as does the full cache's."""
+    from sinklab.streaming.harness import CacheSpec, stream_nll_decode
+
+    ids = _ids(300, seed=1)[0]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for spec in (CacheSpec("sinks_4", "sink", 4, 64), CacheSpec("full", "full", None, None)):
+        out = {}
+        for device in ("cpu", "cuda"):
+            model, what = smollm2(device=device, layers=4, home=USER_HOME)
+            out[device] = stream_nll_decode(model, ids, spec, max_context=8192, progress=False)
+        assert sorted(out["cpu"]) == sorted(out["cuda"]) == list(range(299))
+        worst = max(abs(out["cpu"][t] - out["cuda"][t]) for t in out["cpu"])
+        assert worst < 1e-3, (spec.name, worst, what)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_gpus_sgd_parameters_equal_one_process(tmp_path, parallel):
+    """NCCL (process group cpu:gloo,cuda:nccl): 2 SGD steps without clipping on 2 GPUs give the
+    one-GPU parameters (fp32, TF32 off), and every in-step collective is a CUDA tensor."""
+    from dist_record_worker import sgd
+
+    import sinklab.train.loop as loop
+    from conftest import synthetic_run_toml
+    from sinklab.nn.model import SinkLM as Model
+    from sinklab.train.config import load_config, to_toml
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg_file = tmp_path / "base.toml"
+    cfg_file.write_text(synthetic_run_toml(2))
+    over = ['train.device="cuda"', 'train.precision="fp32"', "optim.lr=0.5", "optim.grad_clip=0",
+            "optim.weight_decay=0", "train.grad_accum=3", f'train.parallel="{parallel}"']
+    cfg = load_config(cfg_file, over)
+    (tmp_path / "cfg.toml").write_text(to_toml(cfg))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "build_optimizer", sgd)
+        loop.train(cfg, tmp_path / "one", progress=False)
+    worker = str(Path(__file__).resolve().parent / "dist_record_worker.py")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", worker,
+                        str(tmp_path / "cfg.toml"), str(tmp_path / "two"), str(tmp_path / "rec"), "sgd"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    one = Model.from_pretrained(tmp_path / "one" / "final").state_dict()
+    two = Model.from_pretrained(tmp_path / "two" / "final").state_dict()
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) < 1e-5
+    for r in range(2):
+        recs = json.loads((tmp_path / "rec" / f"rank{r}.json").read_text())
+        in_step = [x for x in recs if x["phase"] == "step" and x["device"] is not None]
+        assert in_step and all(x["device"].startswith("cuda") for x in in_step), in_step

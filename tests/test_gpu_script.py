@@ -1,0 +1,58 @@
+"""benchmarks/gpu.sh, the device script: the CPU smoke run end to end, a failing step fails the
+script loudly, and it refuses to start without CUDA outside the smoke run."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu.sh"
+
+
+def run(out: Path, *args: str, smoke: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    import sys
+
+    env = {**os.environ, "PY": sys.executable, "OUT": str(out), "OMP_NUM_THREADS": "1"}
+    env.pop("SINKLAB_GPU_SMOKE", None)
+    if smoke:
+        env["SINKLAB_GPU_SMOKE"] = "1"
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_smoke_run_writes_json_and_summary_and_reports_cuda_steps_as_skipped(tmp_path):
+    """The CUDA tests (skipped here) and the decode step at tiny sizes on the CPU: exit 0, gpu.json
+    with each step's status, a summary that names the skip, the per-step logs."""
+    p = run(tmp_path, "--only", "cuda_tests", "decode")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    assert res["environment"]["smoke"] is True and res["steps_run"] == ["cuda_tests", "decode"]
+    tests = res["steps"]["cuda_tests"]
+    assert tests["status"] == "skipped" and tests["passed"] == 0 and tests["counts"]["skipped"] >= 25
+    dec = res["steps"]["decode"]
+    assert dec["status"] == "ok" and [r["at_tokens"] for r in dec["rows"]] == [256, 1024, None]
+    assert all(r["ms_per_token"] > 0 for r in dec["rows"])
+    text = (tmp_path / "summary.txt").read_text()
+    assert "CPU SMOKE RUN" in text and "[cuda_tests] SKIPPED" in text and "no CUDA device" in text
+    assert "every step ran" in text and (tmp_path / "logs" / "decode.log").exists()
+    assert (tmp_path / "cuda_tests.xml").exists()
+
+
+def test_a_step_past_its_limit_fails_the_script_loudly(tmp_path):
+    p = run(tmp_path, "--only", "decode", "--time-scale", "0.0005")  # 0.15 s: it cannot finish
+    assert p.returncode == 1
+    assert "[decode] FAILED: ran past its" in p.stderr
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    assert res["steps"]["decode"]["status"] == "failed"
+    assert (tmp_path / "summary.txt").read_text().strip().splitlines()[-1] == "FAILED: decode"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_without_cuda_and_without_smoke_it_refuses_in_one_line(tmp_path):
+    p = run(tmp_path, smoke=False, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1].startswith("error: no CUDA device here; SINKLAB_GPU_SMOKE=1 runs")
+    assert not (tmp_path / "gpu.json").exists()
