@@ -110,7 +110,7 @@ def test_preset_descriptions_are_whole():
                 break
             block.append(line[1:].strip())
         assert listed[name] == " ".join(block), name
-    assert listed["emergence-cpu"].endswith("the search is in results/regime_search/). About 1-2 minutes per run on one core.")
+    assert listed["emergence-cpu"].endswith("(results/attention_operation). About 2-6 minutes per run on one core of a loaded machine.")
     assert "\n" not in "".join(listed.values())
 
 

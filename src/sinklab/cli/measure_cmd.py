@@ -68,5 +68,6 @@ def measure_cmd(
 
         typer.echo(downstream_line(result.downstream))
     typer.echo(f"probe: {result.probe_description()['description']}")
-    typer.echo(f"wrote {out}/results.json, attention.csv, sink_rate.csv and 3 PNG plots ({result.wall_time_s:.1f} s)")
+    extra = f"; cloze and held-out loss {result.downstream['wall_time_s']:.1f} s" if result.downstream else ""
+    typer.echo(f"wrote {out}/results.json, attention.csv, sink_rate.csv and 3 PNG plots ({result.wall_time_s:.1f} s measuring{extra})")
 

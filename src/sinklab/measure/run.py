@@ -343,7 +343,10 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     summary = summarize(stats, cfg.eps, cfg.positions, seed=cfg.seed)
     top = _top_sinks(stats, probe, loaded.tokenizer, cfg.eps)
     wall = time.perf_counter() - t0
+    t1 = time.perf_counter()
     downstream = (_downstream(cfg, loaded, probe, run, corpus, progress) if cfg.cloze else None)
+    if downstream is not None:
+        downstream["wall_time_s"] = round(time.perf_counter() - t1, 3)  # not part of wall_time_s (the probe)
     argv_cmd = " ".join(shlex.quote(a) for a in sys.argv) if Path(sys.argv[0]).name == "sinklab" else None
     corpus_info = None
     if corpus is not None:
