@@ -278,3 +278,29 @@ def test_cli_stream_policy_bad_input(tiny_model_dir, text_corpus_dir, tmp_path, 
             "--tokens", "50", "--window", "8", *extra]
     code, _, err = run_cli_captured(argv, capsys)
     assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_stacked_decode_equals_each_cache_alone():
+    """Five configurations of one budget as the rows of one batch give each row's NLLs as its cache alone."""
+    from sinklab.streaming.harness import decode_stacked, decode_stream, policy_specs
+
+    m = llama(layers=2, attn="sdpa")
+    ids = torch.randint(0, 80, (30,), generator=torch.Generator().manual_seed(8))
+    specs = policy_specs(["h2o", "tova", "sinks+h2o", "detected-sinks", "sinks"], [8], n_sink=2, kv_bits=[16, 3],
+                         key_quant=["channel"], sinks_full_precision=[1], kv_group=4, full=False, recompute=False)
+    specs = [s for s in specs if not s.parallel_ok]
+    assert len(specs) == 9
+    got = decode_stacked(m, ids, specs, progress=False)
+    for s in specs:
+        alone, _, nbytes, state, _ = decode_stream(m, ids, s, max_context=128, progress=False)
+        assert max(abs(got[s.name][0][t] - alone[t]) for t in alone) < 2e-6, s.name  # NLLs in float32
+        assert (got[s.name][1], got[s.name][2]) == (nbytes, state)
+    assert m.config._attn_implementation == "sdpa"
+
+
+def test_stacked_cache_needs_one_budget():
+    from sinklab.streaming.cache import StackedCache
+
+    m = llama(layers=1)
+    with pytest.raises(InputError, match="one budget for all its caches, got \\[8, 9\\]"):
+        StackedCache([SinkCache(m, policy="tova", budget=8), SinkCache(m, policy="tova", budget=9)])

@@ -338,9 +338,10 @@ def _hf_layers(model, budget: int, max_context: int | None, make) -> list[SinkCa
 
 def _observe_hook(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
     """Forward hook on a ``transformers`` attention module: hand its attention weights (B, H, q, K + q)
-    to the layer of the :class:`SinkCache` it was called with, when that layer waits for them."""
+    to the layer of the :class:`SinkCache` (or :class:`StackedCache`) it was called with, when that
+    layer waits for them."""
     cache = next((kwargs[k] for k in ("cache", "past_key_values", "past_key_value", "layer_past") if k in kwargs), None)
-    if not isinstance(cache, SinkCache):
+    if not isinstance(cache, (SinkCache, StackedCache)):
         return
     layer = cache.layers[module.layer_idx]
     if not layer.awaiting:
@@ -483,3 +484,90 @@ class SinkCache(Cache):
         if layer_idx is None:
             layer_idx = next((i for i, layer in enumerate(self.layers) if not layer.is_sliding), 0)
         return self.layers[layer_idx].kept if layer_idx < len(self.layers) else 0
+
+
+class StackedLayer(CacheLayerMixin):
+    """One layer of a :class:`StackedCache`: row r of the batch goes to ``subs[r]`` (a one-row
+    :class:`SinkCacheLayer`); every sub-layer keeps the same number of tokens."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, subs: list[SinkCacheLayer]) -> None:
+        super().__init__()
+        self.subs = subs
+        self.is_sliding = subs[0].is_sliding
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.is_initialized = True
+
+    @property
+    def kept(self) -> int:
+        return self.subs[0].kept
+
+    @property
+    def awaiting(self) -> int:
+        return max(s.awaiting for s in self.subs)
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        """(R, H_kv, q, d) new keys/values, row r for sub-layer r; returns the rows' (R, H_kv, K + q, d)."""
+        if key_states.shape[0] != len(self.subs):
+            raise InputError(f"a StackedCache of {len(self.subs)} configurations needs {len(self.subs)} rows, got "
+                             f"{key_states.shape[0]}")
+        self.is_initialized = True
+        outs = [s.update(key_states[r : r + 1], value_states[r : r + 1], *args, **kwargs) for r, s in enumerate(self.subs)]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+    def observe(self, weights: Tensor) -> None:
+        """(R, H, q, K + q) attention weights: row r to sub-layer r (where it waits for them)."""
+        for r, s in enumerate(self.subs):
+            if s.awaiting:
+                s.observe(weights[r : r + 1])
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.subs[0].get_mask_sizes(query_length)
+
+    def get_seq_length(self) -> int:
+        return self.subs[0].get_seq_length()
+
+    def get_max_length(self) -> int:
+        return self.subs[0].get_max_length()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.subs)
+
+
+class StackedCache(Cache):
+    """Several one-row :class:`SinkCache` configurations fed as the rows of one batch: row r of every
+    call goes through ``caches[r]``. One forward then evaluates R configurations on the same stream
+    (``sinklab stream`` uses it for the configurations it decodes token by token; a decode step
+    costs little more for R rows than for one on a CPU). Each row computes what its cache alone
+    computes (tests check it); they must keep equally many tokens (the same budget) so that the rows'
+    keys stack.
+
+    Args:
+        caches: SinkCaches built for the same model, each used for one row only.
+
+    Raises:
+        InputError: no caches, different budgets, or caches with different layers.
+    """
+
+    def __init__(self, caches: list[SinkCache]) -> None:
+        if not caches:
+            raise InputError("a StackedCache needs at least one SinkCache")
+        budgets = sorted({c.budget for c in caches})
+        if len(budgets) > 1:
+            raise InputError(f"a StackedCache needs one budget for all its caches, got {budgets}")
+        if len({len(c.layers) for c in caches}) > 1:
+            raise InputError("a StackedCache needs caches of the same model")
+        super().__init__(layers=[StackedLayer([c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
+        self.caches = caches
+        self.policy = ", ".join(dict.fromkeys(c.policy for c in caches))
+
+    def attn_implementation(self, module=None) -> str:
+        return self.caches[0].attn_implementation(module)
+
+    def kept_length(self, layer_idx: int | None = None) -> int:
+        """Tokens held now (the same in every row); the cache position of the next token."""
+        return self.caches[0].kept_length(layer_idx)

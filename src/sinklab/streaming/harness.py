@@ -382,6 +382,38 @@ def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | Non
     return out, ms, _cache_nbytes(cache), state, attn
 
 
+@torch.no_grad()
+def decode_stacked(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: bool = True
+                   ) -> dict[str, tuple[dict[int, float], int, int]]:
+    """Feed ``ids`` token by token through the caches of ``specs`` at once, one configuration per row of
+    the batch (:class:`~sinklab.streaming.cache.StackedCache`; cache positions): the NLLs each
+    configuration's cache gives alone, for the cost of one batched decode.
+
+    Args:
+        specs: ``sink`` configurations of one budget.
+
+    Returns:
+        {name: ({position t: NLL of token t + 1}, cache bytes, state bytes at the end)}.
+    """
+    from sinklab.streaming.cache import StackedCache
+    from sinklab.streaming.policies import POLICIES
+
+    n, R = ids.numel(), len(specs)
+    x = ids.view(1, -1).to(_device(model)).expand(R, -1)
+    scored = next((s for s in specs if POLICIES.get(s.policy).needs_scores), specs[0])
+    out: dict[str, dict[int, float]] = {s.name: {} for s in specs}
+    with attention_for(model, scored):
+        caches = [_new_cache(model, s, None) for s in specs]
+        cache = StackedCache(caches)
+        desc = f"{len(specs)} caches @{specs[0].budget}"
+        for t in show_progress(range(n - 1), desc=desc, unit="token", enabled=progress):
+            logits = step_batch(model, x[:, t : t + 1], cache, cache.kept_length())[:, 0]  # (R, V)
+            nll = _next_token_nll(logits, x[:, t + 1]).tolist()
+            for s, v in zip(specs, nll):
+                out[s.name][t] = v
+    return {s.name: (out[s.name], c.nbytes, c.state_nbytes) for s, c in zip(specs, caches)}
+
+
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -442,7 +474,8 @@ def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int
 
 def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: int, recompute_every: int = 1,
                     max_context: int | None = None, mode: str = "parallel", latency_steps: int = 32,
-                    progress: bool = True, done: dict | None = None, on_result=None) -> list[StreamConfigResult]:
+                    progress: bool = True, done: dict | None = None, on_result=None,
+                    stack: int = 32) -> list[StreamConfigResult]:
     """Evaluate every configuration of ``specs`` on the stream ``ids``.
 
     Args:
@@ -458,6 +491,10 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`).
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).
+        stack: the configurations decoded token by token (other policies, quantised caches) run up
+            to ``stack`` at a time as the rows of one batch, one batch per budget
+            (:func:`decode_stacked`); their latency is then timed for each alone at the end of the
+            stream (:func:`decode_latency`). 0: one at a time, latency from their own last steps.
 
     Raises:
         InputError: N < 2, ``n_sink + window`` above ``max_context``, an unknown mode.
@@ -468,11 +505,31 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
     n = ids.numel()
     out = []
+    stacked: dict[str, tuple] = {}
+    if stack and not _is_native(model):  # the token-by-token configurations, one batched decode per budget
+        todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and not (done and s.name in done)]
+        for budget in dict.fromkeys(s.budget for s in todo):
+            group = [s for s in todo if s.budget == budget]
+            if max_context is not None and budget > max_context:
+                raise InputError(f"n_sink + window = {budget} exceeds the model's context of {max_context} tokens")
+            for a in range(0, len(group), stack):
+                stacked.update(decode_stacked(model, ids, group[a : a + stack], progress=progress))
     bar = show_progress(specs, desc="caches", unit="configuration", enabled=progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)
         if done and spec.name in done:
             out.append(done[spec.name])
+            continue
+        if spec.name in stacked:
+            nll, nbytes, state = stacked[spec.name]
+            steps = max(1, min(latency_steps, n - 1))
+            with attention_for(model, spec) as attn:
+                ms, _ = decode_latency(model, ids, spec, at=n - steps, steps=steps)
+            res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
+                          state_bytes=state, mode="decode", attn=attn)
+            if on_result is not None:
+                on_result(res)
+            out.append(res)
             continue
         if spec.kind == "recompute":
             if max_context is not None and spec.window + 1 > max_context:
