@@ -9,11 +9,12 @@
   configurations on one long token stream (``sinklab stream``).
 """
 
-from sinklab.streaming.cache import SinkCache, SinkCacheLayer
+from sinklab.streaming.cache import SinkCache, SinkCacheLayer, StackedCache
 from sinklab.streaming.policies import POLICIES
 from sinklab.streaming.rope import KeyRotation, key_rotations
 from sinklab.streaming.run import stream
 from sinklab.streaming.harness import cache_specs, evaluate_stream, token_stream
 
-__all__ = ["SinkCache", "SinkCacheLayer", "POLICIES", "KeyRotation", "key_rotations", "stream", "cache_specs", "evaluate_stream",
+__all__ = ["SinkCache", "SinkCacheLayer", "StackedCache", "POLICIES", "KeyRotation", "key_rotations", "stream",
+           "cache_specs", "evaluate_stream",
            "token_stream"]
