@@ -77,7 +77,8 @@ def _load_commands() -> None:
 
 #: options that take several values after one flag (``--sinks 0 1 2 4 8``), per command: the argv is
 #: rewritten to the repeated form typer parses (``--sinks 0 --sinks 1 ...``).
-MULTI_VALUE_OPTIONS: dict[str, set[str]] = {"stream": {"--sinks"}}
+MULTI_VALUE_OPTIONS: dict[str, set[str]] = {"stream": {"--sinks", "--policy", "--budget", "--kv-bits", "--key-quant",
+                                                        "--sinks-full-precision", "--passkey-depths"}}
 
 
 def _expand_multi_value(argv: list[str]) -> list[str]:

@@ -19,8 +19,8 @@ def stream_cmd(
                                "or run (a sinklab run's own validation documents)"),
     tokens: int = typer.Option(4096, "--tokens", "-n", help="stream length N: the first N tokens of the corpus"),
     window: int = typer.Option(256, "--window", "-w", help="recent tokens kept by the sink caches (and seen by recompute)"),
-    sinks: List[int] = typer.Option([0, 1, 2, 4, 8], "--sinks", help="numbers of sink tokens, e.g. --sinks 0 1 2 4 8 "
-                                    "(0 = window only)"),
+    sinks: Optional[List[int]] = typer.Option(None, "--sinks", help="numbers of sink tokens, e.g. --sinks 0 1 2 4 8 "
+                                              "(0 = window only; default 0 1 2 4 8; not with --policy)"),
     out: Path = typer.Option(Path("runs/stream"), help="output folder (a stopped run resumes there)"),
     chunk: Optional[int] = typer.Option(None, help="positions per perplexity chunk (default: the window)"),
     recompute_every: Optional[int] = typer.Option(None, "--recompute-every", help="score every k-th position with "
@@ -29,17 +29,57 @@ def stream_cmd(
                              "(token by token through the real cache: same numbers, much slower)"),
     no_full: bool = typer.Option(False, "--no-full", help="skip the full cache"),
     no_recompute: bool = typer.Option(False, "--no-recompute", help="skip sliding window with recomputation"),
+    policy: Optional[List[str]] = typer.Option(None, "--policy", help="cache policies to compare at equal budget: "
+                                               "window sinks h2o tova sinks+h2o sinks+tova detected-sinks (replaces "
+                                               "--sinks; the cross product with --budget and the --kv-* options)"),
+    budget: Optional[List[int]] = typer.Option(None, "--budget", help="tokens each layer keeps, e.g. --budget 64 128 256 "
+                                               "(default 256; with --policy)"),
+    n_sink: int = typer.Option(4, "--n-sink", help="sink tokens of the policies with sinks (sinks, sinks+h2o, "
+                               "sinks+tova; at most this many detected ones for detected-sinks)"),
+    kv_bits: Optional[List[int]] = typer.Option(None, "--kv-bits", help="key/value storage: 16 (as given) or 8 4 3 2 "
+                                                "bits (min-max codes in groups; default 16; with --policy)"),
+    kv_group: int = typer.Option(32, "--kv-group", help="channels per quantisation group (per token) or tokens per "
+                                 "block (per-channel keys)"),
+    key_quant: Optional[List[str]] = typer.Option(None, "--key-quant", help="keys quantised per token and/or per "
+                                                  "channel (KIVI): --key-quant token channel (default token)"),
+    sinks_full_precision: Optional[List[int]] = typer.Option(None, "--sinks-full-precision", help="keep the first N "
+                                                             "tokens lossless in a quantised cache, e.g. 0 1 4 "
+                                                             "(default 0)"),
+    task: str = typer.Option("ppl", "--task", help="ppl (perplexity by chunk, latency, memory) | passkey (retrieve a "
+                             "5-digit key stated once in the stream; accuracy per depth)"),
+    passkey_keys: int = typer.Option(20, "--passkey-keys", help="pass keys per depth"),
+    passkey_depths: Optional[List[float]] = typer.Option(None, "--passkey-depths", help="depths of the key in [0, 1] "
+                                                         "(default 0 0.25 0.5 0.75 1)"),
+    passkey_batch: int = typer.Option(20, "--passkey-batch", help="streams fed together (equal length)"),
+    passkey_chunk: int = typer.Option(1, "--passkey-chunk", help="tokens per call while feeding a stream (1 = "
+                                      "streaming; more: the chunk attends to the cache and itself, then it is cut)"),
+    passkey_seed: int = typer.Option(0, "--passkey-seed", help="seed of the random keys"),
     threads: Optional[int] = THREADS,
 ) -> None:
     """StreamingLLM on one long stream: perplexity, decode latency and cache memory for the full cache,
-    window only, sinks + window and sliding window with recomputation."""
+    window only, sinks + window and sliding window with recomputation; with --policy, any cache
+    policy at a fixed budget, stored as given or quantised; --task passkey for retrieval."""
     check_outputs([("--out", out)])
     from sinklab.streaming import stream
+    from sinklab.streaming.passkey import DEFAULT_DEPTHS
 
     res = stream(model, corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,
-                 recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute, threads=threads)
+                 recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute, threads=threads,
+                 policies=policy, budgets=budget, n_sink=n_sink, kv_bits=kv_bits, kv_group=kv_group, key_quant=key_quant,
+                 sinks_full_precision=sinks_full_precision, task=task, passkey_keys=passkey_keys,
+                 passkey_depths=passkey_depths or DEFAULT_DEPTHS, passkey_batch=passkey_batch,
+                 passkey_chunk=passkey_chunk, passkey_seed=passkey_seed)
     typer.echo(f"{res['title']}")
-    typer.echo(f"{'config':<11} {'n_sink':>6} {'ppl':>9} {'ppl@recomp':>10} {'last chunk (n)':>16} {'ms/token':>9} "
+    if task == "passkey":
+        depths = sorted(res["configs"][0]["accuracy_by_depth"], key=float) if res["configs"] else []
+        typer.echo(f"{'config':<28} {'accuracy':>8}  " + " ".join(f"{'d=' + d:>7}" for d in depths))
+        for c in res["configs"]:
+            typer.echo(f"{c['name']:<28} {c['accuracy']:>8.2f}  "
+                       + " ".join(f"{c['accuracy_by_depth'][d]:>7.2f}" for d in depths))
+        typer.echo(f"wrote {out}/passkey.json, passkey.csv, passkey_accuracy.csv, passkey.png")
+        return
+    w = max([11] + [len(c["name"]) for c in res["configs"]])
+    typer.echo(f"{'config':<{w}} {'n_sink':>6} {'ppl':>9} {'ppl@recomp':>10} {'last chunk (n)':>16} {'ms/token':>9} "
                f"{'cache MiB':>9}")
     for c in res["configs"]:
         last_chunk = next((i for i in reversed(range(len(c["ppl_by_chunk"]))) if c["ppl_by_chunk"][i] is not None), None)
@@ -51,7 +91,7 @@ def stream_cmd(
             last = f"{c['ppl_by_chunk'][last_chunk]:.2f} ({n})"
         ns = "-" if c["n_sink"] is None else str(c["n_sink"])
         matched = "-" if c["ppl_matched"] is None else f"{c['ppl_matched']:.2f}"
-        typer.echo(f"{c['name']:<11} {ns:>6} {c['ppl']:>9.2f} {matched:>10} {last:>16} "
+        typer.echo(f"{c['name']:<{w}} {ns:>6} {c['ppl']:>9.2f} {matched:>10} {last:>16} "
                    f"{c['latency_ms_per_token']:>9.1f} {c['cache_bytes'] / 2**20:>9.2f}")
     typer.echo("last chunk (n): perplexity of the last chunk, over the n positions scored in it (recompute scores "
                "every k-th position only)")

@@ -437,8 +437,10 @@ class Attention(nn.Module):
             vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
         rep = H // k_all.shape[1]
-        out, _, _ = attend_block(self.op, q, repeat_kv(k_all, rep), repeat_kv(v_all, rep), mask, self.scale,
+        out, w, _ = attend_block(self.op, q, repeat_kv(k_all, rep), repeat_kv(v_all, rep), mask, self.scale,
                                  bias=bias, vk=vk, vv=vv, vlogit=vlogit)
+        if getattr(layer, "awaiting", 0):  # an attention-based eviction policy scores the slots from w
+            layer.observe(w)
         return out
 
     def _fast(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:

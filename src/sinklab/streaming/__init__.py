@@ -2,14 +2,19 @@
 
 * :class:`SinkCache` -- a ``transformers`` Cache that keeps ``n_sink`` initial tokens and a window
   of recent ones, positions assigned inside the cache.
+* :data:`POLICIES` -- the eviction policies a ``SinkCache`` takes by name (window, sinks, h2o, tova,
+  sinks+h2o, sinks+tova, detected-sinks), each at a fixed budget; keys and values stored as given
+  or quantised (:mod:`sinklab.streaming.quant`).
 * :func:`evaluate_stream` -- perplexity, decode latency and cache memory of several cache
   configurations on one long token stream (``sinklab stream``).
 """
 
-from sinklab.streaming.cache import SinkCache, SinkCacheLayer
+from sinklab.streaming.cache import SinkCache, SinkCacheLayer, StackedCache
+from sinklab.streaming.policies import POLICIES
 from sinklab.streaming.rope import KeyRotation, key_rotations
 from sinklab.streaming.run import stream
 from sinklab.streaming.harness import cache_specs, evaluate_stream, token_stream
 
-__all__ = ["SinkCache", "SinkCacheLayer", "KeyRotation", "key_rotations", "stream", "cache_specs", "evaluate_stream",
+__all__ = ["SinkCache", "SinkCacheLayer", "StackedCache", "POLICIES", "KeyRotation", "key_rotations", "stream",
+           "cache_specs", "evaluate_stream",
            "token_stream"]

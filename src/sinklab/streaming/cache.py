@@ -18,7 +18,16 @@ step sees at most ``n_sink + window + 1`` keys, itself included). A prompt longe
 cut down. Layers the model declares as sliding-window layers (Gemma 3's local layers) keep their
 own window of ``sliding_window - 1`` tokens and no sinks, as the model was trained.
 
-Every row of a batch is one stream of the same length (no padding).
+That is the default policy, ``sinks``; others keep other tokens at the same budget
+(:mod:`sinklab.streaming.policies`: window, H2O, TOVA, with or without sinks, and the sinks
+sinklab's metric detects on the fly). Slots always stay in stream order, so the positions inside
+the cache keep the stream's order. The attention-based policies cut the cache after the call's
+attention, from its weights (a forward hook on each attention module hands them over; eager
+attention only). Keys and values may be stored quantised (:mod:`sinklab.streaming.quant`),
+dequantised on every read; the new tokens of a call attend to their own keys as computed.
+
+Every row of a batch is one stream of the same length (no padding); attention-based policies
+keep their own tokens per row.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from sinklab.errors import InputError
+from sinklab.streaming.policies import POLICIES, CachePolicy, make_policy
+from sinklab.streaming.quant import DenseKV, QuantKV, make_store
 from sinklab.streaming.rope import KeyRotation, key_rotations
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -76,40 +87,61 @@ def _position_start(kwargs: dict, recorded: Tensor | None, default: int) -> int:
 
 
 class SinkCacheLayer(CacheLayerMixin):
-    """The cache of one attention layer: ``n_sink`` first tokens + ``window`` most recent tokens.
+    """The cache of one attention layer: a policy's ``budget`` tokens, stored as given or quantised.
 
     Args:
-        n_sink: number of initial tokens kept (>= 0).
-        window: number of most recent tokens kept (>= 1).
+        n_sink: number of initial tokens kept by the default ``sinks`` policy (>= 0).
+        window: number of most recent tokens kept by it (>= 1).
         rotation: the layer's :class:`KeyRotation`, or None for a model without RoPE (no re-rotation).
         is_sliding: True for a layer the model declares sliding-window (informs transformers' masks).
+        policy: the eviction rule (:mod:`sinklab.streaming.policies`); default ``sinks`` with budget
+            ``n_sink + window`` (StreamingLLM).
+        store: where keys and values live (:mod:`sinklab.streaming.quant`); default as given.
 
     Attributes:
-        keys, values: (B, H_kv, K, head_dim) kept states, K <= n_sink + window, keys rotated at ``positions``.
-        positions: (K,) int64 position each kept key was rotated at.
+        keys, values: (B, H_kv, K, head_dim) kept states of a 16-bit store (None when quantised: see
+            :meth:`read`), keys rotated at ``positions``.
+        positions: (K,) int64 position each kept key was rotated at, or (B, K) for a policy whose
+            rows keep different tokens (attention-based ones).
+        order: the same shape, arrival index (0-based position in the stream) of each kept token;
+            slots are in stream order.
         seen: tokens passed through :meth:`update` so far (the stream length).
     """
 
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, n_sink: int, window: int, rotation: KeyRotation | None, is_sliding: bool = False) -> None:
+    def __init__(self, n_sink: int, window: int, rotation: KeyRotation | None, is_sliding: bool = False, *,
+                 policy: CachePolicy | None = None, store: DenseKV | QuantKV | None = None) -> None:
         super().__init__()
         self.n_sink, self.window, self.rotation, self.is_sliding = n_sink, window, rotation, is_sliding
+        self.policy = policy if policy is not None else make_policy("sinks", n_sink + window, n_sink)
+        self.store = store if store is not None else DenseKV()
         self.positions: Tensor | None = None
+        self.order: Tensor | None = None
         self.seen = 0
+        self.awaiting = 0  # new tokens of the last update whose attention weights have not been observed
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
-        self.keys = key_states[..., :0, :]
-        self.values = value_states[..., :0, :]
-        self.positions = torch.zeros(0, dtype=torch.long, device=key_states.device)
+        self.store.init(key_states, value_states)
+        shape = (key_states.shape[0], 0) if self.policy.needs_scores else (0,)
+        self.positions = torch.zeros(shape, dtype=torch.long, device=key_states.device)
+        self.order = torch.zeros(shape, dtype=torch.long, device=key_states.device)
+        self._sync()
         self.is_initialized = True
+
+    def _sync(self) -> None:
+        self.keys, self.values = (self.store.keys, self.store.values) if isinstance(self.store, DenseKV) else (None, None)
 
     @property
     def kept(self) -> int:
         """Number of tokens held now."""
-        return 0 if self.keys is None else self.keys.shape[-2]
+        return 0 if self.order is None else self.order.shape[-1]
+
+    def read(self) -> tuple[Tensor, Tensor]:
+        """The kept keys (rotated at ``positions``) and values, (B, H_kv, K, head_dim), dequantised."""
+        return self.store.read(self.order)
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         """Add ``q`` new tokens; return the keys/values the new queries attend to.
@@ -121,10 +153,17 @@ class SinkCacheLayer(CacheLayerMixin):
 
         Returns:
             keys, values (B, H_kv, K + q, head_dim): the K kept tokens re-rotated to positions
-            P0-K .. P0-1, then the new ones.
+            P0-K .. P0-1 (dequantised from a quantised store), then the new ones as given.
+            A policy without scores evicts at once; an attention-based one after :meth:`observe`.
+
+        Raises:
+            InputError: an attention-based policy whose previous call's weights never came.
         """
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.awaiting:
+            raise InputError(f"cache policy {_policy_name(self.policy)} got no attention weights for the previous call: "
+                             "it needs eager attention (transformers' sdpa returns none), called through the model")
         q, K = key_states.shape[-2], self.kept
         recorded = self.rotation.last_position_ids() if self.rotation is not None else None
         if recorded is not None and recorded.shape[-1] != q:
@@ -132,29 +171,65 @@ class SinkCacheLayer(CacheLayerMixin):
         p0 = _position_start(kwargs, recorded, self.seen)
         dev = key_states.device
         new_pos = torch.arange(p0, p0 + q, device=dev)
-        keys_old = self.keys
+        new_order = torch.arange(self.seen, self.seen + q, device=dev)
+        stored_k, stored_v = self.store.read(self.order)
+        keys_old = stored_k
         if K and self.rotation is not None:
-            delta = (p0 - K + torch.arange(K, device=dev)) - self.positions  # (K,)
+            delta = (p0 - K + torch.arange(K, device=dev)) - self.positions  # (K,) or (B, K)
             moved = delta != 0
-            if bool(moved.all()):
+            if bool(moved.all()) or (delta.dim() == 2 and bool(moved.any())):
                 keys_old = self.rotation.rotate(keys_old, delta)
             elif bool(moved.any()):
                 idx = moved.nonzero().squeeze(-1)
                 keys_old = keys_old.clone()
                 keys_old[..., idx, :] = self.rotation.rotate(keys_old[..., idx, :], delta[idx])
         full_k = torch.cat((keys_old, key_states), dim=-2)
-        full_v = torch.cat((self.values, value_states), dim=-2)
-        # keep the model's own rotation and its position; evict the middle
-        keys = full_k if keys_old is self.keys else torch.cat((self.keys, key_states), dim=-2)
-        positions = torch.cat((self.positions, new_pos))
-        n = keys.shape[-2]
-        if n > self.n_sink + self.window:
-            keep = torch.cat((torch.arange(self.n_sink, device=dev), torch.arange(n - self.window, n, device=dev)))
-            self.keys, self.values, self.positions = keys[..., keep, :], full_v[..., keep, :], positions[keep]
-        else:
-            self.keys, self.values, self.positions = keys, full_v, positions
+        full_v = torch.cat((stored_v, value_states), dim=-2)
+        if self.positions.dim() == 2:
+            B = key_states.shape[0]
+            new_pos, new_order = new_pos.expand(B, q), new_order.expand(B, q)
+        # keep the model's own rotation and its position; evict what the policy drops
+        self.positions = torch.cat((self.positions, new_pos), dim=-1)
+        self.order = torch.cat((self.order, new_order), dim=-1)
+        self.store.append(key_states, value_states, self.order, cat_k=full_k if keys_old is stored_k else None,
+                          cat_v=full_v)
         self.seen += q
+        if self.policy.needs_scores:
+            self.awaiting = q
+        else:
+            keep = self.policy.keep(K + q, self.order)
+            if keep is not None:
+                self._select(keep)
+        self._sync()
         return full_k, full_v
+
+    def observe(self, weights: Tensor) -> None:
+        """Attention weights of the last :meth:`update`'s queries: (B, H, q, K + q), H query heads,
+        rows over the K + q keys it returned. The policy scores the slots, then the cache is cut to
+        the budget.
+
+        Raises:
+            InputError: weights of another shape.
+        """
+        n = self.kept
+        if weights.dim() != 4 or weights.shape[-1] != n or weights.shape[-2] != self.awaiting:
+            raise InputError(f"attention weights of shape {tuple(weights.shape)} do not match the cache's last call "
+                             f"({self.awaiting} queries on {n} keys)")
+        self.policy.observe(weights, self.awaiting)
+        self.awaiting = 0
+        keep = self.policy.keep(n, self.order)
+        if keep is not None:
+            self._select(keep)
+            self._sync()
+
+    def _select(self, keep: Tensor) -> None:
+        """Keep slots ``keep`` ((K',) or (B, K'), sorted) everywhere."""
+        if keep.dim() == 1:
+            self.positions, self.order = self.positions[keep], self.order[keep]
+        else:
+            self.positions, self.order = self.positions.gather(1, keep), self.order.gather(1, keep)
+            self.policy.select(keep)
+        self.store.select(keep, self.order)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """(kv_length, kv_offset) for transformers' masks: the K kept + q new keys sit at the K
@@ -166,32 +241,57 @@ class SinkCacheLayer(CacheLayerMixin):
         return self.seen
 
     def get_max_length(self) -> int:
-        """Most tokens held between calls: ``n_sink + window``."""
-        return self.n_sink + self.window
+        """Most tokens held between calls: the policy's budget."""
+        return self.policy.budget
 
     def reset(self) -> None:
-        self.keys = self.values = self.positions = None
+        self.store = type(self.store)() if isinstance(self.store, DenseKV) else \
+            QuantKV(self.store.bits, self.store.group, self.store.key_quant, self.store.lossless)
+        self.policy = type(self.policy)(self.policy.budget, self.policy.n_sink, self.policy.recent, self.policy.eps)
+        self.keys = self.values = self.positions = self.order = None
         self.is_initialized = False
-        self.seen = 0
+        self.seen = self.awaiting = 0
+
+    def _batch(self, fn) -> None:
+        if not self.kept:
+            return
+        self.store.batch(fn)
+        if self.positions.dim() == 2:
+            self.positions, self.order = fn(self.positions), fn(self.order)
+            for name in ("score", "mass_sum", "count"):
+                t = getattr(self.policy, name, None)
+                if t is not None:
+                    setattr(self.policy, name, fn(t))
+        self._sync()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.kept:
-            self.keys = self.keys.repeat_interleave(repeats, dim=0)
-            self.values = self.values.repeat_interleave(repeats, dim=0)
+        self._batch(lambda t: t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: Tensor) -> None:
-        if self.kept:
-            self.keys, self.values = self.keys[indices], self.values[indices]
+        self._batch(lambda t: t[indices])
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        self._batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the kept keys and values."""
-        if self.keys is None:
+        """Bytes held by the kept keys and values (packed codes, scales, zeros and full-precision copies
+        when quantised)."""
+        return self.store.nbytes if self.is_initialized else 0
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of bookkeeping besides the keys and values: positions, arrival indices, policy scores."""
+        if not self.is_initialized:
             return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.positions, self.order)) + self.policy.nbytes
 
 
-def _native_layers(model, n_sink: int, window: int, max_context: int | None) -> list[SinkCacheLayer]:
+def _policy_name(policy: CachePolicy) -> str:
+    return next((n for n in POLICIES if POLICIES.get(n) is type(policy)), type(policy).__name__)
+
+
+def _native_layers(model, budget: int, max_context: int | None, make) -> list[SinkCacheLayer]:
     """Cache layers for a model trained with ``sinklab train`` (:class:`sinklab.nn.SinkLM`).
 
     Its learned sinks (a sink token, key/value biases, a sink logit) live in the attention
@@ -200,7 +300,7 @@ def _native_layers(model, n_sink: int, window: int, max_context: int | None) -> 
 
     Raises:
         InputError: absolute positions (learned, sinusoidal), a sliding-window model, or
-            ``n_sink + window`` above ``max_seq_len``.
+            a budget (``n_sink + window``) above ``max_seq_len``.
     """
     cfg = model.config
     if model.positional.absolute(1, torch.device("cpu")) is not None:
@@ -209,39 +309,68 @@ def _native_layers(model, n_sink: int, window: int, max_context: int | None) -> 
     if cfg.sliding_window is not None:
         raise InputError("SinkCache does not support sinklab models trained with a sliding window")
     limit = cfg.max_seq_len if max_context == -1 else max_context
-    if limit is not None and n_sink + window > limit:
-        raise InputError(f"n_sink + window = {n_sink + window} exceeds the model's context of {limit} tokens")
+    if limit is not None and budget > limit:
+        raise InputError(f"n_sink + window = {budget} exceeds the model's context of {limit} tokens")
     inv = getattr(model.positional, "inv_freq", None)
     rotation = KeyRotation(inv) if isinstance(inv, Tensor) else None  # RoPE; None: NoPE / ALiBi / T5 buckets
-    return [SinkCacheLayer(n_sink, window, rotation) for _ in range(cfg.n_layers)]
+    return [make(rotation) for _ in range(cfg.n_layers)]
 
 
-def _hf_layers(model, n_sink: int, window: int, max_context: int | None) -> list[SinkCacheLayer]:
+def _hf_layers(model, budget: int, max_context: int | None, make) -> list[SinkCacheLayer]:
     """Cache layers for a ``transformers`` RoPE decoder (sliding layers keep their own window, no sinks).
 
     Raises:
-        InputError: not a transformers model, ``n_sink + window`` above the context, an unsupported
-            layer type or RoPE convention.
+        InputError: not a transformers model, a budget (``n_sink + window``) above the context, an
+            unsupported layer type or RoPE convention.
     """
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "num_hidden_layers"):
         raise InputError(f"SinkCache needs a transformers model with a config, got {type(model).__name__}")
     if max_context == -1:
         max_context = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
-    if max_context is not None and n_sink + window > max_context:
-        raise InputError(f"n_sink + window = {n_sink + window} exceeds the model's context of {max_context} tokens")
+    if max_context is not None and budget > max_context:
+        raise InputError(f"n_sink + window = {budget} exceeds the model's context of {max_context} tokens")
     windows = layer_windows(model)
     rotations = key_rotations(model, [("full_attention" if w is None else "sliding_attention") for w in windows])
-    return [SinkCacheLayer(n_sink, window, rot) if w is None else SinkCacheLayer(0, w - 1, rot, is_sliding=True)
+    return [make(rot) if w is None else SinkCacheLayer(0, w - 1, rot, is_sliding=True)
             for w, rot in zip(windows, rotations)]
 
 
+def _observe_hook(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
+    """Forward hook on a ``transformers`` attention module: hand its attention weights (B, H, q, K + q)
+    to the layer of the :class:`SinkCache` (or :class:`StackedCache`) it was called with, when that
+    layer waits for them."""
+    cache = next((kwargs[k] for k in ("cache", "past_key_values", "past_key_value", "layer_past") if k in kwargs), None)
+    if not isinstance(cache, (SinkCache, StackedCache)):
+        return
+    layer = cache.layers[module.layer_idx]
+    if not layer.awaiting:
+        return
+    weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+    if not isinstance(weights, Tensor):
+        raise InputError(f"cache policy {cache.policy} needs the attention weights, and this model's attention "
+                         f"({cache.attn_implementation(module)}) returns none: use attn_implementation='eager'")
+    layer.observe(weights)
+
+
+def _install_observers(model: nn.Module) -> None:
+    """Add :func:`_observe_hook` to every attention module of a ``transformers`` model (once)."""
+    for m in model.modules():
+        if type(m).__name__.endswith("Attention") and isinstance(getattr(m, "layer_idx", None), int):
+            if not getattr(m, "_sinklab_observe_hook", False):
+                m.register_forward_hook(_observe_hook, with_kwargs=True)
+                m._sinklab_observe_hook = True
+
+
 class SinkCache(Cache):
-    """StreamingLLM cache for a ``transformers`` RoPE decoder: attention sinks + a window.
+    """A fixed-budget KV cache for a ``transformers`` RoPE decoder: StreamingLLM's sinks + window by
+    default, or another eviction policy, keys and values stored as given or quantised.
 
     Use::
 
-        cache = SinkCache(model, n_sink=4, window=1020)
+        cache = SinkCache(model, n_sink=4, window=1020)     # StreamingLLM
+        cache = SinkCache(model, policy="sinks+h2o", budget=256, kv_bits=4, key_quant="channel",
+                          sinks_full_precision=4)
         out = model.generate(input_ids, past_key_values=cache, max_new_tokens=4000)  # or cache=cache
 
     or a manual loop ``model(ids_t, cache=cache, use_cache=True)`` one token (or chunk) at a time.
@@ -253,44 +382,192 @@ class SinkCache(Cache):
             (:class:`sinklab.nn.SinkLM`, relative positions), decoded with ``model(ids, cache=cache)``:
             its learned sinks (sink token, key/value bias, sink logit) stay in every step, so
             ``n_sink = 0`` is the learned-sink variant.
-        n_sink: initial tokens kept (0 = a plain window cache).
-        window: most recent tokens kept (>= 1).
-        max_context: refuse ``n_sink + window`` above this many tokens (default: the model's
+        n_sink: sink tokens: the first ones (``sinks``, ``sinks+h2o``, ``sinks+tova``; default 4) or
+            the most detected ones (``detected-sinks``); 0 for the other policies.
+        window: most recent tokens kept (>= 1) by ``sinks``: the budget is ``n_sink + window``
+            (default window 1020 when no budget is given).
+        policy: a name from :data:`sinklab.streaming.policies.POLICIES`: ``window``, ``sinks``,
+            ``h2o``, ``tova``, ``sinks+h2o``, ``sinks+tova``, ``detected-sinks``. The three
+            attention-based ones need eager attention (``attn_implementation="eager"``).
+        budget: tokens each full-attention layer keeps between calls.
+        recent: ``h2o``'s recent window (default half of ``budget - n_sink``).
+        eps: ``detected-sinks``' threshold on the attention mass (default 0.3, the sink rate's).
+        kv_bits: 16 (stored as given) or 8 / 4 / 3 / 2 (asymmetric min-max codes, :mod:`sinklab.streaming.quant`).
+        kv_group: channels per group (per-token) or tokens per block (per-channel keys); default 32.
+        key_quant: keys per ``"token"`` or per ``"channel"`` (KIVI); values are always per token.
+        sinks_full_precision: the first N tokens of the stream are kept lossless besides.
+        max_context: refuse a budget above this many tokens (default: the model's
             ``max_position_embeddings``; None in the config = no check).
 
     Raises:
-        InputError: ``window < 1``, ``n_sink < 0``, ``n_sink + window`` above the model's context,
-            a layer type other than full or sliding attention, or a model without a supported RoPE
-            (the message names what is missing).
+        InputError: ``window < 1``, ``n_sink < 0``, a budget above the model's context or not above
+            ``n_sink``, a window that disagrees with the budget, quantisation options out of range,
+            an attention-based policy on a model whose attention returns no weights, a layer type
+            other than full or sliding attention, or a model without a supported RoPE (the message
+            names what is missing).
+        UnknownNameError: an unknown policy (the valid names listed).
     """
 
-    def __init__(self, model: nn.Module, n_sink: int = 4, window: int = 1020, *, max_context: int | None = -1) -> None:
-        if not isinstance(window, int) or window < 1:
+    def __init__(self, model: nn.Module, n_sink: int | None = None, window: int | None = None, *,
+                 policy: str = "sinks", budget: int | None = None, recent: int | None = None, eps: float = 0.3,
+                 kv_bits: int = 16, kv_group: int = 32, key_quant: str = "token", sinks_full_precision: int = 0,
+                 max_context: int | None = -1) -> None:
+        cls = POLICIES.get(policy)
+        if n_sink is None:
+            n_sink = 4 if cls.uses_sinks else 0
+        if window is not None and (not isinstance(window, int) or window < 1):
             raise InputError(f"window must be an integer >= 1, got {window!r}")
         if not isinstance(n_sink, int) or n_sink < 0:
             raise InputError(f"n_sink (number of sink tokens) must be an integer >= 0, got {n_sink!r}")
+        if budget is None:
+            budget = n_sink + (1020 if window is None else window)
+        elif window is not None and n_sink + window != budget:
+            raise InputError(f"n_sink + window = {n_sink + window} disagrees with budget {budget}: give one of them")
+        make_policy(policy, budget, n_sink, recent=recent, eps=eps)  # checks the arguments
+        make_store(kv_bits, kv_group, key_quant, sinks_full_precision)
         from sinklab.nn import SinkLM
 
-        if isinstance(model, SinkLM):
-            layers = _native_layers(model, n_sink, window, max_context)
+        def make(rotation) -> SinkCacheLayer:
+            return SinkCacheLayer(n_sink, budget - n_sink, rotation, policy=make_policy(policy, budget, n_sink,
+                                  recent=recent, eps=eps), store=make_store(kv_bits, kv_group, key_quant,
+                                                                           sinks_full_precision))
+
+        native = isinstance(model, SinkLM)
+        if native:
+            layers = _native_layers(model, budget, max_context, make)
         else:
-            layers = _hf_layers(model, n_sink, window, max_context)
+            layers = _hf_layers(model, budget, max_context, make)
+            if cls.needs_scores:
+                impl = model.config._attn_implementation
+                if impl != "eager":
+                    raise InputError(f"cache policy {policy} needs the attention weights, which {impl!r} attention does "
+                                     "not return: load the model with attn_implementation='eager' (or call "
+                                     "model.set_attn_implementation('eager'))")
+                _install_observers(model)
         super().__init__(layers=layers)
-        self.n_sink, self.window = n_sink, window
+        self.n_sink, self.window, self.policy, self.budget = n_sink, budget - n_sink, policy, budget
+        self.kv_bits, self.kv_group, self.key_quant = kv_bits, kv_group, key_quant
+        self.sinks_full_precision = sinks_full_precision
+        self._model_config = None if native else model.config
+
+    def attn_implementation(self, module=None) -> str:
+        """The attention implementation of the model this cache was built for ('?' when unknown)."""
+        cfg = self._model_config
+        return getattr(cfg, "_attn_implementation", None) or "?"
+
+    @property
+    def needs_scores(self) -> bool:
+        """True for an attention-based policy."""
+        return POLICIES.get(self.policy).needs_scores
 
     def __repr__(self) -> str:
-        return f"SinkCache(n_sink={self.n_sink}, window={self.window}, layers={len(self.layers)}, seen={self.get_seq_length()})"
+        kv = "" if self.kv_bits == 16 else (f", kv_bits={self.kv_bits}, kv_group={self.kv_group}, "
+                                            f"key_quant={self.key_quant!r}, sinks_full_precision={self.sinks_full_precision}")
+        return (f"SinkCache(policy={self.policy!r}, budget={self.budget}, n_sink={self.n_sink}{kv}, "
+                f"layers={len(self.layers)}, seen={self.get_seq_length()})")
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by all layers' kept keys and values."""
+        """Bytes held by all layers' kept keys and values (packed codes, scales and zeros when quantised)."""
         return sum(layer.nbytes for layer in self.layers)
 
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of all layers' bookkeeping: positions, arrival indices, policy scores."""
+        return sum(layer.state_nbytes for layer in self.layers)
+
     def kept_length(self, layer_idx: int | None = None) -> int:
-        """Tokens held now by layer ``layer_idx`` (default: the first full-attention layer; <= n_sink + window).
+        """Tokens held now by layer ``layer_idx`` (default: the first full-attention layer; <= the budget).
 
         This is the cache position of the next token: pass it as ``position_ids`` to give
         positions inside the cache, as StreamingLLM does."""
         if layer_idx is None:
             layer_idx = next((i for i, layer in enumerate(self.layers) if not layer.is_sliding), 0)
         return self.layers[layer_idx].kept if layer_idx < len(self.layers) else 0
+
+
+class StackedLayer(CacheLayerMixin):
+    """One layer of a :class:`StackedCache`: row r of the batch goes to ``subs[r]`` (a one-row
+    :class:`SinkCacheLayer`); every sub-layer keeps the same number of tokens."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, subs: list[SinkCacheLayer]) -> None:
+        super().__init__()
+        self.subs = subs
+        self.is_sliding = subs[0].is_sliding
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.is_initialized = True
+
+    @property
+    def kept(self) -> int:
+        return self.subs[0].kept
+
+    @property
+    def awaiting(self) -> int:
+        return max(s.awaiting for s in self.subs)
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        """(R, H_kv, q, d) new keys/values, row r for sub-layer r; returns the rows' (R, H_kv, K + q, d)."""
+        if key_states.shape[0] != len(self.subs):
+            raise InputError(f"a StackedCache of {len(self.subs)} configurations needs {len(self.subs)} rows, got "
+                             f"{key_states.shape[0]}")
+        self.is_initialized = True
+        outs = [s.update(key_states[r : r + 1], value_states[r : r + 1], *args, **kwargs) for r, s in enumerate(self.subs)]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+    def observe(self, weights: Tensor) -> None:
+        """(R, H, q, K + q) attention weights: row r to sub-layer r (where it waits for them)."""
+        for r, s in enumerate(self.subs):
+            if s.awaiting:
+                s.observe(weights[r : r + 1])
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.subs[0].get_mask_sizes(query_length)
+
+    def get_seq_length(self) -> int:
+        return self.subs[0].get_seq_length()
+
+    def get_max_length(self) -> int:
+        return self.subs[0].get_max_length()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.subs)
+
+
+class StackedCache(Cache):
+    """Several one-row :class:`SinkCache` configurations fed as the rows of one batch: row r of every
+    call goes through ``caches[r]``. One forward then evaluates R configurations on the same stream
+    (``sinklab stream`` uses it for the configurations it decodes token by token; a decode step
+    costs little more for R rows than for one on a CPU). Each row computes what its cache alone
+    computes (tests check it); they must keep equally many tokens (the same budget) so that the rows'
+    keys stack.
+
+    Args:
+        caches: SinkCaches built for the same model, each used for one row only.
+
+    Raises:
+        InputError: no caches, different budgets, or caches with different layers.
+    """
+
+    def __init__(self, caches: list[SinkCache]) -> None:
+        if not caches:
+            raise InputError("a StackedCache needs at least one SinkCache")
+        budgets = sorted({c.budget for c in caches})
+        if len(budgets) > 1:
+            raise InputError(f"a StackedCache needs one budget for all its caches, got {budgets}")
+        if len({len(c.layers) for c in caches}) > 1:
+            raise InputError("a StackedCache needs caches of the same model")
+        super().__init__(layers=[StackedLayer([c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
+        self.caches = caches
+        self.policy = ", ".join(dict.fromkeys(c.policy for c in caches))
+
+    def attn_implementation(self, module=None) -> str:
+        return self.caches[0].attn_implementation(module)
+
+    def kept_length(self, layer_idx: int | None = None) -> int:
+        """Tokens held now (the same in every row); the cache position of the next token."""
+        return self.caches[0].kept_length(layer_idx)

@@ -7,6 +7,10 @@ StreamingLLM (Xiao et al. 2024, Fig. 3 and Table 1):
 * ``full`` -- the whole history (transformers' ``DynamicCache``), up to the model's context;
 * ``window`` -- the last ``window`` tokens only (``SinkCache`` with ``n_sink = 0``);
 * ``sinks_k`` -- the first k tokens + the last ``window`` (``SinkCache``);
+* ``POLICY@BUDGET[:kvBITS-KEYQUANT-fpN]`` -- with ``--policy``: any cache policy of
+  :data:`sinklab.streaming.policies.POLICIES` at a budget of kept tokens, keys/values stored as
+  given or quantised (:mod:`sinklab.streaming.quant`), for the cross product given
+  (:func:`policy_specs`);
 * ``recompute`` -- sliding window with recomputation: for token t, a fresh forward over the
   ``window`` tokens before it and t itself (positions 0..window), the quality reference; it costs a
   whole window per token, so it is evaluated every ``recompute_every``-th token.
@@ -15,8 +19,11 @@ Perplexity is exp(mean negative log-likelihood, in nats) of the next token; posi
 predicts token t + 1. The perplexities of full / window / sinks come from one parallel forward
 per configuration that computes exactly what the token-by-token cache computes
 (:mod:`sinklab.streaming.parallel`; ``mode="decode"`` feeds the real cache token by token
-instead). Latency is the wall time of a decode step through the real cache at the end of the
-stream (ms), cache memory the bytes of the kept keys and values there.
+instead); the other policies and every quantised cache are always fed token by token through the
+real cache (:func:`decode_stream`; the attention-based policies with eager attention, whose
+weights they read). Latency is the wall time of a decode step through the real cache at the end
+of the stream (ms), cache memory the bytes of the kept keys and values there (codes, scales and
+zeros of a quantised cache).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -40,12 +48,36 @@ from sinklab.streaming.cache import SinkCache
 
 @dataclass
 class CacheSpec:
-    """One configuration: ``kind`` is ``full``, ``sink`` or ``recompute``; ``n_sink`` for ``sink``."""
+    """One configuration: ``kind`` is ``full``, ``sink`` (a :class:`SinkCache`) or ``recompute``.
+
+    A ``sink`` configuration has a ``policy`` (:data:`sinklab.streaming.policies.POLICIES`) at a
+    ``budget`` of kept tokens, ``n_sink`` sink tokens and ``window = budget - n_sink``, and its
+    keys/values stored at ``kv_bits`` (16 = as given; else :mod:`sinklab.streaming.quant` with
+    ``kv_group``, ``key_quant`` and ``sinks_full_precision``).
+    """
 
     name: str
     kind: str
     n_sink: int | None
     window: int | None
+    policy: str | None = None
+    budget: int | None = None
+    kv_bits: int = 16
+    kv_group: int = 32
+    key_quant: str = "token"
+    sinks_full_precision: int = 0
+
+    @property
+    def parallel_ok(self) -> bool:
+        """True where :func:`stream_nll`'s one-forward path computes this cache exactly (full, and
+        window / sinks at 16 bits); the others are decoded token by token through the cache."""
+        return self.kind == "full" or (self.kind == "sink" and self.policy in ("window", "sinks") and self.kv_bits == 16)
+
+    def cache_kwargs(self) -> dict:
+        """Keyword arguments of :class:`SinkCache` for a ``sink`` configuration."""
+        return {"n_sink": self.n_sink, "policy": self.policy, "budget": self.budget, "kv_bits": self.kv_bits,
+                "kv_group": self.kv_group, "key_quant": self.key_quant,
+                "sinks_full_precision": self.sinks_full_precision}
 
 
 @dataclass
@@ -63,6 +95,10 @@ class StreamConfigResult:
     count_by_chunk: predictions scored in each chunk (what each ``ppl_by_chunk`` entry rests on:
     ``chunk`` for the caches, about ``chunk / recompute_every`` for ``recompute``; empty in a
     ``stream.json`` written before it was recorded).
+    policy, budget, kv_bits, kv_group, key_quant, sinks_full_precision: the cache (:class:`CacheSpec`;
+    policy ``full`` / ``recompute`` and budget None for those two). state_bytes: the cache's other
+    bookkeeping at the end (positions, arrival indices, policy scores). mode: how the perplexity was
+    computed (``parallel`` or ``decode``); attn_implementation: the attention the decode steps ran.
     """
 
     name: str
@@ -77,6 +113,15 @@ class StreamConfigResult:
     ppl_matched: float | None = None
     nll_by_chunk: list[float | None] = field(default_factory=list)
     count_by_chunk: list[int] = field(default_factory=list)
+    policy: str | None = None
+    budget: int | None = None
+    kv_bits: int = 16
+    kv_group: int = 32
+    key_quant: str = "token"
+    sinks_full_precision: int = 0
+    state_bytes: int = 0
+    mode: str | None = None
+    attn_implementation: str | None = None
 
 
 def cache_specs(window: int, sinks: Sequence[int], *, full: bool = True, recompute: bool = True) -> list[CacheSpec]:
@@ -89,11 +134,56 @@ def cache_specs(window: int, sinks: Sequence[int], *, full: bool = True, recompu
         raise InputError(f"--window must be >= 1, got {window}")
     if any(k < 0 for k in sinks):
         raise InputError(f"--sinks must be >= 0, got {list(sinks)}")
-    specs = [CacheSpec("full", "full", None, None)] if full else []
+    specs = [CacheSpec("full", "full", None, None, policy="full")] if full else []
     for k in dict.fromkeys(sinks):
-        specs.append(CacheSpec("window" if k == 0 else f"sinks_{k}", "sink", int(k), window))
+        specs.append(CacheSpec("window" if k == 0 else f"sinks_{k}", "sink", int(k), window,
+                               policy="window" if k == 0 else "sinks", budget=int(k) + window))
     if recompute:
-        specs.append(CacheSpec("recompute", "recompute", None, window))
+        specs.append(CacheSpec("recompute", "recompute", None, window, policy="recompute"))
+    return specs
+
+
+def spec_name(policy: str, budget: int, kv_bits: int = 16, key_quant: str = "token", sinks_full_precision: int = 0) -> str:
+    """``POLICY@BUDGET``, with ``:kvBITS-KEYQUANT-fpN`` for a quantised cache (e.g. ``sinks@256:kv4-channel-fp4``)."""
+    name = f"{policy}@{budget}"
+    return name if kv_bits == 16 else f"{name}:kv{kv_bits}-{key_quant}-fp{sinks_full_precision}"
+
+
+def policy_specs(policies: Sequence[str], budgets: Sequence[int], *, n_sink: int = 4, kv_bits: Sequence[int] = (16,),
+                 key_quant: Sequence[str] = ("token",), sinks_full_precision: Sequence[int] = (0,), kv_group: int = 32,
+                 window: int = 256, full: bool = True, recompute: bool = True) -> list[CacheSpec]:
+    """The cross product policies x budgets x kv_bits x key_quant x sinks_full_precision, between
+    ``full`` and ``recompute`` (over ``window`` tokens). A 16-bit cache ignores the quantisation
+    options (one configuration, not one per combination); ``n_sink`` goes to the policies with sinks.
+
+    Raises:
+        UnknownNameError: an unknown policy. InputError: a bad budget, n_sink or quantisation option
+        (:func:`sinklab.streaming.policies.make_policy`, :func:`sinklab.streaming.quant.check_kv_options`).
+    """
+    from sinklab.streaming.policies import POLICIES, make_policy
+    from sinklab.streaming.quant import check_kv_options
+
+    if window < 1:
+        raise InputError(f"--window must be >= 1, got {window}")
+    specs = [CacheSpec("full", "full", None, None, policy="full")] if full else []
+    seen = set()
+    for policy in dict.fromkeys(policies):
+        ns = n_sink if POLICIES.get(policy).uses_sinks else 0
+        for budget in dict.fromkeys(budgets):
+            make_policy(policy, int(budget), ns)
+            for bits in dict.fromkeys(kv_bits):
+                for kq in dict.fromkeys(key_quant) if bits != 16 else ["token"]:
+                    for fp in dict.fromkeys(sinks_full_precision) if bits != 16 else [0]:
+                        check_kv_options(int(bits), kv_group, kq, int(fp))
+                        name = spec_name(policy, int(budget), int(bits), kq, int(fp))
+                        if name in seen:
+                            continue
+                        seen.add(name)
+                        specs.append(CacheSpec(name, "sink", ns, int(budget) - ns, policy=policy, budget=int(budget),
+                                               kv_bits=int(bits), kv_group=kv_group, key_quant=kq,
+                                               sinks_full_precision=int(fp)))
+    if recompute:
+        specs.append(CacheSpec("recompute", "recompute", None, window, policy="recompute"))
     return specs
 
 
@@ -147,7 +237,8 @@ def _chunked(values: dict[int, float], n_positions: int, chunk: int, reduce) -> 
 
 
 def _result(spec: CacheSpec, nll: dict[int, float], n: int, chunk: int, latency_s: float, nbytes: int,
-            matched: Sequence[int]) -> StreamConfigResult:
+            matched: Sequence[int], *, state_bytes: int = 0, mode: str | None = None,
+            attn: str | None = None) -> StreamConfigResult:
     mean = float(np.mean(list(nll.values())))
     by_chunk_nll = _chunked(nll, n, chunk, lambda xs: float(np.mean(xs)))
     common = [nll[t] for t in matched if t in nll]
@@ -157,7 +248,10 @@ def _result(spec: CacheSpec, nll: dict[int, float], n: int, chunk: int, latency_
         latency_ms_per_token=1000.0 * latency_s, cache_bytes=int(nbytes),
         evaluated=len(nll), positions=[min(nll), max(nll)],
         ppl_matched=math.exp(float(np.mean(common))) if common else None, nll_by_chunk=by_chunk_nll,
-        count_by_chunk=[c or 0 for c in _chunked(nll, n, chunk, len)])
+        count_by_chunk=[c or 0 for c in _chunked(nll, n, chunk, len)],
+        policy=spec.policy, budget=spec.budget, kv_bits=spec.kv_bits, kv_group=spec.kv_group,
+        key_quant=spec.key_quant, sinks_full_precision=spec.sinks_full_precision, state_bytes=int(state_bytes),
+        mode=mode, attn_implementation=attn)
 
 
 def _is_native(model) -> bool:
@@ -170,7 +264,9 @@ def _new_cache(model, spec: CacheSpec, max_context: int | None):
     """The cache of ``spec``: transformers' DynamicCache for ``full`` (for a sinklab model: a SinkCache
     that never evicts within its context), else :class:`SinkCache`."""
     if spec.kind != "full":
-        return SinkCache(model, spec.n_sink, spec.window)
+        if spec.policy is None:
+            return SinkCache(model, spec.n_sink, spec.window)
+        return SinkCache(model, **spec.cache_kwargs())
     if _is_native(model):
         return SinkCache(model, 0, max_context or model.config.max_seq_len)
     from transformers import DynamicCache
@@ -180,12 +276,18 @@ def _new_cache(model, spec: CacheSpec, max_context: int | None):
 
 def _step(model, ids: Tensor, cache, start: int, *, last_only: bool = False) -> Tensor:
     """Feed ``ids`` (1, q) at positions ``start ..`` through ``cache``; logits (q or 1, V)."""
+    return step_batch(model, ids, cache, start, last_only=last_only)[0]
+
+
+def step_batch(model, ids: Tensor, cache, start: int, *, last_only: bool = False) -> Tensor:
+    """Feed ``ids`` (B, q), B streams of equal length, at positions ``start ..`` (0-based) through
+    ``cache``; logits (B, q or 1, V)."""
     if _is_native(model):  # sinklab models take cache positions from the cache itself
-        logits = model(ids, cache=cache).logits[0]
-        return logits[-1:] if last_only else logits
+        logits = model(ids, cache=cache).logits
+        return logits[:, -1:] if last_only else logits
     kw = {"logits_to_keep": 1} if last_only else {}
-    pos = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
-    return model(ids, cache=cache, use_cache=True, position_ids=pos, **kw).logits[0]
+    pos = torch.arange(start, start + ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+    return model(ids, cache=cache, use_cache=True, position_ids=pos, **kw).logits
 
 
 def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
@@ -231,15 +333,90 @@ def stream_nll_decode(model, ids: Tensor, spec: CacheSpec, *, max_context: int |
                       progress: bool = True) -> dict[int, float]:
     """The same NLLs fed one token at a time through the real cache (``--mode decode``): sink caches
     get cache positions (0 .. kept), the full cache absolute ones up to ``max_context``."""
+    return decode_stream(model, ids, spec, max_context=max_context, progress=progress)[0]
+
+
+@contextmanager
+def attention_for(model, spec: CacheSpec):
+    """Within the block ``model`` runs the attention ``spec``'s cache needs: eager for an
+    attention-based policy on a ``transformers`` model (the weights come from it), else as loaded.
+    Yields the implementation's name (None for a sinklab model)."""
+    from sinklab.streaming.policies import POLICIES
+
+    if _is_native(model):
+        yield None
+        return
+    before = model.config._attn_implementation
+    scored = spec.kind == "sink" and spec.policy is not None and POLICIES.get(spec.policy).needs_scores
+    if not scored or before == "eager":
+        yield before
+        return
+    model.set_attn_implementation("eager")
+    try:
+        yield "eager"
+    finally:
+        model.set_attn_implementation(before)
+
+
+@torch.no_grad()
+def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, latency_steps: int = 0,
+                  progress: bool = True) -> tuple[dict[int, float], float, int, int, str | None]:
+    """Feed ``ids`` one token at a time through ``spec``'s real cache (positions as
+    :func:`stream_nll_decode`); the last ``latency_steps`` steps are timed.
+
+    Returns:
+        ({position t: NLL of token t + 1}, ms per timed step (nan without timing), cache bytes and
+        state bytes at the end, the attention implementation used).
+    """
     n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
-    cache = _new_cache(model, spec, max_context)
     x = ids.view(1, -1).to(_device(model))
     out: dict[int, float] = {}
-    for t in show_progress(range(n - 1), desc=spec.name, unit="token", enabled=progress):
-        pos = t if spec.kind == "full" else cache.kept_length()
-        logits = _step(model, x[:, t : t + 1], cache, pos)
-        out[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
-    return out
+    timed = min(latency_steps, n - 1)
+    elapsed = 0.0
+    with attention_for(model, spec) as attn:
+        cache = _new_cache(model, spec, max_context)
+        for t in show_progress(range(n - 1), desc=spec.name, unit="token", enabled=progress):
+            pos = t if spec.kind == "full" else cache.kept_length()
+            t0 = time.perf_counter()
+            logits = _step(model, x[:, t : t + 1], cache, pos)
+            if t >= n - 1 - timed:
+                elapsed += time.perf_counter() - t0
+            out[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
+    ms = 1000.0 * elapsed / timed if timed else float("nan")
+    state = cache.state_nbytes if isinstance(cache, SinkCache) else 0
+    return out, ms, _cache_nbytes(cache), state, attn
+
+
+@torch.no_grad()
+def decode_stacked(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: bool = True
+                   ) -> dict[str, tuple[dict[int, float], int, int]]:
+    """Feed ``ids`` token by token through the caches of ``specs`` at once, one configuration per row of
+    the batch (:class:`~sinklab.streaming.cache.StackedCache`; cache positions): the NLLs each
+    configuration's cache gives alone, for the cost of one batched decode.
+
+    Args:
+        specs: ``sink`` configurations of one budget.
+
+    Returns:
+        {name: ({position t: NLL of token t + 1}, cache bytes, state bytes at the end)}.
+    """
+    from sinklab.streaming.cache import StackedCache
+    from sinklab.streaming.policies import POLICIES
+
+    n, R = ids.numel(), len(specs)
+    x = ids.view(1, -1).to(_device(model)).expand(R, -1)
+    scored = next((s for s in specs if POLICIES.get(s.policy).needs_scores), specs[0])
+    out: dict[str, dict[int, float]] = {s.name: {} for s in specs}
+    with attention_for(model, scored):
+        caches = [_new_cache(model, s, None) for s in specs]
+        cache = StackedCache(caches)
+        desc = f"{len(specs)} caches @{specs[0].budget}"
+        for t in show_progress(range(n - 1), desc=desc, unit="token", enabled=progress):
+            logits = step_batch(model, x[:, t : t + 1], cache, cache.kept_length())[:, 0]  # (R, V)
+            nll = _next_token_nll(logits, x[:, t + 1]).tolist()
+            for s, v in zip(specs, nll):
+                out[s.name][t] = v
+    return {s.name: (out[s.name], c.nbytes, c.state_nbytes) for s, c in zip(specs, caches)}
 
 
 def _device(model) -> torch.device:
@@ -255,7 +432,7 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int = 32,
-                   prefill_chunk: int = 512) -> tuple[float, int]:
+                   prefill_chunk: int = 512, state: bool = False) -> tuple[float, int] | tuple[float, int, int]:
     """Wall time of one decode step ``at`` tokens into the stream, and the cache's bytes there.
 
     The cache is filled with ``ids[:at]`` in chunks of ``prefill_chunk`` tokens, then ``steps``
@@ -263,7 +440,7 @@ def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int =
     sink spec :class:`SinkCache` with cache positions.
 
     Returns:
-        (ms per token, cache bytes after the timed steps).
+        (ms per token, cache bytes after the timed steps), and the cache's state bytes with ``state=True``.
     """
     if at + steps > ids.numel():
         raise InputError(f"latency at {at} tokens with {steps} steps needs {at + steps} tokens, the stream has {ids.numel()}")
@@ -282,6 +459,8 @@ def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int =
         _step(model, x[:, t : t + 1], cache, start(t))
     _sync(x.device)
     ms = 1000.0 * (time.perf_counter() - t0) / steps
+    if state:
+        return ms, _cache_nbytes(cache), cache.state_nbytes if isinstance(cache, SinkCache) else 0
     return ms, _cache_nbytes(cache)
 
 
@@ -311,7 +490,8 @@ def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int
 
 def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: int, recompute_every: int = 1,
                     max_context: int | None = None, mode: str = "parallel", latency_steps: int = 32,
-                    progress: bool = True, done: dict | None = None, on_result=None) -> list[StreamConfigResult]:
+                    progress: bool = True, done: dict | None = None, on_result=None,
+                    stack: int = 32) -> list[StreamConfigResult]:
     """Evaluate every configuration of ``specs`` on the stream ``ids``.
 
     Args:
@@ -327,6 +507,10 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`).
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).
+        stack: the configurations decoded token by token (other policies, quantised caches) run up
+            to ``stack`` at a time as the rows of one batch, one batch per budget
+            (:func:`decode_stacked`); their latency is then timed for each alone at the end of the
+            stream (:func:`decode_latency`). 0: one at a time, latency from their own last steps.
 
     Raises:
         InputError: N < 2, ``n_sink + window`` above ``max_context``, an unknown mode.
@@ -337,11 +521,31 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
     n = ids.numel()
     out = []
+    stacked: dict[str, tuple] = {}
+    if stack and not _is_native(model):  # the token-by-token configurations, one batched decode per budget
+        todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and not (done and s.name in done)]
+        for budget in dict.fromkeys(s.budget for s in todo):
+            group = [s for s in todo if s.budget == budget]
+            if max_context is not None and budget > max_context:
+                raise InputError(f"n_sink + window = {budget} exceeds the model's context of {max_context} tokens")
+            for a in range(0, len(group), stack):
+                stacked.update(decode_stacked(model, ids, group[a : a + stack], progress=progress))
     bar = show_progress(specs, desc="caches", unit="configuration", enabled=progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)
         if done and spec.name in done:
             out.append(done[spec.name])
+            continue
+        if spec.name in stacked:
+            nll, nbytes, state = stacked[spec.name]
+            steps = max(1, min(latency_steps, n - 1))
+            with attention_for(model, spec) as attn:
+                ms, _ = decode_latency(model, ids, spec, at=n - steps, steps=steps)
+            res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
+                          state_bytes=state, mode="decode", attn=attn)
+            if on_result is not None:
+                on_result(res)
+            out.append(res)
             continue
         if spec.kind == "recompute":
             if max_context is not None and spec.window + 1 > max_context:
@@ -351,14 +555,22 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
             if spec.kind == "sink" and max_context is not None and spec.n_sink + spec.window > max_context:
                 raise InputError(f"n_sink + window = {spec.n_sink + spec.window} exceeds the model's context of "
                                  f"{max_context} tokens")
-            if mode == "parallel" and not _is_native(model):  # sinklab models: token by token (small, fast)
-                nll = stream_nll(model, ids, spec, max_context=max_context)
-            else:
-                nll = stream_nll_decode(model, ids, spec, max_context=max_context, progress=progress)
-            last = n if spec.kind != "full" or max_context is None else min(n, max_context)
-            steps = max(1, min(latency_steps, last - 1))
-            ms, nbytes = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps)
-            res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every))
+            matched = range(0, n - 1, recompute_every)
+            if spec.parallel_ok or spec.policy is None:
+                if mode == "parallel" and not _is_native(model):  # sinklab models: token by token (small, fast)
+                    nll, how = stream_nll(model, ids, spec, max_context=max_context), "parallel"
+                else:
+                    nll, how = stream_nll_decode(model, ids, spec, max_context=max_context, progress=progress), "decode"
+                last = n if spec.kind != "full" or max_context is None else min(n, max_context)
+                steps = max(1, min(latency_steps, last - 1))
+                ms, nbytes, state = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps, state=True)
+                attn = None if _is_native(model) else model.config._attn_implementation
+                res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, matched, state_bytes=state, mode=how, attn=attn)
+            else:  # other policies, quantised caches: token by token, the last steps timed
+                nll, ms, nbytes, state, attn = decode_stream(model, ids, spec, max_context=max_context,
+                                                             latency_steps=latency_steps, progress=progress)
+                res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, matched, state_bytes=state, mode="decode",
+                              attn=attn)
         if on_result is not None:
             on_result(res)
         out.append(res)
@@ -401,13 +613,15 @@ def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], 
     out.mkdir(parents=True, exist_ok=True)
     payload = {**meta, "configs": [asdict(r) for r in results]}
     atomic_write_text(out / "stream.json", json.dumps(payload, indent=2) + "\n")
-    ints = {"n_sink": "Int64", "window": "Int64"}  # None (full, recompute) stays empty, not 0.0
+    ints = {"n_sink": "Int64", "window": "Int64", "budget": "Int64"}  # None (full, recompute) stays empty, not 0.0
     pd.DataFrame([{k: v for k, v in asdict(r).items() if not k.endswith("by_chunk") and k != "positions"}
                   for r in results]).astype(ints).to_csv(out / "stream.csv", index=False)
     rows = []
     for r in results:
         for c, p in enumerate(r.ppl_by_chunk):
-            rows.append({"config": r.name, "n_sink": r.n_sink, "window": r.window, "chunk": c,
+            rows.append({"config": r.name, "n_sink": r.n_sink, "window": r.window, "policy": r.policy,
+                         "budget": r.budget, "kv_bits": r.kv_bits, "key_quant": r.key_quant,
+                         "sinks_full_precision": r.sinks_full_precision, "chunk": c,
                          "start": c * chunk, "end": (c + 1) * chunk, "ppl": p,
                          "positions": r.count_by_chunk[c] if r.count_by_chunk else None})
     pd.DataFrame(rows).astype({**ints, "positions": "Int64"}).to_csv(out / "stream_by_chunk.csv", index=False)

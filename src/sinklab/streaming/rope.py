@@ -55,12 +55,12 @@ class KeyRotation:
         self._memo: tuple[Tensor, torch.device, torch.dtype, Tensor, Tensor] | None = None
 
     def _cos_sin(self, delta: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos, sin (n, rotary_dim) for integer offsets ``delta`` (n,); the last table is reused
-        (every layer of a cache moves the same slots by the same offsets in one step)."""
+        """cos, sin (..., n, rotary_dim) for integer offsets ``delta`` (n,) or (B, n); the last table is
+        reused (every layer of a cache moves the same slots by the same offsets in one step)."""
         m = self._memo
         if m is not None and m[1] == device and m[2] == dtype and m[0].shape == delta.shape and torch.equal(m[0], delta):
             return m[3], m[4]
-        freqs = delta.detach().to("cpu", torch.float64)[:, None] * self.inv_freq.double()[None]  # (n, r/2)
+        freqs = delta.detach().to("cpu", torch.float64)[..., None] * self.inv_freq.double()  # (..., n, r/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
         self._memo = (delta.detach().clone(), device, dtype, cos, sin)
@@ -76,13 +76,16 @@ class KeyRotation:
 
         Args:
             keys: (B, H_kv, n, head_dim) keys already rotated at their old positions.
-            delta: (n,) int64 offsets (new position - old position), per key slot.
+            delta: (n,) int64 offsets (new position - old position), per key slot, or (B, n): per
+                row and slot (caches whose rows keep different tokens).
 
         Returns:
             (B, H_kv, n, head_dim): the keys as if rotated at old position + delta; the
             dimensions past ``rotary_dim`` unchanged. The angles are computed in float64.
         """
-        cos, sin = self._cos_sin(delta, keys.device, keys.dtype)  # (n, r)
+        cos, sin = self._cos_sin(delta, keys.device, keys.dtype)  # (n, r) or (B, n, r)
+        if delta.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, n, r): the same angles for every head
         r = self.rotary_dim
         kr = keys[..., :r]
         out = kr * cos + rotate_half(kr) * sin

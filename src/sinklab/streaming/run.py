@@ -15,8 +15,8 @@ import torch
 from sinklab.errors import CorruptFileError, InputError
 from sinklab.fileio import check_writable, read_json
 from sinklab.streaming.cache import SinkCache
-from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, result_from_dict,
-                                      token_stream, write_outputs)
+from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, policy_specs,
+                                      result_from_dict, token_stream, write_outputs)
 
 DEFAULT_SINKS = (0, 1, 2, 4, 8)
 
@@ -27,7 +27,7 @@ def stream(
     *,
     tokens: int = 4096,
     window: int = 256,
-    sinks: Sequence[int] = DEFAULT_SINKS,
+    sinks: Sequence[int] | None = None,
     out: str | Path = "runs/stream",
     chunk: int | None = None,
     recompute_every: int | None = None,
@@ -36,8 +36,23 @@ def stream(
     mode: str = "parallel",
     threads: int | None = None,
     progress: bool = True,
+    policies: Sequence[str] | None = None,
+    budgets: Sequence[int] | None = None,
+    n_sink: int = 4,
+    kv_bits: Sequence[int] | None = None,
+    kv_group: int = 32,
+    key_quant: Sequence[str] | None = None,
+    sinks_full_precision: Sequence[int] | None = None,
+    task: str = "ppl",
+    passkey_keys: int = 20,
+    passkey_depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+    passkey_batch: int = 20,
+    passkey_chunk: int = 1,
+    passkey_seed: int = 0,
 ) -> dict:
-    """Evaluate full / window / sinks_k / recompute caches of ``model`` on one stream of ``corpus``.
+    """Evaluate full / window / sinks_k / recompute caches of ``model`` on one stream of ``corpus``,
+    or with ``policies`` the cross product policies x budgets x kv_bits x key_quant x
+    sinks_full_precision (:func:`sinklab.streaming.harness.policy_specs`) between full and recompute.
 
     Args:
         model: zoo name or Hugging Face folder of a RoPE causal LM (``sinklab list models``), or a
@@ -55,15 +70,24 @@ def stream(
         mode: ``parallel`` (one exact forward per configuration) or ``decode`` (token by token
             through the real cache; same numbers, N decode steps per configuration).
         threads: torch CPU threads (default: torch's).
+        policies: cache policy names (:data:`sinklab.streaming.policies.POLICIES`); None: the
+            configurations above. budgets: tokens kept (default 256). n_sink: sinks of the policies
+            with sinks. kv_bits (default 16), kv_group, key_quant (default token),
+            sinks_full_precision (default 0): :class:`~sinklab.streaming.SinkCache`'s options.
+        task: ``ppl`` (perplexity, latency, memory: ``stream.json``) or ``passkey``
+            (:mod:`sinklab.streaming.passkey`: ``passkey_keys`` keys x ``passkey_depths`` on a stream
+            of ``tokens`` tokens, ``passkey_batch`` streams at a time fed ``passkey_chunk`` tokens per
+            call; ``passkey.json``; no recompute).
 
     Returns:
-        The ``stream.json`` payload (dict with ``configs``).
+        The ``stream.json`` (or ``passkey.json``) payload (dict with ``configs``).
 
     Raises:
         InputError: ``tokens < 2``, ``window < 1``, negative sinks, ``n_sink + window`` past the
             model's context, a corpus with fewer than ``tokens`` tokens, a model without RoPE, an
-            ``out`` that cannot be written.
-        UnknownNameError / FetchError: as :func:`sinklab.zoo.models.load_model`.
+            ``out`` that cannot be written, budget or quantisation options without ``policies``,
+            ``sinks`` with ``policies``, bad policy or quantisation options, an unknown task.
+        UnknownNameError / FetchError: as :func:`sinklab.zoo.models.load_model`; an unknown policy.
     """
     from sinklab.measure.run import versions
     from sinklab.provenance import code_version
@@ -75,7 +99,21 @@ def stream(
     check_writable(out, "--out")  # before the model is loaded
     if mode not in ("parallel", "decode"):
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
-    specs = cache_specs(window, sinks, full=full, recompute=recompute)
+    if task not in ("ppl", "passkey"):
+        raise InputError(f"unknown task {task!r}: ppl | passkey")
+    if policies:
+        if sinks is not None:
+            raise InputError("--sinks sets the sink caches of the default run; with --policy give --n-sink")
+        specs = policy_specs(policies, budgets or (256,), n_sink=n_sink, kv_bits=kv_bits or (16,),
+                             key_quant=key_quant or ("token",), sinks_full_precision=sinks_full_precision or (0,),
+                             kv_group=kv_group, window=window, full=full, recompute=recompute and task == "ppl")
+    else:
+        given = [f for f, v in (("--budget", budgets), ("--kv-bits", kv_bits), ("--key-quant", key_quant),
+                                ("--sinks-full-precision", sinks_full_precision)) if v]
+        if given:
+            raise InputError(f"{', '.join(given)} need --policy (e.g. --policy sinks)")
+        specs = cache_specs(window, DEFAULT_SINKS if sinks is None else sinks, full=full,
+                            recompute=recompute and task == "ppl")
     chunk = chunk or window
     every = recompute_every or max(1, math.ceil(tokens / 128))
     if threads:
@@ -92,6 +130,16 @@ def stream(
     for s in specs:  # check every configuration before the first long run
         if s.kind == "sink" and ctx is not None and s.n_sink + s.window > ctx:
             raise InputError(f"n_sink + window = {s.n_sink + s.window} exceeds the model's context of {ctx} tokens")
+    if task == "passkey":
+        if native or corpus == "run":
+            raise InputError("--task passkey needs a transformers model and a text corpus (it states the key in words)")
+        return _passkey(loaded, corpus, specs, tokens=tokens, out=Path(out), ctx=ctx, keys=passkey_keys,
+                        depths=passkey_depths, batch=passkey_batch, chunk=passkey_chunk, seed=passkey_seed,
+                        progress=progress, command=_command(model, corpus, tokens, window, sinks, out, chunk,
+                                                            recompute_every, mode, policies, budgets, n_sink, kv_bits,
+                                                            kv_group, key_quant, sinks_full_precision, task,
+                                                            passkey_keys, passkey_depths, passkey_batch, passkey_chunk,
+                                                            passkey_seed, full))
     if corpus == "run":
         from sinklab.streaming.harness import run_stream
 
@@ -103,18 +151,14 @@ def stream(
     out = Path(out)
     key = {"model": loaded.info.name, "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
            "recompute_every": every, "stream_sha": _sha(ids)}
+    if policies:
+        key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
     done, prev_meta = _resumable(out, key)
-    argv = " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]]) if Path(sys.argv[0]).name == "sinklab" else None
-    cmd = ["sinklab", "stream", "--model", model, "--corpus", corpus, "--tokens", str(tokens), "--window", str(window),
-           "--sinks", *map(str, sinks), "--out", str(out)]
-    if chunk != window:
-        cmd += ["--chunk", str(chunk)]
-    if recompute_every:
-        cmd += ["--recompute-every", str(recompute_every)]
-    if mode != "parallel":
-        cmd += ["--mode", mode]
+    command = _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets,
+                       n_sink, kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths,
+                       passkey_batch, passkey_chunk, passkey_seed, full, recompute)
     meta = {
-        "command": argv or " ".join(shlex.quote(c) for c in cmd), **key, "max_context": ctx,
+        "command": command, **key, "max_context": ctx,
         "title": f"{loaded.info.name} · {corp.name} · {tokens} tokens · window {window}",
         "model_info": loaded.info.to_dict(), "corpus_source": corp.source, "versions": versions(),
         "mode": "decode" if native else mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
@@ -127,7 +171,8 @@ def stream(
             "mode": "parallel: one forward per configuration computing exactly the token-by-token cache's "
                     "attention (sinklab.streaming.parallel); decode: token by token through the cache",
             "latency": "mean of 32 single-token decode steps through the real cache at the end of the stream, "
-                       "after filling it in chunks",
+                       "after filling it in chunks (configurations decoded token by token: their own last 32 steps)",
+            **(_POLICY_DEFINITIONS if policies else {}),
         },
     }
     results: dict[str, StreamConfigResult] = dict(done)
@@ -142,6 +187,114 @@ def stream(
     if done and all(s.name in done for s in specs):  # everything was already there: redraw from the file
         write_outputs(out, prev_meta, [results[s.name] for s in specs], chunk)
     return read_json(out / "stream.json", "stream results")
+
+
+_POLICY_DEFINITIONS = {
+    "policy": "sinklab.streaming.policies: which tokens each layer keeps at the budget; window and sinks at 16 "
+              "bits run in parallel mode, every other configuration token by token (attention-based policies with "
+              "eager attention)",
+    "budget": "tokens kept per layer between decode steps (a step attends to budget + 1 keys)",
+    "kv_bits": "16: keys/values stored as the model gives them; 8/4/3/2: asymmetric min-max codes "
+               "(sinklab.streaming.quant), dequantised on read",
+    "key_quant": "token: keys in groups of kv_group channels per token; channel: each channel over blocks of "
+                 "kv_group tokens (KIVI), the open block in full precision; values always per token",
+    "sinks_full_precision": "the first N tokens of the stream also kept lossless",
+    "cache_bytes_quantised": "packed codes + scales and zeros (key/value dtype) + residual and lossless copies",
+    "state_bytes": "positions, arrival indices and policy scores besides the keys and values",
+}
+
+
+def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets, n_sink,
+             kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths, passkey_batch,
+             passkey_chunk, passkey_seed, full, recompute=True) -> str:
+    """The command line as typed (when run as ``sinklab``), else one that reproduces the call."""
+    if Path(sys.argv[0]).name == "sinklab":
+        return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
+    cmd = ["sinklab", "stream", "--model", model, "--corpus", corpus, "--tokens", str(tokens), "--window", str(window)]
+    if policies:
+        cmd += ["--policy", *policies, "--budget", *map(str, budgets or (256,))]
+        if n_sink != 4:
+            cmd += ["--n-sink", str(n_sink)]
+        for flag, vals in (("--kv-bits", kv_bits), ("--key-quant", key_quant),
+                           ("--sinks-full-precision", sinks_full_precision)):
+            if vals:
+                cmd += [flag, *map(str, vals)]
+        if kv_group != 32:
+            cmd += ["--kv-group", str(kv_group)]
+    else:
+        cmd += ["--sinks", *map(str, DEFAULT_SINKS if sinks is None else sinks)]
+    cmd += ["--out", str(out)]
+    if chunk != window:
+        cmd += ["--chunk", str(chunk)]
+    if recompute_every:
+        cmd += ["--recompute-every", str(recompute_every)]
+    if mode != "parallel":
+        cmd += ["--mode", mode]
+    if not full:
+        cmd += ["--no-full"]
+    if not recompute:
+        cmd += ["--no-recompute"]
+    if task != "ppl":
+        cmd += ["--task", task, "--passkey-keys", str(passkey_keys), "--passkey-depths", *map(str, passkey_depths),
+                "--passkey-batch", str(passkey_batch), "--passkey-chunk", str(passkey_chunk)]
+        if passkey_seed:
+            cmd += ["--passkey-seed", str(passkey_seed)]
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def _passkey(loaded, corpus: str, specs, *, tokens: int, out: Path, ctx, keys: int, depths, batch: int, chunk: int,
+             seed: int, progress: bool, command: str) -> dict:
+    """``--task passkey``: every configuration of ``specs`` (no recompute) on the same samples; the
+    configurations already in ``out/passkey.json`` for the same samples are kept (a stopped run resumes)."""
+    from sinklab.measure.run import versions
+    from sinklab.provenance import code_version
+    from sinklab.streaming.passkey import (NEEDLE, QUESTION, evaluate_passkey, passkey_samples, result_from_dict,
+                                           write_passkey_outputs)
+    from sinklab.zoo.corpora import load_corpus
+
+    corp = load_corpus(corpus)
+    samples = passkey_samples(loaded.tokenizer, corp.documents, tokens, keys=keys, depths=depths, seed=seed,
+                              corpus_name=corp.name)
+    import hashlib
+
+    sha = hashlib.sha256(torch.stack([s.ids for s in samples]).numpy().tobytes()).hexdigest()[:16]
+    key = {"task": "passkey", "model": loaded.info.name, "corpus": corp.name, "tokens": tokens, "keys": keys,
+           "depths": [float(d) for d in depths], "seed": seed, "chunk_tokens": chunk, "samples_sha": sha}
+    done, prev = {}, {}
+    path = out / "passkey.json"
+    if path.exists():
+        try:
+            prev = read_json(path, "pass key results")
+        except CorruptFileError:
+            prev = {}
+        if all(prev.get(k) == v for k, v in key.items()):
+            done = {c["name"]: result_from_dict(c) for c in prev.pop("configs", [])}
+        else:
+            prev = {}
+    meta = {"command": command, **key, "max_context": ctx,
+            "title": f"{loaded.info.name} · pass key in {corp.name} · {tokens} tokens · {keys} keys x {len(depths)} depths",
+            "needle": NEEDLE, "question": QUESTION, "model_info": loaded.info.to_dict(), "corpus_source": corp.source,
+            "versions": versions(), "code": code_version(), "torch_threads": torch.get_num_threads(),
+            "load_average_at_start": _load(),
+            "definitions": {
+                "depth": "the needle starts after this fraction of the filler (0: right after the BOS, 1: right "
+                         "before the question)",
+                "accuracy": "share of samples whose first 5-digit run in the greedy answer is the key",
+                "feeding": f"{chunk} token(s) per call through the cache (cache positions for sink caches, absolute "
+                           "for the full cache), then 8 greedy tokens",
+            }}
+    results = dict(done)
+    t0 = time.perf_counter()
+    for s in specs:
+        if s.name in results:
+            continue
+        results[s.name] = evaluate_passkey(loaded.model, loaded.tokenizer, samples, s, batch=batch, chunk=chunk,
+                                           max_context=ctx, progress=progress)
+        write_passkey_outputs(out, {**meta, "wall_s": time.perf_counter() - t0},
+                              [results[x.name] for x in specs if x.name in results])
+    if done and all(s.name in done for s in specs):
+        write_passkey_outputs(out, prev, [results[s.name] for s in specs])
+    return read_json(path, "pass key results")
 
 
 def _load() -> list[float] | None:

@@ -1,0 +1,190 @@
+"""Issue 23's study: summarise results/compression/{policies,quant,passkey}/ into CSVs, two plots and the
+markdown tables of results/compression/NOTES.md. The runs themselves: experiments/compression.sh.
+
+    python experiments/compression.py                       # summaries, plots, tables (printed)
+    python experiments/compression.py --best 3 --budget 128 # the 3 policies with the lowest perplexity there
+
+Written, from the files only:
+    policies_summary.csv  policy x budget: ppl, ppl on recompute's positions, ppl of the last chunk, cache bytes, ms/token
+    quant_summary.csv     kv_bits x key_quant x sinks_full_precision: ppl, its ratio to the 16-bit cache, cache bytes
+    passkey_summary.csv   configuration x depth: accuracy
+    ppl_vs_budget.png     perplexity against budget, one line per policy (full cache and recompute as references)
+    ppl_vs_bits.png       perplexity against kv bits, keys per token / per channel, with 0 / 1 / 4 lossless sinks
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent / "results" / "compression"
+POLICY_ORDER = ["window", "sinks", "h2o", "tova", "sinks+h2o", "sinks+tova", "detected-sinks"]
+
+
+def md(df: pd.DataFrame, digits: int = 2) -> str:
+    """A markdown table of ``df`` with its index as the first columns (no tabulate needed)."""
+    df = df.reset_index()
+    cols = [str(c) for c in df.columns]
+
+    def cell(v):
+        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def load(name: str) -> dict | None:
+    f = ROOT / name / ("passkey.json" if name == "passkey" else "stream.json")
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def policies_table(d: dict) -> pd.DataFrame:
+    rows = []
+    for c in d["configs"]:
+        last = next((p for p in reversed(c["ppl_by_chunk"]) if p is not None), None)
+        rows.append({"config": c["name"], "policy": c.get("policy") or c["name"], "budget": c.get("budget"),
+                     "n_sink": c["n_sink"], "ppl": c["ppl"], "ppl_matched": c["ppl_matched"], "ppl_last_chunk": last,
+                     "cache_bytes": c["cache_bytes"], "state_bytes": c.get("state_bytes"),
+                     "latency_ms_per_token": c["latency_ms_per_token"], "mode": c.get("mode"),
+                     "attn_implementation": c.get("attn_implementation")})
+    return pd.DataFrame(rows).astype({"budget": "Int64"})
+
+
+def quant_table(d: dict) -> pd.DataFrame:
+    df = policies_table(d)
+    extra = pd.DataFrame([{"config": c["name"], "kv_bits": c.get("kv_bits", 16), "key_quant": c.get("key_quant"),
+                           "sinks_full_precision": c.get("sinks_full_precision", 0)} for c in d["configs"]])
+    df = df.merge(extra, on="config")
+    base = df[(df["kv_bits"] == 16) & (df["policy"] == "sinks")]["ppl"]
+    df["ppl_ratio_to_16bit"] = df["ppl"] / (float(base.iloc[0]) if len(base) else float("nan"))
+    return df
+
+
+def best(d: dict, n: int, budget: int) -> list[str]:
+    df = policies_table(d)
+    df = df[(df["budget"] == budget) & df["policy"].isin(POLICY_ORDER)]
+    return list(df.sort_values("ppl")["policy"].head(n))
+
+
+def plot_budget(df: pd.DataFrame, meta: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in POLICY_ORDER:
+        g = df[df["policy"] == p].sort_values("budget")
+        if len(g):
+            ax.plot(g["budget"].astype(int), g["ppl"], marker="o", ms=4, label=p)
+    for ref, style in (("full", "--"), ("recompute", ":")):
+        r = df[df["policy"] == ref]
+        if len(r):
+            label = f"{ref} ({r['ppl'].iloc[0]:.1f})" if ref == "full" else \
+                f"recompute, window {meta.get('window')} ({r['ppl'].iloc[0]:.1f}, sampled positions)"
+            ax.axhline(r["ppl"].iloc[0], color="0.4", ls=style, lw=1, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sorted(df["budget"].dropna().astype(int).unique()))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("budget: tokens kept per layer")
+    ax.set_ylabel(f"perplexity over {meta['tokens']} tokens")
+    ax.set_title(f"{meta['model']} · {meta['corpus']} · {meta['tokens']} tokens · cache policies at equal budget", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_bits(df: pd.DataFrame, meta: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    q = df[df["kv_bits"] < 16]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {"token": "-", "channel": "--"}
+    for kq in ("token", "channel"):
+        for fp, color in zip((0, 1, 4), ("C3", "C1", "C2")):
+            g = q[(q["key_quant"] == kq) & (q["sinks_full_precision"] == fp)].sort_values("kv_bits")
+            if len(g):
+                ax.plot(g["kv_bits"], g["ppl"], styles[kq], marker="o", ms=4, color=color,
+                        label=f"keys per {kq}, {fp} lossless sink{'s' if fp != 1 else ''}")
+    base = df[(df["kv_bits"] == 16) & (df["policy"] == "sinks")]
+    if len(base):
+        ax.axhline(base["ppl"].iloc[0], color="0.3", lw=1, label=f"unquantised sinks cache ({base['ppl'].iloc[0]:.2f})")
+    ax.set_yscale("log")
+    ax.set_xticks(sorted(q["kv_bits"].unique()))
+    ax.set_xlabel("kv bits (values per token; groups of %s)" % meta.get("kv_group", 32))
+    ax.set_ylabel(f"perplexity over {meta['tokens']} tokens")
+    budget = base["budget"].iloc[0] if len(base) else "?"
+    ax.set_title(f"{meta['model']} · {meta['corpus']} · {meta['tokens']} tokens · sinks cache, budget {budget}", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--best", type=int, help="print the N policies with the lowest perplexity at --budget")
+    ap.add_argument("--budget", type=int, default=128)
+    args = ap.parse_args()
+    pol = load("policies")
+    if args.best:
+        if pol is None:
+            sys.exit("results/compression/policies/stream.json is missing: run the first step of compression.sh")
+        print(" ".join(best(pol, args.best, args.budget)))
+        return
+    fmt = {"float_format": "%.4g", "index": False}
+    if pol is not None:
+        df = policies_table(pol)
+        df.to_csv(ROOT / "policies_summary.csv", **fmt)
+        plot_budget(df, pol, ROOT / "ppl_vs_budget.png")
+        wide = df[df["policy"].isin(POLICY_ORDER)].pivot_table(index="policy", columns="budget", values="ppl")
+        print(f"## perplexity, {pol['tokens']} tokens ({pol['command']})\n")
+        print(wide.reindex([p for p in POLICY_ORDER if p in wide.index]).pipe(md))
+        print()
+        for ref in ("full", "recompute"):
+            r = df[df["policy"] == ref]
+            if len(r):
+                print(f"{ref}: ppl {r['ppl'].iloc[0]:.2f}, on recompute's positions {r['ppl_matched'].iloc[0]:.2f}")
+        print()
+    qd = load("quant")
+    if qd is not None:
+        df = quant_table(qd)
+        df.to_csv(ROOT / "quant_summary.csv", **fmt)
+        plot_bits(df, qd, ROOT / "ppl_vs_bits.png")
+        q = df[df["kv_bits"] < 16]
+        wide = q.pivot_table(index=["key_quant", "kv_bits"], columns="sinks_full_precision", values="ppl")
+        wide.columns = [f"ppl, {c} lossless" for c in wide.columns]
+        mem = q.groupby(["key_quant", "kv_bits"])["cache_bytes"].max() / 2**20
+        wide["cache MiB (4 lossless)"] = mem
+        print(f"## quantised sinks cache, {qd['tokens']} tokens ({qd['command']})\n")
+        print(wide.sort_index(level=[0, 1], ascending=[False, False]).pipe(md, 3))
+        b = df[df["kv_bits"] == 16]
+        if len(b):
+            print(f"\n16-bit sinks cache: ppl {b['ppl'].iloc[0]:.3f}, {b['cache_bytes'].iloc[0] / 2**20:.3f} MiB")
+        print()
+    pk = load("passkey")
+    if pk is not None:
+        rows = [{"config": c["name"], "depth": float(dep), "accuracy": a, "accuracy_all": c["accuracy"]}
+                for c in pk["configs"] for dep, a in c["accuracy_by_depth"].items()]
+        df = pd.DataFrame(rows)
+        df.to_csv(ROOT / "passkey_summary.csv", **fmt)
+        wide = df.pivot_table(index="config", columns="depth", values="accuracy")
+        wide["all"] = df.groupby("config")["accuracy_all"].first()
+        wide = wide.reindex([c["name"] for c in pk["configs"]])
+        print(f"## pass key accuracy ({pk['command']})\n")
+        print(wide.pipe(md))
+
+
+if __name__ == "__main__":
+    main()

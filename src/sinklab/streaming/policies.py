@@ -1,0 +1,262 @@
+"""Eviction policies of the streaming cache: which tokens a layer keeps at a fixed budget.
+
+Every policy keeps at most ``budget`` tokens per layer between calls; the new tokens of a call
+first attend to the kept ones and to each other, then the cache is cut back to ``budget``
+(:class:`sinklab.streaming.SinkCache`). Slots stay in stream order, so the positions assigned
+inside the cache (slot k at ``P0 - K + k``) keep the order of the stream.
+
+* ``window`` -- the ``budget`` most recent tokens.
+* ``sinks`` -- StreamingLLM (Xiao et al. 2024, sec. 3.2): the first ``n_sink`` tokens of the stream
+  and the ``budget - n_sink`` most recent.
+* ``h2o`` -- Heavy-Hitter Oracle (Zhang et al. 2023, "H2O", sec. 4 / Alg. 1): the ``recent`` most
+  recent tokens (default half of the budget) and the tokens with the largest attention accumulated
+  over every query since they arrived. One kept set per layer for all heads (the scores summed over
+  the query heads; the paper keeps one set per head), so a layer's cache is the cache of a set of
+  tokens that a from-scratch forward can reproduce.
+* ``tova`` -- Token Omission Via Attention (Oren et al. 2024, "Transformers are Multi-State RNNs",
+  sec. 4): the tokens with the largest attention from the current (last) query, averaged over the
+  layer's heads, as in the paper; the newest token is a candidate too.
+* ``sinks+h2o``, ``sinks+tova`` -- the same, the first ``n_sink`` tokens always kept.
+* ``detected-sinks`` -- sinklab's own sink metric measured on the fly: the attention mass of a kept
+  token ``alpha[h, j] = mean over the queries i >= j that saw it of A[h, i, j]`` (Gu et al. 2025,
+  Eq. 2; nothing is lost from the mean since a kept token was seen by every later query) flags it
+  as a sink in head h when it exceeds ``eps`` (0.3, the sink rate's threshold). The cache keeps the
+  ``budget - n_sink`` most recent tokens and, among the older ones, up to ``n_sink`` flagged sinks
+  (most flagged heads first, then the largest mass), wherever they are in the stream: secondary
+  sinks beyond the first token included; slots no sink needs go to the next most recent tokens.
+
+The three attention-based policies read the attention weights of every call (per row of the
+batch: each stream keeps its own tokens), from an eager attention (``transformers``) or the
+reference path of a ``sinklab train`` model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from sinklab.errors import InputError
+from sinklab.registry import Registry
+
+#: cache policies by name; each entry a class built per layer as ``cls(budget, n_sink=, recent=, eps=)``
+POLICIES: Registry[type] = Registry("cache policy")
+
+
+class CachePolicy:
+    """One layer's eviction rule (one instance per layer).
+
+    Class attributes:
+        needs_scores: reads attention weights (:meth:`observe`); its kept sets are per row.
+        uses_sinks: takes ``n_sink`` (default 4); the others refuse ``n_sink > 0``.
+        takes_recent: takes ``recent``.
+
+    Args:
+        budget: tokens kept between calls (>= 1).
+        n_sink: sink tokens (first ones, or the most detected ones for ``detected-sinks``).
+        recent: most recent tokens always kept (``h2o``; default half of what the sinks leave).
+        eps: sink threshold of ``detected-sinks``.
+    """
+
+    needs_scores = False
+    uses_sinks = False
+    takes_recent = False
+
+    def __init__(self, budget: int, n_sink: int = 0, recent: int | None = None, eps: float = 0.3) -> None:
+        self.budget, self.n_sink, self.eps = budget, n_sink, eps
+        self.recent = recent
+
+    def keep(self, n: int, order: Tensor) -> Tensor | None:
+        """Slots to keep out of ``n`` (sorted ascending; (K',) for every row or (B, K') per row), or None
+        when nothing is evicted. ``order`` (n,) or (B, n): arrival index (0-based) of each slot."""
+        raise NotImplementedError
+
+    def observe(self, weights: Tensor, q: int) -> None:
+        """Take the attention weights (B, H, q, n) of the q new queries on the n slots."""
+
+    def select(self, idx: Tensor) -> None:
+        """Keep the policy's per-slot state for slots ``idx`` (B, K')."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of per-slot state (scores)."""
+        return 0
+
+
+def _top(score: Tensor, protect: Tensor, budget: int) -> Tensor:
+    """(B, budget) slot indices, sorted: every protected slot ((B, n) or (n,) bool, at most ``budget``
+    of them) and the highest ``score`` (B, n) among the rest."""
+    s = score.masked_fill(protect, float("inf"))
+    return s.topk(budget, dim=-1).indices.sort(dim=-1).values
+
+
+@POLICIES.register("window")
+class WindowPolicy(CachePolicy):
+    """The budget most recent tokens."""
+
+    def keep(self, n, order):
+        if n <= self.budget:
+            return None
+        return torch.arange(n - self.budget, n, device=order.device)
+
+
+@POLICIES.register("sinks")
+class SinksPolicy(CachePolicy):
+    """StreamingLLM: the first n_sink tokens and the budget - n_sink most recent (Xiao et al. 2024)."""
+
+    uses_sinks = True
+
+    def keep(self, n, order):
+        if n <= self.budget:
+            return None
+        dev = order.device
+        return torch.cat((torch.arange(self.n_sink, device=dev), torch.arange(n - (self.budget - self.n_sink), n, device=dev)))
+
+
+class _Scored(CachePolicy):
+    needs_scores = True
+
+    def __init__(self, budget, n_sink=0, recent=None, eps=0.3):
+        super().__init__(budget, n_sink, recent, eps)
+        self.score: Tensor | None = None  # (B, n) float64
+
+    def select(self, idx):
+        self.score = self.score.gather(1, idx)
+
+    @property
+    def nbytes(self):
+        return 0 if self.score is None else self.score.numel() * self.score.element_size()
+
+    def _protected(self, n: int, order: Tensor) -> Tensor:
+        return order < self.n_sink  # the first n_sink arrivals (none without sinks)
+
+    def keep(self, n, order):
+        if n <= self.budget:
+            return None
+        return _top(self.score, self._protected(n, order), self.budget)
+
+
+@POLICIES.register("h2o")
+class H2OPolicy(_Scored):
+    """Heavy hitters by attention accumulated since arrival + a recent window (Zhang et al. 2023)."""
+
+    takes_recent = True
+
+    def __init__(self, budget, n_sink=0, recent=None, eps=0.3):
+        super().__init__(budget, n_sink, recent, eps)
+        free = budget - n_sink
+        self.recent = free // 2 if recent is None else recent
+        if not 0 <= self.recent <= free:
+            raise InputError(f"h2o's recent window must lie in [0, budget - n_sink = {free}], got {self.recent}")
+
+    def observe(self, weights, q):
+        add = weights.to(torch.float64).sum(dim=(1, 2))  # (B, n): over query heads and the q queries
+        old = self.score
+        self.score = add if old is None else torch.cat((old, old.new_zeros(old.shape[0], q)), dim=1) + add
+
+    def _protected(self, n, order):
+        recent = torch.arange(n, device=order.device) >= n - self.recent  # (n,)
+        return (order < self.n_sink) | recent
+
+
+@POLICIES.register("tova")
+class TOVAPolicy(_Scored):
+    """The tokens with the most attention from the current query, mean over heads (Oren et al. 2024)."""
+
+    def observe(self, weights, q):
+        self.score = weights[:, :, -1, :].to(torch.float64).mean(dim=1)  # (B, n)
+
+
+@POLICIES.register("sinks+h2o")
+class SinksH2OPolicy(H2OPolicy):
+    """h2o with the first n_sink tokens always kept."""
+
+    uses_sinks = True
+
+
+@POLICIES.register("sinks+tova")
+class SinksTOVAPolicy(TOVAPolicy):
+    """tova with the first n_sink tokens always kept."""
+
+    uses_sinks = True
+
+
+@POLICIES.register("detected-sinks")
+class DetectedSinksPolicy(_Scored):
+    """Up to n_sink tokens flagged by the on-the-fly sink metric (alpha > eps in a head) + the most recent."""
+
+    uses_sinks = True
+
+    def __init__(self, budget, n_sink=0, recent=None, eps=0.3):
+        super().__init__(budget, n_sink, recent, eps)
+        if not 0.0 < eps < 1.0:
+            raise InputError(f"eps must lie in (0, 1), got {eps}")
+        self.mass_sum: Tensor | None = None  # (B, H, n) float64: sum over queries of A[h, i, j]
+        self.count: Tensor | None = None  # (B, n) float64: queries that saw each slot
+
+    def observe(self, weights, q):
+        B, H, _, n = weights.shape
+        add = weights.to(torch.float64).sum(dim=2)  # (B, H, n)
+        new = (q - torch.arange(q, device=weights.device, dtype=torch.float64)).expand(B, q)  # new slot c: q - c queries
+        if self.mass_sum is None:
+            self.mass_sum, self.count = add, new.clone()
+        else:
+            self.mass_sum = torch.cat((self.mass_sum, self.mass_sum.new_zeros(B, H, q)), dim=2) + add
+            self.count = torch.cat((self.count + q, new), dim=1)
+
+    def mass(self) -> Tensor:
+        """(B, H, n) float64 attention mass of each kept slot: sinklab's ``alpha`` over the queries so far."""
+        return self.mass_sum / self.count[:, None, :]
+
+    def flagged(self) -> Tensor:
+        """(B, n) bool: slots whose mass exceeds eps in at least one head (sinks by sinklab's metric)."""
+        return (self.mass() > self.eps).any(dim=1)
+
+    def keep(self, n, order):
+        if n <= self.budget:
+            return None
+        alpha = self.mass()
+        heads = (alpha > self.eps).sum(dim=1).to(torch.float64)  # (B, n) flagged heads
+        slot = torch.arange(n, device=order.device, dtype=torch.float64)
+        score = torch.where(heads > 0, 2.0 + heads + alpha.amax(dim=1), slot / n)  # sinks first, then recency
+        return _top(score, slot >= n - (self.budget - self.n_sink), self.budget)
+
+    def select(self, idx):
+        self.mass_sum = self.mass_sum.gather(2, idx[:, None, :].expand(-1, self.mass_sum.shape[1], -1))
+        self.count = self.count.gather(1, idx)
+
+    @property
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in (self.mass_sum, self.count) if t is not None)
+
+
+def make_policy(name: str, budget: int, n_sink: int | None = None, *, recent: int | None = None,
+                eps: float = 0.3) -> CachePolicy:
+    """One layer's policy ``name`` from :data:`POLICIES`.
+
+    Args:
+        budget: tokens kept (>= 1).
+        n_sink: sink tokens; default 4 for the policies with sinks, 0 (and nothing else) for the others.
+
+    Raises:
+        UnknownNameError: an unknown policy (the message lists the valid ones).
+        InputError: ``budget < 1``, ``n_sink`` negative, not below the budget, or given to a policy
+            without sinks; ``recent`` outside [0, budget - n_sink]; ``eps`` outside (0, 1).
+    """
+    cls = POLICIES.get(name)
+    if not isinstance(budget, int) or budget < 1:
+        raise InputError(f"budget must be an integer >= 1, got {budget!r}")
+    if n_sink is None:
+        n_sink = 4 if cls.uses_sinks else 0
+    if not isinstance(n_sink, int) or n_sink < 0:
+        raise InputError(f"n_sink (number of sink tokens) must be an integer >= 0, got {n_sink!r}")
+    if n_sink and not cls.uses_sinks:
+        raise InputError(f"policy {name} keeps no sink tokens (n_sink = {n_sink}); use sinks, sinks+h2o, sinks+tova or "
+                         "detected-sinks")
+    if n_sink >= budget:
+        raise InputError(f"policy {name} needs budget > n_sink, got budget {budget} and n_sink {n_sink}")
+    if recent is not None and not cls.takes_recent:
+        raise InputError(f"recent applies to h2o and sinks+h2o only, not {name}")
+    return cls(budget, n_sink, recent, eps)
+
+
+__all__ = ["POLICIES", "CachePolicy", "make_policy"]

@@ -1,0 +1,136 @@
+"""The pass-key task (sinklab.streaming.passkey, `sinklab stream --task passkey`).
+
+References: samples assembled by hand from the tokenizer's own ids of the filler, needle and
+question; the answers against transformers' greedy `generate` on the same ids (full cache, and a
+sink cache whose budget holds everything); accuracies recounted from the per-sample rows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import run_cli_captured
+from sinklab.errors import InputError
+from sinklab.streaming.harness import CacheSpec, policy_specs, token_stream
+from sinklab.streaming.passkey import NEEDLE, QUESTION, _answer, evaluate_passkey, passkey_samples
+from test_streaming_cache import llama
+
+
+def char_tokenizer():
+    """One token per character (printable ASCII and newline), <s> = 1 added in front, decoded by concatenation."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for c in "\n" + "".join(chr(i) for i in range(32, 127)):
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+
+
+DOCS = ["the sink token is the first one.", "a second document, with more words in it than the first.",
+        "and a third one to fill the stream up to its length."] * 4
+
+
+def test_samples_are_filler_needle_question():
+    tok = char_tokenizer()
+    samples = passkey_samples(tok, DOCS, 160, keys=3, depths=[0.0, 0.5, 1.0], seed=7)
+    assert len(samples) == 9 and all(s.ids.numel() == 160 for s in samples)
+    keys = [s.key for s in samples[:3]]
+    assert len(set(keys)) == 3 and all(len(k) == 5 and k.isdigit() for k in keys)
+    assert [s.key for s in passkey_samples(tok, DOCS, 160, keys=3, depths=[0.0], seed=7)] == keys  # the seed fixes them
+    filler = token_stream(tok, DOCS, 200).tolist()
+    q = tok(QUESTION, add_special_tokens=False)["input_ids"]
+    for s in samples:
+        nd = tok(NEEDLE.format(key=s.key), add_special_tokens=False)["input_ids"]
+        F = 160 - len(nd) - len(q)
+        assert s.at == 1 + round(s.depth * (F - 1))  # after the BOS
+        assert s.ids.tolist() == filler[: s.at] + nd + filler[s.at : F] + q
+    assert samples[0].at == 1 and samples[-1].ids.tolist()[samples[-1].at - 1] == filler[F - 1]
+    assert tok.decode(samples[-1].ids[-len(q):]) == QUESTION
+
+
+def test_samples_bad_input():
+    tok = char_tokenizer()
+    with pytest.raises(InputError, match="too short for the pass key task"):
+        passkey_samples(tok, DOCS, 60, keys=2)
+    with pytest.raises(InputError, match="depths must lie in"):
+        passkey_samples(tok, DOCS, 160, depths=[1.5])
+    with pytest.raises(InputError, match="keys must lie in"):
+        passkey_samples(tok, DOCS, 160, keys=0)
+
+
+def test_answer_is_the_first_five_digits():
+    assert _answer(" 12345. Remember") == "12345" and _answer("key 1234 or 98765432") == "98765"
+    assert _answer("no digits") == ""
+
+
+@pytest.mark.parametrize("chunk", [1, 16])
+def test_answers_equal_greedy_generate(chunk):
+    """A full cache and a sink cache with room for everything answer as transformers' greedy generate;
+    the accuracies are the share of rows whose answer is the key."""
+    tok = char_tokenizer()
+    m = llama(layers=2, attn="sdpa").float()
+    m.resize_token_embeddings(len(tok))
+    samples = passkey_samples(tok, DOCS, 100, keys=2, depths=[0.0, 1.0], seed=1)
+    x = torch.stack([s.ids for s in samples])
+    with torch.no_grad():
+        gen = m.generate(x, max_new_tokens=8, do_sample=False, pad_token_id=0)[:, 100:]
+    want = [tok.decode(g) for g in gen.tolist()]
+    specs = [CacheSpec("full", "full", None, None, policy="full")] + policy_specs(["sinks+h2o"], [120], n_sink=2,
+                                                                                   full=False, recompute=False)
+    for spec in specs:
+        res = evaluate_passkey(m, tok, samples, spec, batch=3, chunk=chunk, max_context=128, progress=False)
+        texts = [r["text"] for r in res.samples]
+        assert texts == want, spec.name
+        correct = [r["answer"] == s.key for r, s in zip(res.samples, samples)]
+        assert res.accuracy == sum(correct) / 4 and res.n == 4
+        assert res.accuracy_by_depth == {"0.0": sum(correct[:2]) / 2, "1.0": sum(correct[2:]) / 2}
+
+
+def test_evaluate_refuses_recompute_and_a_full_cache_past_the_context():
+    tok = char_tokenizer()
+    m = llama(layers=1)
+    m.resize_token_embeddings(len(tok))
+    samples = passkey_samples(tok, DOCS, 125, keys=1, depths=[0.5])
+    with pytest.raises(InputError, match="not recompute"):
+        evaluate_passkey(m, tok, samples, CacheSpec("recompute", "recompute", None, 8), progress=False)
+    with pytest.raises(InputError, match="more than the model's context of 128"):
+        evaluate_passkey(m, tok, samples, CacheSpec("full", "full", None, None), max_context=128, progress=False)
+
+
+def test_cli_passkey_writes_results_and_resumes(text_corpus_dir, tmp_path, capsys):
+    tok = char_tokenizer()
+    d = tmp_path / "char-llama"
+    from conftest import tiny_llama
+
+    tiny_llama(vocab_size=len(tok)).save_pretrained(d)
+    tok.save_pretrained(d)
+    out = tmp_path / "pk"
+    argv = ["stream", "--model", str(d), "--corpus", str(text_corpus_dir), "--task", "passkey", "--tokens", "110",
+            "--policy", "sinks", "tova", "--budget", "32", "--n-sink", "2", "--passkey-keys", "2", "--passkey-depths",
+            "0", "0.5", "1", "--passkey-batch", "4", "--passkey-chunk", "8", "--out", str(out)]
+    code, stdout, err = run_cli_captured(argv, capsys)
+    assert code == 0, err
+    data = json.loads((out / "passkey.json").read_text())
+    assert [c["name"] for c in data["configs"]] == ["full", "sinks@32", "tova@32"]  # no recompute in this task
+    assert data["keys"] == 2 and data["depths"] == [0.0, 0.5, 1.0] and "--task passkey" in data["command"]
+    rows = pd.read_csv(out / "passkey.csv", dtype={"key": str, "answer": str})
+    assert len(rows) == 3 * 6 and set(rows["config"]) == {"full", "sinks@32", "tova@32"}
+    acc = pd.read_csv(out / "passkey_accuracy.csv")
+    for (cfg, depth), g in rows.groupby(["config", "depth"]):
+        a = acc[(acc["config"] == cfg) & (acc["depth"] == depth)]["accuracy"].item()
+        assert a == pytest.approx(g["correct"].mean())
+    assert (out / "passkey.png").stat().st_size > 0 and "tova@32" in stdout
+    code, _, err = run_cli_captured(argv, capsys)
+    assert code == 0, err
+    again = json.loads((out / "passkey.json").read_text())
+    assert [c["wall_s"] for c in again["configs"]] == [c["wall_s"] for c in data["configs"]]  # reused, not rerun
