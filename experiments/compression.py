@@ -71,31 +71,37 @@ def best(d: dict, n: int, budget: int) -> list[str]:
 
 
 def plot_budget(df: pd.DataFrame, meta: dict, path: Path) -> None:
+    """Left: every policy (log scale); right: the same without window, linear, to separate the rest."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for p in POLICY_ORDER:
-        g = df[df["policy"] == p].sort_values("budget")
-        if len(g):
-            ax.plot(g["budget"].astype(int), g["ppl"], marker="o", ms=4, label=p)
-    for ref, style in (("full", "--"), ("recompute", ":")):
-        r = df[df["policy"] == ref]
-        if len(r):
-            label = f"{ref} ({r['ppl'].iloc[0]:.1f})" if ref == "full" else \
-                f"recompute, window {meta.get('window')} ({r['ppl'].iloc[0]:.1f}, sampled positions)"
-            ax.axhline(r["ppl"].iloc[0], color="0.4", ls=style, lw=1, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(sorted(df["budget"].dropna().astype(int).unique()))
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("budget: tokens kept per layer")
-    ax.set_ylabel(f"perplexity over {meta['tokens']} tokens")
-    ax.set_title(f"{meta['model']} · {meta['corpus']} · {meta['tokens']} tokens · cache policies at equal budget", fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    budgets = sorted(df["budget"].dropna().astype(int).unique())
+    for ax, policies, log in ((axes[0], POLICY_ORDER, True), (axes[1], POLICY_ORDER[1:], False)):
+        for i, p in enumerate(POLICY_ORDER):
+            g = df[df["policy"] == p].sort_values("budget")
+            if len(g) and p in policies:
+                ax.plot(g["budget"].astype(int), g["ppl"], marker="o", ms=4, color=f"C{i}", label=p)
+        for ref, style in (("full", "--"), ("recompute", ":")):
+            r = df[df["policy"] == ref]
+            if len(r):
+                label = f"{ref} ({r['ppl'].iloc[0]:.1f})" if ref == "full" else \
+                    f"recompute, window {meta.get('window')} ({r['ppl'].iloc[0]:.1f}, sampled positions)"
+                ax.axhline(r["ppl"].iloc[0], color="0.4", ls=style, lw=1, label=label)
+        ax.set_xscale("log", base=2)
+        if log:
+            ax.set_yscale("log")
+        ax.set_xticks(budgets)
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("budget: tokens kept per layer")
+        ax.set_ylabel(f"perplexity over {meta['tokens']} tokens")
+        ax.grid(alpha=0.3, which="both")
+    axes[1].set_title("without window (linear scale)", fontsize=9)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"{meta['model']} · {meta['corpus']} · {meta['tokens']} tokens · cache policies at equal budget",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -169,7 +175,7 @@ def main() -> None:
         wide["cache MiB (4 lossless)"] = mem
         print(f"## quantised sinks cache, {qd['tokens']} tokens ({qd['command']})\n")
         print(wide.sort_index(level=[0, 1], ascending=[False, False]).pipe(md, 3))
-        b = df[df["kv_bits"] == 16]
+        b = df[(df["kv_bits"] == 16) & (df["policy"] == "sinks")]
         if len(b):
             print(f"\n16-bit sinks cache: ppl {b['ppl'].iloc[0]:.3f}, {b['cache_bytes'].iloc[0] / 2**20:.3f} MiB")
         print()
