@@ -160,23 +160,35 @@ def cached_fingerprint(cfg: RunConfig, compute, out: Path | None = None) -> str:
     """``compute(cfg, out)`` (the canonical training), cached in ``$SINKLAB_HOME/fingerprints.json`` under
     the source digest, torch version, CPU model and the canonical config's text, so that a report
     over many rows runs each canonical training once per code version."""
-    from sinklab.paths import home
     from sinklab.train.config import to_toml
 
     key = hashlib.sha256(json.dumps([source_digest(), environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
+    fp = _cache_read().get(key)
+    if fp is None:
+        fp = compute(cfg, out)
+        _cache_write(key, fp)
+    return fp
+
+
+def _cache_read() -> dict[str, str]:
+    """``$SINKLAB_HOME/fingerprints.json`` as a dict ({} when missing, unreadable, not UTF-8 or not a
+    JSON object: a cache, computed again)."""
+    from sinklab.paths import home
+
     path = home() / "fingerprints.json"
     try:
         cache = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: a cache, computed again
+    except (OSError, ValueError):
         cache = {}
-    if not isinstance(cache, dict):
-        cache = {}
-    if key in cache:
-        return cache[key]
-    fp = compute(cfg, out)
+    return cache if isinstance(cache, dict) else {}
+
+
+def _cache_write(key: str, fp: str) -> None:
+    from sinklab.paths import home
+
+    cache = _cache_read()
     cache[key] = fp
-    atomic_write_text(path, json.dumps(cache, indent=0))
-    return fp
+    atomic_write_text(home() / "fingerprints.json", json.dumps(cache, indent=0))
 
 
 #: the program a subprocess runs to compute a fingerprint with another commit's code (argv: config path)
@@ -207,19 +219,12 @@ def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path) -> str | None
     import sys
     import tempfile
 
-    from sinklab.paths import home
     from sinklab.train.config import to_toml
 
     key = "commit:" + hashlib.sha256(json.dumps([commit, environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
-    path = home() / "fingerprints.json"
-    try:
-        cache = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, ValueError):
-        cache = {}
-    if not isinstance(cache, dict):
-        cache = {}
-    if key in cache:
-        return cache[key]
+    cached = _cache_read().get(key)
+    if cached is not None:
+        return cached
     with tempfile.TemporaryDirectory(prefix="sinklab-fp-") as tmp:
         tmp = Path(tmp)
         top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
@@ -240,6 +245,5 @@ def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path) -> str | None
         if proc.returncode != 0 or not lines or len(lines[-1]) != LENGTH:
             return None
         fp = lines[-1]
-    cache[key] = fp
-    atomic_write_text(path, json.dumps(cache, indent=0))
+    _cache_write(key, fp)
     return fp
