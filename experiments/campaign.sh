@@ -16,7 +16,8 @@
 #
 # Compute (2 trainings at once on 2 cores, about 150-200 s per 1000-step emergence-cpu run each):
 # attention_operation 100 runs (19 rows trained, the diff row new), positional_encoding 30,
-# weight_decay 40, first_token 30, no_bos ~60 run-equivalents (2000 steps, larger models),
+# weight_decay 40, first_token 30, no_bos ~60 run-equivalents (2000 steps, larger models), no_bos_confirm
+# ~10 (5 seeds x 2000 steps), finetune_base 6 and finetune 3 (500-step fine-tunings),
 # kv_bias 40 (+10 copied), learning_rate ~52 equivalents (500-4000 steps), batch_size ~19,
 # ffn 30, norm_position 10, heads 20, data_amount 25, prefix_lm 15, sliding_window 20:
 # about 400 run-equivalents, 8-9 hours of wall time.
@@ -31,8 +32,9 @@ fi
 echo "campaign: training code of $(git -C "$pinned" rev-parse --short HEAD) ($pinned)"
 studies=("$@")
 if [ ${#studies[@]} -eq 0 ]; then
-  studies=(attention_operation positional_encoding weight_decay first_token no_bos kv_bias learning_rate
-           batch_size ffn norm_position heads data_amount prefix_lm sliding_window)
+  studies=(attention_operation no_bos no_bos_confirm finetune_base finetune positional_encoding weight_decay
+           first_token kv_bias learning_rate batch_size ffn norm_position heads data_amount prefix_lm
+           sliding_window)
 fi
 python="${PYTHON:-$root/.venv/bin/python}"
 for name in "${studies[@]}"; do

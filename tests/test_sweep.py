@@ -530,3 +530,23 @@ def test_sweep_launcher_bad_options_exit_2(tmp_path, capsys, args, message):
     code, _, err = run_cli_captured(["sweep", str(_study(tmp_path, TWO_POINTS)), "--out", str(tmp_path / "o"), *args],
                                     capsys)
     assert code == 2 and message in err, err
+
+
+def test_seeds_from_two_cpus_are_not_mixed_code_but_two_fingerprints_on_one_cpu_are():
+    """Fingerprints differ across CPUs for the same code (rounding), so they are compared within one
+    training environment (CPU model, torch, threads): two CPUs with one fingerprint each are not
+    mixed; two fingerprints on one CPU are, and so is a row whose seeds all agree but one resumed
+    under other code ("mixed:" fingerprint)."""
+    from sinklab.sweep.summary import add_verdicts, fingerprints_mixed
+
+    def seed(fp, cpu, torch="2.13.0", threads=1):
+        return {"code_fingerprint": fp, "cpu_model": cpu, "torch_version": torch, "threads": threads}
+
+    assert fingerprints_mixed([seed("aaaa", "AMD"), seed("aaaa", "AMD"), seed("bbbb", "Intel")]) is False
+    assert fingerprints_mixed([seed("aaaa", "AMD"), seed("bbbb", "AMD"), seed("cccc", "Intel")]) is True
+    assert fingerprints_mixed([seed("aaaa", "AMD", threads=1), seed("bbbb", "AMD", threads=2)]) is False
+    rows = [{"label": "two cpus", "expect": "", "sink1_seeds": "20;21", "n_seeds": 2, "metric": "sink1",
+             "code_fingerprint": "aaaa;bbbb", "commits": "c1", "code_mixed": False},
+            {"label": "resumed", "expect": "", "sink1_seeds": "20;21", "n_seeds": 2, "metric": "sink1",
+             "code_fingerprint": "mixed:aaaa+cccc", "commits": "c1", "code_mixed": False}]
+    assert [r["code_mixed"] for r in add_verdicts(rows, 10.0)] == [False, True]

@@ -26,7 +26,7 @@ not renormalised weights, for operations whose rows do not sum to 1), ``top_sink
 (1-based, most common over seeds), ``max_norm_ratio_mean``, ``emergence_steps`` (per seed),
 ``wall_s`` (all seeds; ``load_1min``: the range over seeds of the 1-minute load average at the end of
 each seed's last start, from ``sweep.json``: what the wall time was measured under), ``commits`` (the code versions that produced the seeds; ``code_mixed`` is
-True when the row's seeds carry different training-code fingerprints, or, for rows trained before
+True when seeds of the row trained in one environment (CPU model, torch, threads) carry different training-code fingerprints (:func:`fingerprints_mixed`), or, for rows trained before
 fingerprints existed, when its commits differ from the study's most common commit), ``code_fingerprint`` (the training-code
 fingerprints of the seeds, :mod:`sinklab.train.fingerprint`; several, ``;``-separated, when the
 seeds were trained by code with different numerics), ``torch_version``, ``threads``, and
@@ -172,6 +172,26 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
     }
 
 
+def fingerprints_mixed(per: list[dict[str, Any]]) -> bool:
+    """Whether seeds trained in one environment (CPU model, torch version, threads) carry different
+    training-code fingerprints, i.e. were trained by code with different numerics.
+
+    Seeds trained on different CPUs carry different fingerprints for the same code (their rounding
+    differs; :mod:`sinklab.train.fingerprint`), so fingerprints are compared only within an
+    environment; whether the code of each environment's seeds is the current code is what
+    ``report --check`` decides (:func:`seed_is_current`).
+
+    Args:
+        per: one dict per finished seed, with ``code_fingerprint``, ``cpu_model``, ``torch_version``
+            and ``threads`` (as :func:`run_metrics` returns).
+    """
+    groups: dict[tuple, set] = {}
+    for m in per:
+        env = (m.get("cpu_model"), m.get("torch_version"), m.get("threads"))
+        groups.setdefault(env, set()).add(m.get("code_fingerprint") or "none")
+    return any(len(fps) > 1 for fps in groups.values())
+
+
 def _join(vals: list[Any], nd: int = 4) -> str:
     return ";".join("" if v is None else (f"{v:.{nd}g}" if isinstance(v, float) else str(v)) for v in vals)
 
@@ -219,6 +239,7 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     row["torch_version"] = ";".join(dict.fromkeys(str(m["torch_version"]) for m in per))
     row["threads"] = ";".join(dict.fromkeys(str(m["threads"]) for m in per))
     row["cpu_model"] = ";".join(dict.fromkeys(str(m["cpu_model"]) for m in per))
+    row["code_mixed"] = fingerprints_mixed(per)
     for q in SEEDED:
         vals = [m[q] for m in per if m[q] is not None]
         if not vals:
@@ -296,7 +317,11 @@ def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any
             # the training code is identified by its numerics: a row is mixed when its seeds were
             # trained by code with different fingerprints (rows differ from each other by design:
             # the fingerprint depends on the config; `report --check` compares each with the current code)
-            r["code_mixed"] = len(fps) > 1 or any(f.startswith("mixed:") for f in fps)
+            # (point_row compared them within each training environment; rows built another way
+            # compare them all)
+            mixed = r.get("code_mixed")
+            r["code_mixed"] = ((len(fps) > 1 if mixed is None else bool(mixed))
+                               or any(f.startswith("mixed:") for f in fps))
             continue
         cs = [c for c in (r.get("commits") or "").split(";") if c]
         r["code_mixed"] = bool(cs) and any(c != main for c in cs)
