@@ -9,10 +9,12 @@ T x T matrix. Positions, layers and heads are 0-based.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
-from sinklab.analyze.common import (AnalysisResult, Subject, check_heads, check_layers, command_line, num_heads,
+from sinklab.analyze.common import (AnalysisResult, Subject, analysis, check_heads, check_layers, command_line, num_heads,
                                     resolve_subject, run_model)
 from sinklab.errors import InputError
 from sinklab.metrics import attention_entropy
@@ -52,12 +54,17 @@ def capture_weights(model, input_ids: Tensor, layers: list[int], heads: list[int
     return torch.stack([kept[l] for l in layers]), res
 
 
+@analysis("attention", help={
+    "sample": "0-based probe window shown",
+    "layers": "layers shown, e.g. 0,15,29 (default first, middle, last)",
+    "heads": "heads shown, e.g. 0,3 (default all)",
+    "max_matrix_len": "longest T shown as full matrices; longer: mass per key, blockwise"})
 def attention(
     model: "str | Subject" = "smollm2-135m",
     *,
     corpus: str | None = None,
     num_samples: int = 1,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     seed: int = 0,
     eps: float = 0.3,
     sample: int = 0,
@@ -87,8 +94,6 @@ def attention(
     Raises:
         InputError: ``sample`` outside [0, num_samples), a layer or head out of range, ``max_matrix_len`` < 1.
     """
-    import pandas as pd
-
     if not 0 <= sample < num_samples:
         raise InputError(f"--sample {sample} is outside the {num_samples} probe windows (0-based); raise --num-samples")
     if max_matrix_len < 1:
@@ -116,30 +121,13 @@ def attention(
     missing = [l for l in layers if l not in rows_of]
     if missing:
         raise InputError(f"layer {missing[0]} has no attention (blocks with attention: {block_ids})")
-    causal = stats.causal
-    uniform = uniform_attention_entropy(T, causal=causal)
-    k = rankable_positions(T, causal)  # keys seen by at least 10% of the queries
+    uniform = uniform_attention_entropy(T, causal=stats.causal)
+    k = rankable_positions(T, stats.causal)  # keys seen by at least 10% of the queries
     ent = stats.attention_entropy[0]  # (L', H)
+    mass = stats.mass[0]  # (L', H, T)
     tokens = (subj.tokenizer.convert_ids_to_tokens(ids[0].tolist()) if subj.tokenizer is not None
               else [str(int(t)) for t in ids[0]])
-    ent_rows = [{"layer": b, "head": h, "attention_entropy": float(ent[i, h]), "uniform_entropy": uniform,
-                 "shown": b in layers and h in heads} for i, b in enumerate(block_ids) for h in range(H)]
-    mass = stats.mass[0]  # (L', H, T)
-    mass_rows = [{"layer": l, "head": h, "position": j, "token": tokens[j], "attention_mass": float(mass[rows_of[l], h, j])}
-                 for l in layers for h in heads for j in range(T)]
-    tables = {"entropy": pd.DataFrame(ent_rows), "mass": pd.DataFrame(mass_rows)}
-    csv_only = ()
-    if full:
-        w = weights.double()
-        vis = torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.ones(T, T, dtype=torch.bool)
-        qi, kj = vis.nonzero(as_tuple=True)
-        frames = []
-        for a, l in enumerate(layers):
-            for b, h in enumerate(heads):
-                frames.append(pd.DataFrame({"layer": l, "head": h, "query": qi.numpy(), "key": kj.numpy(),
-                                            "weight": w[a, b][qi, kj].numpy()}))
-        tables["weights"] = pd.concat(frames, ignore_index=True)
-        csv_only = ("weights",)
+    tables = _tables(ent, mass, weights, block_ids, layers, heads, tokens, uniform, stats.causal)
     head_ent = {f"{l}.{h}": float(ent[rows_of[l], h]) for l in layers for h in heads}
     layer_ent = ent.double().mean(dim=1)
     summary = {
@@ -151,44 +139,77 @@ def attention(
         "top_mass_position_shown": {f"{l}.{h}": int(mass[rows_of[l], h, :k].argmax()) for l in layers for h in heads},
     }
     name = subj.model_info.get("name")
-
-    def plot(path):
-        import matplotlib.pyplot as plt
-        from matplotlib.colors import PowerNorm
-
-        nr, nc = len(layers), len(heads)
-        fig, axes = plt.subplots(nr, nc, figsize=(1.9 * nc + 1.2, 2.2 * nr + 1.0), squeeze=False)
-        for a, l in enumerate(layers):
-            for b, h in enumerate(heads):
-                ax = axes[a][b]
-                e = float(ent[rows_of[l], h])
-                if full:
-                    mat = weights[a, b].numpy()
-                    ax.imshow(mat, cmap="viridis", norm=PowerNorm(0.4, vmin=0.0, vmax=1.0), interpolation="nearest")
-                    ax.set_xticks([])
-                    ax.set_yticks([])
-                else:
-                    ax.plot(mass[rows_of[l], h].numpy(), lw=0.7)
-                    ax.axhline(eps, color="red", lw=0.5, ls="--")
-                    ax.set_yscale("log")
-                    ax.tick_params(labelsize=5)
-                ax.set_title(f"L{l} H{h}  H={e:.2f}", fontsize=6)
-                if b == 0:
-                    ax.set_ylabel("query" if full else "mass on key", fontsize=6)
-                if a == nr - 1:
-                    ax.set_xlabel("key position (0-based)", fontsize=6)
-        what = ("attention weights (rows: queries; colour: weight, power 0.4)" if full
-                else f"attention mass per key (blockwise collector; red: eps={eps})")
-        fig.suptitle(f"{name} · window {sample} · T={T} · {what}\nH = attention entropy (nats, mean over queries); "
-                     f"uniform {uniform:.2f}", fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, dpi=130)
-        plt.close(fig)
-
-    settings = {"model": name, "corpus": corpus, "num_samples": num_samples, "seq_len": seq_len, "seed": seed,
+    plot = functools.partial(_plot, ent=ent, mass=mass, weights=weights, rows_of=rows_of, layers=layers, heads=heads,
+                             eps=eps, title=f"{name} · window {sample} · T={T}", uniform=uniform)
+    settings = {"model": name, "corpus": corpus, "num_samples": num_samples, "seq_len": T, "seed": seed,
                 "eps": eps, "sample": sample, "layers": layers, "heads": heads, "max_matrix_len": max_matrix_len}
     return AnalysisResult("attention", summary, tables, {"attention": plot}, settings, subj.model_info,
-                          subj.corpus_info, command_line("attention", settings, subj), csv_only=csv_only)
+                          subj.corpus_info, command_line("attention", settings, subj),
+                          csv_only=("weights",) if full else ())
+
+
+def _tables(ent: Tensor, mass: Tensor, weights: Tensor | None, block_ids: list[int], layers: list[int],
+            heads: list[int], tokens: list[str], uniform: float, causal: bool) -> dict:
+    """The ``entropy`` (every (layer, head)), ``mass`` (shown heads, every key) and, with ``weights``
+    (len(layers), len(heads), T, T), ``weights`` (the visible ``A[i, j]`` of the shown heads) tables.
+    ``ent``: (L', H) entropies (nats); ``mass``: (L', H, T); ``block_ids``: the L' layers with attention."""
+    import pandas as pd
+
+    T, H = mass.shape[-1], ent.shape[1]
+    rows_of = {b: i for i, b in enumerate(block_ids)}
+    ent_rows = [{"layer": b, "head": h, "attention_entropy": float(ent[i, h]), "uniform_entropy": uniform,
+                 "shown": b in layers and h in heads} for i, b in enumerate(block_ids) for h in range(H)]
+    mass_rows = [{"layer": l, "head": h, "position": j, "token": tokens[j], "attention_mass": float(mass[rows_of[l], h, j])}
+                 for l in layers for h in heads for j in range(T)]
+    tables = {"entropy": pd.DataFrame(ent_rows), "mass": pd.DataFrame(mass_rows)}
+    if weights is not None:
+        w = weights.double()
+        vis = torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.ones(T, T, dtype=torch.bool)
+        qi, kj = vis.nonzero(as_tuple=True)
+        frames = []
+        for a, l in enumerate(layers):
+            for b, h in enumerate(heads):
+                frames.append(pd.DataFrame({"layer": l, "head": h, "query": qi.numpy(), "key": kj.numpy(),
+                                            "weight": w[a, b][qi, kj].numpy()}))
+        tables["weights"] = pd.concat(frames, ignore_index=True)
+    return tables
+
+
+def _plot(path, *, ent: Tensor, mass: Tensor, weights: Tensor | None, rows_of: dict, layers: list[int],
+          heads: list[int], eps: float, title: str, uniform: float) -> None:
+    """One panel per shown (layer, head): the weight matrix (``weights`` given), else the mass per key."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import PowerNorm
+
+    full = weights is not None
+    nr, nc = len(layers), len(heads)
+    fig, axes = plt.subplots(nr, nc, figsize=(1.9 * nc + 1.2, 2.2 * nr + 1.0), squeeze=False)
+    for a, l in enumerate(layers):
+        for b, h in enumerate(heads):
+            ax = axes[a][b]
+            e = float(ent[rows_of[l], h])
+            if full:
+                mat = weights[a, b].numpy()
+                ax.imshow(mat, cmap="viridis", norm=PowerNorm(0.4, vmin=0.0, vmax=1.0), interpolation="nearest")
+                ax.set_xticks([])
+                ax.set_yticks([])
+            else:
+                ax.plot(mass[rows_of[l], h].numpy(), lw=0.7)
+                ax.axhline(eps, color="red", lw=0.5, ls="--")
+                ax.set_yscale("log")
+                ax.tick_params(labelsize=5)
+            ax.set_title(f"L{l} H{h}  H={e:.2f}", fontsize=6)
+            if b == 0:
+                ax.set_ylabel("query" if full else "mass on key", fontsize=6)
+            if a == nr - 1:
+                ax.set_xlabel("key position (0-based)", fontsize=6)
+    what = ("attention weights (rows: queries; colour: weight, power 0.4)" if full
+            else f"attention mass per key (blockwise collector; red: eps={eps})")
+    fig.suptitle(f"{title} · {what}\nH = attention entropy (nats, mean over queries); "
+                 f"uniform {uniform:.2f}", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
 
 
 def _lowest(ent: Tensor, block_ids: list[int]) -> dict:

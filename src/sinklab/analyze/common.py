@@ -23,6 +23,25 @@ from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
+from sinklab.registry import Registry
+
+#: every analysis by name (``sinklab analyze KIND``): its one entry point, ``fn(model, **settings) ->
+#: AnalysisResult``; the CLI makes one subcommand per entry, with one option per keyword of ``fn``
+ANALYSES: Registry[Callable[..., "AnalysisResult"]] = Registry("analysis")
+
+#: probe length T of an analysis when the model is not a ``sinklab train`` run (a run: its tracker's)
+DEFAULT_SEQ_LEN = 64
+
+
+def analysis(name: str, *, help: dict[str, str] | None = None):
+    """Function decorator: register an analysis entry point under ``name`` (description = the docstring's
+    first line). ``help``: one line per keyword of the entry point that is the analysis' own (not the
+    probe's), shown by ``sinklab analyze NAME --help``; kept on the function as ``cli_help``."""
+    def add(fn):
+        fn.cli_help = dict(help or {})
+        return ANALYSES.register(name)(fn)
+
+    return add
 
 
 @dataclass
@@ -57,12 +76,17 @@ class Subject:
 
 
 def load_subject(
-    model: str, *, corpus: str | None = None, num_samples: int = 32, seq_len: int = 64, seed: int = 0, bos: str = "auto"
+    model: str, *, corpus: str | None = None, num_samples: int = 32, seq_len: int | None = None, seed: int = 0,
+    bos: str = "auto"
 ) -> Subject:
     """Load a model (zoo name, Hugging Face folder, sinklab run or model folder) and draw ``num_samples``
     windows of ``seq_len`` tokens of natural text from ``corpus`` (the probe of ``sinklab measure``;
     default ``sotu``). For a ``sinklab train`` run folder and ``corpus=None`` the probe is the run's own
     held-out data in its packing (:func:`sinklab.measure.trained.run_probe`).
+
+    ``seq_len`` None: for a ``sinklab train`` run the tracker's probe length (``track.probe_len``, as
+    ``sinklab measure --model RUN``: :meth:`~sinklab.measure.trained.TrainedRun.probe_len`), else
+    :data:`DEFAULT_SEQ_LEN` (64).
 
     Raises:
         InputError / UnknownNameError / FetchError: as :func:`sinklab.measure.measure`.
@@ -72,13 +96,15 @@ def load_subject(
 
     if num_samples < 1:
         raise InputError(f"--num-samples must be >= 1, got {num_samples}")
-    if seq_len < 4:
+    if seq_len is not None and seq_len < 4:
         raise InputError(f"--seq-len must be >= 4, got {seq_len}")
     from dataclasses import asdict
 
     from sinklab.measure.trained import find_run, run_probe
 
     run = find_run(model)
+    if seq_len is None:
+        seq_len = run.probe_len(bos) if run is not None else DEFAULT_SEQ_LEN
     if run is None:
         check_model_spec(model)
     if run is not None and corpus is None:  # a training run: its own held-out data in its packing

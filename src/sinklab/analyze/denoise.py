@@ -14,10 +14,12 @@ the s-th denoising step; step S = the finished sequence).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
-from sinklab.analyze.common import (AnalysisResult, Subject, command_line, position_norm_ratio, resolve_subject,
+from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, position_norm_ratio, resolve_subject,
                                     run_model)
 from sinklab.capture.native import is_native
 from sinklab.errors import InputError
@@ -58,12 +60,61 @@ def _special_ids(subj: Subject, mask_id: int | None) -> tuple[int, int | None, i
     return int(mask_id), bos, eos
 
 
+def step_row(st, kinds: Tensor, eps: float, prompt_len: int, sink_level: float) -> tuple[dict, list[dict]]:
+    """One denoising step's row of the ``steps`` table (without ``step``) and its rows of the ``mass`` table.
+
+    Args:
+        st: :class:`~sinklab.capture.stats.ProbeStats` of the step's pass (mass (N, L, H, T)).
+        kinds: (N, T) token kinds (:func:`token_kinds`). eps: sink threshold. prompt_len: P.
+        sink_level: sink rate (percent) at which the top position counts as a sink.
+    """
+    T = kinds.shape[1]
+    N = kinds.shape[0]
+    k_rank = rankable_positions(T, False)
+    rate = sink_rate(st.mass, eps)  # (T,) percent
+    top = int(rate[:k_rank].argmax())
+    mean_mass = st.mass.mean(dim=(0, 1, 2))  # (T,)
+    top_kind = torch.bincount(kinds[:, top], minlength=len(KINDS))
+    per_key = st.mass  # (N, L, H, T)
+    is_mask, is_bos = (kinds == KINDS.index("mask")), (kinds == KINDS.index("bos"))
+    head_top = per_key.argmax(dim=-1)  # (N, L, H)
+    head_kind = kinds.gather(1, head_top.flatten(1)).flatten()  # kinds of each head's top key
+    counts = torch.bincount(head_kind, minlength=len(KINDS)).double() / head_kind.numel()
+    row = {
+        "masked_share": float(is_mask[:, prompt_len:].double().mean()),
+        "top_sink_position": top,
+        "top_sink_rate": float(rate[top]),
+        "top3_positions": ";".join(str(int(j)) for j in rate[:k_rank].topk(min(3, k_rank)).indices),
+        "has_sink": bool(float(rate[top]) >= sink_level),
+        "top_sink_kind": KINDS[int(top_kind.argmax())],
+        "top_sink_kind_share": float(top_kind.max()) / N,
+        "mass_top": float(mean_mass[top]),
+        "mass_bos": float((per_key * is_bos[:, None, None]).sum(-1).mean()),
+        "mass_mask": float((per_key * is_mask[:, None, None]).sum(-1).mean()),
+        "mask_key_share": float(is_mask.double().mean()),
+        **{f"head_top_{k}": float(counts[i]) for i, k in enumerate(KINDS)},
+        "hidden_norm_ratio": position_norm_ratio(st.hidden_norms, top),
+        "key_norm_ratio": position_norm_ratio(st.key_norms, top) if st.key_norms is not None else float("nan"),
+        "sink_rate_pos0": float(rate[0]),
+    }
+    share_masked = is_mask.double().mean(dim=0)
+    masses = [{"position": j, "mass": float(mean_mass[j]), "sink_rate": float(rate[j]),
+               "masked_share": float(share_masked[j])} for j in range(T)]
+    return row, masses
+
+
+@analysis("denoise", help={
+    "steps": "denoising steps S",
+    "prompt_len": "prompt tokens before the masked continuation",
+    "temperature": "sampling temperature (0 = greedy)",
+    "mask_id": "the mask token id (default: <|mask|> of the tokenizer)",
+    "sink_level": "sink rate (%) that makes a step's top position a sink"})
 def denoise(
     model: "str | Subject",
     *,
     corpus: str | None = None,
     num_samples: int = 32,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     seed: int = 0,
     eps: float = 0.3,
     steps: int = 16,
@@ -117,44 +168,14 @@ def denoise(
     trace = sample(m, ids[:, :prompt_len], gen_len=T - prompt_len, steps=steps, mask_id=mask_id,
                    temperature=temperature, seed=seed)
     rows, mass_rows = [], []
-    k_rank = rankable_positions(T, False)
     from sinklab.progress import progress
 
     for s, state in enumerate(progress(trace.states, desc="denoise steps", unit="step")):
         st = run_model(m, state, batch_size=batch_size).stats
         kinds = token_kinds(state, prompt_len=prompt_len, mask_id=mask_id, bos_id=bos_id, eos_id=eos_id)  # (N, T)
-        rate = sink_rate(st.mass, eps)  # (T,) percent
-        top = int(rate[:k_rank].argmax())
-        mean_mass = st.mass.mean(dim=(0, 1, 2))  # (T,)
-        top_kind = torch.bincount(kinds[:, top], minlength=len(KINDS))
-        per_key = st.mass  # (N, L, H, T)
-        is_mask, is_bos = (kinds == KINDS.index("mask")), (kinds == KINDS.index("bos"))
-        head_top = per_key.argmax(dim=-1)  # (N, L, H)
-        head_kind = kinds.gather(1, head_top.flatten(1)).flatten()  # kinds of each head's top key
-        counts = torch.bincount(head_kind, minlength=len(KINDS)).double() / head_kind.numel()
-        row = {
-            "step": s,
-            "masked_share": float(is_mask[:, prompt_len:].double().mean()),
-            "top_sink_position": top,
-            "top_sink_rate": float(rate[top]),
-            "top3_positions": ";".join(str(int(j)) for j in rate[:k_rank].topk(min(3, k_rank)).indices),
-            "has_sink": bool(float(rate[top]) >= sink_level),
-            "top_sink_kind": KINDS[int(top_kind.argmax())],
-            "top_sink_kind_share": float(top_kind.max()) / N,
-            "mass_top": float(mean_mass[top]),
-            "mass_bos": float((per_key * is_bos[:, None, None]).sum(-1).mean()),
-            "mass_mask": float((per_key * is_mask[:, None, None]).sum(-1).mean()),
-            "mask_key_share": float(is_mask.double().mean()),
-            **{f"head_top_{k}": float(counts[i]) for i, k in enumerate(KINDS)},
-            "hidden_norm_ratio": position_norm_ratio(st.hidden_norms, top),
-            "key_norm_ratio": position_norm_ratio(st.key_norms, top) if st.key_norms is not None else float("nan"),
-            "sink_rate_pos0": float(rate[0]),
-        }
-        rows.append(row)
-        share_masked = is_mask.double().mean(dim=0)
-        for j in range(T):
-            mass_rows.append({"step": s, "position": j, "mass": float(mean_mass[j]), "sink_rate": float(rate[j]),
-                              "masked_share": float(share_masked[j])})
+        row, masses = step_row(st, kinds, eps, prompt_len, sink_level)
+        rows.append({"step": s, **row})
+        mass_rows += [{"step": s, **r} for r in masses]
     table = pd.DataFrame(rows)
     mass_table = pd.DataFrame(mass_rows)
     tops = table["top_sink_position"].tolist()
@@ -176,37 +197,42 @@ def denoise(
         "example": example,
     }
 
-    def plot(path):
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-        grid = mass_table.pivot(index="position", columns="step", values="mass").to_numpy()
-        im = axes[0].imshow(grid, aspect="auto", origin="lower", cmap="viridis")
-        axes[0].axhline(prompt_len - 0.5, color="w", lw=0.8, ls="--")
-        axes[0].set_xlabel("denoising step (0 = all masked)")
-        axes[0].set_ylabel("key position (0-based)")
-        axes[0].set_title("attention mass on each key")
-        fig.colorbar(im, ax=axes[0], shrink=0.8)
-        ax = axes[1]
-        ax.plot(table["step"], table["top_sink_position"], "o-", color="C3", label="top sink position")
-        ax.set_xlabel("denoising step")
-        ax.set_ylabel("top sink position (0-based)", color="C3")
-        ax2 = ax.twinx()
-        ax2.plot(table["step"], table["mass_top"], "s--", color="C0", label="mass on the top sink")
-        ax2.plot(table["step"], table["mass_mask"], "^:", color="C2", label="mass on all mask keys")
-        ax2.plot(table["step"], table["mask_key_share"], "-", color="C2", alpha=0.4, label="share of mask keys")
-        ax2.set_ylabel("attention mass")
-        ax2.set_ylim(0, 1)
-        lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-        labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
-        ax2.legend(lines, labels, fontsize=8, loc="upper right")
-        ax.set_title(f"sink across {steps} denoising steps (P={prompt_len}, G={T - prompt_len})")
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-
+    plot = functools.partial(_plot, table=table, mass_table=mass_table, prompt_len=prompt_len, steps=steps, T=T)
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T, "seed": seed,
                 "eps": eps, "steps": steps, "prompt_len": prompt_len, "temperature": temperature, "mask_id": mask_id,
                 "sink_level": sink_level}
     return AnalysisResult("denoise", summary, {"steps": table, "mass": mass_table}, {"denoise": plot}, settings,
                           subj.model_info, subj.corpus_info, command_line("denoise", settings, subj))
+
+
+def _plot(path, *, table, mass_table, prompt_len: int, steps: int, T: int) -> None:
+    """Heat map key position x step of the attention mass; the top sink position and the mass on it and on
+    the mask keys by step."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    grid = mass_table.pivot(index="position", columns="step", values="mass").to_numpy()
+    im = axes[0].imshow(grid, aspect="auto", origin="lower", cmap="viridis")
+    axes[0].axhline(prompt_len - 0.5, color="w", lw=0.8, ls="--")
+    axes[0].set_xlabel("denoising step (0 = all masked)")
+    axes[0].set_ylabel("key position (0-based)")
+    axes[0].set_title("attention mass on each key")
+    fig.colorbar(im, ax=axes[0], shrink=0.8)
+    ax = axes[1]
+    ax.plot(table["step"], table["top_sink_position"], "o-", color="C3", label="top sink position")
+    ax.set_xlabel("denoising step")
+    ax.set_ylabel("top sink position (0-based)", color="C3")
+    ax2 = ax.twinx()
+    ax2.plot(table["step"], table["mass_top"], "s--", color="C0", label="mass on the top sink")
+    ax2.plot(table["step"], table["mass_mask"], "^:", color="C2", label="mass on all mask keys")
+    ax2.plot(table["step"], table["mask_key_share"], "-", color="C2", alpha=0.4, label="share of mask keys")
+    ax2.set_ylabel("attention mass")
+    ax2.set_ylim(0, 1)
+    lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
+    ax2.legend(lines, labels, fontsize=8, loc="upper right")
+    ax.set_title(f"sink across {steps} denoising steps (P={prompt_len}, G={T - prompt_len})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+

@@ -24,6 +24,7 @@ Positions, layers and steps are 0-based / optimizer steps.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from sinklab.analyze.common import AnalysisResult, Subject, command_line, load_subject, run_model
+from sinklab.analyze.common import AnalysisResult, Subject, analysis, command_line, load_subject, run_model
 from sinklab.errors import InputError
 from sinklab.metrics import matrix_entropy, norm_ratio_per_layer
 from sinklab.metrics.summary import rankable_positions
@@ -150,12 +151,15 @@ def layer_statistics(stats, hidden: Tensor, *, eps: float = 0.3, top_k: int = 3,
     return rows
 
 
+@analysis("depth", help={
+    "top_k": "non-first sink positions per layer",
+    "alpha": "order of the matrix-based Renyi entropy (1 = von Neumann)"})
 def depth(
     model: "str | Subject" = "smollm2-135m",
     *,
     corpus: str | None = None,
     num_samples: int = 8,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     seed: int = 0,
     eps: float = 0.3,
     top_k: int = 3,
@@ -205,15 +209,7 @@ def depth(
             rows.append({"step": step, "source": source, **r})
         del m, res
     df = pd.DataFrame(rows)
-    step_rows = []
-    for step, d in df.groupby("step", sort=True):
-        lo, hi = d.loc[d["matrix_entropy"].idxmin()], d.loc[d["norm_ratio_first"].idxmax()]
-        step_rows.append({"step": step, "source": d["source"].iloc[0], "sink_rate_first": float(d["sink_rate_first"].mean()),
-                          "min_entropy_layer": int(lo["layer"]), "min_entropy": float(lo["matrix_entropy"]),
-                          "max_norm_ratio_layer": int(hi["layer"]), "max_norm_ratio_first": float(hi["norm_ratio_first"]),
-                          "corr_entropy_sink_rate": _corr(d["matrix_entropy"], d["sink_rate_first"]),
-                          "corr_entropy_log_norm_ratio": _corr(d["matrix_entropy"], d["norm_ratio_first"].map(math.log))})
-    steps_df = pd.DataFrame(step_rows)
+    steps_df = _step_table(df)
     last = df[df["step"] == df["step"].max()].sort_values("layer")
     summary = {
         "steps": steps_df["step"].tolist(), "sources": steps_df["source"].tolist(),
@@ -230,53 +226,74 @@ def depth(
                            "training (sinklab train keeps only its latest checkpoint.pt and final/)")
     name = subj.model_info.get("name")
     title = name if ckpts is None else f"run {Path(model).resolve().name}"
-
-    def plot(path):
-        import matplotlib.pyplot as plt
-        import numpy as np
-
-        if len(steps_df) == 1:
-            fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-            axes[0].plot(last["layer"], last["sink_rate_first"], "o-", ms=3, label="Sink_1 (position 0)")
-            if "secondary_sink_rate" in last:
-                axes[0].plot(last["layer"], last["secondary_sink_rate"], "s--", ms=3, label="secondary sink (per sample)")
-            axes[0].plot(last["layer"], last["sink2_rate"], "^:", ms=3, label="top non-first position")
-            axes[0].set_ylabel(f"sink rate (%, eps={eps})")
-            axes[0].legend(fontsize=7)
-            axes[1].plot(last["layer"], last["norm_ratio_first"], "o-", ms=3)
-            axes[1].set_yscale("log")
-            axes[1].set_ylabel("||h_0|| / mean_t ||h_t||")
-            axes[2].plot(last["layer"], last["matrix_entropy"], "o-", ms=3, label="all tokens")
-            axes[2].plot(last["layer"], last["matrix_entropy_without_first"], "s--", ms=3, label="without position 0")
-            axes[2].set_ylabel(f"matrix entropy (nats, alpha={alpha})")
-            axes[2].legend(fontsize=7)
-            for ax in axes:
-                ax.set_xlabel("layer (0-based)")
-            fig.suptitle(f"{title}: N={ids.shape[0]} T={ids.shape[1]}", fontsize=9)
-        else:
-            fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-            for ax, col, label, log in ((axes[0], "sink_rate_first", "Sink_1 per layer (%)", False),
-                                        (axes[1], "norm_ratio_first", "log10 first-token norm ratio", True),
-                                        (axes[2], "matrix_entropy", f"matrix entropy (nats, alpha={alpha})", False)):
-                grid = df.pivot(index="layer", columns="step", values=col).sort_index()
-                vals = np.log10(grid.to_numpy()) if log else grid.to_numpy()
-                im = ax.imshow(vals, aspect="auto", origin="lower", cmap="viridis")
-                ax.set_xticks(range(grid.shape[1]), [str(s) for s in grid.columns], rotation=90, fontsize=6)
-                ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index], fontsize=7)
-                ax.set_xlabel("training step")
-                ax.set_ylabel("layer (0-based)")
-                ax.set_title(label, fontsize=9)
-                fig.colorbar(im, ax=ax)
-            fig.suptitle(f"{title}: emergence over depth and training, N={ids.shape[0]} T={ids.shape[1]}", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-
+    plot = functools.partial(_plot, df=df, steps_df=steps_df, last=last, eps=eps, alpha=alpha,
+                             title=title, size=tuple(ids.shape))
     settings = {"model": name if ckpts is None else str(Path(model).resolve()), "corpus": corpus,
                 "num_samples": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": seed, "eps": eps,
                 "top_k": top_k, "alpha": alpha}
     return AnalysisResult("depth", summary, {"layers": df, "steps": steps_df}, {"depth": plot}, settings,
                           subj.model_info, subj.corpus_info, command_line("depth", settings, subj))
+
+
+def _step_table(df):
+    """Per step of the ``layers`` table ``df``: Sink_1 over all layers, the layer and value of the lowest
+    entropy and of the largest first-token norm ratio, and the entropy's correlations with both."""
+    import pandas as pd
+
+    step_rows = []
+    for step, d in df.groupby("step", sort=True):
+        lo, hi = d.loc[d["matrix_entropy"].idxmin()], d.loc[d["norm_ratio_first"].idxmax()]
+        step_rows.append({"step": step, "source": d["source"].iloc[0], "sink_rate_first": float(d["sink_rate_first"].mean()),
+                          "min_entropy_layer": int(lo["layer"]), "min_entropy": float(lo["matrix_entropy"]),
+                          "max_norm_ratio_layer": int(hi["layer"]), "max_norm_ratio_first": float(hi["norm_ratio_first"]),
+                          "corr_entropy_sink_rate": _corr(d["matrix_entropy"], d["sink_rate_first"]),
+                          "corr_entropy_log_norm_ratio": _corr(d["matrix_entropy"], d["norm_ratio_first"].map(math.log))})
+    return pd.DataFrame(step_rows)
+
+
+def _plot(path, *, df, steps_df, last, eps: float, alpha: float, title: str, size: tuple[int, int]) -> None:
+    """One model state: Sink_1 and the secondary sinks, the first token's norm ratio and the entropy against
+    layer; several (a run): heat maps layer x step of Sink_1, the norm ratio and the entropy."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if len(steps_df) == 1:
+        fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+        axes[0].plot(last["layer"], last["sink_rate_first"], "o-", ms=3, label="Sink_1 (position 0)")
+        if "secondary_sink_rate" in last:
+            axes[0].plot(last["layer"], last["secondary_sink_rate"], "s--", ms=3, label="secondary sink (per sample)")
+        axes[0].plot(last["layer"], last["sink2_rate"], "^:", ms=3, label="top non-first position")
+        axes[0].set_ylabel(f"sink rate (%, eps={eps})")
+        axes[0].legend(fontsize=7)
+        axes[1].plot(last["layer"], last["norm_ratio_first"], "o-", ms=3)
+        axes[1].set_yscale("log")
+        axes[1].set_ylabel("||h_0|| / mean_t ||h_t||")
+        axes[2].plot(last["layer"], last["matrix_entropy"], "o-", ms=3, label="all tokens")
+        axes[2].plot(last["layer"], last["matrix_entropy_without_first"], "s--", ms=3, label="without position 0")
+        axes[2].set_ylabel(f"matrix entropy (nats, alpha={alpha})")
+        axes[2].legend(fontsize=7)
+        for ax in axes:
+            ax.set_xlabel("layer (0-based)")
+        fig.suptitle(f"{title}: N={size[0]} T={size[1]}", fontsize=9)
+    else:
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        for ax, col, label, log in ((axes[0], "sink_rate_first", "Sink_1 per layer (%)", False),
+                                    (axes[1], "norm_ratio_first", "log10 first-token norm ratio", True),
+                                    (axes[2], "matrix_entropy", f"matrix entropy (nats, alpha={alpha})", False)):
+            grid = df.pivot(index="layer", columns="step", values=col).sort_index()
+            vals = np.log10(grid.to_numpy()) if log else grid.to_numpy()
+            im = ax.imshow(vals, aspect="auto", origin="lower", cmap="viridis")
+            ax.set_xticks(range(grid.shape[1]), [str(s) for s in grid.columns], rotation=90, fontsize=6)
+            ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index], fontsize=7)
+            ax.set_xlabel("training step")
+            ax.set_ylabel("layer (0-based)")
+            ax.set_title(label, fontsize=9)
+            fig.colorbar(im, ax=ax)
+        fig.suptitle(f"{title}: emergence over depth and training, N={size[0]} T={size[1]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
 
 
 def _is_run(model: "str | Path") -> bool:
@@ -286,9 +303,11 @@ def _is_run(model: "str | Path") -> bool:
     return p.is_dir() and is_run_folder(p.resolve())
 
 
-def _run_subject(folder: Path, ckpts: list[Checkpoint], corpus, num_samples: int, seq_len: int, seed: int) -> Subject:
+def _run_subject(folder: Path, ckpts: list[Checkpoint], corpus, num_samples: int, seq_len: int | None,
+                 seed: int) -> Subject:
     """The probe of a run's checkpoints: with ``final/``, :func:`load_subject` (the run's held-out data, or
-    ``corpus``); without it, the run's held-out data prepared from its config (no tokenizer strings)."""
+    ``corpus``); without it, the run's held-out data prepared from its config (no tokenizer strings).
+    ``seq_len`` None: the run's probe length (:meth:`~sinklab.measure.trained.TrainedRun.probe_len`)."""
     if any(c.source == "final" for c in ckpts):
         return load_subject(str(folder), corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     if corpus is not None:
@@ -297,7 +316,7 @@ def _run_subject(folder: Path, ckpts: list[Checkpoint], corpus, num_samples: int
     from sinklab.train.config import load_config
 
     run = TrainedRun(folder.resolve(), folder.resolve() / "final", load_config(folder / "config.toml"))
-    probe = run_probe(run, num_samples, seq_len, seed, "auto")
+    probe = run_probe(run, num_samples, run.probe_len("auto") if seq_len is None else seq_len, seed, "auto")
     info = {"name": str(folder.resolve()), "run": str(folder.resolve()), "architecture": f"sinklab:{run.config.model.attention}"}
     return Subject(ckpts[-1].load(), probe.input_ids, None, info, {"name": "run", **probe.details}, False, seed,
                    source=str(folder))

@@ -5,103 +5,27 @@ seam's attention edit); (b) set the massive-activation dimensions of the sink to
 mean over the other tokens, or to the sink token's own mean value over the samples (Sun et al. 2024 use
 zero and that mean; the seam's block-output edit); (c) drop the first token or
 replace it; (d) for learned absolute positions, give position 0 the embedding of position t, or swap the
-two (:func:`swapped_positions`; the paper's GPT2-XL experiment).
+two (:func:`swapped_positions`; the paper's GPT2-XL experiment). Each is a class of
+:mod:`sinklab.analyze.interventions`, registered by name in its ``INTERVENTIONS``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 
 import torch
 from torch import Tensor, nn
 
-from sinklab.analyze.common import (AnalysisResult, Subject, check_layers, command_line, resolve_subject, run_model,
-                                    sink_position)
+from sinklab.analyze.common import (AnalysisResult, Subject, analysis, check_layers, command_line, resolve_subject,
+                                    run_model, sink_position)
+from sinklab.analyze.interventions import (INTERVENTIONS, Target, position_table, remove_key,  # noqa: F401
+                                           swapped_positions)
 from sinklab.analyze.massive import top_activations
 from sinklab.capture.native import is_native
 from sinklab.errors import InputError, SinklabError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
-
-INTERVENTIONS = ("noop", "remove-sink", "massive-zero", "massive-mean", "massive-samplemean", "drop-first",
-                 "replace-first", "position-replace", "position-swap")
-
-
-_MASSIVE_VALUE = {"zero": "0", "mean": "their mean over the other tokens of the sample",
-                  "samplemean": "the sink token's own mean value over the samples"}
-
-
-def remove_key(weights: Tensor, position: int) -> Tensor:
-    """Attention weights with key ``position`` removed and each row renormalised to its old total.
-
-    Args:
-        weights: (B, H, T_q, T_k) attention weights. position: 0-based key index.
-
-    Returns:
-        (B, H, T_q, T_k): rows that gave key ``position`` weight 0, and rows that gave it all their
-        weight (nothing left to renormalise, e.g. query 0 attending only to itself), are returned
-        exactly as they were; other rows get 0 on the key and the rest scaled by
-        ``row_total / (row_total - removed)``.
-
-    Raises:
-        InputError: ``position`` outside [0, T_k).
-    """
-    if not 0 <= position < weights.shape[-1]:
-        raise InputError(f"position {position} is outside the {weights.shape[-1]} keys")
-    removed = weights[..., position : position + 1]  # (B, H, T_q, 1)
-    total = weights.sum(dim=-1, keepdim=True)
-    rest = total - removed
-    act = (removed != 0) & (rest > 0)
-    new = weights.clone()
-    new[..., position] = 0
-    new = new * (total / torch.where(act, rest, torch.ones_like(rest)))
-    return torch.where(act, new, weights)
-
-
-def position_table(model: nn.Module) -> nn.Embedding:
-    """The learned absolute position-embedding table of ``model`` (rows = 0-based positions).
-
-    Raises:
-        InputError: the model has none (rotary, ALiBi, relative or no positions): says which.
-    """
-    if is_native(model):
-        kind = model.config.positional
-        if kind != "learned":
-            raise InputError(f"a position swap needs learned absolute position embeddings; this sinklab model "
-                             f"uses positional = {kind!r}")
-        return model.positional.table
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.Embedding) and name.split(".")[-1] in ("position_embeddings", "wpe", "embed_positions"):
-            return mod
-    rope = getattr(model.config, "rope_theta", None) or getattr(model.config, "rope_parameters", None)
-    why = "rotary position embeddings (RoPE) rotate queries and keys; there is no position vector to swap" if rope \
-        else "no learned absolute position-embedding table was found"
-    raise InputError(f"a position swap needs learned absolute position embeddings; {type(model).__name__}: {why}")
-
-
-@contextlib.contextmanager
-def swapped_positions(model: nn.Module, t: int, *, swap: bool = True):
-    """Within the block, position 0 uses the embedding of position ``t`` and (``swap``) ``t`` that of 0;
-    with ``swap=False`` only position 0 is replaced. Restored exactly on exit.
-
-    Raises:
-        InputError: no learned position table (see :func:`position_table`), or ``t`` outside [1, table size).
-    """
-    table = position_table(model)
-    n = table.weight.shape[0]
-    if not 1 <= t < n:
-        raise InputError(f"position {t} is outside the position table (1 to {n - 1})")
-    saved = table.weight.data.clone()
-    try:
-        with torch.no_grad():
-            table.weight[0] = saved[t]
-            if swap:
-                table.weight[t] = saved[0]
-        yield
-    finally:
-        with torch.no_grad():
-            table.weight.copy_(saved)
 
 
 def _readout(res, targets_from: int, weights: Tensor | None = None) -> dict:
@@ -164,12 +88,13 @@ def _run_of(subj: Subject):
         return None
 
 
+@analysis("intervene")
 def intervene(
     model: "str | Subject" = "smollm2-135m",
     *,
     corpus: str | None = None,
     num_samples: int = 32,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     seed: int = 0,
     eps: float = 0.3,
     position: int | None = None,
@@ -184,27 +109,27 @@ def intervene(
 ) -> AnalysisResult:
     """Interventions on the sink with loss / perplexity and the sink rate after the change.
 
-    The readout is the mean next-token loss (nats) over the targets at 0-based positions 2 to T-1, the
-    same tokens for every intervention (dropping the first token shifts the rest); the sink rate is
-    Sink^eps at position 0 and at the sink position after the change. Encoders (no LM head) get the
-    sink rates only. A masked diffusion model (a sinklab run with ``train.objective =
+    The interventions are the classes of :data:`~sinklab.analyze.interventions.INTERVENTIONS` (each with
+    its formula). The readout is the mean next-token loss (nats) over the targets at 0-based positions 2
+    to T-1, the same tokens for every intervention (dropping the first token shifts the rest); the sink
+    rate is Sink^eps at position 0 and at the sink position after the change. Encoders (no LM head) get
+    the sink rates only. A masked diffusion model (a sinklab run with ``train.objective =
     "masked_diffusion"``) is fed its probe with tokens masked as in training (:func:`diffusion_probe`,
     the same masks for every intervention) and read out with the masked diffusion loss over positions
     1..T-1.
 
     Args:
-        model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe.
-        position: the sink position p (default the top one; checked by
-            :func:`~sinklab.analyze.common.sink_position`).
-        layers: layers for ``remove-sink`` (default all), 0-based.
-        dims, massive_layer: massive dimensions and the block whose output is edited for ``massive-*``
-            (defaults: found by :func:`_massive_target`, where the sink's massive activation appears).
-        token: the replacement first token for ``replace-first`` (default: random per sample, seeded).
-        swap_to: t of the position swap (0-based; default 4 = the paper's p5).
-        only: subset of :data:`INTERVENTIONS` (default: every one that applies to the model).
-        allow_non_sink: allow a ``position`` whose sink rate is 0 (by default refused): removing attention to
-            BOS in a model that puts no sink there, to compare two models at one position. A sink position
-            below 10% gets a warning either way.
+        model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe
+            (seq_len None: the run's probe length for a ``sinklab train`` run, else 64).
+        position: the sink position p (default the top one; :func:`~sinklab.analyze.common.sink_position`).
+        layers: 0-based layers for ``remove-sink`` (default all).
+        dims, massive_layer: massive dimensions and the block whose output ``massive-*`` edit (defaults:
+            where the sink's massive activation appears, :func:`_massive_target`).
+        token: ``replace-first``'s first token (default: random per sample, seeded). swap_to: t of the
+            position swap (0-based; default 4 = the paper's p5).
+        only: names in :data:`~sinklab.analyze.interventions.INTERVENTIONS` (default: all that apply).
+        allow_non_sink: allow a ``position`` whose sink rate is 0 (refused by default): removing attention to
+            BOS in a model without a sink there, to compare two models at one position (below 10%: a warning).
 
     Returns:
         :class:`AnalysisResult` with table ``interventions``: one row per variant with ``sink_rate_pos0``
@@ -223,203 +148,39 @@ def intervene(
             model without learned absolute positions (says why) or with ``swap_to`` outside [1, T); a
             replacement token outside the model's vocabulary; a sink position never used.
     """
-    import pandas as pd
-
-    if only is not None:
-        bad = [x for x in only if x not in INTERVENTIONS]
-        if bad:
-            raise InputError(f"unknown intervention {bad[0]!r}; choose from {', '.join(INTERVENTIONS)}")
+    for x in only or ():  # unknown names refused before any work
+        INTERVENTIONS.get(x)
     subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape
-    L = subj.num_layers
-    lm = not subj.is_encoder
+    L, lm = subj.num_layers, not subj.is_encoder
     layers = check_layers(layers, L)
-    want = list(only) if only is not None else [x for x in INTERVENTIONS
-                                                 if lm or x not in ("drop-first", "replace-first")]
-    learned = True
-    try:
-        position_table(m)
-    except InputError:
-        learned = False
-        if only is not None and any(x.startswith("position-") for x in only):
-            raise
-        want = [x for x in want if not x.startswith("position-")]
-    if only is not None and not lm and any(x in ("drop-first", "replace-first") for x in only):
-        raise InputError("drop-first / replace-first need a language-modelling head; this model is an encoder")
-    if any(x.startswith("position-") for x in want) and not 1 <= swap_to < T:
-        raise InputError(f"--swap-to {swap_to} is outside the sequence: give a 0-based position in [1, {T - 1}] (T={T})")
-    emb = m.embed if is_native(m) else m.get_input_embeddings()
-    vocab_rows = int(emb.num_embeddings)
-    if token is not None and "replace-first" in want and not 0 <= token < vocab_rows:
-        raise InputError(f"--token {token} is outside the vocabulary: token ids 0 to {vocab_rows - 1}")
+    want, learned = _chosen(m, only, lm, token, swap_to, T)
     diff = diffusion_probe(subj, seed)
-    clean = ids
-    if diff is not None:
-        ids, weights = diff  # the masked probe is what every intervention is fed
-    else:
-        weights = None
+    clean, (ids, weights) = ids, (diff if diff is not None else (ids, None))  # every variant is fed the masked probe
 
-    def run_model_(x, *, first_dropped: bool = False, **kw):  # run_model with the diffusion readout's targets
+    def run(x, *, first_dropped: bool = False, **kw):  # run_model with the readout (diffusion: the clean targets)
         tg = None if diff is None else (clean[:, 1:] if first_dropped else clean)
-        return run_model(m, x, targets=tg, **kw)
+        return run_model(m, x, targets=tg, nll=lm, batch_size=batch_size, **kw)
 
-    base = run_model_(ids, hidden=True, nll=lm, batch_size=batch_size)
+    base = run(ids, hidden=True)
     pos, rate = sink_position(base.stats, eps, position, require_sink=not allow_non_sink)
-    rows, warnings = [], []
-    if rate < NO_SINK_LEVEL:
-        warnings.append(f"position {pos} has a sink rate of {rate:.2f}% (below {NO_SINK_LEVEL:g}%): this model has no sink "
-                        + ("there" if position is not None else "anywhere; the top position is only the least flat key")
-                        + ", so remove-sink removes ordinary attention")
-
-    mass_rows = []
-
-    def record(name: str, res, *, targets_from: int = 1, note: str = "") -> None:
-        r = sink_rate(res.stats.mass, eps)
-        top = int(r[: rankable_positions(len(r), res.stats.causal)].argmax())
-        row = {"intervention": name, "sink_rate_pos0": float(r[0]), "sink_rate_sink": float(r[pos]) if pos < len(r) else float("nan"),
-               "top_sink_position_after": top, "top_sink_rate_after": float(r[top]), "note": note}
-        if lm and res.nll is not None:
-            row.update(_readout(res, targets_from, weights))
-        rows.append(row)
-        shift = 1 if name == "drop-first" else 0  # the shortened sequence's position j is the window's j + 1
-        mean_mass = res.stats.mass.mean(dim=(0, 1, 2))  # (T,) mean over samples, layers, heads
-        for j in range(len(r)):
-            mass_rows.append({"intervention": name, "position": j + shift, "attention_mass": float(mean_mass[j]),
-                              "sink_rate": float(r[j])})
-
-    record("baseline", base)
-    if "noop" in want:
-        record("noop", run_model_(ids, edit=lambda l, w, **_: w, nll=lm, batch_size=batch_size),
-               note="identity attention edit: must equal baseline exactly")
-    if "remove-sink" in want:
-        chosen = set(layers)
-        res = run_model_(ids, edit=lambda l, w, **_: remove_key(w, pos) if l in chosen else None, nll=lm,
-                         batch_size=batch_size)
-        record("remove-sink", res, note=f"attention to position {pos} removed and rows renormalised in layers "
-                                        f"{'all' if len(chosen) == L else sorted(chosen)}")
-    d_model = base.hidden.shape[-1]
-    if any(x.startswith("massive-") for x in want):
-        massive_layer, dims = _massive_target(base.hidden, pos, massive_layer, dims, L)
-        bad = [d for d in dims if not 0 <= d < d_model]
-        if bad:
-            raise InputError(f"dimension {bad[0]} is out of range: hidden size {d_model} (0 to {d_model - 1})")
-        idx = torch.tensor(dims)
-        edited_ratio = _cell_ratio(base.hidden, massive_layer, pos, dims)
-        if edited_ratio < MASSIVE_RATIO:
-            warnings.append(f"no massive activation: dims {dims} of position {pos} at layer {massive_layer} are at most "
-                            f"{edited_ratio:.1f}x the median |h| (median over samples), below {MASSIVE_RATIO:g}x; the "
-                            f"massive-* rows ablate ordinary entries")
-        if lm and massive_layer == L - 1 and pos + 1 < 2:
-            warnings.append(f"the massive-* edit (output of the last layer {massive_layer}, position {pos}) only changes "
-                            f"the prediction of token {pos + 1}, outside the readout (targets 2..T-1): its loss change is 0 "
-                            f"by construction")
-        sample_mean = base.hidden[:, massive_layer, pos][:, idx].mean(dim=0)  # (len(dims),)
-        for mode in ("zero", "mean", "samplemean"):
-            if f"massive-{mode}" not in want:
-                continue
-
-            def hedit(layer, h, mode=mode):
-                if layer != massive_layer:
-                    return None
-                h = h.clone()
-                others = torch.ones(h.shape[1], dtype=torch.bool)
-                others[pos] = False
-                if mode == "zero":
-                    h[:, pos, idx] = 0
-                elif mode == "mean":
-                    h[:, pos, idx] = h[:, others][:, :, idx].mean(dim=1)
-                else:
-                    h[:, pos, idx] = sample_mean.to(h.dtype)
-                return h
-
-            record(f"massive-{mode}", run_model_(ids, hidden_edit=hedit, nll=lm, batch_size=batch_size),
-                   note=f"dims {dims} of position {pos} set to {_MASSIVE_VALUE[mode]} at the output of layer {massive_layer}")
-    if "drop-first" in want:
-        record("drop-first", run_model_(ids[:, 1:], first_dropped=True, nll=lm, batch_size=batch_size), targets_from=0,
-               note="first token removed; loss over the same targets")
-    if "replace-first" in want:
-        ids2 = ids.clone()
-        if token is None:
-            g = torch.Generator().manual_seed(subj.seed)
-            vocab = subj.tokenizer.vocab_size if subj.tokenizer is not None else int(ids.max()) + 1
-            ids2[:, 0] = torch.randint(0, vocab, (N,), generator=g)
-            what = "a random token per sample (seeded)"
-        else:
-            ids2[:, 0] = token
-            what = f"token {token}"
-        record("replace-first", run_model_(ids2, nll=lm, batch_size=batch_size), note=f"first token replaced by {what}")
-    for name, swap in (("position-replace", False), ("position-swap", True)):
-        if name in want:
-            with swapped_positions(m, swap_to, swap=swap):
-                res = run_model_(ids, nll=lm, batch_size=batch_size)
-            r = sink_rate(res.stats.mass, eps)
-            record(name, res, note=(f"positions 0 and {swap_to} swapped" if swap else
-                                    f"position 0 given the embedding of position {swap_to}")
-                   + f"; Sink at 0: {float(r[0]):.2f}%, at {swap_to}: {float(r[swap_to]):.2f}%")
-            rows[-1]["sink_rate_swap_to"] = float(r[swap_to])
-    table = pd.DataFrame(rows)
-    mass_table = pd.DataFrame(mass_rows)
-    if learned:
-        table.loc[table["intervention"] == "baseline", "sink_rate_swap_to"] = float(sink_rate(base.stats.mass, eps)[swap_to])
-    if lm:
-        b = table.loc[table["intervention"] == "baseline", "loss"].iloc[0]
-        table["loss_change"] = table["loss"] - b
+    warnings = [] if rate >= NO_SINK_LEVEL else [_no_sink_warning(pos, rate, position is not None)]
+    vocab = subj.tokenizer.vocab_size if subj.tokenizer is not None else int(ids.max()) + 1
+    target = Target(pos, layers, L, token=token, vocab=vocab, seed=subj.seed, swap_to=swap_to)
+    edited_ratio = None
+    if any(INTERVENTIONS.get(x).needs_massive for x in want):
+        edited_ratio = _massive_setup(target, base.hidden, massive_layer, dims, lm, warnings)
+        massive_layer, dims = target.massive_layer, target.dims
+    out = _run_variants(m, ids, base, want, target, run, _Rows(eps, pos, lm, weights))
+    table, mass_table = out.tables(sink_rate(base.stats.mass, eps)[swap_to] if learned else None)
     summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T,
-               "readout": ("masked diffusion loss (nats/token, 1/t-weighted, LLaDA Eq. 3) on the probe masked as in "
-                           "training, over 0-based positions 1..T-1" if diff is not None else
-                           "mean next-token loss (nats) over targets at 0-based positions 2..T-1") if lm else "sink rate only (encoder)",
-               "massive_dims": dims, "massive_layer": massive_layer,
-               "results": table.to_dict(orient="records"), "warnings": warnings}
-    if any(x.startswith("massive-") for x in want):
-        summary["massive_dims_ratio_to_median"] = edited_ratio
-    if not learned:
-        summary["position_swap"] = "not applicable: " + _why_no_table(m)
-
-    def plot(path):
-        """Loss per variant (LM only); the sink rate at position 0, at the sink / swap position and at the
-        top position after the change (labelled with that position: where the sink went); the mean
-        attention mass on each of the first key positions, one line per variant (where the mass went)."""
-        import matplotlib.pyplot as plt
-
-        n = 3 if lm else 2
-        fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
-        x = list(range(len(table)))
-        if lm:
-            axes[0, 0].bar(x, table["loss"], color="C0")
-            axes[0, 0].set_xticks(x, table["intervention"], rotation=40, ha="right")
-            axes[0, 0].set_ylabel("loss (nats)")
-            axes[0, 0].set_ylim(min(table["loss"]) * 0.9, max(table["loss"]) * 1.05)
-        ax = axes[0, n - 2]
-        other = ("sink_rate_sink", pos) if pos != 0 else ("sink_rate_swap_to", swap_to) if learned else None
-        bars = [("sink_rate_pos0", "Sink at position 0")] + ([(other[0], f"Sink at position {other[1]}")] if other else [])
-        bars.append(("top_sink_rate_after", "Sink at the top position after the change (labelled)"))
-        width = 0.8 / len(bars)
-        for b, (col, label) in enumerate(bars):
-            xs = [i + (b - (len(bars) - 1) / 2) * width for i in x]
-            drawn = ax.bar(xs, table[col].fillna(0), width, label=label)
-            if col == "top_sink_rate_after":
-                ax.bar_label(drawn, labels=[f"p{int(t) + (v == 'drop-first')}" for t, v in
-                                            zip(table["top_sink_position_after"], table["intervention"])], fontsize=7)
-        ax.set_xticks(x, table["intervention"], rotation=40, ha="right")
-        ax.set_ylabel("sink rate (%)")
-        ax.set_ylim(0, 110)
-        ax.set_title("pK = 0-based top sink position after the change (in the full window)", fontsize=8)
-        ax.legend(fontsize=7)
-        ax = axes[0, n - 1]
-        shown = min(T, 16)
-        for name, g in mass_table.groupby("intervention", sort=False):
-            g = g[g["position"] < shown]
-            ax.plot(g["position"], g["attention_mass"], marker="o", ms=3,
-                    label=name + (" (positions of the full window)" if name == "drop-first" else ""))
-        ax.set_xlabel("key position (0-based)")
-        ax.set_ylabel("mean attention mass (samples, layers, heads)")
-        ax.set_title(f"where the attention mass goes (first {shown} positions)", fontsize=9)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-
+               "readout": _readout_name(lm, diff is not None), "massive_dims": dims, "massive_layer": massive_layer,
+               "results": table.to_dict(orient="records"), "warnings": warnings,
+               **({} if edited_ratio is None else {"massive_dims_ratio_to_median": edited_ratio}),
+               **({} if learned else {"position_swap": "not applicable: " + _why_no_table(m)})}
+    plot = functools.partial(_plot, table=table, mass_table=mass_table, lm=lm, pos=pos, swap_to=swap_to,
+                             learned=learned, T=T)
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
                 "seed": seed, "eps": eps, "position": position, "layers": layers, "dims": dims,
                 "massive_layer": massive_layer, "token": token, "swap_to": swap_to, "only": only,
@@ -427,6 +188,177 @@ def intervene(
     return AnalysisResult("intervene", summary, {"interventions": table, "mass": mass_table}, {"intervene": plot}, settings,
                           subj.model_info, subj.corpus_info, command_line("intervene", settings, subj))
 
+
+def _no_sink_warning(pos: int, rate: float, requested: bool) -> str:
+    """The warning for a sink position below :data:`NO_SINK_LEVEL` (``requested``: given by the caller)."""
+    return (f"position {pos} has a sink rate of {rate:.2f}% (below {NO_SINK_LEVEL:g}%): this model has no sink "
+            + ("there" if requested else "anywhere; the top position is only the least flat key")
+            + ", so remove-sink removes ordinary attention")
+
+
+def _run_variants(m: nn.Module, ids: Tensor, base, want: list[str], target: Target, run, out: "_Rows") -> "_Rows":
+    """The baseline pass ``base`` and every intervention of ``want`` (in the registry's order, whatever the
+    order of ``want``) applied to ``ids`` with ``run``, recorded in ``out``."""
+    out.add("baseline", base, {"note": ""})
+    for name in (x for x in INTERVENTIONS if x in want):
+        iv = INTERVENTIONS.get(name)(target)
+        res = iv.apply(m, ids, run)
+        out.add(name, res, iv.describe(res, out.eps), first_dropped=iv.drops_first)
+    return out
+
+
+def _chosen(m: nn.Module, only: list[str] | None, lm: bool, token: int | None, swap_to: int,
+            T: int) -> tuple[list[str], bool]:
+    """The interventions to run (``only``, else every one that applies: ``needs_lm`` ones only with an LM
+    head, ``needs_learned_positions`` ones only with a learned position table) and whether the model has
+    that table.
+
+    Raises:
+        InputError: a chosen intervention that does not apply (says why), ``swap_to`` outside [1, T) for a
+            position swap, ``token`` outside the model's embedding rows for ``replace-first``.
+    """
+    needs = {name: INTERVENTIONS.get(name) for name in INTERVENTIONS}
+    want = list(only) if only is not None else [x for x in needs if lm or not needs[x].needs_lm]
+    learned = True
+    try:
+        position_table(m)
+    except InputError:
+        learned = False
+        if only is not None and any(needs[x].needs_learned_positions for x in only):
+            raise
+        want = [x for x in want if not needs[x].needs_learned_positions]
+    if only is not None and not lm and any(needs[x].needs_lm for x in only):
+        raise InputError("drop-first / replace-first need a language-modelling head; this model is an encoder")
+    if any(needs[x].needs_learned_positions for x in want) and not 1 <= swap_to < T:
+        raise InputError(f"--swap-to {swap_to} is outside the sequence: give a 0-based position in [1, {T - 1}] (T={T})")
+    emb = m.embed if is_native(m) else m.get_input_embeddings()
+    vocab_rows = int(emb.num_embeddings)
+    if token is not None and "replace-first" in want and not 0 <= token < vocab_rows:
+        raise InputError(f"--token {token} is outside the vocabulary: token ids 0 to {vocab_rows - 1}")
+    return want, learned
+
+
+def _massive_setup(target: Target, hidden: Tensor, layer: int | None, dims: list[int] | None, lm: bool,
+                   warnings: list[str]) -> float:
+    """Fix the ``massive-*`` target (layer, dims, the sink token's sample mean) from the unedited (N, L, T, d)
+    block outputs ``hidden``; append a warning when the dims are not massive or the edit cannot reach the
+    readout. Returns the edited cells' ratio to the median ``|h|`` (:func:`_cell_ratio`).
+
+    Raises:
+        InputError: a layer or dimension out of range.
+    """
+    pos, L, d_model = target.position, target.num_layers, hidden.shape[-1]
+    layer, dims = _massive_target(hidden, pos, layer, dims, L)
+    bad = [d for d in dims if not 0 <= d < d_model]
+    if bad:
+        raise InputError(f"dimension {bad[0]} is out of range: hidden size {d_model} (0 to {d_model - 1})")
+    ratio = _cell_ratio(hidden, layer, pos, dims)
+    if ratio < MASSIVE_RATIO:
+        warnings.append(f"no massive activation: dims {dims} of position {pos} at layer {layer} are at most "
+                        f"{ratio:.1f}x the median |h| (median over samples), below {MASSIVE_RATIO:g}x; the "
+                        f"massive-* rows ablate ordinary entries")
+    if lm and layer == L - 1 and pos + 1 < 2:
+        warnings.append(f"the massive-* edit (output of the last layer {layer}, position {pos}) only changes "
+                        f"the prediction of token {pos + 1}, outside the readout (targets 2..T-1): its loss change is 0 "
+                        f"by construction")
+    target.massive_layer, target.dims = layer, dims
+    target.sample_mean = hidden[:, layer, pos][:, torch.tensor(dims)].mean(dim=0)  # (len(dims),)
+    return ratio
+
+
+class _Rows:
+    """The rows of the ``interventions`` and ``mass`` tables, one variant at a time."""
+
+    def __init__(self, eps: float, pos: int, lm: bool, weights: Tensor | None) -> None:
+        self.eps, self.pos, self.lm, self.weights = eps, pos, lm, weights
+        self.rows: list[dict] = []
+        self.mass: list[dict] = []
+
+    def add(self, name: str, res, extra: dict, *, first_dropped: bool = False) -> None:
+        """One variant's row: sink rates at 0, at the sink and at the top position after the change, the note,
+        the readout (LM) and ``extra``'s other columns; its mass rows (positions of the full window)."""
+        r = sink_rate(res.stats.mass, self.eps)
+        pos = self.pos
+        top = int(r[: rankable_positions(len(r), res.stats.causal)].argmax())
+        row = {"intervention": name, "sink_rate_pos0": float(r[0]),
+               "sink_rate_sink": float(r[pos]) if pos < len(r) else float("nan"),
+               "top_sink_position_after": top, "top_sink_rate_after": float(r[top]), "note": extra.get("note", "")}
+        if self.lm and res.nll is not None:
+            row.update(_readout(res, 0 if first_dropped else 1, self.weights))
+        row.update({k: v for k, v in extra.items() if k != "note"})
+        self.rows.append(row)
+        shift = 1 if first_dropped else 0  # the shortened sequence's position j is the window's j + 1
+        mean_mass = res.stats.mass.mean(dim=(0, 1, 2))  # (T,) mean over samples, layers, heads
+        for j in range(len(r)):
+            self.mass.append({"intervention": name, "position": j + shift, "attention_mass": float(mean_mass[j]),
+                              "sink_rate": float(r[j])})
+
+    def tables(self, baseline_swap_rate: Tensor | None):
+        """The ``interventions`` table (the baseline's ``sink_rate_swap_to`` set from ``baseline_swap_rate``
+        when given; ``loss_change`` against the baseline for an LM) and the ``mass`` table."""
+        import pandas as pd
+
+        table = pd.DataFrame(self.rows)
+        if baseline_swap_rate is not None:
+            table.loc[table["intervention"] == "baseline", "sink_rate_swap_to"] = float(baseline_swap_rate)
+        if self.lm:
+            table["loss_change"] = table["loss"] - table.loc[table["intervention"] == "baseline", "loss"].iloc[0]
+        return table, pd.DataFrame(self.mass)
+
+
+def _readout_name(lm: bool, diffusion: bool) -> str:
+    """What the loss column is."""
+    if not lm:
+        return "sink rate only (encoder)"
+    if diffusion:
+        return ("masked diffusion loss (nats/token, 1/t-weighted, LLaDA Eq. 3) on the probe masked as in "
+                "training, over 0-based positions 1..T-1")
+    return "mean next-token loss (nats) over targets at 0-based positions 2..T-1"
+
+
+def _plot(path, *, table, mass_table, lm: bool, pos: int, swap_to: int, learned: bool, T: int) -> None:
+    """Loss per variant (LM only); the sink rate at position 0, at the sink / swap position and at the
+    top position after the change (labelled with that position: where the sink went); the mean
+    attention mass on each of the first key positions, one line per variant (where the mass went)."""
+    import matplotlib.pyplot as plt
+
+    n = 3 if lm else 2
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
+    x = list(range(len(table)))
+    if lm:
+        axes[0, 0].bar(x, table["loss"], color="C0")
+        axes[0, 0].set_xticks(x, table["intervention"], rotation=40, ha="right")
+        axes[0, 0].set_ylabel("loss (nats)")
+        axes[0, 0].set_ylim(min(table["loss"]) * 0.9, max(table["loss"]) * 1.05)
+    ax = axes[0, n - 2]
+    other = ("sink_rate_sink", pos) if pos != 0 else ("sink_rate_swap_to", swap_to) if learned else None
+    bars = [("sink_rate_pos0", "Sink at position 0")] + ([(other[0], f"Sink at position {other[1]}")] if other else [])
+    bars.append(("top_sink_rate_after", "Sink at the top position after the change (labelled)"))
+    width = 0.8 / len(bars)
+    for b, (col, label) in enumerate(bars):
+        xs = [i + (b - (len(bars) - 1) / 2) * width for i in x]
+        drawn = ax.bar(xs, table[col].fillna(0), width, label=label)
+        if col == "top_sink_rate_after":
+            ax.bar_label(drawn, labels=[f"p{int(t) + (v == 'drop-first')}" for t, v in
+                                        zip(table["top_sink_position_after"], table["intervention"])], fontsize=7)
+    ax.set_xticks(x, table["intervention"], rotation=40, ha="right")
+    ax.set_ylabel("sink rate (%)")
+    ax.set_ylim(0, 110)
+    ax.set_title("pK = 0-based top sink position after the change (in the full window)", fontsize=8)
+    ax.legend(fontsize=7)
+    ax = axes[0, n - 1]
+    shown = min(T, 16)
+    for name, g in mass_table.groupby("intervention", sort=False):
+        g = g[g["position"] < shown]
+        ax.plot(g["position"], g["attention_mass"], marker="o", ms=3,
+                label=name + (" (positions of the full window)" if name == "drop-first" else ""))
+    ax.set_xlabel("key position (0-based)")
+    ax.set_ylabel("mean attention mass (samples, layers, heads)")
+    ax.set_title(f"where the attention mass goes (first {shown} positions)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 MASSIVE_RATIO = 100.0  # an entry is massive above this multiple of the median |h| (as ``massive``'s default)
 NO_SINK_LEVEL = 10.0  # a chosen sink position below this sink rate (percent) gets a warning (training's emergence level)

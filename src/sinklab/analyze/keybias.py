@@ -3,11 +3,13 @@ finding sinks without attention weights (what a KV-cache compressor needs)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.analyze.common import (AnalysisResult, Subject, command_line, natural_ids, resolve_subject, run_model,
+from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, natural_ids, resolve_subject, run_model,
                                     sink_position)
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate_per_sample
@@ -112,12 +114,17 @@ def _detection_rows(stats, eps: float, min_rate: float, T: int, ks=(1, 2, 4)) ->
     return rows
 
 
+@analysis("keybias", help={
+    "position": "0-based sink position (default: the top one)",
+    "min_rate": "per-sample sink rate (%) that makes a true sink",
+    "long_seq_len": "long-context T for sink detection",
+    "long_num_samples": "windows at the long T"})
 def keybias(
     model: "str | Subject" = "smollm2-135m",
     *,
     corpus: str | None = None,
     num_samples: int = 32,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     seed: int = 0,
     eps: float = 0.3,
     position: int | None = None,
@@ -152,7 +159,37 @@ def keybias(
     stats = res.stats
     N, L, H = st["attention_share"].shape
     T = subj.input_ids.shape[1]
+    heads = _head_table(st, stats, pos, eps)
+    det = _detection_rows(base.stats, eps, min_rate, T)
+    long_note = None
+    if long_seq_len is not None and subj.documents is not None and long_seq_len != T:
+        long_ids = natural_ids(subj, long_num_samples, long_seq_len)
+        det += _detection_rows(run_model(subj.model, long_ids, batch_size=max(1, batch_size // 4)).stats, eps,
+                               min_rate, long_seq_len)
+    elif long_seq_len is not None:
+        long_note = "long-context detection skipped: needs a corpus (model given as an object) or equals --seq-len"
+    detect = pd.DataFrame(det)
+    summary = _summary(heads, pos, rate, det, {"num_samples": N, "seq_len": T, "long_seq_len": long_seq_len,
+                                                "long_num_samples": long_num_samples})
+    if long_note:
+        summary["note"] = long_note
+    plot = functools.partial(_plot, heads=heads, pos=pos)
+    settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
+                "seed": seed, "eps": eps, "position": position, "min_rate": min_rate,
+                "long_seq_len": long_seq_len, "long_num_samples": long_num_samples}
+    return AnalysisResult("keybias", summary, {"heads": heads, "detection": detect}, {"keybias": plot}, settings,
+                          subj.model_info, subj.corpus_info, command_line("keybias", settings, subj))
+
+
+def _head_table(st: dict[str, Tensor], stats, pos: int, eps: float):
+    """One row per (layer, head): the means over samples of :func:`head_statistics` (``st``: (N, L, H)
+    tensors), the key / value norms at the sink against the other positions (``stats``: the pass's
+    :class:`~sinklab.capture.stats.ProbeStats`), and ``has_sink`` (attention share > eps)."""
+    import pandas as pd
+
+    N, L, H = st["attention_share"].shape
     kn, vn = stats.key_norms, stats.value_norms  # (N, L, H_kv, T)
+    T = stats.mass.shape[-1]
     rep = H // kn.shape[2] if kn is not None else 1
     others = torch.ones(T, dtype=torch.bool)
     others[pos] = False
@@ -171,16 +208,11 @@ def keybias(
                 })
             row["has_sink"] = row["attention_share"] > eps
             rows.append(row)
-    heads = pd.DataFrame(rows)
-    det = _detection_rows(base.stats, eps, min_rate, T)
-    long_note = None
-    if long_seq_len is not None and subj.documents is not None and long_seq_len != T:
-        long_ids = natural_ids(subj, long_num_samples, long_seq_len)
-        det += _detection_rows(run_model(subj.model, long_ids, batch_size=max(1, batch_size // 4)).stats, eps,
-                               min_rate, long_seq_len)
-    elif long_seq_len is not None:
-        long_note = "long-context detection skipped: needs a corpus (model given as an object) or equals --seq-len"
-    detect = pd.DataFrame(det)
+    return pd.DataFrame(rows)
+
+
+def _summary(heads, pos: int, rate: float, det: list[dict], sizes: dict) -> dict:
+    """The headline medians over the heads with a sink (None without any), the detection rows and ``sizes``."""
     s = heads[heads["has_sink"]]
     summary = {
         "sink_position": pos, "sink_rate": rate, "heads": int(len(heads)), "heads_with_sink": int(len(s)),
@@ -199,43 +231,39 @@ def keybias(
         "pearson_attention_vs_output_share_sink_heads":
             float(s[["attention_share", "output_share"]].corr().iloc[0, 1]) if len(s) > 1 else None,
         "detection": det,
-        "num_samples": N, "seq_len": T, "long_seq_len": long_seq_len, "long_num_samples": long_num_samples,
+        **sizes,
     }
     if "key_norm_sink" in heads:
         summary["median_key_norm_ratio_sink_heads"] = float((s["key_norm_sink"] / s["key_norm_others"]).median()) if len(s) else None
         summary["median_value_norm_ratio_sink_heads"] = float((s["value_norm_sink"] / s["value_norm_others"]).median()) if len(s) else None
-    if long_note:
-        summary["note"] = long_note
+    return summary
 
-    def plot(path):
-        import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-        ax = axes[0]
-        ax.scatter(heads["attention_share"], heads["value_norm_share"], marker="x", s=10, color="0.6",
-                   label="value-norm share (A_p ||v_p|| / sum_j A_j ||v_j||)")
-        sc = ax.scatter(heads["attention_share"], heads["output_share"], c=heads["layer"], s=12, cmap="viridis",
-                        label="output share")
-        ax.legend(fontsize=7, loc="upper left")
-        ax.plot([0, 1], [0, 1], "k:", lw=1)
-        ax.set_xlabel(f"attention share on position {pos} (mass)")
-        ax.set_ylabel("output share (||a v_sink|| / ||head output||)")
-        ax.set_title("attention share vs output share, one dot per head")
-        fig.colorbar(sc, ax=ax, label="layer")
-        ax = axes[1]
-        ax.scatter(heads["cos_other"], heads["cos_sink"], c=heads["has_sink"].map({True: "C3", False: "C0"}), s=12)
-        lo = float(min(heads["cos_other"].min(), heads["cos_sink"].min()))
-        hi = float(max(heads["cos_other"].max(), heads["cos_sink"].max()))
-        ax.plot([lo, hi], [lo, hi], "k:", lw=1)
-        ax.set_xlabel("mean cos(q, k) other keys")
-        ax.set_ylabel("mean cos(q, k_sink)")
-        ax.set_title("red: heads with a sink")
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+def _plot(path, *, heads, pos: int) -> None:
+    """Attention share against output (and value-norm) share per head; query-key cosines, sink key vs others."""
+    import matplotlib.pyplot as plt
 
-    settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
-                "seed": seed, "eps": eps, "position": position, "min_rate": min_rate,
-                "long_seq_len": long_seq_len, "long_num_samples": long_num_samples}
-    return AnalysisResult("keybias", summary, {"heads": heads, "detection": detect}, {"keybias": plot}, settings,
-                          subj.model_info, subj.corpus_info, command_line("keybias", settings, subj))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    ax = axes[0]
+    ax.scatter(heads["attention_share"], heads["value_norm_share"], marker="x", s=10, color="0.6",
+               label="value-norm share (A_p ||v_p|| / sum_j A_j ||v_j||)")
+    sc = ax.scatter(heads["attention_share"], heads["output_share"], c=heads["layer"], s=12, cmap="viridis",
+                    label="output share")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.plot([0, 1], [0, 1], "k:", lw=1)
+    ax.set_xlabel(f"attention share on position {pos} (mass)")
+    ax.set_ylabel("output share (||a v_sink|| / ||head output||)")
+    ax.set_title("attention share vs output share, one dot per head")
+    fig.colorbar(sc, ax=ax, label="layer")
+    ax = axes[1]
+    ax.scatter(heads["cos_other"], heads["cos_sink"], c=heads["has_sink"].map({True: "C3", False: "C0"}), s=12)
+    lo = float(min(heads["cos_other"].min(), heads["cos_sink"].min()))
+    hi = float(max(heads["cos_other"].max(), heads["cos_sink"].max()))
+    ax.plot([lo, hi], [lo, hi], "k:", lw=1)
+    ax.set_xlabel("mean cos(q, k) other keys")
+    ax.set_ylabel("mean cos(q, k_sink)")
+    ax.set_title("red: heads with a sink")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+

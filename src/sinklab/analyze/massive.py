@@ -7,7 +7,8 @@ from collections import Counter
 import torch
 from torch import Tensor
 
-from sinklab.analyze.common import AnalysisResult, Subject, command_line, resolve_subject, run_model, sink_position
+from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, resolve_subject, run_model,
+                                    sink_position)
 from sinklab.errors import InputError
 
 
@@ -36,12 +37,15 @@ def top_activations(hidden: Tensor, k: int = 3) -> dict[str, Tensor]:
     return {"values": vals, "position": flat // d, "dim": flat % d, "median": a.median(dim=-1).values}
 
 
+@analysis("massive", help={
+    "top_k": "largest entries per (sample, layer)",
+    "massive_ratio": "multiple of the median |h| that makes an entry massive"})
 def massive(
     model: "str | Subject" = "smollm2-135m",
     *,
     corpus: str | None = None,
     num_samples: int = 32,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     seed: int = 0,
     eps: float = 0.3,
     top_k: int = 3,

@@ -4,12 +4,14 @@ over-mixing)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
-from sinklab.analyze.common import (MIN_SIGN_TEST_PAIRS, AnalysisResult, Subject, command_line, resolve_subject, run_model,
+from sinklab.analyze.common import (MIN_SIGN_TEST_PAIRS, AnalysisResult, Subject, analysis, command_line, resolve_subject, run_model,
                                     sign_test_p, sink_position)
-from sinklab.analyze.intervene import remove_key
+from sinklab.analyze.interventions import remove_key
 from sinklab.capture.native import is_native
 from sinklab.errors import InputError
 
@@ -45,12 +47,16 @@ def pair_verdict(higher: int, pairs: int, alpha: float = 0.05) -> str:
     return said if p < alpha else f"inconclusive: {said}"
 
 
+@analysis("overmix", help={
+    "sources": "perturbed positions, e.g. 8,16,32 (default T/8, T/4, T/2)",
+    "directions": "random directions per source",
+    "scale": "perturbation size relative to the embedding norm"})
 def overmix(
     model: "str | Subject" = "smollm2-135m",
     *,
     corpus: str | None = None,
     num_samples: int = 16,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     seed: int = 0,
     eps: float = 0.3,
     sources: list[int] | None = None,
@@ -109,41 +115,13 @@ def overmix(
             u = torch.randn(N, e.shape[-1], generator=g)
             pairs.append((s, j, u / u.norm(dim=-1, keepdim=True)))
     conditions = {"sink intact": None, "sink removed": lambda l, w, **_: remove_key(w, pos)}
-    rows, pair_rows = [], []
-    curves = {}
+    rows, pair_rows, curves = [], [], {}
     for cond, edit in conditions.items():
-        ref = run_model(m, ids, edit=edit, hidden=True, batch_size=batch_size).hidden
-        acc = torch.zeros(ref.shape[1], T, dtype=torch.float64)
-        cnt = torch.zeros(T, dtype=torch.float64)
-        for s, j, u in pairs:
-            delta = torch.zeros_like(e)
-            delta[:, s] = scale * e[:, s].norm(dim=-1, keepdim=True) * u
-            pert = run_model(m, ids, edit=edit, hidden=True, batch_size=batch_size, embed_delta=delta).hidden
-            sens = sensitivity(ref, pert, s)  # (L, T - s)
-            acc[:, : T - s] += sens
-            cnt[: T - s] += 1
-            for l in range(sens.shape[0]):
-                pair_rows.append({"condition": cond, "source": s, "direction": j, "layer": l,
-                                  "sensitivity_distance_ge1": float(sens[l, 1:].mean())})
-        curve = acc / cnt.clamp_min(1)  # (L, T): by distance
-        curves[cond] = curve
-        for l in range(curve.shape[0]):
-            for k in range(T):
-                if cnt[k] > 0:
-                    rows.append({"condition": cond, "layer": l, "distance": k, "sensitivity": float(curve[l, k]),
-                                 "count": int(cnt[k])})
+        curves[cond], cnt = _condition(m, ids, e, pairs, cond, edit, scale, batch_size, rows, pair_rows)
     table = pd.DataFrame(rows)
-    last = ref.shape[1] - 1
+    last = curves["sink intact"].shape[0] - 1
     far = [k for k in range(1, T) if cnt[k] > 0]
-    pt = pd.DataFrame(pair_rows).pivot_table(index=["source", "direction", "layer"], columns="condition",
-                                             values="sensitivity_distance_ge1").reset_index()
-    pt["relative_change"] = pt["sink removed"] / pt["sink intact"] - 1  # per (source, direction) pair
-    per_layer = pt.groupby("layer").agg(
-        intact=("sink intact", "mean"), removed=("sink removed", "mean"),
-        change_mean=("relative_change", "mean"), change_std=("relative_change", "std"),
-        change_min=("relative_change", "min"), change_max=("relative_change", "max"),
-        pairs_removed_higher=("relative_change", lambda x: int((x > 0).sum())),
-        pairs=("relative_change", "size")).reset_index()
+    per_layer = _per_layer(pair_rows)
     lastrow = per_layer.iloc[last]
     higher, npairs = int(lastrow["pairs_removed_higher"]), int(lastrow["pairs"])
     summary = {
@@ -162,27 +140,77 @@ def overmix(
         "last_layer_curve_by_distance": {c: [float(x) for x in v[last, : len(far) + 1]] for c, v in curves.items()},
     }
 
-    def plot(path):
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for c, v in curves.items():
-            axes[0].plot(far, v[last, far], marker="o", ms=2, label=c)
-            axes[1].plot(range(v.shape[0]), v[:, far].mean(dim=1), marker="o", ms=3, label=c)
-        axes[0].set_xlabel("distance from the perturbed token")
-        axes[0].set_ylabel("relative change ||dh|| / ||h||")
-        axes[0].set_title(f"last layer ({last})")
-        axes[0].set_yscale("log")
-        axes[1].set_xlabel("layer")
-        axes[1].set_ylabel("mean relative change, distance >= 1")
-        axes[1].set_yscale("log")
-        for ax in axes:
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-
+    plot = functools.partial(_plot, curves=curves, far=far, last=last)
     settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
                 "seed": seed, "eps": eps, "sources": sources, "directions": directions, "scale": scale}
     return AnalysisResult("overmix", summary, {"sensitivity": table, "per_layer": per_layer}, {"overmix": plot}, settings,
                           subj.model_info, subj.corpus_info, command_line("overmix", settings, subj))
+
+
+def _condition(m, ids: Tensor, e: Tensor, pairs: list, cond: str, edit, scale: float, batch_size: int,
+               rows: list, pair_rows: list) -> tuple[Tensor, Tensor]:
+    """One condition (``edit`` on every pass, None: intact): each (source, direction, (N, d) unit vectors) of
+    ``pairs`` perturbs the (N, T, d) input embeddings ``e`` at its source by ``scale * ||e_s|| * u``, against
+    the unperturbed pass under the same edit. Appends the rows of the ``sensitivity`` table to ``rows`` and
+    one row per (pair, layer) to ``pair_rows``. Returns the (L, T) mean sensitivity by distance and the (T,)
+    number of pairs at each distance."""
+    T = ids.shape[1]
+    ref = run_model(m, ids, edit=edit, hidden=True, batch_size=batch_size).hidden
+    acc = torch.zeros(ref.shape[1], T, dtype=torch.float64)
+    cnt = torch.zeros(T, dtype=torch.float64)
+    for s, j, u in pairs:
+        delta = torch.zeros_like(e)
+        delta[:, s] = scale * e[:, s].norm(dim=-1, keepdim=True) * u
+        pert = run_model(m, ids, edit=edit, hidden=True, batch_size=batch_size, embed_delta=delta).hidden
+        sens = sensitivity(ref, pert, s)  # (L, T - s)
+        acc[:, : T - s] += sens
+        cnt[: T - s] += 1
+        for l in range(sens.shape[0]):
+            pair_rows.append({"condition": cond, "source": s, "direction": j, "layer": l,
+                              "sensitivity_distance_ge1": float(sens[l, 1:].mean())})
+    curve = acc / cnt.clamp_min(1)  # (L, T): by distance
+    for l in range(curve.shape[0]):
+        for k in range(T):
+            if cnt[k] > 0:
+                rows.append({"condition": cond, "layer": l, "distance": k, "sensitivity": float(curve[l, k]),
+                             "count": int(cnt[k])})
+    return curve, cnt
+
+
+def _per_layer(pair_rows: list[dict]):
+    """Per layer: intact and removed sensitivity over the (source, direction) pairs, and the spread of each
+    pair's relative change removed / intact - 1 (mean, std, min, max, pairs where it is > 0, pairs)."""
+    import pandas as pd
+
+    pt = pd.DataFrame(pair_rows).pivot_table(index=["source", "direction", "layer"], columns="condition",
+                                             values="sensitivity_distance_ge1").reset_index()
+    pt["relative_change"] = pt["sink removed"] / pt["sink intact"] - 1  # per (source, direction) pair
+    return pt.groupby("layer").agg(
+        intact=("sink intact", "mean"), removed=("sink removed", "mean"),
+        change_mean=("relative_change", "mean"), change_std=("relative_change", "std"),
+        change_min=("relative_change", "min"), change_max=("relative_change", "max"),
+        pairs_removed_higher=("relative_change", lambda x: int((x > 0).sum())),
+        pairs=("relative_change", "size")).reset_index()
+
+
+def _plot(path, *, curves: dict, far: list[int], last: int) -> None:
+    """The last layer's sensitivity by distance and every layer's mean over distances >= 1, per condition."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for c, v in curves.items():
+        axes[0].plot(far, v[last, far], marker="o", ms=2, label=c)
+        axes[1].plot(range(v.shape[0]), v[:, far].mean(dim=1), marker="o", ms=3, label=c)
+    axes[0].set_xlabel("distance from the perturbed token")
+    axes[0].set_ylabel("relative change ||dh|| / ||h||")
+    axes[0].set_title(f"last layer ({last})")
+    axes[0].set_yscale("log")
+    axes[1].set_xlabel("layer")
+    axes[1].set_ylabel("mean relative change, distance >= 1")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+

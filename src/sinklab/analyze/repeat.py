@@ -18,14 +18,15 @@ like that token, so the sink dissolves. Three parts:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.analyze.common import (AnalysisResult, Subject, check_heads, check_layers, command_line, natural_ids,
-                                    num_heads, resolve_subject, run_model)
+from sinklab.analyze.common import (DEFAULT_SEQ_LEN, AnalysisResult, Subject, analysis, check_heads, check_layers,
+                                    command_line, natural_ids, num_heads, resolve_subject, run_model)
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
@@ -115,12 +116,19 @@ def cosine_to_first(hidden: Tensor, start: int) -> Tensor:
     return F.cosine_similarity(h[:, :, start:], h[:, :, :1].expand_as(h[:, :, start:]), dim=-1)
 
 
+@analysis("repeat", help={
+    "prompt_len": "natural prompt tokens before the repeats",
+    "counts": "numbers of repeats, e.g. 1,4,16,64 (default 1, 2, 4, ... up to T)",
+    "token": "the repeated token (default: one per sample, random, seeded)",
+    "position": "position made to attend only to itself (default T // 2)",
+    "heads": "heads made self-attending (default: the lowest self-attention shares)",
+    "layers": "layers where --position is made self-attending (default 0)"})
 def repeat(
     model: "str | Subject" = "smollm2-135m",
     *,
     corpus: str | None = None,
     num_samples: int = 32,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     seed: int = 0,
     eps: float = 0.3,
     prompt_len: int = 8,
@@ -161,22 +169,68 @@ def repeat(
     repeated-token probe; position 0 then holds the repeated token too).
 
     Args:
+        model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe
+            (seq_len None: the run's probe length for a ``sinklab train`` run, else 64).
         token: the repeated token id (default: one per sample, drawn from the non-special vocabulary, seeded).
         position: 0-based position made self-attending (default T // 2), in [1, T).
         heads: 0-based heads of the ``self_heads`` variant (default: the lowest self-attention shares).
         layers: 0-based layers where the position is made self-attending (default [0]).
 
     Raises:
-        InputError: prompt_len outside [0, seq_len), a count < 1, a token outside the vocabulary, a
-            position outside [1, T), a layer or head out of range.
+        InputError: prompt_len outside [0, T), a count < 1, a token outside the vocabulary, a position
+            outside [1, T), a layer or head out of range.
     """
-    import pandas as pd
-
-    if not 0 <= prompt_len < seq_len:
-        raise InputError(f"--prompt-len must lie in [0, --seq-len={seq_len}), got {prompt_len}")
+    if not 0 <= prompt_len < (seq_len or DEFAULT_SEQ_LEN):
+        raise InputError(f"--prompt-len must lie in [0, --seq-len={seq_len or DEFAULT_SEQ_LEN}), got {prompt_len}")
     subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape
+    if not isinstance(model, Subject) and not prompt_len < T:  # T taken from a training run
+        raise InputError(f"--prompt-len must lie in [0, --seq-len={T}), got {prompt_len}")
+    counts, position = _check(subj, prompt_len, counts, position)
+    L, H = subj.num_layers, num_heads(m)
+    inject_layers = check_layers([0] if layers is None else layers, L)
+    if heads is not None:
+        heads = check_heads(heads, H)
+    mech, base = _mechanism(subj, batch_size, not subj.is_encoder)  # (N, L', H) statistics, the unedited pass
+    toks = _repeated_tokens(subj, token)
+    longest = prompt_len + max(counts)  # control: natural text of the same total lengths
+    control = natural_ids(subj, N, longest) if longest > T and subj.documents is not None else ids
+    cos_df, sink_df = _repeats(m, ids, toks, counts, prompt_len, control, eps, batch_size)
+    mech_df = _mechanism_table(mech, base.stats.block_ids, H)
+    first = inject_layers[0]
+    if first not in base.stats.block_ids:
+        raise InputError(f"layer {first} has no attention (blocks with attention: {base.stats.block_ids})")
+    l0 = mech_df[mech_df["layer"] == first].sort_values("head")
+    chosen, control = _choose_heads(l0, heads, H)
+    variants = {"none": None, "self_heads": chosen, "self_all": list(range(H)), "control_heads": control}
+    inj_df = _inject(m, ids, base, variants, position, inject_layers, eps, batch_size)
+    summary = {
+        **_first_layer_summary(l0, first),
+        "inject_position": position, "inject_layers": inject_layers, "inject_heads": chosen, "control_heads": control,
+        "inject_after_last_edited_layer": _inject_summary(inj_df, inject_layers),
+        "prompt_len": prompt_len, "counts": counts, "num_samples": N,
+        **_repeat_summary(cos_df, sink_df, max(counts)),
+    }
+    settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
+                "seed": seed, "eps": eps, "prompt_len": prompt_len, "counts": counts, "token": token,
+                "position": position, "heads": heads, "layers": layers}
+    tables = {"cosine": cos_df, "sink_rate": sink_df, "self_attention": mech_df, "inject": inj_df}
+    plots = {"repeat": functools.partial(_plot, cos_df=cos_df, sink_df=sink_df, counts=counts),
+             "mechanism": functools.partial(_plot_mechanism, l0=l0, inj_df=inj_df, first=first, position=position,
+                                            inject_layers=inject_layers)}
+    return AnalysisResult("repeat", summary, tables, plots, settings,
+                          subj.model_info, subj.corpus_info, command_line("repeat", settings, subj))
+
+
+def _check(subj: Subject, prompt_len: int, counts: list[int] | None, position: int | None) -> tuple[list[int], int]:
+    """The repeat counts (default 1, 2, 4, ... up to T) and the injected position (default T // 2), checked.
+
+    Raises:
+        InputError: a count < 1, the prompt and the most repeats past the model's context, a position
+            outside [1, T).
+    """
+    T = subj.input_ids.shape[1]
     if counts is None:
         counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if n <= T]
     if any(n < 1 for n in counts):
@@ -187,30 +241,52 @@ def repeat(
     position = T // 2 if position is None else position
     if not 1 <= position < T:
         raise InputError(f"--position {position} must lie in [1, T={T}) (position 0 attends to itself already)")
-    L, H = subj.num_layers, num_heads(m)
-    inject_layers = check_layers([0] if layers is None else layers, L)
-    if heads is not None:
-        heads = check_heads(heads, H)
-    causal = not subj.is_encoder
-    mech, base = _mechanism(subj, batch_size, causal)  # (N, L', H) statistics and the unedited natural pass
-    ids_layers = base.stats.block_ids
+    return counts, position
+
+
+def _choose_heads(l0, heads: list[int] | None, H: int) -> tuple[list[int], list[int]]:
+    """The heads of the ``self_heads`` variant (``heads``, else the ceil(H / 3) heads of lowest self-attention
+    share in the first edited layer, whose rows of the ``self_attention`` table are ``l0``) and as many
+    control heads of the highest share."""
+    order = l0.sort_values(["self_share", "head"])["head"].tolist()  # lowest self-attention share first
+    k = len(heads) if heads is not None else math.ceil(H / 3)
+    chosen = heads if heads is not None else sorted(order[:k])
+    return chosen, sorted([h for h in reversed(order) if h not in chosen][:k])
+
+
+def _repeated_tokens(subj: Subject, token: int | None) -> Tensor:
+    """(N,) int64: ``token`` for every sample, or one token per sample drawn (seeded with ``subj.seed``) from
+    the tokenizer's non-special vocabulary (without a tokenizer: from [0, max id + 1)).
+
+    Raises:
+        InputError: ``token`` outside the vocabulary.
+    """
+    ids = subj.input_ids
+    N = ids.shape[0]
     vocab = len(subj.tokenizer) if subj.tokenizer is not None else int(ids.max()) + 1
     if token is not None:
         if not 0 <= token < vocab:
             raise InputError(f"--token {token} is outside the vocabulary (size {vocab})")
-        toks = torch.full((N,), token, dtype=torch.int64)
-    else:
-        g = torch.Generator().manual_seed(subj.seed)
-        if subj.tokenizer is not None:
-            from sinklab.probe.inputs import candidate_token_ids
+        return torch.full((N,), token, dtype=torch.int64)
+    g = torch.Generator().manual_seed(subj.seed)
+    if subj.tokenizer is not None:
+        from sinklab.probe.inputs import candidate_token_ids
 
-            pool = candidate_token_ids(subj.tokenizer)
-        else:
-            pool = torch.arange(vocab)
-        toks = pool[torch.randint(0, len(pool), (N,), generator=g)]
-    # control: natural text of the same total lengths (sink rates fall with length alone)
-    longest = prompt_len + max(counts)
-    control = natural_ids(subj, N, longest) if longest > T and subj.documents is not None else ids
+        pool = candidate_token_ids(subj.tokenizer)
+    else:
+        pool = torch.arange(vocab)
+    return pool[torch.randint(0, len(pool), (N,), generator=g)]
+
+
+def _repeats(m, ids: Tensor, toks: Tensor, counts: list[int], prompt_len: int, control: Tensor, eps: float,
+             batch_size: int):
+    """Prompt (``ids[:, :prompt_len]``) + ``toks`` repeated n times for n in ``counts``: the ``cosine`` table
+    (per n and layer, :func:`cosine_to_first` over the repeated positions and for the last one) and the
+    ``sink_rate`` table (per n: Sink^eps at 0, the largest among the repeated positions, and at 0 of the
+    natural ``control`` windows cut to the same length, NaN past their length)."""
+    import pandas as pd
+
+    N = ids.shape[0]
     rows, sink_rows = [], []
     for n in counts:
         seq = torch.cat([ids[:, :prompt_len], toks[:, None].expand(N, n)], dim=1)
@@ -232,25 +308,30 @@ def repeat(
                 continue
             rows.append({"repeats": n, "layer": l, "mean_cos_to_first": float(cos[:, l].mean()),
                          "last_cos_to_first": float(cos[:, l, -1].mean())})
-    cos_df, sink_df = pd.DataFrame(rows), pd.DataFrame(sink_rows)
-    # --- first-layer mechanism table
-    mech_rows = []
+    return pd.DataFrame(rows), pd.DataFrame(sink_rows)
+
+
+def _mechanism_table(mech: dict[str, Tensor], ids_layers: list[int], H: int):
+    """The ``self_attention`` table: per (layer, head) the means over samples of the (N, L', H) ``mech``
+    statistics and ``self_share_over_uniform``."""
+    import pandas as pd
+
+    rows = []
     for i, b in enumerate(ids_layers):
         for h in range(H):
             r = {name: float(v[:, i, h].mean()) for name, v in mech.items()}
             r["self_share_over_uniform"] = r["self_share"] / r["uniform_share"]
-            mech_rows.append({"layer": b, "head": h, **r})
-    mech_df = pd.DataFrame(mech_rows)
-    first = inject_layers[0]
-    if first not in ids_layers:
-        raise InputError(f"layer {first} has no attention (blocks with attention: {ids_layers})")
-    l0 = mech_df[mech_df["layer"] == first].sort_values("head")
-    order = l0.sort_values(["self_share", "head"])["head"].tolist()  # lowest self-attention share first
-    k = len(heads) if heads is not None else math.ceil(H / 3)
-    chosen = heads if heads is not None else sorted(order[:k])
-    control = sorted([h for h in reversed(order) if h not in chosen][:k])
-    variants = {"none": None, "self_heads": chosen, "self_all": list(range(H)), "control_heads": control}
-    inj_rows = []
+            rows.append({"layer": b, "head": h, **r})
+    return pd.DataFrame(rows)
+
+
+def _inject(m, ids: Tensor, base, variants: dict, position: int, inject_layers: list[int], eps: float,
+            batch_size: int):
+    """The ``inject`` table: for each variant (name -> heads made self-attending, None: the unedited ``base``
+    pass) and layer, the attention mass and sink rate on ``position`` and on 0, and cos(h[position], h[0])."""
+    import pandas as pd
+
+    rows = []
     for name, hs in variants.items():
         if name == "control_heads" and not hs:
             continue
@@ -261,8 +342,8 @@ def repeat(
                             batch_size=batch_size)
         mass = res.stats.mass.double()  # (N, L', H, T)
         cos_p = F.cosine_similarity(res.hidden[:, :, position].double(), res.hidden[:, :, 0].double(), dim=-1)  # (N, L')
-        for i, b in enumerate(ids_layers):
-            inj_rows.append({
+        for i, b in enumerate(res.stats.block_ids):
+            rows.append({
                 "variant": name, "heads": ",".join(map(str, hs)) if hs is not None else "",
                 "layer": b, "mass_on_position": float(mass[:, i, :, position].mean()),
                 "sink_rate_position": float((mass[:, i, :, position] > eps).double().mean() * 100),
@@ -270,92 +351,101 @@ def repeat(
                 "sink_rate_first": float((mass[:, i, :, 0] > eps).double().mean() * 100),
                 "cos_position_to_first": float(cos_p[:, i].mean()),
             })
-    inj_df = pd.DataFrame(inj_rows)
+    return pd.DataFrame(rows)
+
+
+def _inject_summary(inj_df, inject_layers: list[int]) -> dict:
+    """Per variant, the means over the layers after the last edited one (and the last layer's cosine)."""
     after = inj_df[inj_df["layer"] > max(inject_layers)]
-    inject_summary = {}
+    out = {}
     for name, d in after.groupby("variant", sort=False):
-        inject_summary[name] = {
+        out[name] = {
             "sink_rate_position": float(d["sink_rate_position"].mean()),
             "mass_on_position": float(d["mass_on_position"].mean()),
             "sink_rate_first": float(d["sink_rate_first"].mean()),
             "cos_position_to_first_last_layer": float(d.sort_values("layer")["cos_position_to_first"].iloc[-1]),
         }
-    nmax = max(counts)
-    at_max = cos_df[cos_df["repeats"] == nmax]
-    summary = {
+    return out
+
+
+def _first_layer_summary(l0, first: int) -> dict:
+    """The first edited layer's self-attention shares and query-key cosines by head (``l0``: its rows of the
+    ``self_attention`` table), and its heads that attend to others more than a uniform head."""
+    return {
         "first_layer": first,
         "first_layer_self_share_by_head": l0["self_share"].tolist(),
         "first_layer_uniform_share": float(l0["uniform_share"].iloc[0]),
         "first_layer_qk_cos_self_by_head": l0["qk_cos_self"].tolist(),
         "first_layer_qk_cos_other_by_head": l0["qk_cos_other"].tolist(),
         "attend_to_others_heads": sorted(l0[l0["self_share"] < l0["uniform_share"]]["head"].tolist()),
-        "inject_position": position, "inject_layers": inject_layers, "inject_heads": chosen, "control_heads": control,
-        "inject_after_last_edited_layer": inject_summary,
-        "prompt_len": prompt_len, "counts": counts, "num_samples": N,
-        "sink_rate_pos0_by_repeats": dict(zip(sink_df["repeats"].tolist(), sink_df["sink_rate_pos0"].tolist())),
-        "sink_rate_pos0_natural_same_len_by_repeats": dict(zip(sink_df["repeats"].tolist(),
-                                                               sink_df["sink_rate_pos0_natural_same_len"].tolist())),
-        "max_sink_rate_repeated_by_repeats": dict(zip(sink_df["repeats"].tolist(), sink_df["max_sink_rate_repeated"].tolist())),
+    }
+
+
+def _repeat_summary(cos_df, sink_df, nmax: int) -> dict:
+    """The repeats' headlines: sink rates by n, and the cosines by layer at the largest n."""
+    at_max = cos_df[cos_df["repeats"] == nmax]
+    reps = sink_df["repeats"].tolist()
+    return {
+        "sink_rate_pos0_by_repeats": dict(zip(reps, sink_df["sink_rate_pos0"].tolist())),
+        "sink_rate_pos0_natural_same_len_by_repeats": dict(zip(reps, sink_df["sink_rate_pos0_natural_same_len"].tolist())),
+        "max_sink_rate_repeated_by_repeats": dict(zip(reps, sink_df["max_sink_rate_repeated"].tolist())),
         "mean_cos_to_first_at_max_repeats_by_layer": at_max["mean_cos_to_first"].tolist(),
         "last_cos_to_first_at_max_repeats_by_layer": at_max["last_cos_to_first"].tolist(),
     }
 
-    def plot(path):
-        import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for n in counts:
-            d = cos_df[cos_df["repeats"] == n]
-            if len(d):
-                axes[0].plot(d["layer"], d["last_cos_to_first"], marker="o", ms=2, label=f"n={n}")
-        axes[0].set_xlabel("layer")
-        axes[0].set_ylabel("cos(last repeated token, position 0)")
-        axes[0].legend(fontsize=7)
-        axes[1].plot(sink_df["repeats"], sink_df["sink_rate_pos0"], marker="o", label="Sink at position 0")
-        axes[1].plot(sink_df["repeats"], sink_df["max_sink_rate_repeated"], marker="s", label="max Sink, repeated positions")
-        axes[1].plot(sink_df["repeats"], sink_df["sink_rate_pos0_natural_same_len"], marker="^", ls="--",
-                     label="Sink at position 0, natural text of the same length")
-        axes[1].set_xscale("log", base=2)
-        axes[1].set_xlabel("repeats n")
-        axes[1].set_ylabel("sink rate (%)")
-        axes[1].legend()
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+def _plot(path, *, cos_df, sink_df, counts: list[int]) -> None:
+    """cos(last repeated token, position 0) by layer for each n; sink rates against n."""
+    import matplotlib.pyplot as plt
 
-    def plot_mechanism(path):
-        import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for n in counts:
+        d = cos_df[cos_df["repeats"] == n]
+        if len(d):
+            axes[0].plot(d["layer"], d["last_cos_to_first"], marker="o", ms=2, label=f"n={n}")
+    axes[0].set_xlabel("layer")
+    axes[0].set_ylabel("cos(last repeated token, position 0)")
+    axes[0].legend(fontsize=7)
+    axes[1].plot(sink_df["repeats"], sink_df["sink_rate_pos0"], marker="o", label="Sink at position 0")
+    axes[1].plot(sink_df["repeats"], sink_df["max_sink_rate_repeated"], marker="s", label="max Sink, repeated positions")
+    axes[1].plot(sink_df["repeats"], sink_df["sink_rate_pos0_natural_same_len"], marker="^", ls="--",
+                 label="Sink at position 0, natural text of the same length")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_xlabel("repeats n")
+    axes[1].set_ylabel("sink rate (%)")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-        x = l0["head"].to_numpy()
-        axes[0].bar(x - 0.2, l0["self_share"], width=0.4, label="self-attention share")
-        axes[0].axhline(float(l0["uniform_share"].iloc[0]), color="k", ls="--", lw=1, label="uniform head")
-        axes[0].set_xlabel(f"head of layer {first}")
-        axes[0].set_ylabel(f"mean A[i, i], i >= {SELF_START}")
-        ax2 = axes[0].twinx()
-        ax2.plot(x, l0["qk_cos_self"], "o-", color="tab:red", ms=3, label="cos(q_i, k_i)")
-        ax2.plot(x, l0["qk_cos_other"], "s:", color="tab:gray", ms=3, label="cos(q_i, k_j), j != i")
-        ax2.set_ylabel("query-key cosine")
-        axes[0].legend(loc="upper left", fontsize=7)
-        ax2.legend(loc="upper right", fontsize=7)
-        for col, ax, label in (("mass_on_position", axes[1], f"attention mass on position {position}"),
-                               ("cos_position_to_first", axes[2], f"cos(h[{position}], h[0])")):
-            for name, d in inj_df.groupby("variant", sort=False):
-                ax.plot(d["layer"], d[col], marker="o", ms=2, label=f"{name} {d['heads'].iloc[0]}".strip())
-            ax.set_xlabel("layer")
-            ax.set_ylabel(label)
-            ax.legend(fontsize=7)
-        axes[1].set_title(f"query {position} forced to attend only to itself in layer(s) {inject_layers}", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
 
-    settings = {"model": subj.model_info.get("name"), "corpus": corpus, "num_samples": N, "seq_len": T,
-                "seed": seed, "eps": eps, "prompt_len": prompt_len, "counts": counts, "token": token,
-                "position": position, "heads": heads, "layers": layers}
-    tables = {"cosine": cos_df, "sink_rate": sink_df, "self_attention": mech_df, "inject": inj_df}
-    return AnalysisResult("repeat", summary, tables, {"repeat": plot, "mechanism": plot_mechanism}, settings,
-                          subj.model_info, subj.corpus_info, command_line("repeat", settings, subj))
+def _plot_mechanism(path, *, l0, inj_df, first: int, position: int, inject_layers: list[int]) -> None:
+    """The first layer's self-attention shares and query-key cosines per head; the sink injection by layer."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    x = l0["head"].to_numpy()
+    axes[0].bar(x - 0.2, l0["self_share"], width=0.4, label="self-attention share")
+    axes[0].axhline(float(l0["uniform_share"].iloc[0]), color="k", ls="--", lw=1, label="uniform head")
+    axes[0].set_xlabel(f"head of layer {first}")
+    axes[0].set_ylabel(f"mean A[i, i], i >= {SELF_START}")
+    ax2 = axes[0].twinx()
+    ax2.plot(x, l0["qk_cos_self"], "o-", color="tab:red", ms=3, label="cos(q_i, k_i)")
+    ax2.plot(x, l0["qk_cos_other"], "s:", color="tab:gray", ms=3, label="cos(q_i, k_j), j != i")
+    ax2.set_ylabel("query-key cosine")
+    axes[0].legend(loc="upper left", fontsize=7)
+    ax2.legend(loc="upper right", fontsize=7)
+    for col, ax, label in (("mass_on_position", axes[1], f"attention mass on position {position}"),
+                           ("cos_position_to_first", axes[2], f"cos(h[{position}], h[0])")):
+        for name, d in inj_df.groupby("variant", sort=False):
+            ax.plot(d["layer"], d[col], marker="o", ms=2, label=f"{name} {d['heads'].iloc[0]}".strip())
+        ax.set_xlabel("layer")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    axes[1].set_title(f"query {position} forced to attend only to itself in layer(s) {inject_layers}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _mechanism(subj: Subject, batch_size: int, causal: bool):
