@@ -226,8 +226,9 @@ def test_every_command_that_runs_a_model_has_the_one_threads_option():
     from sinklab.cli import analyze_cmd, measure_cmd, stream_cmd, train_cmd
     from sinklab.cli.common import THREADS
 
-    for fn in (measure_cmd.measure_cmd, analyze_cmd.analyze_cmd, stream_cmd.stream_cmd, train_cmd.train_cmd):
+    for fn in (measure_cmd.measure_cmd, *analyze_cmd.commands().values(), stream_cmd.stream_cmd, train_cmd.train_cmd):
         assert inspect.signature(fn).parameters["threads"].default is THREADS, fn.__name__
+    assert len(analyze_cmd.commands()) == 8  # one `sinklab analyze KIND` per registered analysis
 
 
 @pytest.mark.parametrize("command", ["measure", "analyze"])
@@ -247,7 +248,7 @@ def test_threads_option_sets_torch_threads_before_the_model_runs(command, monkey
         raise InputError("stop here")
 
     monkeypatch.setattr(sinklab.measure, "measure", fake)
-    monkeypatch.setitem(sinklab.analyze.KINDS, "massive", fake)
+    monkeypatch.setattr(sinklab.analyze.ANALYSES, "get", lambda name: fake)
     argv = ["measure", "--model", str(tiny_model_dir)] if command == "measure" else ["analyze", "massive"]
     try:
         code, err = _train([*argv, "--threads", str(want)], capsys)

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +22,7 @@ from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
 from sinklab.registry import Registry
+from sinklab.result import Result
 
 #: every analysis by name (``sinklab analyze KIND``): its one entry point, ``fn(model, **settings) ->
 #: AnalysisResult``; the CLI makes one subcommand per entry, with one option per keyword of ``fn``
@@ -317,8 +316,8 @@ def num_heads(model: nn.Module) -> int:
 
 
 def _versions() -> dict[str, str]:
-    from sinklab.measure.run import versions
     from sinklab.provenance import code_version
+    from sinklab.result import versions
 
     return {**versions(), "code": code_version()}
 
@@ -339,18 +338,23 @@ def _jsonable(x: Any) -> Any:
 
 
 @dataclass
-class AnalysisResult:
-    """The outcome of one ``sinklab analyze`` kind.
+class AnalysisResult(Result):
+    """The outcome of one ``sinklab analyze`` kind (a :class:`~sinklab.result.Result`: ``save``, ``load``,
+    ``table``, ``to_dict``).
 
     Attributes:
-        kind: ``massive``, ``keybias``, ``intervene``, ``overmix``, ``repeat``, ``denoise``, ``depth`` or ``attention``.
+        kind: the analysis' name in :data:`ANALYSES` (``massive``, ``keybias``, ``intervene``, ...).
         summary: the headline numbers (JSON-serialisable).
-        tables: tidy tables by name (pandas DataFrames), written as ``NAME.csv``.
-        plots: plot makers by name, ``fn(path)`` writes ``NAME.png``.
+        tables: tidy tables by name (pandas DataFrames), written as ``NAME.csv``; the first is :meth:`table`.
+        plots: plot makers by name, ``fn(path)`` writes ``NAME.png`` (none on a loaded result).
         settings: the analysis' settings. model, corpus: provenance.
+        command: the command that made it (the CLI's, or the Python call: :func:`command_line`).
         csv_only: names of tables too large to repeat in ``analysis.json`` (written as CSV only;
             ``analysis.json`` lists them under ``csv_only_tables``).
     """
+
+    FILE: ClassVar[str] = "analysis.json"
+    WHAT: ClassVar[str] = "sinklab analyze results"
 
     kind: str
     summary: dict
@@ -361,6 +365,23 @@ class AnalysisResult:
     corpus: dict | None = None
     command: str = ""
     csv_only: tuple = ()
+
+    def table(self):
+        """The analysis' first table (``massive``: ``layers``; ``intervene``: ``interventions``; ...)."""
+        return next(iter(self.tables.values()))
+
+    @classmethod
+    def from_dict(cls, data: dict, folder: Path | None = None) -> "AnalysisResult":
+        """The result of an ``analysis.json`` (tables from it; CSV-only tables from ``folder``; no plots)."""
+        import pandas as pd
+
+        tables = {name: pd.DataFrame(t) for name, t in data.get("tables", {}).items()}
+        csv_only = tuple(n[: -len(".csv")] for n in data.get("csv_only_tables", []))
+        for name in csv_only:
+            if folder is not None and (folder / f"{name}.csv").exists():
+                tables[name] = pd.read_csv(folder / f"{name}.csv")
+        return cls(data["kind"], data["summary"], tables, {}, data.get("settings", {}), data.get("model", {}),
+                   data.get("corpus"), data.get("command", ""), csv_only)
 
     def to_dict(self) -> dict:
         """The content of ``analysis.json``: every number, the command, versions, provenance, settings."""
@@ -394,37 +415,16 @@ class AnalysisResult:
 
 
 def command_line(kind: str, settings: dict, subj: Subject | None = None) -> str:
-    """How a result was made: the ``sinklab analyze`` command (``sys.argv``) when run from the CLI; else the
-    Python call, marked as such (``python: sinklab.analyze.KIND(...)``); a model object given as a
-    :class:`Subject` (not reproducible from the command line) is written ``Subject(<name>)``."""
-    if Path(sys.argv[0]).name == "sinklab":
-        return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
+    """How a result was made in Python: the call, marked as such (``python: sinklab.analyze.KIND(...)``); a
+    model object given as a :class:`Subject` (not reproducible from the command line) is written
+    ``Subject(<name>)``. The CLI replaces it with the command as typed
+    (:func:`sinklab.cli.common.invoked_command`)."""
     if subj is not None and subj.source is None:
         model = f"Subject(<model object {settings.get('model')!r}, input_ids {tuple(subj.input_ids.shape)}>)"
     else:
         model = repr(subj.source if subj is not None else settings.get("model"))
     args = [f"{k}={v!r}" for k, v in settings.items() if k != "model" and v is not None]
     return f"python: sinklab.analyze.{kind}({', '.join([model, *args])})"
-
-
-def cli_command(kind: str, settings: dict) -> str:
-    """The ``sinklab analyze`` command line of a CLI run: ``sys.argv`` when the ``sinklab`` program runs,
-    else (the CLI called in-process) rebuilt from the settings."""
-    if Path(sys.argv[0]).name == "sinklab":
-        return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
-    parts = ["sinklab", "analyze", kind]
-    for k, v in settings.items():
-        if v is None or v is False:
-            continue
-        if v is True:  # a flag
-            parts.append("--" + k.replace("_", "-"))
-            continue
-        if isinstance(v, (list, tuple)):
-            v = ",".join(str(x) for x in v)
-        elif isinstance(v, dict):
-            continue
-        parts += ["--" + k.replace("_", "-"), str(v)]
-    return " ".join(shlex.quote(p) for p in parts)
 
 
 def resolve_subject(model: "str | Subject", **probe) -> Subject:

@@ -88,7 +88,16 @@ def _run_of(subj: Subject):
         return None
 
 
-@analysis("intervene")
+@analysis("intervene", help={
+    "position": "0-based sink position (default: the top one)",
+    "layers": "layers for remove-sink, e.g. 0,1,2 (default all)",
+    "dims": "massive dimensions to ablate, e.g. 1,5 (default: found)",
+    "massive_layer": "block whose output is ablated (default: where the massive activation appears)",
+    "token": "replacement first token of replace-first (default: random per sample, seeded)",
+    "swap_to": "0-based t of the position swap",
+    "only": "comma-separated subset of the interventions: " + ", ".join(INTERVENTIONS),
+    "allow_non_sink": "allow a --position that is never a sink (e.g. BOS in a model without a sink, to "
+                      "compare models at one position)"})
 def intervene(
     model: "str | Subject" = "smollm2-135m",
     *,

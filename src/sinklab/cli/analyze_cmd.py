@@ -1,19 +1,38 @@
 """``sinklab analyze KIND``: why sinks exist (massive activations, key bias, interventions, over-mixing,
-repeated tokens)."""
+repeated tokens, denoising, depth, attention patterns).
+
+One subcommand per analysis registered in :data:`sinklab.analyze.ANALYSES`, made from its entry point's
+signature: the probe and output options every analysis shares (:data:`COMMON`), and one option per keyword
+that is the analysis' own (its ``cli_help`` line, the entry point's default). Lists are comma-separated
+(``--layers 0,1,2``). An option left out takes the entry point's default, so a ``sinklab train`` run's
+probe length comes from the run. An option of another analysis is refused in one line ("does not apply").
+"""
 
 from __future__ import annotations
 
 import inspect
+import re
+import typing
 from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-from sinklab.cli.common import THREADS, check_outputs, use_threads
+from sinklab.cli.common import THREADS, check_outputs, invoked_command, use_threads
 from sinklab.cli.main import cli
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click import exceptions as cx
+except ImportError:  # pragma: no cover - older typer on click
+    from click import exceptions as cx
+
+#: ``--model`` of every analysis when not given (as ``sinklab measure``'s)
+DEFAULT_MODEL = "smollm2-135m"
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
+    """``"0,1,2"`` -> ``[0, 1, 2]`` (None stays None). Raises InputError for a non-integer item."""
     from sinklab.errors import InputError
 
     if text is None:
@@ -24,99 +43,185 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
         raise InputError(f"{flag} takes comma-separated integers, got {text!r}") from None
 
 
-@cli.command("analyze")
-def analyze_cmd(
-    kind: str = typer.Argument(..., help="massive | keybias | intervene | overmix | repeat | denoise | "
-                                                 "attention | depth"),
-    model: str = typer.Option("smollm2-135m", help="zoo name, HF model folder, sinklab run or model folder (depth: a "
-                              "run folder analyses every checkpoint it keeps)"),
-    corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (default sotu; "
-                                         "for a sinklab training run: its own held-out data)"),
-    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="probe windows N (default 32; overmix 16; "
-                                              "attention 1; depth 8)"),
-    seq_len: int = typer.Option(64, "--seq-len", "-t", help="tokens per window T"),
-    seed: int = typer.Option(0, help="seed of the probe draw and of random choices"),
-    eps: float = typer.Option(0.3, help="sink threshold on attention mass"),
-    out: Optional[Path] = typer.Option(None, help="output folder (default runs/analyze/KIND)"),
-    batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="massive: largest entries per (sample, layer) (default 3); "
-                                        "depth: non-first sink positions per layer (default 3)"),
-    alpha: Optional[float] = typer.Option(None, help="depth: order of the matrix-based Renyi entropy (default 1 = von Neumann)"),
-    massive_ratio: Optional[float] = typer.Option(None, "--massive-ratio", help="massive: multiple of the median |h| "
-                                                  "that makes an entry massive (default 100)"),
-    position: Optional[int] = typer.Option(None, help="keybias, intervene: 0-based sink position (default: the top one); "
-                                           "repeat: position made to attend only to itself (default T // 2)"),
-    layers: Optional[str] = typer.Option(None, help="intervene: layers for remove-sink, e.g. 0,1,2 (default all); "
-                                         "attention: layers shown (default first, middle, last); repeat: layers where --position is "
-                                         "made self-attending (default 0)"),
-    heads: Optional[str] = typer.Option(None, help="attention: heads shown, e.g. 0,3 (default all); repeat: heads made "
-                                        "self-attending (default: the lowest self-attention shares)"),
-    sample: Optional[int] = typer.Option(None, help="attention: 0-based probe window shown (default 0)"),
-    max_matrix_len: Optional[int] = typer.Option(None, "--max-matrix-len", help="attention: longest T shown as full "
-                                                 "matrices; longer: mass per key, blockwise (default 256)"),
-    dims: Optional[str] = typer.Option(None, help="intervene: massive dimensions to ablate (default: found)"),
-    massive_layer: Optional[int] = typer.Option(None, "--massive-layer", help="intervene: block whose output is ablated"),
-    token: Optional[int] = typer.Option(None, help="intervene: replacement first token; repeat: the repeated token"),
-    swap_to: Optional[int] = typer.Option(None, "--swap-to", help="intervene: 0-based t of the position swap (default 4)"),
-    only: Optional[str] = typer.Option(None, help="intervene: comma-separated subset of noop, remove-sink, massive-zero, "
-                                       "massive-mean, massive-samplemean, drop-first, replace-first, position-replace, position-swap"),
-    min_rate: Optional[float] = typer.Option(None, "--min-rate", help="keybias: per-sample sink rate (%) that makes a true sink (default 10)"),
-    long_seq_len: Optional[int] = typer.Option(None, "--long-seq-len", help="keybias: long-context T for sink detection (default 512)"),
-    long_num_samples: Optional[int] = typer.Option(None, "--long-num-samples", help="keybias: windows at the long T (default 8)"),
-    sources: Optional[str] = typer.Option(None, help="overmix: perturbed positions, e.g. 8,16,32"),
-    directions: Optional[int] = typer.Option(None, help="overmix: random directions per source (default 3)"),
-    scale: Optional[float] = typer.Option(None, help="overmix: perturbation size relative to the embedding norm (default 0.01)"),
-    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="repeat: natural prompt tokens before the repeats "
-                                             "(default 8); denoise: prompt tokens before the masked continuation (default 16)"),
-    steps: Optional[int] = typer.Option(None, help="denoise: denoising steps S (default 16)"),
-    mask_id: Optional[int] = typer.Option(None, "--mask-id", help="denoise: the mask token id (default: <|mask|> of the tokenizer)"),
-    sink_level: Optional[float] = typer.Option(None, "--sink-level", help="denoise: sink rate (%) that makes a step's top "
-                                               "position a sink (default 10)"),
-    allow_non_sink: bool = typer.Option(False, "--allow-non-sink", help="intervene: allow a --position that is never a "
-                                        "sink (e.g. BOS in a model without a sink, to compare models at one position)"),
-    temperature: Optional[float] = typer.Option(None, help="denoise: sampling temperature (default 0 = greedy)"),
-    counts: Optional[str] = typer.Option(None, help="repeat: numbers of repeats, e.g. 1,4,16,64"),
-    threads: Optional[int] = THREADS,
-) -> None:
-    """Why sinks exist: massive activations, the key-bias view, interventions, over-mixing, repeated tokens;
-    a masked diffusion LM's sink across denoising steps (denoise); one window's attention pattern and
-    per-head entropy (attention); per-layer sinks, first-token norm and representation entropy, for a model or
-    every checkpoint of a training run (depth).
+def _strs(text: str | None, flag: str) -> list[str] | None:
+    """``"a, b"`` -> ``["a", "b"]`` (None stays None)."""
+    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
 
-    Writes OUT/analysis.json (every number, command, versions, provenance), CSV tables and PNG plots."""
-    out = out or Path("runs/analyze") / kind
+
+#: options every analysis has: name -> (typer option, what the entry point gets: None = not passed to it)
+COMMON = {
+    "model": typer.Option(None, help="zoo name, HF model folder, sinklab run or model folder (depth: a run folder "
+                          "analyses every checkpoint it keeps)"),
+    "corpus": typer.Option(None, help="corpus zoo name or a .txt file / folder (default sotu; for a sinklab "
+                           "training run: its own held-out data)"),
+    "num_samples": typer.Option(None, "--num-samples", "-n", help="probe windows N"),
+    "seq_len": typer.Option(None, "--seq-len", "-t", help="tokens per window T (default: a sinklab training run's "
+                            "probe length, else 64)"),
+    "seed": typer.Option(None, help="seed of the probe draw and of random choices (default 0)"),
+    "eps": typer.Option(None, help="sink threshold on attention mass (default 0.3)"),
+    "batch_size": typer.Option(None, "--batch-size", help="sequences per forward pass (default 16)"),
+    "out": typer.Option(None, help="output folder (default runs/analyze/KIND)"),
+    "threads": THREADS,
+}
+_COMMON_TYPES = {"model": Optional[str], "corpus": Optional[str], "num_samples": Optional[int],
+                 "seq_len": Optional[int], "seed": Optional[int], "eps": Optional[float],
+                 "batch_size": Optional[int], "out": Optional[Path], "threads": Optional[int]}
+#: keywords of an entry point the CLI does not give it (the probe's, taken by COMMON)
+_PROBE = ("corpus", "num_samples", "seq_len", "seed", "eps", "batch_size")
+
+
+def _option_type(hint) -> tuple[type, object]:
+    """The typer type of an entry point keyword's type hint and the parser of its text (None: as typer gives it)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    base = args[0]
+    if typing.get_origin(base) is list:
+        item = typing.get_args(base)[0]
+        return Optional[str], (_ints if item is int else _strs)
+    if base is bool:
+        return bool, None
+    return Optional[base], None
+
+
+def _own_options(fn) -> list[tuple[str, type, object, typer.models.OptionInfo]]:
+    """(keyword, typer type, parser, option) for every keyword of ``fn`` that is the analysis' own."""
+    hints = typing.get_type_hints(fn)
+    helps = getattr(fn, "cli_help", {})
+    out = []
+    for name, p in inspect.signature(fn).parameters.items():
+        if name == "model" or name in _PROBE:
+            continue
+        kind, parse = _option_type(hints[name])
+        flag = "--" + name.replace("_", "-")
+        text = helps.get(name, "")
+        if p.default not in (None, False) and "default" not in text:
+            shown = ",".join(map(str, p.default)) if isinstance(p.default, (list, tuple)) else p.default
+            text += f" (default {shown})"
+        default = False if kind is bool else None
+        out.append((name, kind, parse, typer.Option(default, flag, help=text.strip())))
+    return out
+
+
+def _help(fn) -> str:
+    """The entry point's first paragraph as plain text (reST roles and literals unmarked)."""
+    first = inspect.getdoc(fn).split("\n\n")[0]
+    first = re.sub(r":\w+:`~?([^`]+)`", lambda m: m.group(1).split(".")[-1], first)
+    return first.replace("``", "") + "\n\nWrites OUT/analysis.json (every number, command, versions, provenance), " \
+        "CSV tables and PNG plots."
+
+
+class _AnalysisGroup(TyperGroup):
+    """``sinklab analyze``: its subcommands are made on first use from :data:`sinklab.analyze.ANALYSES`
+    (so ``sinklab --help`` and the other commands never import torch); an unknown KIND is an
+    :class:`~sinklab.errors.UnknownNameError` listing the registered analyses (one line, exit 2)."""
+
+    def _ensure(self) -> None:
+        if not set(commands()) <= set(self.commands):
+            app = typer.Typer(add_completion=False, rich_markup_mode=None)
+            app.callback()(lambda: None)  # a group even with one analysis
+            for kind, fn in commands().items():
+                app.command(kind, cls=_AnalysisCommand)(fn)
+            for kind, cmd in typer.main.get_command(app).commands.items():
+                self.add_command(cmd, kind)
+
+    def get_command(self, ctx, cmd_name):
+        self._ensure()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx):
+        self._ensure()
+        return list(commands())
+
+    def resolve_command(self, ctx, args):
+        from sinklab.analyze import ANALYSES
+
+        if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
+            ANALYSES.get(args[0])  # raises, naming the valid analyses and the nearest one
+        return super().resolve_command(ctx, args)
+
+
+class _AnalysisCommand(TyperCommand):
+    """One ``sinklab analyze KIND``: an option of another analysis is refused as not applying to this one."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except cx.NoSuchOption as e:
+            commands()
+            owners = [k for k, flags in _FLAGS.items() if e.option_name in flags]
+            if not owners:
+                raise
+            raise cx.UsageError(f"{e.option_name} does not apply to `analyze {self.name}` (an option of "
+                                f"{', '.join('analyze ' + k for k in owners)})", ctx) from None
+
+
+analyze_app = typer.Typer(cls=_AnalysisGroup, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                          help="Why sinks exist: one subcommand per analysis (sinklab analyze KIND --help for its "
+                               "options). Writes OUT/analysis.json, CSV tables and PNG plots.")
+cli.add_typer(analyze_app, name="analyze")
+_FLAGS: dict[str, set[str]] = {}  # analysis -> its own flags
+
+
+_COMMANDS: dict = {}  # analysis -> its typer command function
+
+
+def commands() -> dict:
+    """``{kind: command function}`` for every registered analysis (made once, on first use: it imports
+    :mod:`sinklab.analyze`). Each function's ``threads`` default is :data:`~sinklab.cli.common.THREADS`."""
+    from sinklab.analyze import ANALYSES
+
+    for kind in ANALYSES:
+        if kind not in _COMMANDS:
+            _COMMANDS[kind] = _make_command(kind, ANALYSES.get(kind))
+    return dict(_COMMANDS)
+
+
+def _make_command(kind: str, fn):
+    """The typer command function of ``sinklab analyze KIND``, its options made from ``fn``'s signature."""
+    own = _own_options(fn)
+    sig = inspect.signature(fn).parameters
+    params, parsers = [], {}
+    for name, opt in COMMON.items():
+        if name == "model":
+            opt = typer.Option(DEFAULT_MODEL, help=opt.help)
+        elif name == "num_samples":
+            opt = typer.Option(None, "--num-samples", "-n", help=f"probe windows N (default {sig[name].default})")
+        elif name == "out":
+            opt = typer.Option(None, help=f"output folder (default runs/analyze/{kind})")
+        kind_ = str if name == "model" else _COMMON_TYPES[name]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind_))
+    for name, kind_, parse, opt in own:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind_))
+        parsers[name] = parse
+    _FLAGS[kind] = {"--" + n.replace("_", "-") for n, *_ in own}
+
+    def command(**given) -> None:
+        _run(kind, given, parsers)
+
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__name__ = f"analyze_{kind}"
+    command.__doc__ = _help(fn)
+    return command
+
+
+def _run(kind: str, given: dict, parsers: dict) -> None:
+    """Check the output folder, set the threads, call the registered entry point with the options given
+    (only those: the others take the entry point's defaults), save and print the result."""
+    from sinklab.analyze import ANALYSES
+
+    out = given.pop("out") or Path("runs/analyze") / kind
     check_outputs([("--out", out)])
-    from sinklab import analyze
-    from sinklab.errors import InputError
-
-    if kind not in analyze.KINDS:
-        raise InputError(f"unknown analysis {kind!r}; choose from {', '.join(analyze.KINDS)}")
-    fn = analyze.KINDS[kind]
-    given = {
-        "top_k": top_k, "massive_ratio": massive_ratio, "position": position, "layers": _ints(layers, "--layers"), "dims": _ints(dims, "--dims"),
-        "massive_layer": massive_layer, "token": token, "swap_to": swap_to,
-        "only": [x.strip() for x in only.split(",")] if only else None, "min_rate": min_rate,
-        "long_seq_len": long_seq_len, "long_num_samples": long_num_samples, "sources": _ints(sources, "--sources"),
-        "directions": directions, "scale": scale, "prompt_len": prompt_len, "counts": _ints(counts, "--counts"),
-        "steps": steps, "temperature": temperature, "mask_id": mask_id, "sink_level": sink_level,
-        "allow_non_sink": True if allow_non_sink else None,
-        "heads": _ints(heads, "--heads"), "sample": sample, "max_matrix_len": max_matrix_len, "alpha": alpha,
-    }
-    params = inspect.signature(fn).parameters
+    use_threads(given.pop("threads"))
+    model = given.pop("model")
     kwargs = {}
     for name, value in given.items():
-        if value is None:
-            continue
-        if name not in params:
-            raise InputError(f"--{name.replace('_', '-')} does not apply to `analyze {kind}`")
-        kwargs[name] = value
-    if num_samples is not None:
-        kwargs["num_samples"] = num_samples
-    use_threads(threads)
-    result = fn(model, corpus=corpus, seq_len=seq_len, seed=seed, eps=eps, batch_size=batch_size, **kwargs)
-    from sinklab.analyze.common import cli_command
-
-    result.command = cli_command(kind, result.settings)
+        parse = parsers.get(name)
+        if parse is not None:
+            value = parse(value, "--" + name.replace("_", "-"))
+        if value is not None and value is not False:
+            kwargs[name] = value
+    result = ANALYSES.get(kind)(model, **kwargs)
+    result.command = invoked_command()
     folder = result.save(out)
     _print_summary(result)
     typer.echo(f"\nwrote {folder}/analysis.json, {', '.join(n + '.csv' for n in result.tables)} and "
@@ -151,3 +256,4 @@ def _print_summary(result) -> None:
     for name, df in result.tables.items():
         if 0 < len(df) <= _MAX_ROWS:
             typer.echo(f"\n{name}:\n{df.to_string(index=False)}")
+

@@ -1,4 +1,5 @@
-"""What the commands share: the ``--threads`` option and the check of every output location.
+"""What the commands share: the ``--threads`` option, the check of every output location and the command
+line a result records (:func:`invoked_command`).
 
 Every command that writes calls :func:`check_outputs` first thing, before any model, corpus or
 data work: an output folder, a report file or ``SINKLAB_HOME`` that cannot be written is refused
@@ -52,4 +53,24 @@ def check_outputs(folders: Iterable[tuple[str, str | os.PathLike]] = (),
         check_writable(where, what)
 
 
-__all__ = ["THREADS", "use_threads", "check_outputs"]
+def invoked_command() -> str:
+    """The ``sinklab`` command line of this CLI run, as typed (shell-quoted, :func:`sinklab.result.command_of`):
+    the arguments :func:`sinklab.cli.main.app` received, which it keeps on the root click context; outside
+    ``app`` (a command function called directly), ``sys.argv``. Library code never reads ``sys.argv``: the
+    CLI passes this to what it calls (``Result.command``)."""
+    import sys
+
+    from sinklab.result import command_of
+
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - older typer on click
+        from click import get_current_context
+    ctx = get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    if isinstance(obj, dict) and "argv" in obj:
+        return command_of(obj["argv"])
+    return command_of(sys.argv[1:])
+
+
+__all__ = ["THREADS", "use_threads", "check_outputs", "invoked_command"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from sinklab.cli.common import check_outputs
+from sinklab.cli.common import check_outputs, invoked_command
 from sinklab.cli.main import cli
 
 
@@ -17,12 +17,11 @@ def compare_cmd(
 ) -> None:
     """Print and plot the sink rates of measured models side by side (Sink_1; per layer over relative depth)."""
     check_outputs([("--out", out)], home=False)
-    import shlex
-    import sys
+    from sinklab.measure.compare import compare, comparison_warnings
 
-    from sinklab.measure.compare import comparison_warnings, write_comparison
-
-    models = write_comparison(folders, out, command=" ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]]))
+    result = compare(folders, command=invoked_command())
+    result.save(out)
+    models = result.models
     width = max(len(m) for m in models["model"])
     has_cloze = models["cloze_accuracy"].notna().any()
     typer.echo(f"{'model':{width}s}  Sink_1 (%)  {'95% CI':>14s}  layers  "

@@ -110,9 +110,10 @@ def _one_line(text: str) -> str:
 def app(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input exits 2 with a one-line message."""
     _load_commands()
-    argv = _expand_multi_value(list(sys.argv[1:] if argv is None else argv))
-    try:
-        code = cli(args=argv, prog_name="sinklab", standalone_mode=False)
+    typed = list(sys.argv[1:] if argv is None else argv)
+    argv = _expand_multi_value(typed)
+    try:  # the command as typed travels on the root context (sinklab.cli.common.invoked_command)
+        code = cli(args=argv, prog_name="sinklab", standalone_mode=False, obj={"argv": typed})
     except cx.NoArgsIsHelpError as e:  # `sinklab` or a group without arguments: its help
         typer.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
         sys.exit(0)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from sinklab.cli.common import THREADS, check_outputs, use_threads
+from sinklab.cli.common import THREADS, check_outputs, invoked_command, use_threads
 from sinklab.cli.main import cli
 
 
@@ -58,10 +58,10 @@ def measure_cmd(
             print_summary(result)
             typer.echo(f"wrote {folder} ({result.wall_time_s:.1f} s)")
 
-        measure_many(model, out, cfg, on_result=report)
+        measure_many(model, out, cfg, on_result=report, command=invoked_command())
         typer.echo(f"compare them: sinklab compare {' '.join(str(Path(out) / p.name) for p in sorted(Path(out).iterdir()) if (p / 'results.json').exists())}")
         return
-    result = measure(cfg, out=out)
+    result = measure(cfg, out=out, command=invoked_command())
     print_summary(result)
     if result.downstream:
         from sinklab.measure.report import downstream_line

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sinklab.cli.common import THREADS, check_outputs
+from sinklab.cli.common import THREADS, check_outputs, invoked_command
 from sinklab.cli.main import cli
 
 
@@ -68,7 +68,7 @@ def stream_cmd(
                  policies=policy, budgets=budget, n_sink=n_sink, kv_bits=kv_bits, kv_group=kv_group, key_quant=key_quant,
                  sinks_full_precision=sinks_full_precision, task=task, passkey_keys=passkey_keys,
                  passkey_depths=passkey_depths or DEFAULT_DEPTHS, passkey_batch=passkey_batch,
-                 passkey_chunk=passkey_chunk, passkey_seed=passkey_seed)
+                 passkey_chunk=passkey_chunk, passkey_seed=passkey_seed, command=invoked_command())
     typer.echo(f"{res['title']}")
     if task == "passkey":
         depths = sorted(res["configs"][0]["accuracy_by_depth"], key=float) if res["configs"] else []

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from sinklab.cli.common import THREADS, check_outputs
+from sinklab.cli.common import THREADS, check_outputs, invoked_command
 from sinklab.cli.main import LISTERS, cli
 from sinklab.fileio import read_json
 
@@ -80,6 +80,7 @@ def train_cmd(
     except TrainingInterrupted as e:
         typer.echo(interrupted_line(e, _command(args(e.checkpoint is not None))), err=True)
         raise typer.Exit(130) from None
+    res.command = invoked_command()
     if res.already_finished:
         typer.echo(res.note)
         return

@@ -15,12 +15,13 @@ curves over depth) and ``compare.json`` (the folders, the command, versions, and
 from __future__ import annotations
 
 import json
-import platform
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from sinklab.errors import InputError
 from sinklab.fileio import atomic_write_text, read_json
+from sinklab.result import Result, versions
 
 
 def _load(folder: str | Path) -> dict[str, Any]:
@@ -154,8 +155,69 @@ def plot_comparison(models, layers, path: Path) -> Path:
     return path
 
 
+@dataclass
+class CompareResult(Result):
+    """What :func:`compare` returns (a :class:`~sinklab.result.Result`): the ``models`` and ``layers`` tables
+    of :func:`comparison_tables`, the folders compared and the command. ``save(out)`` writes
+    ``compare.csv``, ``compare_layers.csv``, ``compare.png`` and ``compare.json``; ``table()`` is ``models``."""
+
+    FILE: ClassVar[str] = "compare.json"
+    WHAT: ClassVar[str] = "sinklab compare results"
+
+    models: Any
+    layers: Any
+    folders: list[str] = field(default_factory=list)
+    command: str | None = None
+
+    def table(self):
+        return self.models
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of ``compare.json``: the folders, the command, the warnings, versions and code."""
+        from sinklab.provenance import code_version
+
+        return {"folders": self.folders, "command": self.command, "warnings": comparison_warnings(self.models),
+                "versions": versions(), "code": code_version()}
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``compare.csv``, ``compare_layers.csv``, ``compare.png`` and ``compare.json`` into ``out``.
+
+        Raises:
+            InputError: ``out`` is a file.
+        """
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--out {out} is a file; give a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        self.models.to_csv(out / "compare.csv", index=False)
+        self.layers.to_csv(out / "compare_layers.csv", index=False)
+        plot_comparison(self.models, self.layers, out / "compare.png")
+        atomic_write_text(out / "compare.json", json.dumps(self.to_dict(), indent=1))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "CompareResult":
+        """The result of a ``compare.json`` and the two CSVs beside it."""
+        import pandas as pd
+
+        return cls(pd.read_csv(folder / "compare.csv"), pd.read_csv(folder / "compare_layers.csv"),
+                   list(data.get("folders", [])), data.get("command"))
+
+
+def compare(folders: Sequence[str | Path], command: str | None = None) -> CompareResult:
+    """The sink rates of the measured ``folders`` side by side (:func:`comparison_tables`); ``command``:
+    the command recorded (the CLI gives the command as typed).
+
+    Raises:
+        InputError: as :func:`comparison_tables`.
+    """
+    models, layers = comparison_tables(folders)
+    return CompareResult(models, layers, [str(f) for f in folders], command)
+
+
 def write_comparison(folders: Sequence[str | Path], out: str | Path, command: str | None = None):
-    """Write ``compare.csv``, ``compare_layers.csv``, ``compare.png`` and ``compare.json`` into ``out``.
+    """Write ``compare.csv``, ``compare_layers.csv``, ``compare.png`` and ``compare.json`` into ``out``
+    (:func:`compare` then :meth:`CompareResult.save`).
 
     Returns:
         The ``models`` DataFrame of :func:`comparison_tables`.
@@ -163,22 +225,9 @@ def write_comparison(folders: Sequence[str | Path], out: str | Path, command: st
     Raises:
         InputError: as :func:`comparison_tables`; ``out`` is a file.
     """
-    import torch
-
-    import sinklab
-    from sinklab.provenance import code_version
-
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; give a folder")
-    models, layers = comparison_tables(folders)
-    out.mkdir(parents=True, exist_ok=True)
-    models.to_csv(out / "compare.csv", index=False)
-    layers.to_csv(out / "compare_layers.csv", index=False)
-    plot_comparison(models, layers, out / "compare.png")
-    atomic_write_text(out / "compare.json", json.dumps({
-        "folders": [str(f) for f in folders], "command": command, "warnings": comparison_warnings(models),
-        "versions": {"sinklab": sinklab.__version__, "torch": torch.__version__, "python": platform.python_version()},
-        "code": code_version(),
-    }, indent=1))
-    return models
+    result = compare(folders, command)
+    result.save(out)
+    return result.models

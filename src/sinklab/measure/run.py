@@ -3,13 +3,11 @@ statistics, summarise them (:func:`sinklab.metrics.summarize`)."""
 
 from __future__ import annotations
 
-import platform
 import shlex
-import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,6 +21,7 @@ from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe, make_probe
 from sinklab.probe.cache import tokenize_documents
+from sinklab.result import Result, versions
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: ``input`` values besides the probe generators of :data:`sinklab.probe.INPUTS`
@@ -117,23 +116,10 @@ class MeasureConfig:
         return " ".join(shlex.quote(p) for p in parts)
 
 
-def versions() -> dict[str, str]:
-    """Versions of Python and the packages that determine the numbers."""
-    import transformers
-
-    import sinklab
-
-    return {
-        "sinklab": sinklab.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }
-
-
 @dataclass
-class MeasureResult:
-    """The outcome of :func:`measure`.
+class MeasureResult(Result):
+    """The outcome of :func:`measure` (a :class:`~sinklab.result.Result`; :meth:`load` gives one without
+    the raw ``stats``, which ``results.json`` does not keep).
 
     Attributes:
         config: the measurement's settings.
@@ -149,10 +135,13 @@ class MeasureResult:
         wall_time_s: seconds spent in the forward passes and metrics.
     """
 
+    FILE: ClassVar[str] = "results.json"
+    WHAT: ClassVar[str] = "measurement results"
+
     config: MeasureConfig
     summary: dict[str, Any]
     probe: Probe
-    stats: ProbeStats
+    stats: ProbeStats | None
     model: dict[str, Any]
     corpus: dict[str, Any] | None
     top_sinks: list[list[dict[str, Any]]]
@@ -250,6 +239,19 @@ class MeasureResult:
         """Write ``results.json``, ``attention.csv`` (tidy table), ``sink_rate.csv`` and PNG plots to ``out``."""
         return write_outputs(self, Path(out))
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "MeasureResult":
+        """The result of a ``results.json`` (``stats`` None: the raw per-sample statistics are not kept)."""
+        p = data.get("probe", {})
+        probe = Probe(torch.tensor(data["input_ids"]), p.get("kind", data.get("input")), p.get("bos"),
+                      data.get("bos_prefix", []), data.get("bos_suffix", []), data.get("probe_details", {}))
+        own = {"input_ids", "model", "corpus", "input", "probe", "eps", "command", "versions", "config", "bos_prefix",
+               "bos_suffix", "probe_details", "top_sinks", "notes", "wall_time_s", "positions_are", "downstream"}
+        summary = {k: v for k, v in data.items() if k not in own}
+        return cls(MeasureConfig(**data["config"]), summary, probe, None, data["model"], data.get("corpus"),
+                   data.get("top_sinks", []), data.get("command", ""), data.get("wall_time_s", 0.0),
+                   data.get("versions", {}), data.get("downstream"))
+
 
 def _top_sinks(stats: ProbeStats, probe: Probe, tokenizer, eps: float, k: int = 3) -> list[list[dict[str, Any]]]:
     rates = sink_rate_per_sample(stats.mass, eps)  # (N, T)
@@ -267,7 +269,8 @@ def _top_sinks(stats: ProbeStats, probe: Probe, tokenizer, eps: float, k: int = 
     return out
 
 
-def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: str | Path | None = None, **overrides) -> MeasureResult:
+def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: str | Path | None = None,
+            command: str | None = None, **overrides) -> MeasureResult:
     """Measure attention sinks of a model on a probe set.
 
     ``measure()`` runs the default: SmolLM2-135M on 100 windows of 64 tokens of the
@@ -278,6 +281,8 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         config: the settings (default :class:`MeasureConfig()`), updated by ``overrides``.
         progress: show progress bars.
         out: if given, save the outputs there (see :meth:`MeasureResult.save`).
+        command: the command that made it, recorded as :attr:`MeasureResult.command` (the CLI gives the
+            command as typed); None: the ``sinklab measure`` command of the settings (:meth:`MeasureConfig.command`).
 
     Returns:
         :class:`MeasureResult`.
@@ -347,7 +352,6 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     downstream = (_downstream(cfg, loaded, probe, run, corpus, progress) if cfg.cloze else None)
     if downstream is not None:
         downstream["wall_time_s"] = round(time.perf_counter() - t1, 3)  # not part of wall_time_s (the probe)
-    argv_cmd = " ".join(shlex.quote(a) for a in sys.argv) if Path(sys.argv[0]).name == "sinklab" else None
     corpus_info = None
     if corpus is not None:
         corpus_info = {"name": corpus.name, **corpus.source}
@@ -363,7 +367,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         model=model_info,
         corpus=corpus_info,
         top_sinks=top,
-        command=argv_cmd or cfg.command(),
+        command=command or cfg.command(),
         wall_time_s=wall,
         downstream=downstream,
     )
@@ -464,10 +468,11 @@ def model_slug(model: str) -> str:
 
 
 def measure_many(models: list[str], out: str | Path, config: MeasureConfig | None = None, *, progress: bool = True,
-                 on_result=None) -> list[tuple[Path, MeasureResult]]:
+                 on_result=None, command: str | None = None) -> list[tuple[Path, MeasureResult]]:
     """Measure several models with the same settings, one after the other, each into ``out/<slug>``
     (:func:`model_slug`; ``-2``, ``-3``... appended to repeated slugs). ``on_result(folder, result)``
     is called after each. Compare them with ``sinklab compare out/*`` (:mod:`sinklab.measure.compare`).
+    ``command``: recorded in every result (as :func:`measure`'s).
 
     Raises:
         InputError: no models, or a model given twice; anything :func:`measure` raises (the models
@@ -486,7 +491,7 @@ def measure_many(models: list[str], out: str | Path, config: MeasureConfig | Non
     done = []
     for m, s in zip(models, slugs):
         folder = Path(out) / s
-        res = measure(replace(cfg, model=m), progress=progress, out=folder)
+        res = measure(replace(cfg, model=m), progress=progress, out=folder, command=command)
         done.append((folder, res))
         if on_result is not None:
             on_result(folder, res)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import shlex
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -14,11 +13,28 @@ import torch
 
 from sinklab.errors import CorruptFileError, InputError
 from sinklab.fileio import check_writable, read_json
+from sinklab.result import DictResult
 from sinklab.streaming.cache import SinkCache
 from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, policy_specs,
                                       result_from_dict, token_stream, write_outputs)
 
 DEFAULT_SINKS = (0, 1, 2, 4, 8)
+
+
+class StreamResult(DictResult):
+    """What :func:`stream` returns: the content of ``stream.json`` (a dict: ``configs``, ``command``, ...)
+    and a :class:`~sinklab.result.Result` (``save`` writes ``stream.json``; ``table()``: one row per
+    configuration)."""
+
+    FILE = "stream.json"
+    WHAT = "stream results"
+
+
+class PasskeyResult(DictResult):
+    """What :func:`stream` returns for ``task="passkey"``: the content of ``passkey.json``."""
+
+    FILE = "passkey.json"
+    WHAT = "pass key results"
 
 
 def stream(
@@ -49,7 +65,8 @@ def stream(
     passkey_batch: int = 20,
     passkey_chunk: int = 1,
     passkey_seed: int = 0,
-) -> dict:
+    command: str | None = None,
+) -> "StreamResult":
     """Evaluate full / window / sinks_k / recompute caches of ``model`` on one stream of ``corpus``,
     or with ``policies`` the cross product policies x budgets x kv_bits x key_quant x
     sinks_full_precision (:func:`sinklab.streaming.harness.policy_specs`) between full and recompute.
@@ -79,8 +96,12 @@ def stream(
             of ``tokens`` tokens, ``passkey_batch`` streams at a time fed ``passkey_chunk`` tokens per
             call; ``passkey.json``; no recompute).
 
+        command: the command recorded (the CLI gives the command as typed); None: a ``sinklab stream``
+            command line of these arguments.
+
     Returns:
-        The ``stream.json`` (or ``passkey.json``) payload (dict with ``configs``).
+        The ``stream.json`` (a :class:`StreamResult`) or ``passkey.json`` (a :class:`PasskeyResult`)
+        payload: a dict with ``configs``, and a :class:`~sinklab.result.Result`.
 
     Raises:
         InputError: ``tokens < 2``, ``window < 1``, negative sinks, ``n_sink + window`` past the
@@ -135,7 +156,7 @@ def stream(
             raise InputError("--task passkey needs a transformers model and a text corpus (it states the key in words)")
         return _passkey(loaded, corpus, specs, tokens=tokens, out=Path(out), ctx=ctx, keys=passkey_keys,
                         depths=passkey_depths, batch=passkey_batch, chunk=passkey_chunk, seed=passkey_seed,
-                        progress=progress, command=_command(model, corpus, tokens, window, sinks, out, chunk,
+                        progress=progress, command=command or _command(model, corpus, tokens, window, sinks, out, chunk,
                                                             recompute_every, mode, policies, budgets, n_sink, kv_bits,
                                                             kv_group, key_quant, sinks_full_precision, task,
                                                             passkey_keys, passkey_depths, passkey_batch, passkey_chunk,
@@ -154,7 +175,7 @@ def stream(
     if policies:
         key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
     done, prev_meta = _resumable(out, key)
-    command = _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets,
+    command = command or _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets,
                        n_sink, kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths,
                        passkey_batch, passkey_chunk, passkey_seed, full, recompute)
     meta = {
@@ -186,7 +207,7 @@ def stream(
                     progress=progress, done=done, on_result=save)
     if done and all(s.name in done for s in specs):  # everything was already there: redraw from the file
         write_outputs(out, prev_meta, [results[s.name] for s in specs], chunk)
-    return read_json(out / "stream.json", "stream results")
+    return StreamResult(read_json(out / "stream.json", "stream results"))
 
 
 _POLICY_DEFINITIONS = {
@@ -207,9 +228,7 @@ _POLICY_DEFINITIONS = {
 def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets, n_sink,
              kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths, passkey_batch,
              passkey_chunk, passkey_seed, full, recompute=True) -> str:
-    """The command line as typed (when run as ``sinklab``), else one that reproduces the call."""
-    if Path(sys.argv[0]).name == "sinklab":
-        return " ".join(shlex.quote(a) for a in ["sinklab", *sys.argv[1:]])
+    """A ``sinklab stream`` command line that reproduces the call."""
     cmd = ["sinklab", "stream", "--model", model, "--corpus", corpus, "--tokens", str(tokens), "--window", str(window)]
     if policies:
         cmd += ["--policy", *policies, "--budget", *map(str, budgets or (256,))]
@@ -294,7 +313,7 @@ def _passkey(loaded, corpus: str, specs, *, tokens: int, out: Path, ctx, keys: i
                               [results[x.name] for x in specs if x.name in results])
     if done and all(s.name in done for s in specs):
         write_passkey_outputs(out, prev, [results[s.name] for s in specs])
-    return read_json(path, "pass key results")
+    return PasskeyResult(read_json(path, "pass key results"))
 
 
 def _load() -> list[float] | None:

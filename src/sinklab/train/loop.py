@@ -22,9 +22,9 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ from sinklab.data.tokens import TokenizedCorpus, prepare_corpus
 from sinklab.errors import ConfigError, InputError, SinklabError
 from sinklab.fileio import atomic_write_text, check_writable, publish, read_json, read_jsonl
 from sinklab.progress import progress as show_progress
+from sinklab.result import Result
 from sinklab.train import distributed
 from sinklab.train.checkpoint import (CHECKPOINT_NAME, load_checkpoint, load_run_checkpoint, rng_state, save_checkpoint,
                                       set_rng_state)
@@ -80,8 +81,13 @@ class _Status:
 
 
 @dataclass
-class TrainResult:
-    """What :func:`train` returns (also written to ``DIR/summary.json``)."""
+class TrainResult(Result):
+    """What :func:`train` returns (its numbers also in ``DIR/summary.json``, which the loop writes); a
+    :class:`~sinklab.result.Result`: ``save(out)`` writes these fields as ``train_result.json``, ``load`` reads
+    them back, ``table()`` is the training loss by step."""
+
+    FILE: ClassVar[str] = "train_result.json"
+    WHAT: ClassVar[str] = "sinklab train result"
 
     out: Path
     steps: int
@@ -96,6 +102,25 @@ class TrainResult:
     note: str = ""  # what a resume changed (steps raised on a finished run: the schedule consequence)
     code_fingerprint: str | None = None  # sinklab.train.fingerprint.code_fingerprint of the config, this start
     data_digest: str | None = None  # the canonical training's data hash (sinklab.train.fingerprint.data_digest)
+    command: str = ""  # the command that made it ("" when train is called from Python)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (``out`` as a string, ``losses`` keyed by step as strings)."""
+        d = asdict(self)
+        d["out"], d["losses"] = str(self.out), {str(k): v for k, v in self.losses.items()}
+        return d
+
+    def table(self):
+        """The training loss by step: columns ``step`` (1-based optimizer step) and ``loss`` (nats)."""
+        import pandas as pd
+
+        return pd.DataFrame({"step": list(self.losses), "loss": list(self.losses.values())}, columns=["step", "loss"])
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "TrainResult":
+        d = dict(data)
+        d["out"], d["losses"] = Path(d["out"]), {int(k): v for k, v in d.get("losses", {}).items()}
+        return cls(**d)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,150 @@
+"""One result type: what ``measure``, ``compare``, ``analyze``, ``stream`` and ``train`` return.
+
+Every feature's result is a :class:`Result` subclass with the same four methods: ``save(out)`` writes
+it into the folder ``out`` (its own files, unchanged: ``results.json``, ``compare.json``,
+``analysis.json``, ``stream.json``, ``train_result.json``, with their CSVs and plots), ``load(path)``
+reads it back (the folder or its main file), ``table()`` gives its main table as a pandas DataFrame and
+``to_dict()`` the JSON content. The command that made a result and the versions behind it are recorded
+one way: :attr:`Result.command` (the CLI passes :func:`command_of` of the arguments it was given --
+library code never reads ``sys.argv``; a Python call records how it was called) and :func:`versions`.
+
+This module is in the core layer: it imports nothing of sinklab but :mod:`sinklab.errors`,
+:mod:`sinklab.fileio` and :mod:`sinklab.provenance`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+
+def command_of(argv: Sequence[str], prog: str = "sinklab") -> str:
+    """The command line ``prog argv...`` as one shell-quoted string (what :attr:`Result.command` holds
+    for a result made by the CLI; ``argv`` without the program name, as typed)."""
+    return " ".join(shlex.quote(str(a)) for a in [prog, *argv])
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of the packages that determine the numbers: ``sinklab``, ``torch``,
+    ``transformers``, ``python``."""
+    import torch
+    import transformers
+
+    import sinklab
+
+    return {
+        "sinklab": sinklab.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def resolve_file(path: str | Path, name: str, what: str) -> Path:
+    """``path`` itself when it is a file, else ``path / name``.
+
+    Raises:
+        InputError: no such file (names ``what`` it should hold).
+    """
+    from sinklab.errors import InputError
+
+    p = Path(path)
+    f = p / name if p.is_dir() else p
+    if not f.exists():
+        raise InputError(f"no {name} at {p} ({what})")
+    return f
+
+
+class Result:
+    """Base of every feature's result.
+
+    Subclasses set :attr:`FILE` (the main file ``save`` writes) and :attr:`WHAT` (what it holds, for
+    messages) and implement :meth:`to_dict`, :meth:`table` and :meth:`from_dict`; :meth:`save` writes
+    ``to_dict()`` as ``FILE`` by default (subclasses that write more override it), :meth:`load` reads
+    ``FILE`` and calls :meth:`from_dict`.
+
+    Attributes:
+        command: the command that made the result (``sinklab ...`` from the CLI, else the Python call).
+    """
+
+    FILE: ClassVar[str] = "result.json"
+    WHAT: ClassVar[str] = "a sinklab result"
+    command: str  # each subclass holds it (a dataclass field, or read from its dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON content of :attr:`FILE`."""
+        raise NotImplementedError
+
+    def table(self):
+        """The result's main table (pandas DataFrame)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "Result":
+        """The result from the content of its :attr:`FILE` (``folder``: where it was read, for side files)."""
+        raise NotImplementedError
+
+    def save(self, out: str | Path) -> Path:
+        """Write :attr:`FILE` into the folder ``out`` (created); returns ``out``.
+
+        Raises:
+            InputError: ``out`` is a file.
+        """
+        from sinklab.fileio import atomic_write_text
+
+        out = _folder(out)
+        atomic_write_text(out / self.FILE, json.dumps(self.to_dict(), indent=1) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Result":
+        """Read a result saved by :meth:`save` (its folder or its :attr:`FILE`).
+
+        Raises:
+            InputError: no such file. CorruptFileError: the file is not valid JSON.
+        """
+        from sinklab.fileio import read_json
+
+        f = resolve_file(path, cls.FILE, cls.WHAT)
+        return cls.from_dict(read_json(f, cls.WHAT), f.parent)
+
+
+def _folder(out: str | Path) -> Path:
+    """``out`` as a folder, created. Raises InputError when it is a file."""
+    from sinklab.errors import InputError
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; give a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class DictResult(Result, dict):
+    """A result that is its JSON content, a dict (``stream.json``, ``passkey.json``): indexing works as on
+    the dict read from the file; :meth:`table` is the DataFrame of its ``configs`` list (one row each)."""
+
+    FILE = "stream.json"
+    WHAT = "stream results"
+
+    @property
+    def command(self) -> str:  # type: ignore[override]
+        return self.get("command") or ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+    def table(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.get("configs", []))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "DictResult":
+        return cls(data)
+
+
+__all__ = ["Result", "DictResult", "command_of", "versions", "resolve_file"]
