@@ -81,10 +81,10 @@ def load_subject(
     """Load a model (zoo name, Hugging Face folder, sinklab run or model folder) and draw ``num_samples``
     windows of ``seq_len`` tokens of natural text from ``corpus`` (the probe of ``sinklab measure``;
     default ``sotu``). For a ``sinklab train`` run folder and ``corpus=None`` the probe is the run's own
-    held-out data in its packing (:func:`sinklab.measure.trained.run_probe`).
+    held-out data in its packing (:meth:`sinklab.runs.Run.probe`).
 
     ``seq_len`` None: for a ``sinklab train`` run the tracker's probe length (``track.probe_len``, as
-    ``sinklab measure --model RUN``: :meth:`~sinklab.measure.trained.TrainedRun.probe_len`), else
+    ``sinklab measure --model RUN``: :meth:`sinklab.runs.Run.probe_len`), else
     :data:`DEFAULT_SEQ_LEN` (64).
 
     Raises:
@@ -99,16 +99,16 @@ def load_subject(
         raise InputError(f"--seq-len must be >= 4, got {seq_len}")
     from dataclasses import asdict
 
-    from sinklab.measure.trained import find_run, run_probe
+    from sinklab.runs import Run
 
-    run = find_run(model)
+    run = Run.find(model)
     if seq_len is None:
         seq_len = run.probe_len(bos) if run is not None else DEFAULT_SEQ_LEN
     if run is None:
         check_model_spec(model)
     if run is not None and corpus is None:  # a training run: its own held-out data in its packing
-        loaded = load_model(str(run.final), dtype=torch.float32, attn_implementation="sdpa")
-        probe = run_probe(run, num_samples, seq_len, seed, "auto", loaded.tokenizer)
+        loaded = run.load(dtype=torch.float32, attn_implementation="sdpa")
+        probe = run.probe(num_samples, seq_len, seed, "auto", loaded.tokenizer)
         info = {**asdict(loaded.info), "run": str(run.folder)}
         return Subject(loaded.model, probe.input_ids, loaded.tokenizer, info, {"name": "run", **probe.details},
                        False, seed, source=model)

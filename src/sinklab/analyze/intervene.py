@@ -78,12 +78,12 @@ def diffusion_probe(subj: Subject, seed: int) -> tuple[Tensor, Tensor] | None:
 
 
 def _run_of(subj: Subject):
-    """The ``sinklab train`` run behind the subject (:class:`sinklab.measure.trained.TrainedRun`), or None."""
-    from sinklab.measure.trained import find_run
+    """The ``sinklab train`` run behind the subject (:class:`sinklab.runs.Run`), or None."""
+    from sinklab.runs import Run
 
     folder = subj.model_info.get("run") or subj.source
     try:
-        return find_run(str(folder)) if folder else None
+        return Run.find(str(folder)) if folder else None
     except SinklabError:  # a run folder without final/ or with a bad config: no run to read settings from
         return None
 

