@@ -93,12 +93,12 @@ class Point:
         from its own parent run); it is replaced by ``seed`` when one is given and left as written
         otherwise (for validation of the rest of the config).
         """
-        from sinklab.runs.config import _toml_value
+        from sinklab.runs.config import toml_value
 
         def value(v):
             return v.replace(SEED_PLACEHOLDER, str(seed)) if isinstance(v, str) and seed is not None else v
 
-        return [f"{k}={_toml_value(value(v))}" for k, v in self.overrides.items()]
+        return [f"{k}={toml_value(value(v))}" for k, v in self.overrides.items()]
 
 
 @dataclass
