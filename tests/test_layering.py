@@ -4,7 +4,7 @@ sinklab.capture.
 
 The layers, lowest first (a module may import its own layer and the layers below it, never above)::
 
-    core      errors, registry, paths, attention_masks (masks), provenance, fileio, progress
+    core      errors, registry, paths, attention_masks (masks), provenance, fileio, progress, result
     models    nn (SinkLM), zoo (model and corpus recipes, load_model)
     capture   metrics, capture (collectors, the HF and SinkLM seams, the model adapter)
     data      data (tokenizers, token files, packing), probe (probe inputs, the window cutter),
@@ -98,7 +98,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 #: the layers, lowest first: (name, packages or modules); a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("sinklab", "sinklab.errors", "sinklab.registry", "sinklab.paths", "sinklab.attention_masks",
-              "sinklab.provenance", "sinklab.fileio", "sinklab.progress")),
+              "sinklab.provenance", "sinklab.fileio", "sinklab.progress", "sinklab.result")),
     ("models", ("sinklab.nn", "sinklab.zoo")),
     ("capture", ("sinklab.metrics", "sinklab.capture")),
     ("data", ("sinklab.data", "sinklab.probe", "sinklab.diffusion")),
