@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from sinklab.train import loop
-from sinklab.train.config import load_config
+from sinklab.runs.config import load_config
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from sinklab.train import distributed, loop
-from sinklab.train.config import load_config
+from sinklab.runs.config import load_config
 
 #: the collectives of torch.distributed that are recorded
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",

@@ -238,7 +238,7 @@ def _kept_checkpoint_run(tmp_path):
 
     from conftest import synthetic_run_toml
     from sinklab.train import loop
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     f = tmp_path / "run.toml"
     f.write_text(synthetic_run_toml(steps=4))
@@ -255,7 +255,7 @@ def test_depth_on_every_checkpoint_of_a_run(tmp_path):
     from sinklab.analyze import depth
     from sinklab.analyze.depth import run_checkpoints
     from sinklab.capture.native import forward_native
-    from sinklab.measure.trained import find_run, run_probe
+    from sinklab.runs import Run
     from sinklab.train.checkpoint import load_run_checkpoint
 
     out = _kept_checkpoint_run(tmp_path)
@@ -266,8 +266,7 @@ def test_depth_on_every_checkpoint_of_a_run(tmp_path):
     layers = res.tables["layers"]
     assert len(layers) == 4 and set(layers["source"]) == {"checkpoints/step_000002.pt", "final"}
     # step 2 from the kept file, recomputed through the model's own observer weights
-    run = find_run(str(out))
-    ids = run_probe(run, 4, 16, 0, "auto").input_ids
+    ids = Run.open(out).probe(4, 16, 0, "auto").input_ids
     model = found[0].load()
     state = load_run_checkpoint(out / "checkpoints" / "step_000002.pt")
     for k, v in model.state_dict().items():

@@ -179,7 +179,7 @@ def test_analyze_massive_on_a_16_token_run_takes_its_defaults_from_the_run(tmp_p
     T = 64 is past that model's context."""
     from sinklab.analyze import massive
     from sinklab.train import loop
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     f = tmp_path / "run.toml"
     f.write_text(synthetic_run_toml(steps=4))
@@ -248,7 +248,7 @@ def test_the_cli_records_the_command_as_typed(tiny_model_dir, text_corpus_dir, t
 
 def test_train_result_round_trip(tmp_path):
     from sinklab.train import loop
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     f = tmp_path / "run.toml"
     f.write_text(synthetic_run_toml(steps=2))

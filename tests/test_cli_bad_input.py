@@ -338,7 +338,7 @@ def test_the_check_creates_nothing(tmp_path):
 def trained_run(tmp_path_factory):
     """A finished 2-step synthetic run: config.toml, checkpoint.pt, metrics.jsonl, summary.json, final/."""
     from sinklab.train import loop
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     tmp = tmp_path_factory.mktemp("trained")
     (tmp / "tiny.toml").write_text(synthetic_run_toml(steps=2))

@@ -12,7 +12,7 @@ from sinklab.data.packing import (
     apply_prefix_mask,
     make_packer,
 )
-from sinklab.data.probe import probe_set
+from sinklab.probe.windows import probe_set
 from sinklab.data.tokens import TokenSplit
 from sinklab.errors import InputError, UnknownNameError
 

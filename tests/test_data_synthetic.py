@@ -61,7 +61,7 @@ def test_bad_options():
 
 
 def test_run_config_uses_synthetic_vocabulary():
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     cfg = load_config("emergence-cpu", ["data.synthetic.vocab=32"])
     assert cfg.model.vocab_size == 34

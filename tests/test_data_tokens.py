@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sinklab.data.tokenizer import BOS, EOS, special_ids, train_bpe
-from sinklab.data.tokens import load_token_folder, split_documents, tokenize_documents
+from sinklab.data.tokens import load_token_folder, split_documents, tokenize_corpus
 from sinklab.errors import InputError
 
 DOCS = [f"Document number {i}. " + " ".join(f"word{i % 7}x{j}" for j in range(30 + i)) for i in range(20)]
@@ -30,7 +30,7 @@ def test_bpe_round_trip_and_specials():
 
 
 def test_tokenize_documents_split_by_document(tmp_path):
-    tc = tokenize_documents(DOCS, vocab_size=300, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
+    tc = tokenize_corpus(DOCS, vocab_size=300, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
     assert tc.train.n_docs == 16 and tc.val.n_docs == 4
     assert tc.train.tokens.dtype == np.uint16
     assert isinstance(tc.val.tokens, np.memmap)
@@ -41,12 +41,12 @@ def test_tokenize_documents_split_by_document(tmp_path):
     assert not set(tc.meta["train_docs"]) & set(tc.meta["val_docs"])
     # the tokenizer never saw validation text: a validation-only word is not a single token
     # second call reuses the cache folder
-    tc2 = tokenize_documents(DOCS, vocab_size=300, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
+    tc2 = tokenize_corpus(DOCS, vocab_size=300, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
     assert tc2.folder == tc.folder
     assert np.array_equal(np.asarray(tc2.train.tokens), np.asarray(tc.train.tokens))
     assert load_token_folder(tc.folder).meta["key"] == tc.meta["key"]
     # a change of settings gives a new folder
-    tc3 = tokenize_documents(DOCS, vocab_size=280, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
+    tc3 = tokenize_corpus(DOCS, vocab_size=280, val_fraction=0.2, split_seed=1, cache_root=tmp_path)
     assert tc3.folder != tc.folder
     assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 2
 
@@ -58,14 +58,14 @@ def test_bpe_trained_on_train_split_only(tmp_path):
         tr, va = split_documents(len(docs), 0.1, seed)
         if 9 in va:
             break
-    tc = tokenize_documents(docs, vocab_size=320, val_fraction=0.1, split_seed=seed, cache_root=tmp_path)
+    tc = tokenize_corpus(docs, vocab_size=320, val_fraction=0.1, split_seed=seed, cache_root=tmp_path)
     assert tc.tokenizer.token_to_id("Ġzyzzyva") is None
     assert tc.tokenizer.token_to_id("Ġbeta") is not None
 
 
 def test_empty_corpus():
     with pytest.raises(InputError):
-        tokenize_documents(["", "  "])
+        tokenize_corpus(["", "  "])
 
 
 @pytest.mark.slow
@@ -127,7 +127,7 @@ def test_interrupted_tokenization_resumes_after_the_last_complete_chunk(tmp_path
     rng = random.Random(1)
     docs = [" ".join(rng.choice("a b c the of x y zz".split()) for _ in range(rng.randint(1, 30))) for _ in range(40)]
     monkeypatch.setattr(tokens, "ENCODE_CHUNK", 4)
-    clean = tokens.tokenize_documents(docs, vocab_size=280, cache_root=tmp_path / "clean")
+    clean = tokens.tokenize_corpus(docs, vocab_size=280, cache_root=tmp_path / "clean")
 
     calls = {"encode": 0, "build": 0}
     real_build = tokens.build_tokenizer
@@ -150,13 +150,13 @@ def test_interrupted_tokenization_resumes_after_the_last_complete_chunk(tmp_path
 
     monkeypatch.setattr(tokens, "_encode_split", lambda *a: flaky_encode(*a, fail_after=3))
     with pytest.raises(_Interrupt):
-        tokens.tokenize_documents(docs, vocab_size=280, cache_root=tmp_path / "resumed")
+        tokens.tokenize_corpus(docs, vocab_size=280, cache_root=tmp_path / "resumed")
     partial = next((tmp_path / "resumed").glob(".*.partial"))
     assert (partial / "tokenizer.json").exists()
     assert len(np.fromfile(partial / "train.len.bin", dtype=np.int64)) == 12  # 3 chunks of 4 documents
     monkeypatch.setattr(tokens, "_encode_split", lambda *a: flaky_encode(*a))
     calls["encode"] = 0
-    resumed = tokens.tokenize_documents(docs, vocab_size=280, cache_root=tmp_path / "resumed")
+    resumed = tokens.tokenize_corpus(docs, vocab_size=280, cache_root=tmp_path / "resumed")
     n_train = len(clean.meta["train_docs"])
     n_val = len(clean.meta["val_docs"])
     expect_chunks = -(-(n_train - 12) // 4) + -(-n_val // 4)

@@ -16,7 +16,7 @@ from sinklab.errors import ConfigError, InputError
 from sinklab.nn import ModelConfig
 from sinklab.nn.loss import linear_cross_entropy
 from sinklab.nn.model import SinkLM
-from sinklab.train.config import apply_overrides, diff_keys, from_dict, load_config
+from sinklab.runs.config import apply_overrides, diff_keys, from_dict, load_config
 from sinklab.train.objective import MaskedDiffusionObjective
 
 from conftest import synthetic_run_toml

@@ -167,7 +167,7 @@ def test_measure_cloze_on_a_run_and_compare(tmp_path, capsys, tiny_model_dir):
     """`measure --cloze` on a synthetic training run (token-span items) and on an HF model (sentences),
     then `compare` shows the columns; results.json keeps the numbers."""
     from sinklab.train import loop
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     f = tmp_path / "run.toml"
     f.write_text(synthetic_run_toml(steps=2))

@@ -50,7 +50,7 @@ def test_training_run_files_are_readable_by_all(umask_022, tmp_path):
     """config.toml, metrics.jsonl, checkpoint.pt, summary.json, final/model.safetensors, final/sinklab_model.json,
     the tokenizer files: all 0o644 (the atomic ones were 0o600)."""
     from sinklab.train import loop
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(synthetic_run_toml(steps=2))

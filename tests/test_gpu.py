@@ -61,7 +61,7 @@ def test_sinklab_train_on_cuda_bf16(tmp_path):
 
     import sinklab.train.loop as loop
     from sinklab.nn.model import SinkLM as Model
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     cfg_file = tmp_path / "cfg.toml"
     cfg_file.write_text(synthetic_run_toml(20))
@@ -132,7 +132,7 @@ def test_two_gpus_sgd_parameters_equal_one_process(tmp_path, parallel):
     import sinklab.train.loop as loop
     from conftest import synthetic_run_toml
     from sinklab.nn.model import SinkLM as Model
-    from sinklab.train.config import load_config, to_toml
+    from sinklab.runs.config import load_config, to_toml
 
     torch.backends.cuda.matmul.allow_tf32 = False
     cfg_file = tmp_path / "base.toml"

@@ -1,5 +1,19 @@
-"""Code structure: sinklab's modules import each other without cycles (each layer imports only
-downwards), and the attention-mask helpers have one home shared by sinklab.nn and sinklab.capture."""
+"""Code structure: sinklab's modules import each other in one direction, layer by layer, without cycles,
+features never import each other, and the attention-mask helpers have one home shared by sinklab.nn and
+sinklab.capture.
+
+The layers, lowest first (a module may import its own layer and the layers below it, never above)::
+
+    core      errors, registry, paths, attention_masks (masks), provenance, fileio, progress, result
+    models    nn (SinkLM), zoo (model and corpus recipes, load_model)
+    capture   metrics, capture (collectors, the HF and SinkLM seams, the model adapter)
+    data      data (tokenizers, token files, packing), probe (probe inputs, the window cutter),
+              diffusion (the masked-diffusion objective's masking and sampler)
+    runs      runs (RunConfig, Run)
+    train     train (the training loop, tracker, checkpoints)
+    features  measure, analyze, streaming, sweep: each imports the layers below, never another feature
+    cli       cli, __main__
+"""
 
 import ast
 import itertools
@@ -79,6 +93,105 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return out
+
+
+#: the layers, lowest first: (name, packages or modules); a module belongs to the longest prefix listed
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("sinklab", "sinklab.errors", "sinklab.registry", "sinklab.paths", "sinklab.attention_masks",
+              "sinklab.provenance", "sinklab.fileio", "sinklab.progress", "sinklab.result")),
+    ("models", ("sinklab.nn", "sinklab.zoo")),
+    ("capture", ("sinklab.metrics", "sinklab.capture")),
+    ("data", ("sinklab.data", "sinklab.probe", "sinklab.diffusion")),
+    ("runs", ("sinklab.runs",)),
+    ("train", ("sinklab.train",)),
+    ("features", ("sinklab.measure", "sinklab.analyze", "sinklab.streaming", "sinklab.sweep")),
+    ("cli", ("sinklab.cli", "sinklab.__main__")),
+]
+#: the layer whose packages must not import each other
+FEATURES = "features"
+
+
+def _owner(module: str, layers=LAYERS) -> tuple[int, str] | None:
+    """(layer index, the package or module of ``layers`` that owns ``module``): the longest matching prefix."""
+    best = None
+    for i, (_, owners) in enumerate(layers):
+        for o in owners:
+            inside = module == o or (module.startswith(o + ".") and o != "sinklab")  # the root: its __init__ alone
+            if inside and (best is None or len(o) > len(best[1])):
+                best = (i, o)
+    return best
+
+
+def layer_violations(graph: dict[str, set[str]], layers=LAYERS, features: str = FEATURES) -> list[str]:
+    """Every import of ``graph`` (module -> modules it imports) that breaks the direction: a module that
+    imports a higher layer, a feature that imports another feature, a module in no layer."""
+    names = [n for n, _ in layers]
+    out = []
+    for a in sorted(graph):
+        oa = _owner(a, layers)
+        if oa is None:
+            out.append(f"{a} is in no layer (add its package to LAYERS)")
+            continue
+        for b in sorted(graph[a]):
+            ob = _owner(b, layers)
+            if ob is None:
+                out.append(f"{b} is in no layer (add its package to LAYERS)")
+            elif ob[0] > oa[0]:
+                out.append(f"{a} ({names[oa[0]]}) imports {b} ({names[ob[0]]}), a higher layer")
+            elif ob[0] == oa[0] and names[oa[0]] == features and ob[1] != oa[1]:
+                out.append(f"{a} imports {b}: features never import each other (move the shared code down)")
+    return sorted(set(out))
+
+
+def test_the_layer_checker_catches_a_downward_breaking_import(tmp_path):
+    """The checker on a fake tree: an upward import, a feature importing another feature, an unknown
+    package; and the same tree with those imports removed passes."""
+    files = {
+        "sinklab/nn/model.py": "from sinklab.train.loop import train\n",  # models -> train: upward
+        "sinklab/measure/run.py": "def f():\n    from sinklab.analyze.common import run_model\n",  # feature -> feature
+        "sinklab/runs/run.py": "from sinklab.capture import collect\nimport sinklab.errors\n",  # downward: fine
+        "sinklab/train/loop.py": "from sinklab.runs import Run\n",
+        "sinklab/analyze/common.py": "from sinklab.measure.run import measure\n",
+        "sinklab/capture/__init__.py": "", "sinklab/errors.py": "", "sinklab/newpkg/x.py": "import sinklab.nn.model\n",
+    }
+    mods = {}
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        parts = list(Path(rel).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph = {name: _imports(name, path, mods) for name, path in mods.items()}
+    assert layer_violations(graph) == sorted([
+        "sinklab.analyze.common imports sinklab.measure.run: features never import each other (move the shared code down)",
+        "sinklab.measure.run imports sinklab.analyze.common: features never import each other (move the shared code down)",
+        "sinklab.newpkg.x is in no layer (add its package to LAYERS)",
+        "sinklab.nn.model (models) imports sinklab.train.loop (train), a higher layer",
+    ])
+    clean = {a: {b for b in bs if not (a.startswith(("sinklab.nn", "sinklab.measure", "sinklab.analyze")))}
+             for a, bs in graph.items() if not a.startswith("sinklab.newpkg")}
+    assert layer_violations(clean) == []
+    # a feature may import its own package and everything below
+    assert layer_violations({"sinklab.streaming.run": {"sinklab.streaming.harness", "sinklab.runs.run", "sinklab"}}) == []
+
+
+def test_imports_go_down_the_layers_and_features_stay_apart():
+    bad = layer_violations(_graph())
+    assert not bad, "imports against the layer direction:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_another_packages_private_names():
+    """``from sinklab.X.y import _name`` only inside the package sinklab.X (no borrowed private helpers)."""
+    found = []
+    for name, path in _modules().items():
+        own = ".".join(name.split(".")[:2])
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("sinklab"):
+                target = ".".join(node.module.split(".")[:2])
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                if private and target != own:
+                    found.append(f"{name} imports {private} from {node.module}")
+    assert not found, found
 
 
 def test_the_import_parser_sees_every_kind_of_import(tmp_path):

@@ -141,7 +141,7 @@ def test_corpus_with_too_few_windows_says_how_many_fit():
 
 def test_run_validation_split_too_small_message():
     from sinklab.data.packing import make_packer
-    from sinklab.data.probe import probe_set
+    from sinklab.probe.windows import probe_set
     from test_data_packing import CTX, split_of
 
     split = split_of([list(range(100, 107))])

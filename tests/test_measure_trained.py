@@ -15,7 +15,7 @@ from sinklab.cli.main import app
 from sinklab.errors import InputError
 from sinklab.measure import measure
 from sinklab.train import loop
-from sinklab.train.config import load_config
+from sinklab.runs.config import load_config
 
 
 def _train(tmp, name: str, toml: str, *overrides: str, stop_after: int | None = None):

@@ -13,7 +13,7 @@ from sinklab.sweep.run import run_sweep
 from sinklab.sweep.spec import load_study
 from sinklab.sweep.summary import summarize_sweep
 from sinklab.train import loop
-from sinklab.train.config import load_config
+from sinklab.runs.config import load_config
 
 from conftest import synthetic_run_toml
 
@@ -177,11 +177,13 @@ def test_init_from_starts_from_the_runs_weights_with_a_fresh_optimizer(tiny, tmp
     # "new data": the synthetic task with another transition matrix (same vocabulary)
     over = [f"train.init_from={json.dumps(str(src))}", "data.synthetic.seed=5", "train.steps=6"]
     cfg = load_config(tiny, over)
-    assert f'init_from = "{src}"' in __import__("sinklab.train.config", fromlist=["to_toml"]).to_toml(cfg)
+    assert f'init_from = "{src}"' in __import__("sinklab.runs.config", fromlist=["to_toml"]).to_toml(cfg)
     res = loop.train(cfg, tmp_path / "ft", progress=False)
     # independent: the source model's loss on batch 0 of the new data
-    tc = loop.prepare_data(cfg, tmp_path)
-    data = PackedData(tc.train, make_packer(cfg.data.packing, loop._packing_context(cfg, tc)), cfg.data.seq_len,
+    from sinklab.runs import Run
+
+    new = Run(cfg, tmp_path)
+    data = PackedData(new.corpus.train, make_packer(cfg.data.packing, new.packing_context), cfg.data.seq_len,
                       seed=cfg.train.seed)
     x, y = data.batch(0, cfg.train.batch_size)
     m = SinkLM.from_pretrained(src / "final")

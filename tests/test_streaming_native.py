@@ -85,14 +85,15 @@ def test_cli_stream_on_a_sinklab_run_and_its_own_data(tmp_path, capsys):
     from conftest import run_cli_captured, synthetic_run_toml
     from sinklab.streaming.harness import run_stream
     from sinklab.train import loop
-    from sinklab.train.config import load_config
+    from sinklab.runs import Run
+    from sinklab.runs.config import load_config
 
     cfg = tmp_path / "run.toml"
     cfg.write_text(synthetic_run_toml(steps=2).replace("[model]\n", "[model]\nmax_seq_len = 64\n"))
     run = tmp_path / "run"
     loop.train(load_config(cfg, []), run, progress=False)
     ids = run_stream(run, 40)
-    tc = loop.prepare_data(load_config(cfg, []), run)
+    tc = Run(load_config(cfg, []), run).corpus
     assert ids[0] == tc.bos_id and ids[1:].tolist() == list(tc.val.tokens[:39])
     out = tmp_path / "st"
     code, stdout, err = run_cli_captured(["stream", "--model", str(run), "--corpus", "run", "--tokens", "40",

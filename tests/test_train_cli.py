@@ -99,7 +99,7 @@ def test_preset_descriptions_are_whole():
     """issue 21, item 9: emergence-cpu's three-line comment was listed up to its first line's end ("... lr 1e-2:
     the"). The description is the whole leading comment block, read here line by line from the file."""
     from sinklab.cli.main import LISTERS
-    from sinklab.train.config import presets
+    from sinklab.runs.config import presets
 
     _load_commands()
     listed = dict(LISTERS.get("presets")())

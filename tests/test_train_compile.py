@@ -7,7 +7,7 @@ import torch
 
 import sinklab.train.loop as loop
 from conftest import synthetic_run_toml
-from sinklab.train.config import load_config
+from sinklab.runs.config import load_config
 
 
 def _train(tmp_path, compiled: bool, precision: str):

@@ -5,7 +5,7 @@ import tomllib
 import pytest
 
 from sinklab.errors import ConfigError, UnknownNameError
-from sinklab.train.config import (
+from sinklab.runs.config import (
     apply_overrides,
     diff_keys,
     from_dict,

@@ -17,7 +17,7 @@ from sinklab.data.packing import PackedData, PackingContext, make_packer
 from sinklab.data.tokens import prepare_corpus
 from sinklab.errors import ConfigError
 from sinklab.train import distributed
-from sinklab.train.config import apply_overrides, from_dict, to_toml
+from sinklab.runs.config import apply_overrides, from_dict, to_toml
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
          "they you were her she there been one all we their has would when if so no will").split()

@@ -4,7 +4,7 @@ it is shorter than its learning-rate warm-up."""
 import pytest
 
 from sinklab.nn.config import ModelConfig
-from sinklab.train.config import DataConfig, RunConfig, TrainConfig
+from sinklab.runs.config import DataConfig, RunConfig, TrainConfig
 from sinklab.train.loop import EPOCHS_WARN, epochs_warning
 
 
@@ -28,7 +28,7 @@ def test_train_reports_the_warning_before_training(tmp_path):
     import random
 
     import sinklab.train.loop as loop
-    from sinklab.train.config import from_dict
+    from sinklab.runs.config import from_dict
 
     texts = tmp_path / "t"
     texts.mkdir()
@@ -51,7 +51,7 @@ def test_train_reports_the_warning_before_training(tmp_path):
 def test_warmup_warning_hand_worked():
     """issue 21, item 9: `train tiny-cpu --steps 20` peaks at lr 2e-4 = 1e-3 * 20 / 100 (warm-up 100 steps),
     silently. The warning names the setting, the peak and a fix; a run at least as long as its warm-up gets none."""
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
     from sinklab.train.loop import warmup_warning
 
     cfg = load_config("tiny-cpu", ["train.steps=20"])
@@ -101,7 +101,7 @@ def test_max_epochs_refuses_past_the_limit_with_the_hand_worked_count():
 
 
 def test_paper_presets_limit_the_passes_and_the_cpu_presets_do_not():
-    from sinklab.train.config import ConfigError, load_config
+    from sinklab.runs.config import ConfigError, load_config
 
     for name in ("paper-60m", "paper-1b"):
         assert load_config(name).data.max_epochs == 4.0
@@ -128,7 +128,7 @@ def test_paper_preset_on_a_small_corpus_exits_2_before_training(tmp_path, capsys
     from conftest import run_cli_captured
 
     import sinklab.train.loop as loop
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     texts = _small_texts(tmp_path / "t")
     small = [f'data.corpus="{texts}"', "data.vocab_size=300", 'data.cache_dir="run"', "data.seq_len=16",

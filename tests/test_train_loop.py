@@ -12,7 +12,7 @@ import sinklab.train.loop as loop
 import sinklab.train.objective as objective_mod
 from sinklab.errors import ConfigError, InputError
 from sinklab.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from sinklab.train.config import apply_overrides, from_dict
+from sinklab.runs.config import apply_overrides, from_dict
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
          "they you were her she there been one all we their has would when if so no will").split()
@@ -196,8 +196,10 @@ def test_ngram_source_trains_on_sampled_text_and_probes_real_text(corpus, tmp_pa
     from sinklab.data.ngram import make_config
 
     cfg = make_cfg(corpus, 'data.source="ngram"', "data.ngram={order = 2, backoff = 0.0, n_train_docs = 40, doc_len = 30}")
-    real = loop.prepare_data(make_cfg(corpus), tmp_path)
-    tc = loop.prepare_data(cfg, tmp_path)
+    from sinklab.runs.run import prepare_data
+
+    real = prepare_data(make_cfg(corpus), tmp_path)
+    tc = prepare_data(cfg, tmp_path)
     assert tc.train.n_docs == 40 and tc.train.n_tokens == 40 * 30
     assert np.array_equal(np.asarray(tc.val.tokens), np.asarray(real.val.tokens))
     seen = set()

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli_captured, synthetic_run_toml
 from sinklab.cli.main import app
 from sinklab.train import loop
-from sinklab.train.config import load_config
+from sinklab.runs.config import load_config
 
 
 _run = run_cli_captured

@@ -15,8 +15,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor, nn
 
-from sinklab.capture.hf import forward_hf
-from sinklab.capture.native import forward_native, is_native
+from sinklab.capture.adapter import adapt
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
@@ -70,8 +69,7 @@ class Subject:
 
     @property
     def num_layers(self) -> int:
-        c = self.model.config
-        return c.n_layers if is_native(self.model) else c.num_hidden_layers
+        return adapt(self.model).n_layers
 
 
 def load_subject(
@@ -81,10 +79,10 @@ def load_subject(
     """Load a model (zoo name, Hugging Face folder, sinklab run or model folder) and draw ``num_samples``
     windows of ``seq_len`` tokens of natural text from ``corpus`` (the probe of ``sinklab measure``;
     default ``sotu``). For a ``sinklab train`` run folder and ``corpus=None`` the probe is the run's own
-    held-out data in its packing (:func:`sinklab.measure.trained.run_probe`).
+    held-out data in its packing (:meth:`sinklab.runs.Run.probe`).
 
     ``seq_len`` None: for a ``sinklab train`` run the tracker's probe length (``track.probe_len``, as
-    ``sinklab measure --model RUN``: :meth:`~sinklab.measure.trained.TrainedRun.probe_len`), else
+    ``sinklab measure --model RUN``: :meth:`sinklab.runs.Run.probe_len`), else
     :data:`DEFAULT_SEQ_LEN` (64).
 
     Raises:
@@ -99,16 +97,16 @@ def load_subject(
         raise InputError(f"--seq-len must be >= 4, got {seq_len}")
     from dataclasses import asdict
 
-    from sinklab.measure.trained import find_run, run_probe
+    from sinklab.runs import Run
 
-    run = find_run(model)
+    run = Run.find(model)
     if seq_len is None:
         seq_len = run.probe_len(bos) if run is not None else DEFAULT_SEQ_LEN
     if run is None:
         check_model_spec(model)
     if run is not None and corpus is None:  # a training run: its own held-out data in its packing
-        loaded = load_model(str(run.final), dtype=torch.float32, attn_implementation="sdpa")
-        probe = run_probe(run, num_samples, seq_len, seed, "auto", loaded.tokenizer)
+        loaded = run.load(dtype=torch.float32, attn_implementation="sdpa")
+        probe = run.probe(num_samples, seq_len, seed, "auto", loaded.tokenizer)
         info = {**asdict(loaded.info), "run": str(run.folder)}
         return Subject(loaded.model, probe.input_ids, loaded.tokenizer, info, {"name": "run", **probe.details},
                        False, seed, source=model)
@@ -192,11 +190,11 @@ def run_model(
         InputError: ``nll`` for a model without an LM head.
         CaptureError: the model's attention does not go through the seam.
     """
-    native = is_native(model)
-    if nll and not native and not hasattr(model, "lm_head") and getattr(model, "get_output_embeddings", lambda: None)() is None:
+    adapter = adapt(model)
+    if nll and not adapter.has_lm_head:
         raise InputError(f"{type(model).__name__} has no language-modelling head: no loss readout")
     parts, hids, nlls = [], [], []
-    emb = model.embed if native else model.get_input_embeddings()
+    emb = adapter.embeddings
     for s in range(0, input_ids.shape[0], batch_size):
         ids = input_ids[s : s + batch_size]
         handle = None
@@ -205,7 +203,7 @@ def run_model(
             handle = emb.register_forward_hook(lambda _m, _i, o, d=delta: o + d.to(o.dtype))
         try:
             kw = dict(edit=edit, hidden_edit=hidden_edit, logits=nll, keep_hidden=hidden, entropy=entropy)
-            rec = forward_native(model, ids, **kw) if native else forward_hf(model, ids, "eager", **kw)
+            rec = adapter.capture(ids, collector="eager", **kw)
         finally:
             if handle is not None:
                 handle.remove()
@@ -311,8 +309,7 @@ def check_heads(heads: list[int] | None, num_heads: int) -> list[int]:
 
 def num_heads(model: nn.Module) -> int:
     """Query heads per attention layer of a ``transformers`` model or a :class:`~sinklab.nn.SinkLM`."""
-    c = model.config
-    return c.n_heads if is_native(model) else c.num_attention_heads
+    return adapt(model).n_heads
 
 
 def _versions() -> dict[str, str]:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, position_norm_ratio, resolve_subject,
                                     run_model)
-from sinklab.capture.native import is_native
+from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
@@ -157,7 +157,7 @@ def denoise(
 
     subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     m = subj.model
-    if not is_native(m) or getattr(m.config, "causal", True):
+    if not adapt(m).masked_diffusion:
         raise InputError("analyze denoise needs a masked diffusion model (a sinklab run trained with "
                          "train.objective = 'masked_diffusion'); this model is causal or not a sinklab model")
     ids = subj.input_ids

@@ -63,7 +63,7 @@ def run_checkpoints(folder: str | Path) -> list[Checkpoint]:
     """
     from sinklab.fileio import read_json
     from sinklab.train.checkpoint import load_run_checkpoint
-    from sinklab.train.config import from_dict, load_config
+    from sinklab.runs.config import from_dict, load_config
     from sinklab.zoo.models import NATIVE_MARKER, is_run_folder
 
     folder = Path(folder).expanduser().resolve()
@@ -307,16 +307,15 @@ def _run_subject(folder: Path, ckpts: list[Checkpoint], corpus, num_samples: int
                  seed: int) -> Subject:
     """The probe of a run's checkpoints: with ``final/``, :func:`load_subject` (the run's held-out data, or
     ``corpus``); without it, the run's held-out data prepared from its config (no tokenizer strings).
-    ``seq_len`` None: the run's probe length (:meth:`~sinklab.measure.trained.TrainedRun.probe_len`)."""
+    ``seq_len`` None: the run's probe length (:meth:`sinklab.runs.Run.probe_len`)."""
     if any(c.source == "final" for c in ckpts):
         return load_subject(str(folder), corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     if corpus is not None:
         raise InputError(f"{folder} has no final/ (no saved tokenizer): only its own held-out data can be used, drop --corpus")
-    from sinklab.measure.trained import TrainedRun, run_probe
-    from sinklab.train.config import load_config
+    from sinklab.runs import Run, load_config
 
-    run = TrainedRun(folder.resolve(), folder.resolve() / "final", load_config(folder / "config.toml"))
-    probe = run_probe(run, num_samples, run.probe_len("auto") if seq_len is None else seq_len, seed, "auto")
+    run = Run(load_config(folder / "config.toml"), folder.resolve())
+    probe = run.probe(num_samples, run.probe_len("auto") if seq_len is None else seq_len, seed, "auto")
     info = {"name": str(folder.resolve()), "run": str(folder.resolve()), "architecture": f"sinklab:{run.config.model.attention}"}
     return Subject(ckpts[-1].load(), probe.input_ids, None, info, {"name": "run", **probe.details}, False, seed,
                    source=str(folder))

@@ -22,7 +22,7 @@ from sinklab.analyze.common import (AnalysisResult, Subject, analysis, check_lay
 from sinklab.analyze.interventions import (INTERVENTIONS, Target, position_table, remove_key,  # noqa: F401
                                            swapped_positions)
 from sinklab.analyze.massive import top_activations
-from sinklab.capture.native import is_native
+from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError, SinklabError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
@@ -59,7 +59,7 @@ def diffusion_probe(subj: Subject, seed: int) -> tuple[Tensor, Tensor] | None:
     from sinklab.train.objective import MaskedDiffusionObjective
 
     m = subj.model
-    if not is_native(m) or getattr(m.config, "causal", True):
+    if not adapt(m).masked_diffusion:
         return None
     tok = subj.tokenizer
     mask_id = getattr(tok, "mask_token_id", None) if tok is not None else None
@@ -78,12 +78,12 @@ def diffusion_probe(subj: Subject, seed: int) -> tuple[Tensor, Tensor] | None:
 
 
 def _run_of(subj: Subject):
-    """The ``sinklab train`` run behind the subject (:class:`sinklab.measure.trained.TrainedRun`), or None."""
-    from sinklab.measure.trained import find_run
+    """The ``sinklab train`` run behind the subject (:class:`sinklab.runs.Run`), or None."""
+    from sinklab.runs import Run
 
     folder = subj.model_info.get("run") or subj.source
     try:
-        return find_run(str(folder)) if folder else None
+        return Run.find(str(folder)) if folder else None
     except SinklabError:  # a run folder without final/ or with a bad config: no run to read settings from
         return None
 
@@ -240,7 +240,7 @@ def _chosen(m: nn.Module, only: list[str] | None, lm: bool, token: int | None, s
         raise InputError("drop-first / replace-first need a language-modelling head; this model is an encoder")
     if any(needs[x].needs_learned_positions for x in want) and not 1 <= swap_to < T:
         raise InputError(f"--swap-to {swap_to} is outside the sequence: give a 0-based position in [1, {T - 1}] (T={T})")
-    emb = m.embed if is_native(m) else m.get_input_embeddings()
+    emb = adapt(m).embeddings
     vocab_rows = int(emb.num_embeddings)
     if token is not None and "replace-first" in want and not 0 <= token < vocab_rows:
         raise InputError(f"--token {token} is outside the vocabulary: token ids 0 to {vocab_rows - 1}")

@@ -25,7 +25,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import Tensor, nn
 
-from sinklab.capture.native import is_native
+from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.registry import Registry
@@ -64,7 +64,7 @@ def position_table(model: nn.Module) -> nn.Embedding:
     Raises:
         InputError: the model has none (rotary, ALiBi, relative or no positions): says which.
     """
-    if is_native(model):
+    if adapt(model).kind == "sinklab":
         kind = model.config.positional
         if kind != "learned":
             raise InputError(f"a position swap needs learned absolute position embeddings; this sinklab model "

@@ -12,7 +12,7 @@ from torch import Tensor
 from sinklab.analyze.common import (MIN_SIGN_TEST_PAIRS, AnalysisResult, Subject, analysis, command_line, resolve_subject, run_model,
                                     sign_test_p, sink_position)
 from sinklab.analyze.interventions import remove_key
-from sinklab.capture.native import is_native
+from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError
 
 
@@ -104,7 +104,7 @@ def overmix(
     bad = [s for s in sources if not pos < s < T - 1]
     if bad:
         raise InputError(f"source position {bad[0]} must lie after the sink position {pos} and before T - 1 = {T - 1}")
-    emb = m.embed if is_native(m) else m.get_input_embeddings()
+    emb = adapt(m).embeddings
     with torch.no_grad():
         e = emb(ids).float()  # (N, T, d)
     g = torch.Generator().manual_seed(subj.seed)

@@ -8,12 +8,15 @@
 * :mod:`~sinklab.capture.recorder` -- per-batch accumulation of layer statistics.
 * :mod:`~sinklab.capture.hf` -- the seam into ``transformers`` models (AttentionInterface).
 * :mod:`~sinklab.capture.native` -- the seam into sinklab's own :class:`~sinklab.nn.SinkLM`.
+* :mod:`~sinklab.capture.adapter` -- :class:`ModelAdapter` and :func:`adapt`: one interface to both
+  kinds of model (structure, mask, forward with capture and edits, cache decoding).
 * :func:`collect` -- run a probe set through any supported model.
 """
 
+from sinklab.capture.adapter import HFAdapter, ModelAdapter, SinkLMAdapter, adapt
 from sinklab.capture.collect import collect
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture import blockwise as _blockwise  # noqa: F401 - registers the "blockwise" collector
 from sinklab.capture.stats import ProbeStats
 
-__all__ = ["collect", "COLLECTORS", "ProbeStats"]
+__all__ = ["collect", "COLLECTORS", "ProbeStats", "ModelAdapter", "HFAdapter", "SinkLMAdapter", "adapt"]

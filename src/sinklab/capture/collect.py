@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from sinklab.capture.adapter import adapt
 from sinklab.capture.collectors import COLLECTORS
-from sinklab.capture.hf import forward_hf
-from sinklab.capture.native import forward_native, is_native
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError
 from sinklab.progress import progress as show_progress
@@ -53,7 +52,8 @@ def collect(
     """
     if input_ids.dim() != 2 or input_ids.numel() == 0 or input_ids.dtype not in (torch.int64, torch.int32):
         raise InputError(f"input_ids must be a non-empty (N, T) integer tensor, got {tuple(input_ids.shape)} {input_ids.dtype}")
-    if prefix_len and not is_native(model):
+    adapter = adapt(model)
+    if prefix_len and not adapter.accepts_prefix:
         raise InputError("prefix_len applies to sinklab models trained as prefix LMs, not to transformers models")
     if not 0 <= prefix_len <= input_ids.shape[1]:
         raise InputError(f"prefix_len must lie in [0, T={input_ids.shape[1]}], got {prefix_len}")
@@ -63,8 +63,7 @@ def collect(
     starts = range(0, input_ids.shape[0], batch_size)
     for s in show_progress(starts, desc="probe", unit="batch", enabled=progress):
         batch = input_ids[s : s + batch_size].to(device)
-        rec = (forward_native(model, batch, prefix_len, entropy=entropy) if is_native(model)
-               else forward_hf(model, batch, collector, entropy=entropy))
+        rec = adapter.capture(batch, collector=collector, prefix_len=prefix_len, entropy=entropy)
         parts.append(rec.finish())
     return ProbeStats.concat(parts)
 

@@ -10,12 +10,6 @@ from sinklab.capture.recorder import BatchRecorder
 from sinklab.metrics.entropy import attention_entropy
 
 
-def is_native(model: nn.Module) -> bool:
-    """True for a sinklab-trained :class:`~sinklab.nn.SinkLM`, also one wrapped in place by FSDP2
-    ``fully_shard`` (whose class is a generated subclass ``FSDPSinkLM``)."""
-    return any(c.__name__ == "SinkLM" and c.__module__.startswith("sinklab.") for c in type(model).__mro__)
-
-
 def forward_native(
     model: nn.Module,
     input_ids: Tensor,

@@ -21,7 +21,7 @@ from sinklab.fileio import read_json
 
 
 def _list_presets() -> list[tuple[str, str]]:
-    from sinklab.train.config import preset_description, presets
+    from sinklab.runs.config import preset_description, presets
 
     return [(name, preset_description(name)) for name in sorted(presets())]
 
@@ -46,7 +46,7 @@ def train_cmd(
     Ctrl-C stops it with one line: the checkpoint kept and the command that continues the run."""
     _check_out(Path(out), resume)
     from sinklab.train import distributed
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
     from sinklab.train.loop import TrainingInterrupted, train
 
     overrides = list(set_ or [])

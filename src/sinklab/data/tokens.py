@@ -167,7 +167,7 @@ def _read_split(folder: Path, name: str, dtype: str) -> TokenSplit:
 
 
 def load_token_folder(folder: str | Path) -> TokenizedCorpus:
-    """Open a token folder written by :func:`tokenize_documents` (memmapped, read-only).
+    """Open a token folder written by :func:`tokenize_corpus` (memmapped, read-only).
 
     Raises:
         InputError: the folder is missing or incomplete.
@@ -186,7 +186,7 @@ def load_token_folder(folder: str | Path) -> TokenizedCorpus:
     return TokenizedCorpus(folder=folder, tokenizer=tok, train=splits["train"], val=splits["val"], meta=meta)
 
 
-def tokenize_documents(
+def tokenize_corpus(
     documents: Sequence[str],
     *,
     tokenizer: str = "bpe",
@@ -321,9 +321,9 @@ def prepare_corpus(
     text_field: str = "text",
     num_proc: int | None = None,
 ) -> TokenizedCorpus:
-    """:func:`load_documents` followed by :func:`tokenize_documents` (see both)."""
+    """:func:`load_documents` followed by :func:`tokenize_corpus` (see both)."""
     docs, source = load_documents(corpus, text_field=text_field, num_proc=num_proc)
-    return tokenize_documents(
+    return tokenize_corpus(
         docs,
         tokenizer=tokenizer,
         vocab_size=vocab_size,

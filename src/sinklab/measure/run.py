@@ -294,7 +294,8 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         FetchError / ChecksumError: a package could not be fetched or verified.
         CaptureError: the model exposes no attention weights.
     """
-    from sinklab.measure.trained import check_input, find_run, run_probe, tokenizer_error
+    from sinklab.measure.trained import check_input
+    from sinklab.runs import Run
     from sinklab.zoo.corpora import load_corpus
     from sinklab.zoo.models import check_model_spec, load_model
 
@@ -303,7 +304,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
     if out is not None:  # before any model or corpus work
         check_writable(out, "--out")
-    run = find_run(cfg.model)
+    run = Run.find(cfg.model)
     if run is None:
         check_model_spec(cfg.model)  # a bad --model fails before any corpus or weights are fetched
     cfg = resolve_config(cfg, run)
@@ -323,24 +324,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
             f"--seq-len {cfg.seq_len} is past {cfg.model}'s context of {limit} tokens; "
             "pass --allow-long-context to try anyway (only meaningful for RoPE models)"
         )
-    kwargs: dict[str, Any] = dict(num_samples=cfg.num_samples, seq_len=cfg.seq_len, bos=cfg.bos, seed=cfg.seed,
-                                  token=cfg.token, text=cfg.text)
-    try:
-        if cfg.input == "run":
-            probe = run_probe(run, cfg.num_samples, cfg.seq_len, cfg.seed, cfg.bos, loaded.tokenizer)
-        else:
-            if corpus is not None:
-                kwargs["documents"] = corpus.documents
-                kwargs["token_docs"] = tokenize_documents(loaded.tokenizer, corpus.documents)
-            probe = make_probe(cfg.input, loaded.tokenizer, **kwargs)
-    except Exception as e:
-        if type(e) is Exception:  # what the `tokenizers` library raises, e.g. a word missing from a WordLevel vocabulary
-            raise tokenizer_error(e, run) from None
-        raise
-    emb = getattr(loaded.model, "get_input_embeddings", None)
-    vocab = emb().num_embeddings if emb is not None else loaded.model.config.vocab_size
-    if int(probe.input_ids.max()) >= vocab:
-        raise InputError(f"the tokenizer produced id {int(probe.input_ids.max())} past the model's {vocab} embeddings")
+    probe = _build_probe(cfg, run, corpus, loaded)
     t0 = time.perf_counter()
     extra = {"prefix_len": run.config.train.prefix_len} if run is not None and run.config.train.prefix_len else {}
     stats = collect(loaded.model, probe.input_ids, batch_size=cfg.batch_size, collector=cfg.collector,
@@ -376,15 +360,45 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     return result
 
 
+def _build_probe(cfg: MeasureConfig, run, corpus, loaded) -> Probe:
+    """The probe of a resolved ``cfg``: the run's held-out data (``--input run``) or a generator of
+    :data:`sinklab.probe.INPUTS` on the model's tokenizer (natural text tokenized through the cache).
+
+    Raises:
+        InputError: a tokenizer that cannot encode the text, ids past the model's embeddings, and as
+            the generators (too few windows...).
+    """
+    from sinklab.capture.adapter import adapt
+    from sinklab.measure.trained import tokenizer_error
+
+    kwargs: dict[str, Any] = dict(num_samples=cfg.num_samples, seq_len=cfg.seq_len, bos=cfg.bos, seed=cfg.seed,
+                                  token=cfg.token, text=cfg.text)
+    try:
+        if cfg.input == "run":
+            probe = run.probe(cfg.num_samples, cfg.seq_len, cfg.seed, cfg.bos, loaded.tokenizer)
+        else:
+            if corpus is not None:
+                kwargs["documents"] = corpus.documents
+                kwargs["token_docs"] = tokenize_documents(loaded.tokenizer, corpus.documents)
+            probe = make_probe(cfg.input, loaded.tokenizer, **kwargs)
+    except Exception as e:
+        if type(e) is Exception:  # what the `tokenizers` library raises, e.g. a word missing from a WordLevel vocabulary
+            raise tokenizer_error(e, run) from None
+        raise
+    vocab = adapt(loaded.model).embeddings.num_embeddings
+    if int(probe.input_ids.max()) >= vocab:
+        raise InputError(f"the tokenizer produced id {int(probe.input_ids.max())} past the model's {vocab} embeddings")
+    return probe
+
+
 def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress: bool) -> dict[str, Any]:
     """``--cloze N``: the cloze task (:mod:`sinklab.measure.downstream`) on held-out text, and the
     held-out loss on the probe windows (natural text or the run's own data only)."""
     import sinklab.measure.downstream as ds
-    from sinklab.measure.trained import run_validation_documents
 
     device = next(loaded.model.parameters()).device
     if run is not None:
-        docs = run_validation_documents(run)
+        docs = run.validation_documents()
         if run.synthetic:
             n = int(np.median([len(d) for d in docs])) if docs else 0  # spans that fit the documents
             end = max(2, min(8, n // 4))
@@ -411,7 +425,7 @@ def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress:
 
 def resolve_config(cfg: MeasureConfig, run) -> MeasureConfig:
     """Fill the ``None``/``auto`` fields of ``cfg`` (see :class:`MeasureConfig`); ``run`` is the
-    :class:`~sinklab.measure.trained.TrainedRun` behind ``cfg.model``, or None."""
+    :class:`~sinklab.runs.Run` behind ``cfg.model``, or None."""
     cfg = replace(cfg, **resolve_device(cfg.device, cfg.device_map, cfg.dtype))
     if run is None:
         return replace(

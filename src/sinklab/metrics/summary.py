@@ -141,6 +141,15 @@ def summarize(
         "hidden_norm_others": _r(others.mean(dim=1) if others.numel() else hn[:, top] * 0, 4),
         "massive_activation_ratio": _r(massive_activation_ratio(stats.max_abs, stats.median_abs).mean(dim=0), 2),
     }
+    _add_mask_aware(out, stats, eps, K, n_boot=n_boot, level=level, seed=seed)
+    _add_captured_extras(out, stats, eps, K)
+    return out
+
+
+def _add_mask_aware(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int, *, n_boot: int, level: float,
+                    seed: int) -> None:
+    """:func:`summarize`'s mask-aware keys (``mask``, ``mask_aware_differs``, ``sink_rate_visible*``,
+    ``attention_mass*_visible``), added to ``out`` in place (after ``sink_rate_ci``, which they reuse)."""
     vis = stats.visible_mass
     out["mask"] = dict(stats.mask) or {"causal": stats.causal, "prefix_len": 0, "window": None}
     out["mask_aware_differs"] = stats.mass_visible is not None
@@ -150,6 +159,11 @@ def summarize(
     out["sink_rate_visible_per_layer"] = _r(sink_rate_per_layer(vis, eps, K), 4)
     out["attention_mass_visible"] = _r(vis[..., :K].mean(dim=0))
     out["attention_mass_first_visible"] = round(float(vis[..., 0].mean()), 6)
+
+
+def _add_captured_extras(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int) -> None:
+    """:func:`summarize`'s keys of what the capture recorded only for some models (key/value norms,
+    attention entropies, the virtual sink key's mass), added to ``out`` in place (after ``mask``)."""
     if stats.key_norms is not None:
         out["key_norm"] = _r(stats.key_norms[..., :K].to(torch.float64).mean(dim=0), 4)
     if stats.value_norms is not None:
@@ -165,4 +179,3 @@ def summarize(
     if stats.extra_mass is not None:
         out["extra_mass"] = _r(stats.extra_mass.mean(dim=0))
         out["sink_rate_virtual"] = round(sink_rate_virtual(stats.extra_mass, eps), 4)
-    return out

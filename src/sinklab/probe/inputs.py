@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from sinklab.errors import InputError, plural
+from sinklab.errors import InputError
+from sinklab.probe.windows import CORPUS_WORDING, cut_windows
 from sinklab.registry import Registry
 
 BOS_POLICIES = ("auto", "always", "never")
@@ -128,26 +129,6 @@ def candidate_token_ids(tokenizer) -> Tensor:
 INPUTS: Registry[Callable[..., Probe]] = Registry("probe input")
 
 
-def too_few_windows(found: int, wanted: int, content: int, doc_lengths: Sequence[int], special: int = 0) -> str:
-    """The message for a corpus with fewer than ``wanted`` windows of ``content`` tokens within documents.
-
-    States the corpus size (documents and tokens) and the fix that helps: with no window at all
-    lowering ``--num-samples`` cannot help, so it names the longest document and the largest
-    ``--seq-len`` that fits in it (``special`` = special tokens counted in T); with some windows, the
-    ``--num-samples`` that fits.
-    """
-    tokens, longest = sum(doc_lengths), max(doc_lengths, default=0)
-    size = f"{plural(len(doc_lengths), 'document')}, {plural(tokens, 'token')}"
-    if longest == 0:
-        return f"the corpus ({size}) holds no text to cut windows from; use another corpus"
-    if found == 0:
-        return (f"the corpus ({size}) has no window of {plural(content, 'content token')} within a document; "
-                f"need {wanted}: lower --seq-len to at most {longest + special} (the longest document has "
-                f"{plural(longest, 'token')}), or use a larger corpus")
-    return (f"the corpus ({size}) has only {plural(found, 'window')} of {plural(content, 'content token')} "
-            f"within documents; need {wanted}: lower --num-samples to {found} or lower --seq-len, or use a larger corpus")
-
-
 @INPUTS.register("natural", description="windows of natural text from a corpus, one document per window")
 def natural(
     tokenizer,
@@ -186,17 +167,13 @@ def natural(
     n = _content_len(seq_len, prefix, suffix)
     if token_docs is None:
         token_docs = tokenize_plain(tokenizer, list(documents))
-    windows = [(d, o) for d, ids in enumerate(token_docs) for o in range(0, len(ids) - n + 1, n)]
-    if len(windows) < num_samples:
-        raise InputError(too_few_windows(len(windows), num_samples, n, [len(ids) for ids in token_docs],
-                                         seq_len - n))
-    gen = torch.Generator().manual_seed(seed)
-    pick = sorted(torch.randperm(len(windows), generator=gen)[:num_samples].tolist())
-    chosen = [windows[i] for i in pick]
+    w = cut_windows([len(ids) for ids in token_docs], num_samples, n, stride=n, draw="permutation", seed=seed,
+                    special=seq_len - n, wording=CORPUS_WORDING)
+    chosen = list(zip(w.doc.tolist(), w.offset.tolist()))
     content = torch.tensor([[int(t) for t in token_docs[d][o : o + n]] for d, o in chosen], dtype=torch.int64)
     return Probe(
         _assemble(content, prefix, suffix), "natural", bos, prefix, suffix,
-        {"document": [d for d, _ in chosen], "offset": [o for _, o in chosen], "windows_available": len(windows)},
+        {"document": [d for d, _ in chosen], "offset": [o for _, o in chosen], "windows_available": w.available},
     )
 
 

@@ -425,14 +425,14 @@ class SinkCache(Cache):
             raise InputError(f"n_sink + window = {n_sink + window} disagrees with budget {budget}: give one of them")
         make_policy(policy, budget, n_sink, recent=recent, eps=eps)  # checks the arguments
         make_store(kv_bits, kv_group, key_quant, sinks_full_precision)
-        from sinklab.nn import SinkLM
+        from sinklab.capture.adapter import adapt
 
         def make(rotation) -> SinkCacheLayer:
             return SinkCacheLayer(n_sink, budget - n_sink, rotation, policy=make_policy(policy, budget, n_sink,
                                   recent=recent, eps=eps), store=make_store(kv_bits, kv_group, key_quant,
                                                                            sinks_full_precision))
 
-        native = isinstance(model, SinkLM)
+        native = adapt(model).kind == "sinklab"
         if native:
             layers = _native_layers(model, budget, max_context, make)
         else:

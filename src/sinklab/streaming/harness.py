@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError
 from sinklab.fileio import atomic_write_text
 from sinklab.progress import progress as show_progress
@@ -254,12 +255,6 @@ def _result(spec: CacheSpec, nll: dict[int, float], n: int, chunk: int, latency_
         mode=mode, attn_implementation=attn)
 
 
-def _is_native(model) -> bool:
-    from sinklab.nn import SinkLM
-
-    return isinstance(model, SinkLM)
-
-
 def _new_cache(model, spec: CacheSpec, max_context: int | None):
     """The cache of ``spec``: transformers' DynamicCache for ``full`` (for a sinklab model: a SinkCache
     that never evicts within its context), else :class:`SinkCache`."""
@@ -267,11 +262,9 @@ def _new_cache(model, spec: CacheSpec, max_context: int | None):
         if spec.policy is None:
             return SinkCache(model, spec.n_sink, spec.window)
         return SinkCache(model, **spec.cache_kwargs())
-    if _is_native(model):
-        return SinkCache(model, 0, max_context or model.config.max_seq_len)
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
+    adapter = adapt(model)
+    cache = adapter.dynamic_cache()  # None: the model decodes only through sinklab's cache
+    return cache if cache is not None else SinkCache(model, 0, max_context or adapter.max_context)
 
 
 def _step(model, ids: Tensor, cache, start: int, *, last_only: bool = False) -> Tensor:
@@ -281,13 +274,9 @@ def _step(model, ids: Tensor, cache, start: int, *, last_only: bool = False) -> 
 
 def step_batch(model, ids: Tensor, cache, start: int, *, last_only: bool = False) -> Tensor:
     """Feed ``ids`` (B, q), B streams of equal length, at positions ``start ..`` (0-based) through
-    ``cache``; logits (B, q or 1, V)."""
-    if _is_native(model):  # sinklab models take cache positions from the cache itself
-        logits = model(ids, cache=cache).logits
-        return logits[:, -1:] if last_only else logits
-    kw = {"logits_to_keep": 1} if last_only else {}
-    pos = torch.arange(start, start + ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
-    return model(ids, cache=cache, use_cache=True, position_ids=pos, **kw).logits
+    ``cache``; logits (B, q or 1, V) (:meth:`sinklab.capture.adapter.ModelAdapter.step`: sinklab models
+    take cache positions from the cache itself)."""
+    return adapt(model).step(ids, cache, start, last_only=last_only)
 
 
 def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
@@ -343,19 +332,9 @@ def attention_for(model, spec: CacheSpec):
     Yields the implementation's name (None for a sinklab model)."""
     from sinklab.streaming.policies import POLICIES
 
-    if _is_native(model):
-        yield None
-        return
-    before = model.config._attn_implementation
     scored = spec.kind == "sink" and spec.policy is not None and POLICIES.get(spec.policy).needs_scores
-    if not scored or before == "eager":
-        yield before
-        return
-    model.set_attn_implementation("eager")
-    try:
-        yield "eager"
-    finally:
-        model.set_attn_implementation(before)
+    with adapt(model).attention("eager" if scored else None) as name:
+        yield name
 
 
 @torch.no_grad()
@@ -522,7 +501,7 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
     n = ids.numel()
     out = []
     stacked: dict[str, tuple] = {}
-    if stack and not _is_native(model):  # the token-by-token configurations, one batched decode per budget
+    if stack and adapt(model).parallel_stream:  # the token-by-token configurations, one batched decode per budget
         todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and not (done and s.name in done)]
         for budget in dict.fromkeys(s.budget for s in todo):
             group = [s for s in todo if s.budget == budget]
@@ -557,14 +536,14 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
                                  f"{max_context} tokens")
             matched = range(0, n - 1, recompute_every)
             if spec.parallel_ok or spec.policy is None:
-                if mode == "parallel" and not _is_native(model):  # sinklab models: token by token (small, fast)
+                if mode == "parallel" and adapt(model).parallel_stream:  # sinklab models: token by token (small, fast)
                     nll, how = stream_nll(model, ids, spec, max_context=max_context), "parallel"
                 else:
                     nll, how = stream_nll_decode(model, ids, spec, max_context=max_context, progress=progress), "decode"
                 last = n if spec.kind != "full" or max_context is None else min(n, max_context)
                 steps = max(1, min(latency_steps, last - 1))
                 ms, nbytes, state = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps, state=True)
-                attn = None if _is_native(model) else model.config._attn_implementation
+                attn = adapt(model).attn_implementation
                 res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, matched, state_bytes=state, mode=how, attn=attn)
             else:  # other policies, quantised caches: token by token, the last steps timed
                 nll, ms, nbytes, state, attn = decode_stream(model, ids, spec, max_context=max_context,
@@ -584,19 +563,12 @@ def run_stream(run_folder, n_tokens: int) -> Tensor:
     Raises:
         InputError: fewer validation tokens than ``n_tokens`` (says how many).
     """
-    from sinklab.measure.trained import find_run
-    from sinklab.train.loop import prepare_data
+    from sinklab.runs import Run
 
-    run = find_run(str(run_folder))
+    run = Run.find(str(run_folder))
     if run is None:
         raise InputError(f"--corpus run needs a sinklab train run folder as --model, got {run_folder}")
-    tc = prepare_data(run.config, run.folder)
-    val = np.asarray(tc.val.tokens, dtype=np.int64)
-    ids = np.concatenate([[int(tc.bos_id)], val])
-    if ids.size < n_tokens:
-        raise InputError(f"the validation split of {run.folder} has {ids.size} tokens in all (BOS included), "
-                         f"fewer than --tokens {n_tokens}")
-    return torch.from_numpy(ids[:n_tokens].copy())
+    return run.validation_stream(n_tokens)
 
 
 def result_from_dict(d: dict) -> StreamConfigResult:

@@ -110,8 +110,8 @@ def stream(
             ``sinks`` with ``policies``, bad policy or quantisation options, an unknown task.
         UnknownNameError / FetchError: as :func:`sinklab.zoo.models.load_model`; an unknown policy.
     """
-    from sinklab.measure.run import versions
     from sinklab.provenance import code_version
+    from sinklab.result import versions
     from sinklab.zoo.corpora import load_corpus
     from sinklab.zoo.models import load_model
 
@@ -265,8 +265,8 @@ def _passkey(loaded, corpus: str, specs, *, tokens: int, out: Path, ctx, keys: i
              seed: int, progress: bool, command: str) -> dict:
     """``--task passkey``: every configuration of ``specs`` (no recompute) on the same samples; the
     configurations already in ``out/passkey.json`` for the same samples are kept (a stopped run resumes)."""
-    from sinklab.measure.run import versions
     from sinklab.provenance import code_version
+    from sinklab.result import versions
     from sinklab.streaming.passkey import (NEEDLE, QUESTION, evaluate_passkey, passkey_samples, result_from_dict,
                                            write_passkey_outputs)
     from sinklab.zoo.corpora import load_corpus

@@ -262,7 +262,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int | None = 1, cores: int
     # seed-major order: every point's first seed before any second seed, so a stopped sweep has
     # the whole grid at one seed rather than a few points at all seeds
     from sinklab.sweep.spec import point_config
-    from sinklab.train.config import to_toml
+    from sinklab.runs.config import to_toml
 
     finished = finished_runs_by_config(out.resolve().parent) if reuse else {}
     run_threads: dict[str, int] = {}

@@ -93,12 +93,12 @@ class Point:
         from its own parent run); it is replaced by ``seed`` when one is given and left as written
         otherwise (for validation of the rest of the config).
         """
-        from sinklab.train.config import _toml_value
+        from sinklab.runs.config import toml_value
 
         def value(v):
             return v.replace(SEED_PLACEHOLDER, str(seed)) if isinstance(v, str) and seed is not None else v
 
-        return [f"{k}={_toml_value(value(v))}" for k, v in self.overrides.items()]
+        return [f"{k}={toml_value(value(v))}" for k, v in self.overrides.items()]
 
 
 @dataclass
@@ -252,9 +252,9 @@ def load_study(path: str | Path) -> Study:
 
 
 def point_config(study: Study, point: Point, seed: int | None = None):
-    """The resolved :class:`~sinklab.train.config.RunConfig` of one point (validates it); with
+    """The resolved :class:`~sinklab.runs.config.RunConfig` of one point (validates it); with
     ``seed``, that seed's config (``train.seed`` and ``{seed}`` placeholders set)."""
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
 
     extra = [] if seed is None else [f"train.seed={seed}"]
     return load_config(study.base, point.set_args(seed) + extra)

@@ -81,20 +81,12 @@ def final_ci(run: Path) -> dict[str, Any]:
     import torch
 
     from sinklab.capture import collect
-    from sinklab.data.packing import make_packer
-    from sinklab.data.probe import probe_set
     from sinklab.metrics import summarize
-    from sinklab.nn.model import SinkLM
-    from sinklab.train.config import load_config
-    from sinklab.train.loop import _packing_context, prepare_data
-
-    cfg = load_config(run / "config.toml")
-    tc = prepare_data(cfg, run)
-    packer = make_packer(cfg.data.packing, _packing_context(cfg, tc))
-    probe = probe_set(tc.val, packer, cfg.track.n_probe, cfg.track.probe_len, seed=cfg.track.seed)
-    model = SinkLM.from_pretrained(run / "final")
-    model.eval()
     from sinklab.nn.attention import raw_attention_weights
+    from sinklab.runs import Run, load_config
+
+    the_run = Run(load_config(run / "config.toml"), run)
+    cfg, probe, model = the_run.config, the_run.tracker_probe(), the_run.model
 
     with torch.no_grad():
         stats = collect(model, probe, batch_size=cfg.track.batch_size, prefix_len=cfg.train.prefix_len)
@@ -332,7 +324,7 @@ def current_fingerprint(point_folder: Path) -> str | None:
     """The current code's training-code fingerprint of a point (from its first finished seed's
     ``config.toml``; cached, see :func:`sinklab.train.fingerprint.cached_fingerprint`), or None when
     no seed has a config."""
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
     from sinklab.train.fingerprint import cached_fingerprint
     from sinklab.train.loop import code_fingerprint
 
@@ -356,7 +348,7 @@ def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
         (current?, how): ``how`` is "same machine", "commit <c> re-run here", or why it could not be
         decided ("no fingerprint", "trained from a dirty tree", "commit <c> not found").
     """
-    from sinklab.train.config import load_config
+    from sinklab.runs.config import load_config
     from sinklab.train.fingerprint import environment, fingerprint_at_commit
 
     s = read_json(run / "summary.json", "run summary")

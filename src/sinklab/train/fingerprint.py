@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from sinklab.fileio import atomic_write_text
-from sinklab.train.config import RunConfig
+from sinklab.runs.config import RunConfig
 
 #: optimizer steps of the canonical training
 FINGERPRINT_STEPS = 3
@@ -160,7 +160,7 @@ def cached_fingerprint(cfg: RunConfig, compute, out: Path | None = None) -> str:
     """``compute(cfg, out)`` (the canonical training), cached in ``$SINKLAB_HOME/fingerprints.json`` under
     the source digest, torch version, CPU model and the canonical config's text, so that a report
     over many rows runs each canonical training once per code version."""
-    from sinklab.train.config import to_toml
+    from sinklab.runs.config import to_toml
 
     key = hashlib.sha256(json.dumps([source_digest(), environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
     fp = _cache_read().get(key)
@@ -192,8 +192,10 @@ def _cache_write(key: str, fp: str) -> None:
 
 
 #: the program a subprocess runs to compute a fingerprint with another commit's code (argv: config path)
-_AT_COMMIT = ("import sys, sinklab; assert sinklab.__file__.startswith(sys.argv[2]), sinklab.__file__; "
-              "from sinklab.train.config import load_config; from sinklab.train.loop import code_fingerprint; "
+_AT_COMMIT = ("import sys, sinklab\nassert sinklab.__file__.startswith(sys.argv[2]), sinklab.__file__\n"
+              "try:\n    from sinklab.runs.config import load_config\n"
+              "except ImportError:  # code before sinklab.runs\n    from sinklab.train.config import load_config\n"
+              "from sinklab.train.loop import code_fingerprint\n"
               "print(code_fingerprint(load_config(sys.argv[1])))")
 
 
@@ -219,7 +221,7 @@ def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path) -> str | None
     import sys
     import tempfile
 
-    from sinklab.train.config import to_toml
+    from sinklab.runs.config import to_toml
 
     key = "commit:" + hashlib.sha256(json.dumps([commit, environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
     cached = _cache_read().get(key)

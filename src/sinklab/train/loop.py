@@ -30,17 +30,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sinklab.data.packing import IGNORE_INDEX, PackedData, PackingContext, make_packer
-from sinklab.data.probe import probe_set
-from sinklab.data.tokens import TokenizedCorpus, prepare_corpus
+from sinklab.data.packing import IGNORE_INDEX, PackedData
+from sinklab.data.tokens import TokenizedCorpus
 from sinklab.errors import ConfigError, InputError, SinklabError
 from sinklab.fileio import atomic_write_text, check_writable, publish, read_json, read_jsonl
 from sinklab.progress import progress as show_progress
 from sinklab.result import Result
+from sinklab.runs.config import RunConfig, diff_keys, flatten, to_toml
+from sinklab.runs.run import Run
 from sinklab.train import distributed
 from sinklab.train.checkpoint import (CHECKPOINT_NAME, load_checkpoint, load_run_checkpoint, rng_state, save_checkpoint,
                                       set_rng_state)
-from sinklab.train.config import RunConfig, diff_keys, flatten, to_toml
 from sinklab.train.objective import make_objective
 from sinklab.train.schedule import lr_at
 from sinklab.train.tracker import SinkTracker
@@ -168,35 +168,6 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device
         g.pop("names")
     kw = {"fused": True} if device.type == "cuda" else {}
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **kw)
-
-
-def prepare_data(cfg: RunConfig, out: Path) -> TokenizedCorpus:
-    """Tokenize (or reuse the cached tokens of) the configured corpus; for ``data.source = "ngram"``
-    sample the training documents from an n-gram model of it; build a synthetic corpus."""
-    d = cfg.data
-    if d.source not in ("corpus", "ngram"):
-        from sinklab.data.synthetic import load_synthetic
-
-        return load_synthetic(d.source, d.synthetic, d.seq_len)
-    cache = None if d.cache_dir == "" else (out / "tokens" if d.cache_dir == "run" else Path(d.cache_dir))
-    tc = prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=d.vocab_size, val_fraction=d.val_fraction,
-                        split_seed=d.split_seed, cache_root=cache, text_field=d.text_field or "text",
-                        num_proc=d.num_proc)
-    if d.source == "ngram":
-        from sinklab.data.ngram import ngram_corpus
-
-        return ngram_corpus(tc, d.ngram or {})
-    return tc
-
-
-def _packing_context(cfg: RunConfig, tc: TokenizedCorpus) -> PackingContext:
-    tok_id = None
-    if cfg.data.packing == "fixed_token":
-        tok_id = tc.tokenizer.token_to_id(cfg.data.packing_token)
-        if tok_id is None:
-            raise ConfigError(f"data.packing_token={cfg.data.packing_token!r} is not a single token of the tokenizer")
-    return PackingContext(eos_id=tc.eos_id, bos_id=tc.bos_id, vocab_size=tc.vocab_size,
-                          position=cfg.data.packing_position, token_id=tok_id, seed=cfg.train.seed)
 
 
 class _MetricsLog:
@@ -387,9 +358,10 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
     status = status or _Status()
 
     # ---- data (rank 0 tokenizes into the shared cache first)
+    run = Run(cfg, out)
     with distributed.main_first(dd):
-        tc = prepare_data(cfg, out)
-    packer = make_packer(cfg.data.packing, _packing_context(cfg, tc))
+        tc = run.corpus
+    packer = run.packer()
     objective = make_objective(cfg, tc, packer)
     T, B, p = cfg.data.seq_len, t_cfg.batch_size, t_cfg.prefix_len
     train_data = PackedData(tc.train, packer, T, max_tokens=cfg.data.max_train_tokens, seed=t_cfg.seed)
@@ -408,7 +380,7 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
     except InputError as e:
         raise InputError(f"validation split too small: {e}; raise data.val_fraction") from None
     val_x, val_y = val_data.sequential(cfg.track.val_windows, prefix_len=p)
-    probe = probe_set(tc.val, packer, cfg.track.n_probe, cfg.track.probe_len, seed=cfg.track.seed)
+    probe = run.tracker_probe()
     tracker = SinkTracker(probe, val_x, val_y, cfg.track, prefix_len=p, objective=objective)
 
     # ---- model and optimizer (seeded init)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from sinklab.train.config import OptimConfig
+from sinklab.runs.config import OptimConfig
 
 
 def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:

@@ -10,7 +10,7 @@ import contextlib
 from typing import Any
 
 import torch
-from sinklab.train.config import TrackConfig
+from sinklab.runs.config import TrackConfig
 
 
 class SinkTracker:

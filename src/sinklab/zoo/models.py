@@ -614,6 +614,42 @@ def _hub_unreachable(repo_id: str) -> str | None:
     return None
 
 
+def _load_hub(name_or_path: str, *, dtype, attn_implementation, device, device_map) -> LoadedModel:
+    """A hub id such as ``org/name``: from the local Hugging Face cache first, then from the hub if it
+    answers quickly (:data:`HUB_TIMEOUT_S`).
+
+    Raises:
+        FetchError: neither in the cache nor loadable from the hub (says why).
+    """
+    not_zoo = f"{name_or_path!r}: it is not a zoo name ({', '.join(MODELS.names())}) nor an existing local path"
+    try:
+        model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation,
+                                                   what=f"hub model {name_or_path}", local_files_only=True,
+                                                   device=device, device_map=device_map)
+    except SinklabError:
+        raise
+    except Exception:  # noqa: BLE001 - not (fully) in the local cache
+        why = _hub_unreachable(name_or_path)
+        if why is not None:
+            raise FetchError(f"could not load {not_zoo}, and as a hub id: {why}") from None
+        try:
+            model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype,
+                                                       attn_implementation=attn_implementation,
+                                                       what=f"hub model {name_or_path}", device=device,
+                                                       device_map=device_map)
+        except SinklabError:
+            raise
+        except Exception as e:  # OSError / HTTP errors from huggingface_hub
+            raise FetchError(
+                f"could not load {not_zoo}, and loading it as a hub id failed: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            ) from e
+    info = ModelInfo(name=name_or_path, source=f"hub:{name_or_path}", sha256=None, license=None,
+                     path=name_or_path, is_encoder=enc, max_context=max_context_of(config),
+                     architecture=config.model_type)
+    return LoadedModel(model, tok, info)
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -688,34 +724,8 @@ def load_model(
                          architecture=config.model_type)
         return LoadedModel(model, tok, info)
 
-    # A hub id such as "org/name": the local Hugging Face cache first, then the hub if it answers quickly.
-    not_zoo = f"{name_or_path!r}: it is not a zoo name ({', '.join(MODELS.names())}) nor an existing local path"
-    try:
-        model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation,
-                                                   what=f"hub model {name_or_path}", local_files_only=True,
-                                                   device=device, device_map=device_map)
-    except SinklabError:
-        raise
-    except Exception:  # noqa: BLE001 - not (fully) in the local cache
-        why = _hub_unreachable(name_or_path)
-        if why is not None:
-            raise FetchError(f"could not load {not_zoo}, and as a hub id: {why}") from None
-        try:
-            model, tok, config, enc = _from_pretrained(name_or_path, dtype=dtype,
-                                                       attn_implementation=attn_implementation,
-                                                       what=f"hub model {name_or_path}", device=device,
-                                                       device_map=device_map)
-        except SinklabError:
-            raise
-        except Exception as e:  # OSError / HTTP errors from huggingface_hub
-            raise FetchError(
-                f"could not load {not_zoo}, and loading it as a hub id failed: "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            ) from e
-    info = ModelInfo(name=name_or_path, source=f"hub:{name_or_path}", sha256=None, license=None,
-                     path=name_or_path, is_encoder=enc, max_context=max_context_of(config),
-                     architecture=config.model_type)
-    return LoadedModel(model, tok, info)
+    return _load_hub(name_or_path, dtype=dtype, attn_implementation=attn_implementation, device=device,
+                     device_map=device_map)
 
 
 __all__ = [

@@ -32,6 +32,9 @@ from sinklab.errors import ConfigError
 from sinklab.fileio import read_toml
 from sinklab.registry import nearest
 
+#: training objectives (``train.objective``): :mod:`sinklab.train.objective` implements them
+OBJECTIVES = ("causal", "masked_diffusion")
+
 GPT2_VOCAB = 50258  # 50257 GPT-2 ids + the added <|bos|>
 
 
@@ -230,8 +233,6 @@ class TrainConfig:
         _check_types(self, "train")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"train.threads must be >= 1 (or absent: torch's own setting), got {self.threads}")
-        from sinklab.train.objective import OBJECTIVES
-
         if self.objective not in OBJECTIVES:
             hint = nearest(self.objective, list(OBJECTIVES))
             raise ConfigError(f"train.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"
@@ -579,7 +580,7 @@ def load_config(config_or_preset: str | Path, overrides: list[str] | None = None
 # ----------------------------------------------------------------------------- writing and diffing
 
 
-def _toml_value(v: Any) -> str:
+def toml_value(v: Any) -> str:
     """One value as a one-line TOML literal (inline tables and arrays), as ``--set key=VALUE`` takes it
     (:func:`parse_override`; used by ``sinklab sweep`` for a study's overrides). Config *files* are
     written by :func:`to_toml` with ``tomli_w``, which has no public one-line value writer."""
@@ -598,16 +599,16 @@ def _toml_value(v: Any) -> str:
 
         return json.dumps(v, ensure_ascii=False)
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+        return "{" + ", ".join(f"{_toml_key(k)} = {toml_value(x)}" for k, x in v.items() if x is not None) + "}"
     raise ConfigError(f"cannot write {v!r} ({type(v).__name__}) to TOML")
 
 
 def _toml_key(k: str) -> str:
     import re
 
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else toml_value(k)
 
 
 TOML_HEADER = "# sinklab run config (fully resolved)\n\n"
