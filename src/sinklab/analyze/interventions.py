@@ -64,19 +64,7 @@ def position_table(model: nn.Module) -> nn.Embedding:
     Raises:
         InputError: the model has none (rotary, ALiBi, relative or no positions): says which.
     """
-    if adapt(model).kind == "sinklab":
-        kind = model.config.positional
-        if kind != "learned":
-            raise InputError(f"a position swap needs learned absolute position embeddings; this sinklab model "
-                             f"uses positional = {kind!r}")
-        return model.positional.table
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.Embedding) and name.split(".")[-1] in ("position_embeddings", "wpe", "embed_positions"):
-            return mod
-    rope = getattr(model.config, "rope_theta", None) or getattr(model.config, "rope_parameters", None)
-    why = "rotary position embeddings (RoPE) rotate queries and keys; there is no position vector to swap" if rope \
-        else "no learned absolute position-embedding table was found"
-    raise InputError(f"a position swap needs learned absolute position embeddings; {type(model).__name__}: {why}")
+    return adapt(model).position_table()
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from sinklab.capture.hf import forward_hf
 from sinklab.capture.native import forward_native
 from sinklab.capture.recorder import BatchRecorder
+from sinklab.errors import InputError
 from sinklab.nn.model import SinkLM
 
 
@@ -73,6 +74,14 @@ class ModelAdapter:
     @property
     def has_lm_head(self) -> bool:
         """True when the model predicts tokens (a loss readout is possible)."""
+        raise NotImplementedError
+
+    def position_table(self) -> nn.Embedding:
+        """The learned absolute position-embedding table (rows = 0-based positions).
+
+        Raises:
+            InputError: the model has none (rotary, ALiBi, relative or no positions): says which.
+        """
         raise NotImplementedError
 
     @property
@@ -157,6 +166,15 @@ class HFAdapter(ModelAdapter):
     def embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
 
+    def position_table(self) -> nn.Embedding:
+        for name, mod in self.model.named_modules():
+            if isinstance(mod, nn.Embedding) and name.split(".")[-1] in ("position_embeddings", "wpe", "embed_positions"):
+                return mod
+        rope = getattr(self.config, "rope_theta", None) or getattr(self.config, "rope_parameters", None)
+        why = ("rotary position embeddings (RoPE) rotate queries and keys; there is no position vector to swap"
+               if rope else "no learned absolute position-embedding table was found")
+        raise InputError(f"a position swap needs learned absolute position embeddings; {type(self.model).__name__}: {why}")
+
     @property
     def has_lm_head(self) -> bool:
         return hasattr(self.model, "lm_head") or getattr(self.model, "get_output_embeddings", lambda: None)() is not None
@@ -221,6 +239,13 @@ class SinkLMAdapter(ModelAdapter):
     @property
     def embeddings(self) -> nn.Embedding:
         return self.model.embed
+
+    def position_table(self) -> nn.Embedding:
+        kind = self.config.positional
+        if kind != "learned":
+            raise InputError(f"a position swap needs learned absolute position embeddings; this sinklab model "
+                             f"uses positional = {kind!r}")
+        return self.model.positional.table
 
     @property
     def has_lm_head(self) -> bool:
