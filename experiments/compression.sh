@@ -15,9 +15,11 @@ if [[ $STEP == all || $STEP == policies ]]; then
       --out $OUT/policies --threads 1
 fi
 if [[ $STEP == all || $STEP == quant ]]; then
-  $SL stream --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 --no-recompute \
-      --policy sinks --budget 256 --kv-bits 16 4 3 2 --key-quant token channel --sinks-full-precision 0 1 4 \
-      --out $OUT/quant --threads 1
+  for BITS in 4 3 2; do  # one width per call: each call's configurations are saved when it ends
+    $SL stream --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 --no-recompute \
+        --policy sinks --budget 256 --kv-bits 16 $BITS --key-quant token channel --sinks-full-precision 0 1 4 \
+        --out $OUT/quant --threads 1
+  done
 fi
 if [[ $STEP == all || $STEP == policies || $STEP == passkey ]]; then
   BEST=$(${PYTHON:-python} experiments/compression.py --best 3 --budget 128)
