@@ -263,3 +263,15 @@ def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, t
     assert not ok and "dirty tree" in how
     ok, how = as_if("f" * 40)
     assert not ok and "cannot compute" in how
+    # A CPU that reports this machine's model name but rounded differently (the recorded fingerprint
+    # is not this machine's): decided by re-running its commit, not declared stale by the name alone.
+    def same_name(commit):
+        s.update(cpu_model=here["cpu_model"], torch_version=here["torch_version"], code_fingerprint="0" * 16,
+                 code_fingerprints=["0" * 16], code={"commit": commit, "dirty": False})
+        s_path.write_text(json.dumps(s))
+        return seed_is_current(run, current)
+
+    from sinklab.train.fingerprint import environment
+    here = environment()
+    assert same_name(same) == (True, f"commit {same[:12]} re-run here (same CPU name, other rounding)")
+    assert same_name(other) == (False, f"commit {other[:12]} re-run here (same CPU name, other rounding)")

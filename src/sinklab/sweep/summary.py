@@ -340,8 +340,9 @@ def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
 
     * trained on this machine's CPU and torch: its recorded fingerprint equals ``current`` (the
       current code's fingerprint of its config here);
-    * trained on another CPU or torch (whose rounding differs): the code of the commit that trained
-      it is run here (:func:`sinklab.train.fingerprint.fingerprint_at_commit`) and must give
+    * otherwise (another CPU or torch, whose rounding differs; or a CPU that reports the same model
+      name but rounds differently, e.g. two "AMD EPYC" generations): the code of the commit that
+      trained it is run here (:func:`sinklab.train.fingerprint.fingerprint_at_commit`) and must give
       ``current``, i.e. that code and the current code compute the same numbers.
 
     Returns:
@@ -356,15 +357,17 @@ def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
     if not fps or len(set(fps)) > 1:
         return False, "no fingerprint" if not fps else "trained by code with different numerics"
     env = environment()
-    if s.get("cpu_model") == env["cpu_model"] and s.get("torch_version") == env["torch_version"]:
-        return fps[0] == current, "same machine"
+    same_name = s.get("cpu_model") == env["cpu_model"] and s.get("torch_version") == env["torch_version"]
+    if same_name and fps[0] == current:
+        return True, "same machine"
     code = s.get("code") or {}
     if code.get("dirty") or not code.get("commit") or code.get("commit") == "unknown":
         return False, "trained on another machine from a dirty tree (its code cannot be re-run)"
     fp = fingerprint_at_commit(load_config(run / "config.toml"), code["commit"], run)
     if fp is None:
         return False, f"commit {code['commit'][:12]} cannot compute a fingerprint here"
-    return fp == current, f"commit {code['commit'][:12]} re-run here"
+    how = f"commit {code['commit'][:12]} re-run here"
+    return fp == current, how + (" (same CPU name, other rounding)" if same_name else "")
 
 
 def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> None:
