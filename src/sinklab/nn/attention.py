@@ -38,6 +38,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from sinklab.attention_masks import build_mask, key_range, repeat_kv, visible
+from sinklab.nn.backend import resolve as resolve_backend
+from sinklab.errors import ConfigError
 from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import Positional
 
@@ -88,6 +90,7 @@ class AttnContext:
     _mask: Tensor | None = field(default=None, repr=False)
     _bias: Tensor | None = field(default=None, repr=False)
     _sdpa_masks: dict = field(default_factory=dict, repr=False)
+    _flex_masks: dict = field(default_factory=dict, repr=False)  # FlexAttention block masks, shared by the layers
 
     @property
     def plain_causal(self) -> bool:
@@ -231,6 +234,40 @@ def _tile_scores(q: Tensor, k: Tensor, op: AttentionOp, mask: Tensor, bias: Tens
     return torch.baddbmm(add, q3, kT, alpha=scale)
 
 
+def tile_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor | None, op: AttentionOp,
+                 scale: float) -> Tensor:
+    """One tile's output: q (B, H, C, d_h), k (B, H, Tk, d_h), v (B, H, Tk, d_v), mask (C, Tk) bool,
+    bias (H, C, Tk) or None -> (B, H, C, d_v) in v's dtype (the weights ``op.tile_weights`` in float32).
+    The function :mod:`sinklab.nn.compiled` compiles."""
+    B, H, C, _ = q.shape
+    s = _tile_scores(q, k, op, mask, bias, scale)  # (B*H, C, Tk)
+    w, _ = op.tile_weights(s, mask)
+    vc = v.reshape(B * H, v.shape[2], -1)
+    return torch.bmm(w.to(v.dtype), vc).view(B, H, C, -1)
+
+
+def tile_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, mask: Tensor, bias: Tensor | None, op: AttentionOp,
+                  scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """One tile's gradients (float32): the tile's scores and weights recomputed, ``dW = dO V^T``,
+    ``dS = op.tile_grad(...)``; returns dq (B, H, C, d_h), and this tile's contributions to dk
+    (B, H, Tk, d_h) and dv (B, H, Tk, d_v). Shapes of the inputs as in :func:`tile_forward`, dout
+    (B, H, C, d_v). The function :mod:`sinklab.nn.compiled` compiles."""
+    B, H, C, dh = q.shape
+    Tk = k.shape[2]
+    qc = q.reshape(B * H, C, dh).float()
+    kc = k.reshape(B * H, Tk, dh).float()
+    vc = v.reshape(B * H, Tk, -1).float()
+    do = dout.reshape(B * H, C, -1).float()
+    s = _tile_scores(q, k, op, mask, bias, scale)
+    w, aux = op.tile_weights(s, mask)  # (B*H, C, Tk)
+    dv = torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
+    dw = torch.bmm(do, vc.transpose(1, 2))  # (B*H, C, Tk)
+    ds = op.tile_grad(w, aux, dw, mask)  # (B*H, C, Tk)
+    dq = torch.bmm(ds, kc).mul_(scale).view(B, H, C, dh)
+    dk = torch.bmm(ds.transpose(1, 2), qc).mul_(scale).view(B, H, Tk, dh)
+    return dq, dk, dv
+
+
 class _TileAttention(torch.autograd.Function):
     """Query-chunked attention of an operation with an analytic tile gradient.
 
@@ -239,22 +276,27 @@ class _TileAttention(torch.autograd.Function):
     q, k, v are kept. Backward: per chunk, the logits and weights are recomputed (one
     GEMM), ``dW = dO V^T``, ``dV += W^T dO``, ``dS = op.tile_grad(...)``,
     ``dQ = scale dS K``, ``dK += scale dS^T Q``. Memory: one (B, H, C, Tk) tile (plus a
-    few of the operation's temporaries) at a time, nothing T x T kept.
+    few of the operation's temporaries) at a time, nothing T x T kept. The per-tile work is
+    :func:`tile_forward` / :func:`tile_backward`; with ``compiled`` their ``torch.compile``d
+    versions (:mod:`sinklab.nn.compiled`), the loop over tiles staying in Python.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, op, scale, chunk, prefix_len, window, positional):
+    def forward(ctx, q, k, v, op, scale, chunk, prefix_len, window, positional, compiled=False):
         # q (B, H, T, d_h) after phi; k, v (B, H, T, d_h) after phi (k) and kv-head repetition
         B, H, T, dh = q.shape
+        fwd = tile_forward
+        if compiled:
+            from sinklab.nn.compiled import compiled_tile_functions
+
+            fwd = compiled_tile_functions()[0]
         out = torch.empty(B, H, T, v.shape[-1], dtype=v.dtype, device=v.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
             for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, prefix_len, window, positional, q.device):
-                s = _tile_scores(q[:, :, i0:i1], k[:, :, j0:j1], op, mask, bias, scale)  # (B*H, C, Tk)
-                w, _ = op.tile_weights(s, mask)
-                vc = v[:, :, j0:j1].reshape(B * H, j1 - j0, -1)
-                out[:, :, i0:i1] = torch.bmm(w.to(v.dtype), vc).view(B, H, i1 - i0, -1)
+                out[:, :, i0:i1] = fwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], mask, bias, op, scale)
         ctx.save_for_backward(q, k, v)
         ctx.op, ctx.scale, ctx.chunk, ctx.prefix_len, ctx.window, ctx.positional = op, scale, chunk, prefix_len, window, positional
+        ctx.compiled = compiled
         return out
 
     @staticmethod
@@ -262,25 +304,22 @@ class _TileAttention(torch.autograd.Function):
         q, k, v = ctx.saved_tensors
         op, scale = ctx.op, ctx.scale
         B, H, T, dh = q.shape
+        bwd = tile_backward
+        if ctx.compiled:
+            from sinklab.nn.compiled import compiled_tile_functions
+
+            bwd = compiled_tile_functions()[1]
         f32 = torch.float32
         dq = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
         dk = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
         dv = torch.zeros(B, H, T, v.shape[-1], dtype=f32, device=q.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
             for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.prefix_len, ctx.window, ctx.positional, q.device):
-                C, Tk = i1 - i0, j1 - j0
-                qc = q[:, :, i0:i1].reshape(B * H, C, dh).float()
-                kc = k[:, :, j0:j1].reshape(B * H, Tk, dh).float()
-                vc = v[:, :, j0:j1].reshape(B * H, Tk, -1).float()
-                do = dout[:, :, i0:i1].reshape(B * H, C, -1).float()
-                s = _tile_scores(q[:, :, i0:i1], k[:, :, j0:j1], op, mask, bias, scale)
-                w, aux = op.tile_weights(s, mask)  # (B*H, C, Tk)
-                dv[:, :, j0:j1] += torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
-                dw = torch.bmm(do, vc.transpose(1, 2))  # (B*H, C, Tk)
-                ds = op.tile_grad(w, aux, dw, mask)  # (B*H, C, Tk)
-                dq[:, :, i0:i1] = torch.bmm(ds, kc).mul_(scale).view(B, H, C, dh)
-                dk[:, :, j0:j1] += torch.bmm(ds.transpose(1, 2), qc).mul_(scale).view(B, H, Tk, dh)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+                dq_t, dk_t, dv_t = bwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], dout[:, :, i0:i1], mask, bias, op, scale)
+                dq[:, :, i0:i1] = dq_t
+                dk[:, :, j0:j1] += dk_t
+                dv[:, :, j0:j1] += dv_t
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
 
 
 def _tiles(T: int, chunk: int, prefix_len: int, window: int | None, positional: Positional, device):
@@ -341,6 +380,8 @@ class Attention(nn.Module):
     #: plain causal attention with a virtual key uses SDPA's causal kernel (one dummy query row
     #: in front) instead of an explicit (T, 1+T) mask
     causal_virtual_key: bool = True
+    #: the flex backend uses ``torch.compile(flex_attention)`` (False: PyTorch's eager, unfused one)
+    flex_compiled: bool = True
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
@@ -353,6 +394,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * dh, d, bias=False)
         self.op: AttentionOp = ATTENTION.get(config.attention)(config.op_context(), **config.attention_options)
+        self.attention_backend: str = getattr(config, "attention_backend", "auto")  # sinklab.nn.backend
         if self.op.differential:
             self.op.set_layer(layer_idx)
         self.gate_proj = None
@@ -391,6 +433,10 @@ class Attention(nn.Module):
             y = self._cached(q, k, v, ctx)
         elif observer is not None:
             y = self._reference(q, k, v, ctx, observer)
+        elif (backend := resolve_backend(self.attention_backend, self.op, q.device.type)) == "flex":
+            y = self._flex(q, k, v, ctx)
+        elif backend == "compiled":
+            y = self._chunked(q, k, v, ctx, compiled=True)
         elif self.op.sdpa and not (ctx.positional.learned_bias and torch.is_grad_enabled()):
             # (SDPA's fused CPU kernels give no gradient to a learned attn_mask: it would fall
             # back to materialising T x T per layer, so learned biases train on the chunked path.)
@@ -493,8 +539,21 @@ class Attention(nn.Module):
         y = y[..., :dv].to(out_dtype)  # (B, H, T, d_h): drop the padding of the virtual-logit case
         return y * self.op.output_scale if self.op.output_scale != 1.0 else y
 
-    def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
-        """Memory-frugal path: query chunks, each under checkpointing. Shapes as in :meth:`_fast`."""
+    def _flex(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
+        """FlexAttention path (``attention_backend = "flex"``, :func:`sinklab.nn.flex.flex_attend`).
+        Shapes as in :meth:`_fast`."""
+        from sinklab.nn.flex import flex_attend
+
+        vk, vv, vlogit = self._virtual(q.dtype)
+        return flex_attend(self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
+                           positional=ctx.positional, vk=vk, vv=vv, vlogit=vlogit, cache=ctx._flex_masks,
+                           compiled=self.flex_compiled)
+
+    def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, compiled: bool = False) -> Tensor:
+        """Memory-frugal path: query chunks, each under checkpointing. Shapes as in :meth:`_fast`.
+        ``compiled``: the tile loop's per-tile functions under ``torch.compile``
+        (``attention_backend = "compiled"``, :mod:`sinklab.nn.compiled`); the operation must have a
+        tile gradient and no virtual key (checked by the config)."""
         B, H, T, dh = q.shape
         k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
         vk, vv, vlogit = self._virtual(q.dtype)
@@ -502,7 +561,12 @@ class Attention(nn.Module):
                 and not (ctx.positional.learned_bias and torch.is_grad_enabled())):
             C = max(1, min(T, self.tile_elems // max(1, B * H * T)))
             phi = self.op.feature_map
-            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.prefix_len, ctx.window, ctx.positional)
+            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.prefix_len, ctx.window, ctx.positional,
+                                        compiled)
+        if compiled:
+            raise ConfigError(f"attention_backend='compiled' needs the tile path: attention={type(self.op).__name__} "
+                              f"with positional={type(ctx.positional).__name__} and Attention.tile_autograd="
+                              f"{self.tile_autograd} does not take it; use attention_backend='reference'")
         if vk is not None:
             vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])

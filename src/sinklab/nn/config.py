@@ -38,6 +38,13 @@ class ModelConfig:
         attention_options: keyword options of that operation, e.g. ``{"alpha": 0.8}``
             for ``softmax_scaled``, ``{"p": 0.5}`` for ``softmax_pnorm``,
             ``{"gate": "headwise"}`` for any operation. Unknown options are errors.
+        attention_backend: which kernel computes the attention (:mod:`sinklab.nn.backend`):
+            ``"auto"`` (default: FlexAttention on CUDA for the softmax family, today's path
+            elsewhere), ``"reference"`` (today's path: SDPA / the tile loop), ``"flex"``
+            (FlexAttention, softmax family only) or ``"compiled"`` (the ``torch.compile``d tile
+            loop, for the operations with a tile gradient). A pairing the backend cannot compute
+            is a ConfigError naming the operation and the choices. Numerics only: checkpoints
+            load under any backend.
         positional: name in :data:`sinklab.nn.POSITIONAL`.
         rope_theta: RoPE base (only used by ``rope``).
         t5_num_buckets, t5_max_distance: T5 relative-position buckets (``t5`` only).
@@ -74,6 +81,7 @@ class ModelConfig:
     max_seq_len: int
     attention: str = "softmax"
     attention_options: dict[str, Any] = field(default_factory=dict)
+    attention_backend: str = "auto"
     positional: str = "rope"
     rope_theta: float = 10000.0
     t5_num_buckets: int = 32
@@ -142,6 +150,9 @@ class ModelConfig:
                 f"attention={self.attention!r} computes its scores from feature maps phi(q).phi(k) "
                 "with no logits to bias; use rope, nope, sinusoidal or learned positions with it"
             )
+        from sinklab.nn.backend import check_backend
+
+        check_backend(self.attention_backend, self.attention, positional=self.positional)
         del op, OpContext
 
     # --------------------------------------------------------------- derived

@@ -1,10 +1,10 @@
 """FlexAttention for the softmax family (``model.attention_backend = "flex"``).
 
-:func:`flex_attend` computes the operations that :func:`torch.nn.attention.flex_attention.flex_attention`
-expresses exactly: softmax over the visible keys, with a ``score_mod`` for additive positional
-biases and a ``block_mask`` for the visibility rule, plus a virtual key in front of the keys or a
-virtual logit folded in through the log-sum-exp. The operations it serves, :func:`flex_operations`,
-are those with ``op.sdpa`` (:mod:`sinklab.nn.ops`); the others (sigmoid and ReLU without
+:func:`flex_attend` computes the operations that
+:func:`torch.nn.attention.flex_attention.flex_attention` expresses exactly: a softmax over the
+visible keys, a ``score_mod`` for the additive positional bias and the virtual key's logit, and a
+``block_mask`` for the visibility rule. The operations it serves are those with ``op.sdpa``
+(:func:`flex_operations`, :mod:`sinklab.nn.backend`); the others (sigmoid and ReLU without
 normalisation, kernels, softpick, p-norms) have no softmax to hand to FlexAttention and use the
 compiled tile path (:mod:`sinklab.nn.compiled`).
 
@@ -13,75 +13,82 @@ Notation: query position i, key position j (0-based), logit ``s_ij = scale * q_i
 ``j in V(i)`` iff ``(j <= i or j < p)`` and, with a sliding window w, ``|i - j| < w``
 (p = ``prefix_len``; a bidirectional model runs with p = T).
 
-Each operation as FlexAttention sees it (``score_mod(s, b, h, i, j)`` is the identity unless a
-positional bias is in use; ``mask_mod(b, h, i, j)`` is ``j in V(i)``)::
+Each operation as FlexAttention sees it (``mask_mod(b, h, i, kv)`` is ``j in V(i)``)::
 
-    softmax, gated_headwise, gated_elementwise, diff (per map)
+    softmax, gated_headwise, gated_elementwise, diff (each of its two maps)
                          o_i = sum_{j in V(i)} exp(s_ij) v_j / sum_{j in V(i)} exp(s_ij)
                          (the gates and differential attention's combination act on o outside)
-    softmax_scaled       o_i = alpha * softmax(...)            (output times alpha)
+    softmax_scaled       alpha * the softmax output
     sink_token, kv_bias, k_bias, v_bias
-                         key 0 is the virtual key k* (value v*), visible to every query, no
-                         position: mask_mod(b, h, i, 0) = True, real key j sits at index j + 1
+                         a virtual key k* (value v*) at kv index 0, visible to every query, no
+                         position; real key j sits at kv index j + 1
     softmax_off_by_one, sink_logit
-                         o_i = softmax_o_i * sigmoid(LSE_i - b_h)    with LSE_i = log sum_{j in V(i)} exp(s_ij):
-                         exp(s) / (exp(b_h) + sum exp(s)) = softmax * exp(LSE) / (exp(LSE) + exp(b_h));
-                         b_h = 0 for off-by-one, learned for sink_logit (gpt-oss)
+                         a virtual key at kv index 0 with value 0 whose score the score_mod
+                         replaces by b_h: exp(s) / (exp(b_h) + sum exp(s)); b_h = 0 for
+                         off-by-one, learned for sink_logit (gpt-oss; its gradient flows through
+                         the score_mod's captured tensor)
 
-Positional biases as ``score_mod`` (RoPE acts on q and k before attention and needs none)::
+Positional biases as ``score_mod`` on real keys (RoPE acts on q and k before and needs none)::
 
     alibi   s_ij - m_h |i - j|                        (Press et al. 2022; slopes m_h)
     t5      s_ij + table[bucket(j - i), h]            (Raffel et al. 2020; learned table)
     other   s_ij + bias[h, i, j]                      (a dense (H, T, T) table: any logit_bias)
 
-The virtual key gets no bias (``score_mod`` adds the bias only for real keys).
+Gradients. On CUDA, FlexAttention's own backward kernel, which also differentiates the tensors the
+score_mod captures (T5's table, the sink logit). **On CPU, PyTorch has no FlexAttention backward**
+(torch 2.13 raises ``NotImplementedError`` eagerly and compiled), so when gradients are needed
+:class:`_FlexCPU` runs the forward through FlexAttention and the backward by differentiating
+PyTorch's own dense evaluation of the *same* ``score_mod`` and ``mask_mod``
+(``torch._higher_order_ops.flex_attention.math_attention``: the score_mod vmapped over the
+(b, h, q_idx, kv_idx) grid, float32, a (B, H, T, 1 + T) score tensor per layer). The CPU tests
+therefore check the score_mods and mask_mods that FlexAttention differentiates on a GPU, not
+FlexAttention's backward kernel itself, which only a GPU run can check.
 
-Gradients: on CUDA FlexAttention's own backward (its kernel also differentiates the captured
-ALiBi/T5 tensors and the log-sum-exp). On CPU, FlexAttention has no backward (torch 2.13 raises
-``NotImplementedError``), so when an input requires grad :class:`_FlexForwardReferenceBackward`
-runs the forward through FlexAttention and the backward by recomputing the layer through the
-reference formula (:func:`sinklab.nn.attention.attend_block`, full T x T float32 logits for one
-layer at a time): **on CPU, the gradient is the reference path's.**
+CPU kernel: ``torch.compile(flex_attention)`` on CPU (torch 2.13) gave NaN rows for a sequence
+length of 40 (not a multiple of its 128 block) and correct ones for 64, 128, and 40 / 200 padded to
+128 / 256, so on CPU the compiled kernel pads queries and keys to a multiple of 128 (padded keys
+masked, padded rows dropped).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import math
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.attention_masks import build_mask, repeat_kv
 from sinklab.errors import ConfigError
 
 __all__ = ["flex_attend", "flex_kernel", "flex_operations", "check_flex_operation", "op_name"]
 
+#: the CPU kernel pads T to a multiple of this (see the module docstring)
+CPU_PAD = 128
+
 
 def flex_operations() -> list[str]:
     """Names of the registered attention operations FlexAttention computes exactly (``op.sdpa``)."""
+    from sinklab.nn.backend import served_by
     from sinklab.nn.ops import ATTENTION
 
-    return [n for n in ATTENTION.names() if ATTENTION.get(n).sdpa]
+    return [n for n in ATTENTION.names() if "flex" in served_by(ATTENTION.get(n))]
 
 
 def check_flex_operation(name: str) -> None:
-    """Raise :class:`ConfigError` unless FlexAttention computes operation ``name`` exactly; the
-    message names the supported set and the backend for the others."""
-    ops = flex_operations()
-    if name not in ops:
-        raise ConfigError(
-            f"model.attention_backend='flex' computes the softmax family only ({', '.join(ops)}); "
-            f"attention={name!r} has no softmax for FlexAttention: use attention_backend='compiled' "
-            "(the torch.compile'd tile path) or 'auto'")
+    """Raise :class:`ConfigError` unless FlexAttention computes operation ``name`` exactly."""
+    from sinklab.nn.backend import check_backend
+
+    check_backend("flex", name)
 
 
 _COMPILED: dict[str, Callable] = {}
 
 
 def flex_kernel(compiled: bool = True) -> Callable:
-    """``flex_attention``, under ``torch.compile`` (the fused kernel; compiled once per shape, about
-    a minute on a busy CPU) or eager (``compiled=False``: PyTorch's unfused implementation, which
-    materialises the (B, H, T, Tk) scores; for tests and debugging)."""
+    """``flex_attention`` under ``torch.compile`` (the fused kernel; compiled once per shape and
+    mask, about a minute on a busy 2-core CPU) or eager (``compiled=False``: PyTorch's unfused
+    implementation, which materialises the (B, H, T, Tk) scores; for tests and debugging)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
@@ -92,9 +99,10 @@ def flex_kernel(compiled: bool = True) -> Callable:
 
 
 # ------------------------------------------------------------------ masks and score_mods
-def _mask_mod(prefix_len: int, window: int | None, offset: int):
-    """``mask_mod(b, h, i, kv)``: key index kv (``offset`` = 1 with a virtual key at index 0) is
-    visible from query i (0-based) by the rule of :func:`sinklab.attention_masks.visible`."""
+def _mask_mod(prefix_len: int, window: int | None, offset: int, n_kv: int):
+    """``mask_mod(b, h, i, kv)``: key index kv (``offset`` = 1 with a virtual key at index 0;
+    ``n_kv`` real + virtual keys, indices past it are padding) is visible from query i by the
+    rule of :func:`sinklab.attention_masks.visible`."""
 
     def mask_mod(b, h, q_idx, kv_idx):
         j = kv_idx - offset
@@ -103,140 +111,116 @@ def _mask_mod(prefix_len: int, window: int | None, offset: int):
             vis = vis & ((q_idx - j).abs() < window)
         if offset:
             vis = vis | (kv_idx == 0)
-        return vis
+        return vis & (kv_idx < n_kv)
 
     return mask_mod
 
 
-def _score_mod(positional, T: int, offset: int, device) -> Callable | None:
-    """The additive positional bias as ``score_mod(score, b, h, i, kv)`` or None (no logit bias).
-
-    ALiBi and T5 are computed from the indices (no T x T table); any other ``logit_bias`` uses its
-    dense (H, T, T) table. The virtual key (index 0 when ``offset`` = 1) gets no bias."""
-    if not positional.logit_bias_kind:
-        return None
+def _score_mod_parts(positional, T: int, device) -> tuple[Callable | None, list[Tensor]]:
+    """The positional bias as ``(bias_fn, tensors)``: ``bias_fn(tensors, h, i, j)`` is the bias of
+    real key j for query i in head h, computed from the captured ``tensors`` (ALiBi's slopes (H,),
+    T5's table (num_buckets, H), or a dense (H, T, T) table); (None, []) without a logit bias."""
+    if positional is None or not positional.logit_bias_kind:
+        return None, []
     from sinklab.nn.positional import ALiBi, T5Relative, t5_bucket
 
     if isinstance(positional, ALiBi):
-        slopes = positional.slopes.to(device)  # (H,)
+        def bias(ts, h, i, j):
+            return -ts[0][h] * (i - j).abs()
 
-        def bias(h, i, j):
-            return -slopes[h] * (i - j).abs()
-    elif isinstance(positional, T5Relative):
-        table = positional.bias.weight  # (num_buckets, H), learned
+        return bias, [positional.slopes.to(device)]
+    if isinstance(positional, T5Relative):
         nb, md = positional.num_buckets, positional.max_distance
 
-        def bias(h, i, j):
-            return table[t5_bucket(j - i, nb, md), h]
-    else:
-        pos = torch.arange(T, device=device)
-        dense = positional.logit_bias(pos, pos)  # (H, T, T)
+        def bias(ts, h, i, j):
+            return ts[0][t5_bucket(j - i, nb, md), h]
 
-        def bias(h, i, j):
-            return dense[h, i, j.clamp_min(0)]
+        return bias, [positional.bias.weight]
+    pos = torch.arange(T, device=device)
+
+    def bias(ts, h, i, j):
+        return ts[0][h, i.clamp(0, T - 1), j.clamp(0, T - 1)]
+
+    return bias, [positional.logit_bias(pos, pos)]
+
+
+def _make_score_mod(bias_fn, offset: int, virtual_logit: bool, tensors: list[Tensor]) -> Callable | None:
+    """``score_mod(score, b, h, i, kv)`` from the captured ``tensors`` (the bias tensors, then the
+    virtual logit (H,) if ``virtual_logit``): adds the bias to real keys (kv >= offset) and, with a
+    virtual logit, replaces the virtual key's score (kv = 0) by ``vlogit[h]``. None if it would be
+    the identity."""
+    if bias_fn is None and not virtual_logit:
+        return None
+    n_bias = len(tensors) - (1 if virtual_logit else 0)
+    bias_ts = tensors[:n_bias]
+    vlogit = tensors[-1] if virtual_logit else None
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        j = kv_idx - offset
-        add = bias(h, q_idx, j)
-        if offset:
-            add = torch.where(kv_idx >= offset, add, 0.0)
-        return score + add.to(score.dtype)
+        if bias_fn is not None:
+            add = bias_fn(bias_ts, h, q_idx, kv_idx - offset).to(score.dtype)
+            score = torch.where(kv_idx >= offset, score + add, score) if offset else score + add
+        if vlogit is not None:
+            score = torch.where(kv_idx == 0, vlogit[h].to(score.dtype), score)
+        return score
 
     return score_mod
 
 
-def _block_mask(T: int, offset: int, prefix_len: int, window: int | None, device, cache: dict | None):
-    """The (T, T + offset) :class:`BlockMask` of the visibility rule, built once per forward (``cache``:
-    a per-forward dict shared by the layers, or None)."""
+def _block_mask(Tq: int, Tkv: int, mask_mod, key: tuple, device, cache: dict | None):
+    """The (Tq, Tkv) :class:`BlockMask` of ``mask_mod``, built once per forward (``cache``: a
+    per-forward dict shared by the layers, or None)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = ("flex_block_mask", T, offset, prefix_len, window, str(device))
+    key = ("flex_block_mask", Tq, Tkv, *key, str(device))
     if cache is not None and key in cache:
         return cache[key]
-    bm = create_block_mask(_mask_mod(prefix_len, window, offset), None, None, T, T + offset, device=device)
+    bm = create_block_mask(mask_mod, None, None, Tq, Tkv, device=device)
     if cache is not None:
         cache[key] = bm
     return bm
 
 
-# ------------------------------------------------------------------ the path
-def _flex_forward(op, q, k, v, vk, vv, vlogit, *, scale, prefix_len, window, positional, cache, compiled):
-    """FlexAttention forward of one layer (see :func:`flex_attend`)."""
-    from torch.nn.attention.flex_attention import AuxRequest
+# ------------------------------------------------------------------ the CPU autograd function
+class _FlexCPU(torch.autograd.Function):
+    """FlexAttention forward, backward through the dense evaluation of the same score_mod/mask_mod.
 
-    B, H, T, dh = q.shape
-    Hkv = k.shape[1]
-    offset = 0
-    if vk is not None:
-        offset = 1
-        k = torch.cat([vk.to(k.dtype)[None, :, None, :].expand(B, Hkv, 1, k.shape[-1]), k], dim=2)  # (B, H_kv, 1+T, d_h)
-        v = torch.cat([vv.to(v.dtype)[None, :, None, :].expand(B, Hkv, 1, v.shape[-1]), v], dim=2)  # (B, H_kv, 1+T, d_h)
-    block_mask = _block_mask(T, offset, prefix_len, window, q.device, cache)
-    score_mod = _score_mod(positional, T, offset, q.device)
-    kernel = flex_kernel(compiled)
-    kw: dict[str, Any] = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hkv != H)
-    if vlogit is not None:
-        out, aux = kernel(q, k, v, return_aux=AuxRequest(lse=True), **kw)  # out (B, H, T, d_v), lse (B, H, T)
-        keep = torch.sigmoid(aux.lse.float() - vlogit.float().view(1, H, 1))  # exp(LSE) / (exp(LSE) + exp(b_h))
-        out = out * keep[..., None].to(out.dtype)
-    else:
-        out = kernel(q, k, v, **kw)
-    return out * op.output_scale if op.output_scale != 1.0 else out
-
-
-def _reference_forward(op, q, k, v, vk, vv, vlogit, *, scale, prefix_len, window, positional):
-    """The same layer through the reference formula :func:`sinklab.nn.attention.attend_block`."""
-    from sinklab.nn.attention import attend_block
-
-    B, H, T, _ = q.shape
-    mask = build_mask(T, prefix_len=prefix_len, window=window, device=q.device)
-    pos = torch.arange(T, device=q.device)
-    bias = positional.logit_bias(pos, pos) if positional.logit_bias_kind else None
-    if vk is not None:
-        vk = repeat_kv(vk.to(q.dtype)[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
-        vv = repeat_kv(vv.to(v.dtype)[None, :, None, :], H // vv.shape[0])
-    k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])
-    return attend_block(op, q, k, v, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
-
-
-class _FlexForwardReferenceBackward(torch.autograd.Function):
-    """Forward through FlexAttention, backward through the reference formula (CPU training).
-
-    ``apply(flex_fn, ref_fn, params, q, k, v, vk, vv, vlogit)``: ``flex_fn`` and ``ref_fn`` map
-    ``(q, k, v, vk, vv, vlogit)`` to the layer's output (B, H, T, d_v); ``params`` are the
-    positional encoding's parameters (T5's table) that ``ref_fn`` reads, whose gradients are
-    returned too (they follow ``q, ..., vlogit`` in the inputs). The backward recomputes ``ref_fn``
-    under autograd (one (B, H, T, T) float32 logit tensor) and returns its gradients: the gradient is
-    the reference path's, the forward FlexAttention's (equal within float32 rounding).
+    ``apply(run, make_score_mod, mask_mod, scale, n_tensors, q, k, v, *tensors)``: ``run(q, k, v,
+    score_mod)`` is the FlexAttention call (no grad, detached inputs); ``make_score_mod(tensors)``
+    builds the score_mod from the captured tensors (the forward gets detached ones, the backward
+    ones that require grad); q (B, H, T, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, d_v). Backward:
+    ``math_attention`` (PyTorch's eager FlexAttention, differentiable ops only) recomputed under
+    autograd with the same score_mod and mask_mod; gradients for q, k, v and every captured tensor
+    that requires grad.
     """
 
     @staticmethod
-    def forward(ctx, flex_fn, ref_fn, n_params, *inputs):
-        tensors = inputs[:6]
-        ctx.ref_fn = ref_fn
-        ctx.params = inputs[6:6 + n_params]
-        ctx.save_for_backward(*tensors)
+    def forward(ctx, run, make_score_mod, mask_mod, scale, q, k, v, *tensors):
+        ctx.make_score_mod, ctx.mask_mod, ctx.scale = make_score_mod, mask_mod, scale
+        ctx.save_for_backward(q, k, v, *tensors)
         with torch.no_grad():
-            return flex_fn(*[None if t is None else t.detach() for t in tensors])
+            return run(q.detach(), k.detach(), v.detach(), make_score_mod([t.detach() for t in tensors]))
 
     @staticmethod
     def backward(ctx, dout):
-        tensors = ctx.saved_tensors
-        need = ctx.needs_input_grad[3:]
+        from torch._higher_order_ops.flex_attention import math_attention
+
+        saved = ctx.saved_tensors
+        need = ctx.needs_input_grad[4:]
         with torch.enable_grad():
-            xs = [None if t is None else t.detach().requires_grad_(bool(r)) for t, r in zip(tensors, need[:6])]
-            out = ctx.ref_fn(*xs)
-            wrt = [x for x in xs if x is not None and x.requires_grad]
-            wrt += [p for p, r in zip(ctx.params, need[6:]) if r]
-            grads = list(torch.autograd.grad(out, wrt, dout, allow_unused=True)) if wrt else []
-        result = []
-        for x in xs:
-            result.append(grads.pop(0) if x is not None and x.requires_grad else None)
-        for r in need[6:]:
-            result.append(grads.pop(0) if r else None)
-        return (None, None, None, *result)
+            xs = [t.detach().requires_grad_(bool(r) and t.is_floating_point()) for t, r in zip(saved, need)]
+            q, k, v, *ts = xs
+            out = math_attention(q, k, v, ctx.make_score_mod(ts) or _identity, (ctx.mask_mod,), ctx.scale, {})[0]
+            wrt = [x for x in xs if x.requires_grad]
+            grads = iter(torch.autograd.grad(out, wrt, dout.to(out.dtype), allow_unused=True) if wrt else [])
+        result = [next(grads) if x.requires_grad else None for x in xs]
+        return (None, None, None, None, *result)
 
 
+def _identity(score, b, h, q_idx, kv_idx):
+    return score
+
+
+# ------------------------------------------------------------------ the path
 def flex_attend(
     op,
     q: Tensor,
@@ -256,7 +240,7 @@ def flex_attend(
     """One layer's attention through FlexAttention (softmax family; see the module docstring).
 
     Args:
-        op: the :class:`~sinklab.nn.ops.AttentionOp`; must have ``op.sdpa`` (else ConfigError).
+        op: the :class:`~sinklab.nn.ops.AttentionOp`; its class must have ``sdpa`` (else ConfigError).
         q: (B, H, T, d_h) queries after positions (RoPE applied).
         k, v: (B, H_kv, T, d_h) and (B, H_kv, T, d_v) keys (after positions) and values,
             H_kv dividing H (grouped-query attention: ``enable_gqa``).
@@ -264,10 +248,10 @@ def flex_attend(
         prefix_len, window: the visibility rule (0-based positions, :mod:`sinklab.attention_masks`).
         positional: the :class:`~sinklab.nn.positional.Positional` (its logit bias becomes the
             score_mod), or None for none.
-        vk, vv: (H_kv, d_h) virtual key and value, or None. vlogit: (H,) virtual logit with value
-            0, or None (not both with ``vk``).
+        vk, vv: (H_kv, d_h), (H_kv, d_v) virtual key and value, or None. vlogit: (H,) logit of a
+            virtual key with value 0, or None (not both with ``vk``).
         cache: per-forward dict for the block mask (shared by the layers of one forward), or None.
-        compiled: use ``torch.compile(flex_attention)`` (True) or the eager one.
+        compiled: ``torch.compile(flex_attention)`` (True) or the eager one.
 
     Returns:
         (B, H, T, d_v) in the dtype of ``v``.
@@ -277,30 +261,45 @@ def flex_attend(
     """
     if not type(op).sdpa:
         check_flex_operation(op_name(op))
-    positional = _NoBias() if positional is None else positional
-    kw = dict(scale=scale, prefix_len=prefix_len, window=window, positional=positional)
-    tensors = (q, k, v, vk, vv, vlogit)
-    params = [p for p in positional.parameters()]
-    grad = torch.is_grad_enabled() and (any(t is not None and t.requires_grad for t in tensors)
-                                        or any(p.requires_grad for p in params))
+    if vk is not None and vlogit is not None:
+        raise ConfigError("flex_attend takes a virtual key/value or a virtual logit, not both")
+    B, H, T, dh = q.shape
+    Hkv = k.shape[1]
+    offset = 0
+    if vk is not None or vlogit is not None:
+        offset = 1
+        if vk is None:  # the virtual logit's key: any key (its score is replaced), value 0
+            vk, vv = k.new_zeros(Hkv, k.shape[-1]), v.new_zeros(Hkv, v.shape[-1])
+        k = torch.cat([vk.to(k.dtype)[None, :, None, :].expand(B, Hkv, 1, k.shape[-1]), k], dim=2)  # (B, H_kv, 1+T, d_h)
+        v = torch.cat([vv.to(v.dtype)[None, :, None, :].expand(B, Hkv, 1, v.shape[-1]), v], dim=2)  # (B, H_kv, 1+T, d_v)
+    n_kv = T + offset
+    pad_q = pad_kv = 0
+    if compiled and q.device.type == "cpu":
+        pad_q, pad_kv = -T % CPU_PAD, -n_kv % CPU_PAD
+    mask_mod = _mask_mod(prefix_len, window, offset, n_kv)
+    block_mask = _block_mask(T + pad_q, n_kv + pad_kv, mask_mod, (prefix_len, window, offset, n_kv), q.device, cache)
+    bias_fn, tensors = _score_mod_parts(positional, T, q.device)
+    if vlogit is not None:
+        tensors = [*tensors, vlogit.float().to(q.device)]
+
+    def make(ts):
+        return _make_score_mod(bias_fn, offset, vlogit is not None, ts)
+
+    kernel = flex_kernel(compiled)
+
+    def run(q_, k_, v_, score_mod):
+        if pad_q or pad_kv:
+            q_, k_, v_ = F.pad(q_, (0, 0, 0, pad_q)), F.pad(k_, (0, 0, 0, pad_kv)), F.pad(v_, (0, 0, 0, pad_kv))
+        out = kernel(q_, k_, v_, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hkv != H)
+        return out[:, :, :T] if pad_q else out
+
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *tensors))
     if grad and q.device.type == "cpu":
-        def flex_fn(*ts):
-            return _flex_forward(op, *ts, **kw, cache=cache, compiled=compiled)
-
-        def ref_fn(*ts):
-            return _reference_forward(op, *ts, **kw)
-
-        return _FlexForwardReferenceBackward.apply(flex_fn, ref_fn, len(params), *tensors, *params)
-    return _flex_forward(op, *tensors, **kw, cache=cache, compiled=compiled)
-
-
-class _NoBias:
-    """Stands for "no positional encoding" when :func:`flex_attend` gets ``positional=None``."""
-
-    logit_bias_kind = False
-
-    def parameters(self):
-        return iter(())
+        out = _FlexCPU.apply(run, make, mask_mod, scale, q, k, v, *tensors)
+    else:
+        out = run(q, k, v, make(tensors))
+    out = out.to(v.dtype)
+    return out * op.output_scale if op.output_scale != 1.0 else out
 
 
 def op_name(op) -> str:
