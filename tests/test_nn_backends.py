@@ -77,7 +77,8 @@ def test_backend_refuses_operation(att, backend):
 
 
 def test_backend_unknown_and_t5_compiled():
-    with pytest.raises(ConfigError, match="attention_backend must be one of 'auto', 'reference', 'flex', 'compiled'"):
+    with pytest.raises(ConfigError, match="attention_backend must be one of 'auto', 'reference', 'flex', 'compiled', got 'triton' "
+                       r"\(attention='softmax': 'auto', 'reference', 'flex' serve it\)"):
         ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=16, max_seq_len=8, attention_backend="triton")
     with pytest.raises(ConfigError, match="T5 bias table"):
         ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=16, max_seq_len=8, attention="sigmoid",

@@ -58,7 +58,9 @@ def check_backend(backend: object, attention: str, *, positional: str | None = N
     from sinklab.nn.ops import ATTENTION
 
     if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ConfigError(f"attention_backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+        raise ConfigError(f"attention_backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r} "
+                          f"(attention={attention!r}: {', '.join(map(repr, ('auto', *served_by(ATTENTION.get(attention)))))} "
+                          "serve it)")
     if backend in ("auto", "reference"):
         return
     served = served_by(ATTENTION.get(attention))
