@@ -135,11 +135,17 @@ def train_shapes() -> dict:
     return {"shape": PAPER60M, "T": 2048, "B": 16, "warmup": 2, "steps": 8, "box_s": 15.0}
 
 
-#: (variant name, attention operation, family, compiled); "hf-llama" is transformers' LLaMA
+#: (variant name, attention operation, family, compiled); "hf-llama" is transformers' LLaMA. The
+#: family is also the ``model.attention_backend``: "sdpa" and "tile" are "reference" (today's paths),
+#: "flex" FlexAttention, "compiled tile" the torch.compile'd tile path (sinklab.nn.backend)
 TRAIN_VARIANTS = [("hf-llama", "softmax", "transformers sdpa", False), ("softmax", "softmax", "sdpa", False),
-                  ("softmax+compile", "softmax", "sdpa", True), ("sink_logit", "sink_logit", "sdpa", False),
+                  ("softmax+compile", "softmax", "sdpa", True), ("softmax+flex", "softmax", "flex", False),
+                  ("sink_logit", "sink_logit", "sdpa", False),
                   ("gated_headwise", "gated_headwise", "sdpa", False), ("sigmoid", "sigmoid", "tile", False),
+                  ("sigmoid+compiled", "sigmoid", "compiled tile", False),
                   ("relu", "relu", "tile", False), ("softpick", "softpick", "tile", False)]
+FAMILY_BACKEND = {"transformers sdpa": "reference", "sdpa": "reference", "tile": "reference", "flex": "flex",
+                  "compiled tile": "compiled"}
 
 
 def step_train(out: Path, limit_s: float) -> dict:
@@ -163,7 +169,7 @@ def step_train(out: Path, limit_s: float) -> dict:
         row = {"variant": vname, "attention": op, "family": family, "compiled": compiled}
         try:
             reset_peak()
-            cfg = sink_config(T, attention=op, **s["shape"])
+            cfg = sink_config(T, attention=op, attention_backend=FAMILY_BACKEND[family], **s["shape"])
             torch.manual_seed(0)
             model = SinkLM(cfg)
             fpt = train_flops_per_token(model, T)

@@ -6,6 +6,8 @@
   T = 2048 on the same ids, and at T = 32768 on CUDA its attention masses satisfy the identity
   ``sum_j alpha_j (T - j) = T`` (every causal row sums to 1);
 * SinkCache decoding on CUDA gives the CPU's next-token losses;
+* ``model.attention_backend`` on CUDA: FlexAttention (its own backward kernel) and the compiled tile
+  path give the reference backend's logits and gradients (float32);
 * (2+ GPUs) data parallel over NCCL: SGD parameters after 2 steps equal one process, DDP and FSDP2.
 
 SmolLM2-135M is the cached model where there is one, else a model of its shape with random weights
@@ -52,6 +54,34 @@ def test_bf16_autocast_training_of_every_operation(op):
         losses.append(float(loss.detach()))
     assert all(math.isfinite(v) for v in losses), (op, losses)
     assert losses[-1] < losses[0] - 0.5, (op, losses)
+
+
+@pytest.mark.parametrize("att,pos,backend,window,prefix", [
+    ("sink_logit", "alibi", "flex", None, 5), ("kv_bias", "t5", "flex", 8, 0), ("sigmoid", "alibi", "compiled", None, 0)])
+def test_attention_backend_on_cuda_equals_reference(att, pos, backend, window, prefix):
+    """float32 on CUDA, T 77 (not a multiple of a block): logits and every parameter's gradient of
+    ``backend`` equal the ``reference`` backend's (rtol 1e-4, atol 1e-4 x the gradient's scale); on a
+    GPU flex runs FlexAttention's own backward kernel, which the CPU tests cannot."""
+    ids = torch.randint(0, 64, (2, 77), generator=torch.Generator().manual_seed(0)).cuda()
+    res = {}
+    for b in ("reference", backend):
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=128,
+                          attention=att, positional=pos, sliding_window=window, attention_backend=b)
+        m = SinkLM(cfg).cuda()
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if p.dim() == 1 or "positional" in n:
+                    p.add_(torch.randn_like(p) * 0.5)
+        out = m(ids, prefix_len=prefix).logits
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).cuda()).sum().backward()
+        res[b] = out.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+    (o_ref, g_ref), (o, g) = res["reference"], res[backend]
+    torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-4)
+    assert sorted(g) == sorted(g_ref)
+    for n in g_ref:
+        scale = max(1.0, g_ref[n].abs().max().item())
+        torch.testing.assert_close(g[n], g_ref[n], rtol=1e-4, atol=1e-4 * scale, msg=lambda s: f"{n}: {s}")
 
 
 def test_sinklab_train_on_cuda_bf16(tmp_path):
