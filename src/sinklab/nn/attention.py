@@ -289,7 +289,7 @@ class _TileAttention(torch.autograd.Function):
         if compiled:
             from sinklab.nn.compiled import compiled_tile_functions
 
-            fwd = compiled_tile_functions()[0]
+            fwd = compiled_tile_functions(tile_forward, tile_backward)[0]
         out = torch.empty(B, H, T, v.shape[-1], dtype=v.dtype, device=v.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
             for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, prefix_len, window, positional, q.device):
@@ -308,7 +308,7 @@ class _TileAttention(torch.autograd.Function):
         if ctx.compiled:
             from sinklab.nn.compiled import compiled_tile_functions
 
-            bwd = compiled_tile_functions()[1]
+            bwd = compiled_tile_functions(tile_forward, tile_backward)[1]
         f32 = torch.float32
         dq = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
         dk = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)

@@ -28,16 +28,16 @@ __all__ = ["compiled_tile_functions", "RECOMPILE_LIMIT"]
 #: compiled versions of each tile function kept before dynamo falls back to eager
 RECOMPILE_LIMIT = 64
 
-_FUNCS: list[Callable] = []
+_FUNCS: dict[tuple[int, int], tuple[Callable, Callable]] = {}
 
 
-def compiled_tile_functions() -> tuple[Callable, Callable]:
-    """``(forward, backward)``: :func:`~sinklab.nn.attention.tile_forward` and
-    :func:`~sinklab.nn.attention.tile_backward` under ``torch.compile(fullgraph=True)``, same
-    arguments and results. A graph break is an error (not a silent eager fallback)."""
-    if not _FUNCS:
-        from sinklab.nn.attention import tile_backward, tile_forward
-
+def compiled_tile_functions(tile_forward: Callable, tile_backward: Callable) -> tuple[Callable, Callable]:
+    """``(forward, backward)``: ``tile_forward`` and ``tile_backward`` (those of
+    :mod:`sinklab.nn.attention`, passed in so that this module does not import it) under
+    ``torch.compile(fullgraph=True)``, same arguments and results; built once. A graph break is an
+    error (not a silent eager fallback)."""
+    key = (id(tile_forward), id(tile_backward))
+    if key not in _FUNCS:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        _FUNCS.extend([torch.compile(tile_forward, fullgraph=True), torch.compile(tile_backward, fullgraph=True)])
-    return _FUNCS[0], _FUNCS[1]
+        _FUNCS[key] = (torch.compile(tile_forward, fullgraph=True), torch.compile(tile_backward, fullgraph=True))
+    return _FUNCS[key]
