@@ -42,9 +42,9 @@ def stream_cmd(
                                  "block (per-channel keys)"),
     key_quant: Optional[List[str]] = typer.Option(None, "--key-quant", help="keys quantised per token and/or per "
                                                   "channel (KIVI): --key-quant token channel (default token)"),
-    sinks_full_precision: Optional[List[int]] = typer.Option(None, "--sinks-full-precision", help="keep the first N "
-                                                             "tokens lossless in a quantised cache, e.g. 0 1 4 "
-                                                             "(default 0)"),
+    sinks_full_precision: Optional[List[str]] = typer.Option(None, "--sinks-full-precision", help="keep the first N "
+                                                             "tokens lossless in a quantised cache, e.g. 0 1 4, or "
+                                                             "'detected': the sinks the metric flags (default 0)"),
     task: str = typer.Option("ppl", "--task", help="ppl (perplexity by chunk, latency, memory) | passkey (retrieve a "
                              "5-digit key stated once in the stream; accuracy per depth)"),
     passkey_keys: int = typer.Option(20, "--passkey-keys", help="pass keys per depth"),

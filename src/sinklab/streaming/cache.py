@@ -37,8 +37,8 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from sinklab.errors import InputError
-from sinklab.streaming.policies import POLICIES, CachePolicy, make_policy
-from sinklab.streaming.quant import DenseKV, QuantKV, make_store
+from sinklab.streaming.policies import POLICIES, CachePolicy, DetectedSinksPolicy, SinkMetric, make_policy
+from sinklab.streaming.quant import DETECTED, DenseKV, QuantKV, make_store, parse_sinks_full_precision
 from sinklab.streaming.rope import KeyRotation, key_rotations
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -96,7 +96,11 @@ class SinkCacheLayer(CacheLayerMixin):
         is_sliding: True for a layer the model declares sliding-window (informs transformers' masks).
         policy: the eviction rule (:mod:`sinklab.streaming.policies`); default ``sinks`` with budget
             ``n_sink + window`` (StreamingLLM).
-        store: where keys and values live (:mod:`sinklab.streaming.quant`); default as given.
+        store: where keys and values live (:mod:`sinklab.streaming.quant`); default as given. A
+            quantised store with ``sinks_full_precision = "detected"`` makes the layer measure the
+            sink metric (:class:`SinkMetric`, the ``detected-sinks`` policy's own when that is the
+            policy) from every call's attention weights, like an attention-based policy.
+        eps: the sink metric's threshold for such a store (default 0.3).
 
     Attributes:
         keys, values: (B, H_kv, K, head_dim) kept states of a 16-bit store (None when quantised: see
@@ -112,15 +116,32 @@ class SinkCacheLayer(CacheLayerMixin):
     is_croppable = False
 
     def __init__(self, n_sink: int, window: int, rotation: KeyRotation | None, is_sliding: bool = False, *,
-                 policy: CachePolicy | None = None, store: DenseKV | QuantKV | None = None) -> None:
+                 policy: CachePolicy | None = None, store: DenseKV | QuantKV | None = None, eps: float = 0.3) -> None:
         super().__init__()
         self.n_sink, self.window, self.rotation, self.is_sliding = n_sink, window, rotation, is_sliding
         self.policy = policy if policy is not None else make_policy("sinks", n_sink + window, n_sink)
         self.store = store if store is not None else DenseKV()
+        self.eps = eps
+        self.detector = self._make_detector()
         self.positions: Tensor | None = None
         self.order: Tensor | None = None
         self.seen = 0
         self.awaiting = 0  # new tokens of the last update whose attention weights have not been observed
+
+    def _make_detector(self) -> SinkMetric | None:
+        """The sink metric a ``"detected"`` lossless store needs (the policy's own for detected-sinks)."""
+        if not getattr(self.store, "detected", False):
+            return None
+        return self.policy.metric if isinstance(self.policy, DetectedSinksPolicy) else SinkMetric(self.eps)
+
+    def _own_detector(self) -> bool:
+        return self.detector is not None and self.detector is not getattr(self.policy, "metric", None)
+
+    @property
+    def needs_weights(self) -> bool:
+        """True when every call's attention weights must come (:meth:`observe`): an attention-based
+        policy, or lossless detected sinks."""
+        return self.policy.needs_scores or self.detector is not None
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
@@ -194,7 +215,7 @@ class SinkCacheLayer(CacheLayerMixin):
         self.store.append(key_states, value_states, self.order, cat_k=full_k if keys_old is stored_k else None,
                           cat_v=full_v)
         self.seen += q
-        if self.policy.needs_scores:
+        if self.needs_weights:
             self.awaiting = q
         else:
             keep = self.policy.keep(K + q, self.order)
@@ -215,7 +236,12 @@ class SinkCacheLayer(CacheLayerMixin):
         if weights.dim() != 4 or weights.shape[-1] != n or weights.shape[-2] != self.awaiting:
             raise InputError(f"attention weights of shape {tuple(weights.shape)} do not match the cache's last call "
                              f"({self.awaiting} queries on {n} keys)")
-        self.policy.observe(weights, self.awaiting)
+        if self.policy.needs_scores:
+            self.policy.observe(weights, self.awaiting)
+        if self.detector is not None:
+            if self._own_detector():
+                self.detector.observe(weights, self.awaiting)
+            self.store.mark_lossless(self.detector.flagged())
         self.awaiting = 0
         keep = self.policy.keep(n, self.order)
         if keep is not None:
@@ -229,6 +255,8 @@ class SinkCacheLayer(CacheLayerMixin):
         else:
             self.positions, self.order = self.positions.gather(1, keep), self.order.gather(1, keep)
             self.policy.select(keep)
+        if self._own_detector():
+            self.detector.select(keep)
         self.store.select(keep, self.order)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -248,6 +276,7 @@ class SinkCacheLayer(CacheLayerMixin):
         self.store = type(self.store)() if isinstance(self.store, DenseKV) else \
             QuantKV(self.store.bits, self.store.group, self.store.key_quant, self.store.lossless)
         self.policy = type(self.policy)(self.policy.budget, self.policy.n_sink, self.policy.recent, self.policy.eps)
+        self.detector = self._make_detector()
         self.keys = self.values = self.positions = self.order = None
         self.is_initialized = False
         self.seen = self.awaiting = 0
@@ -258,10 +287,9 @@ class SinkCacheLayer(CacheLayerMixin):
         self.store.batch(fn)
         if self.positions.dim() == 2:
             self.positions, self.order = fn(self.positions), fn(self.order)
-            for name in ("score", "mass_sum", "count"):
-                t = getattr(self.policy, name, None)
-                if t is not None:
-                    setattr(self.policy, name, fn(t))
+            self.policy.batch(fn)
+        if self._own_detector():
+            self.detector.batch(fn)
         self._sync()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
@@ -284,7 +312,8 @@ class SinkCacheLayer(CacheLayerMixin):
         """Bytes of bookkeeping besides the keys and values: positions, arrival indices, policy scores."""
         if not self.is_initialized:
             return 0
-        return sum(t.numel() * t.element_size() for t in (self.positions, self.order)) + self.policy.nbytes
+        own = self.detector.nbytes if self._own_detector() else 0
+        return sum(t.numel() * t.element_size() for t in (self.positions, self.order)) + self.policy.nbytes + own
 
 
 def _policy_name(policy: CachePolicy) -> str:
@@ -391,11 +420,16 @@ class SinkCache(Cache):
             attention-based ones need eager attention (``attn_implementation="eager"``).
         budget: tokens each full-attention layer keeps between calls.
         recent: ``h2o``'s recent window (default half of ``budget - n_sink``).
-        eps: ``detected-sinks``' threshold on the attention mass (default 0.3, the sink rate's).
+        eps: the threshold on the attention mass of ``detected-sinks`` and of ``sinks_full_precision =
+            "detected"`` (default 0.3, the sink rate's).
         kv_bits: 16 (stored as given) or 8 / 4 / 3 / 2 (asymmetric min-max codes, :mod:`sinklab.streaming.quant`).
         kv_group: channels per group (per-token) or tokens per block (per-channel keys); default 32.
         key_quant: keys per ``"token"`` or per ``"channel"`` (KIVI); values are always per token.
-        sinks_full_precision: the first N tokens of the stream are kept lossless besides.
+        sinks_full_precision: an integer N: the first N tokens of the stream are kept lossless besides;
+            or ``"detected"``: the tokens sinklab's sink metric flags (attention mass above ``eps`` in
+            a head, measured on the fly as ``detected-sinks`` does; :mod:`sinklab.streaming.quant`
+            says when a token gets and loses its copy). ``"detected"`` needs the attention weights,
+            so eager attention, whatever the policy. Ignored at 16 bits.
         max_context: refuse a budget above this many tokens (default: the model's
             ``max_position_embeddings``; None in the config = no check).
 
@@ -410,9 +444,11 @@ class SinkCache(Cache):
 
     def __init__(self, model: nn.Module, n_sink: int | None = None, window: int | None = None, *,
                  policy: str = "sinks", budget: int | None = None, recent: int | None = None, eps: float = 0.3,
-                 kv_bits: int = 16, kv_group: int = 32, key_quant: str = "token", sinks_full_precision: int = 0,
+                 kv_bits: int = 16, kv_group: int = 32, key_quant: str = "token", sinks_full_precision: int | str = 0,
                  max_context: int | None = -1) -> None:
         cls = POLICIES.get(policy)
+        if isinstance(sinks_full_precision, str):
+            sinks_full_precision = parse_sinks_full_precision(sinks_full_precision)
         if n_sink is None:
             n_sink = 4 if cls.uses_sinks else 0
         if window is not None and (not isinstance(window, int) or window < 1):
@@ -425,22 +461,26 @@ class SinkCache(Cache):
             raise InputError(f"n_sink + window = {n_sink + window} disagrees with budget {budget}: give one of them")
         make_policy(policy, budget, n_sink, recent=recent, eps=eps)  # checks the arguments
         make_store(kv_bits, kv_group, key_quant, sinks_full_precision)
+        detect = sinks_full_precision == DETECTED and kv_bits != 16
+        if detect:
+            SinkMetric(eps)  # checks eps
         from sinklab.capture.adapter import adapt
 
         def make(rotation) -> SinkCacheLayer:
             return SinkCacheLayer(n_sink, budget - n_sink, rotation, policy=make_policy(policy, budget, n_sink,
                                   recent=recent, eps=eps), store=make_store(kv_bits, kv_group, key_quant,
-                                                                           sinks_full_precision))
+                                                                           sinks_full_precision), eps=eps)
 
         native = adapt(model).kind == "sinklab"
         if native:
             layers = _native_layers(model, budget, max_context, make)
         else:
             layers = _hf_layers(model, budget, max_context, make)
-            if cls.needs_scores:
+            if cls.needs_scores or detect:
                 impl = model.config._attn_implementation
+                what = f"cache policy {policy}" if cls.needs_scores else "sinks_full_precision='detected'"
                 if impl != "eager":
-                    raise InputError(f"cache policy {policy} needs the attention weights, which {impl!r} attention does "
+                    raise InputError(f"{what} needs the attention weights, which {impl!r} attention does "
                                      "not return: load the model with attn_implementation='eager' (or call "
                                      "model.set_attn_implementation('eager'))")
                 _install_observers(model)
@@ -448,6 +488,7 @@ class SinkCache(Cache):
         self.n_sink, self.window, self.policy, self.budget = n_sink, budget - n_sink, policy, budget
         self.kv_bits, self.kv_group, self.key_quant = kv_bits, kv_group, key_quant
         self.sinks_full_precision = sinks_full_precision
+        self.detects_sinks = detect
         self._model_config = None if native else model.config
 
     def attn_implementation(self, module=None) -> str:
@@ -459,6 +500,12 @@ class SinkCache(Cache):
     def needs_scores(self) -> bool:
         """True for an attention-based policy."""
         return POLICIES.get(self.policy).needs_scores
+
+    @property
+    def needs_weights(self) -> bool:
+        """True when the cache reads the attention weights: an attention-based policy, or lossless
+        detected sinks (``sinks_full_precision = "detected"``, quantised)."""
+        return self.needs_scores or self.detects_sinks
 
     def __repr__(self) -> str:
         kv = "" if self.kv_bits == 16 else (f", kv_bits={self.kv_bits}, kv_group={self.kv_group}, "

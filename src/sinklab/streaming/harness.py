@@ -66,7 +66,17 @@ class CacheSpec:
     kv_bits: int = 16
     kv_group: int = 32
     key_quant: str = "token"
-    sinks_full_precision: int = 0
+    sinks_full_precision: int | str = 0
+
+    @property
+    def needs_weights(self) -> bool:
+        """True where the cache reads the attention weights (eager attention): an attention-based policy,
+        or a quantised cache keeping the detected sinks lossless."""
+        from sinklab.streaming.policies import POLICIES
+
+        if self.kind != "sink" or self.policy is None:
+            return False
+        return POLICIES.get(self.policy).needs_scores or (self.kv_bits != 16 and self.sinks_full_precision == "detected")
 
     @property
     def parallel_ok(self) -> bool:
@@ -119,7 +129,7 @@ class StreamConfigResult:
     kv_bits: int = 16
     kv_group: int = 32
     key_quant: str = "token"
-    sinks_full_precision: int = 0
+    sinks_full_precision: int | str = 0
     state_bytes: int = 0
     mode: str | None = None
     attn_implementation: str | None = None
@@ -144,14 +154,15 @@ def cache_specs(window: int, sinks: Sequence[int], *, full: bool = True, recompu
     return specs
 
 
-def spec_name(policy: str, budget: int, kv_bits: int = 16, key_quant: str = "token", sinks_full_precision: int = 0) -> str:
+def spec_name(policy: str, budget: int, kv_bits: int = 16, key_quant: str = "token",
+              sinks_full_precision: int | str = 0) -> str:
     """``POLICY@BUDGET``, with ``:kvBITS-KEYQUANT-fpN`` for a quantised cache (e.g. ``sinks@256:kv4-channel-fp4``)."""
     name = f"{policy}@{budget}"
     return name if kv_bits == 16 else f"{name}:kv{kv_bits}-{key_quant}-fp{sinks_full_precision}"
 
 
 def policy_specs(policies: Sequence[str], budgets: Sequence[int], *, n_sink: int = 4, kv_bits: Sequence[int] = (16,),
-                 key_quant: Sequence[str] = ("token",), sinks_full_precision: Sequence[int] = (0,), kv_group: int = 32,
+                 key_quant: Sequence[str] = ("token",), sinks_full_precision: Sequence[int | str] = (0,), kv_group: int = 32,
                  window: int = 256, full: bool = True, recompute: bool = True) -> list[CacheSpec]:
     """The cross product policies x budgets x kv_bits x key_quant x sinks_full_precision, between
     ``full`` and ``recompute`` (over ``window`` tokens). A 16-bit cache ignores the quantisation
@@ -162,7 +173,7 @@ def policy_specs(policies: Sequence[str], budgets: Sequence[int], *, n_sink: int
         (:func:`sinklab.streaming.policies.make_policy`, :func:`sinklab.streaming.quant.check_kv_options`).
     """
     from sinklab.streaming.policies import POLICIES, make_policy
-    from sinklab.streaming.quant import check_kv_options
+    from sinklab.streaming.quant import check_kv_options, parse_sinks_full_precision
 
     if window < 1:
         raise InputError(f"--window must be >= 1, got {window}")
@@ -174,15 +185,15 @@ def policy_specs(policies: Sequence[str], budgets: Sequence[int], *, n_sink: int
             make_policy(policy, int(budget), ns)
             for bits in dict.fromkeys(kv_bits):
                 for kq in dict.fromkeys(key_quant) if bits != 16 else ["token"]:
-                    for fp in dict.fromkeys(sinks_full_precision) if bits != 16 else [0]:
-                        check_kv_options(int(bits), kv_group, kq, int(fp))
-                        name = spec_name(policy, int(budget), int(bits), kq, int(fp))
+                    for fp in dict.fromkeys(map(parse_sinks_full_precision, sinks_full_precision)) if bits != 16 else [0]:
+                        check_kv_options(int(bits), kv_group, kq, fp)
+                        name = spec_name(policy, int(budget), int(bits), kq, fp)
                         if name in seen:
                             continue
                         seen.add(name)
                         specs.append(CacheSpec(name, "sink", ns, int(budget) - ns, policy=policy, budget=int(budget),
                                                kv_bits=int(bits), kv_group=kv_group, key_quant=kq,
-                                               sinks_full_precision=int(fp)))
+                                               sinks_full_precision=fp))
     if recompute:
         specs.append(CacheSpec("recompute", "recompute", None, window, policy="recompute"))
     return specs
@@ -328,11 +339,10 @@ def stream_nll_decode(model, ids: Tensor, spec: CacheSpec, *, max_context: int |
 @contextmanager
 def attention_for(model, spec: CacheSpec):
     """Within the block ``model`` runs the attention ``spec``'s cache needs: eager for an
-    attention-based policy on a ``transformers`` model (the weights come from it), else as loaded.
+    attention-based policy or lossless detected sinks on a ``transformers`` model (the weights come
+    from it), else as loaded.
     Yields the implementation's name (None for a sinklab model)."""
-    from sinklab.streaming.policies import POLICIES
-
-    scored = spec.kind == "sink" and spec.policy is not None and POLICIES.get(spec.policy).needs_scores
+    scored = spec.needs_weights
     with adapt(model).attention("eager" if scored else None) as name:
         yield name
 
@@ -380,11 +390,10 @@ def decode_stacked(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: 
         {name: ({position t: NLL of token t + 1}, cache bytes, state bytes at the end)}.
     """
     from sinklab.streaming.cache import StackedCache
-    from sinklab.streaming.policies import POLICIES
 
     n, R = ids.numel(), len(specs)
     x = ids.view(1, -1).to(_device(model)).expand(R, -1)
-    scored = next((s for s in specs if POLICIES.get(s.policy).needs_scores), specs[0])
+    scored = next((s for s in specs if s.needs_weights), specs[0])
     out: dict[str, dict[int, float]] = {s.name: {} for s in specs}
     with attention_for(model, scored):
         caches = [_new_cache(model, s, None) for s in specs]

@@ -76,6 +76,9 @@ class CachePolicy:
     def select(self, idx: Tensor) -> None:
         """Keep the policy's per-slot state for slots ``idx`` (B, K')."""
 
+    def batch(self, fn) -> None:
+        """Apply ``fn`` (a function of a tensor's batch dimension) to the per-slot state."""
+
     @property
     def nbytes(self) -> int:
         """Bytes of per-slot state (scores)."""
@@ -121,6 +124,10 @@ class _Scored(CachePolicy):
 
     def select(self, idx):
         self.score = self.score.gather(1, idx)
+
+    def batch(self, fn):
+        if self.score is not None:
+            self.score = fn(self.score)
 
     @property
     def nbytes(self):
@@ -180,20 +187,38 @@ class SinksTOVAPolicy(TOVAPolicy):
     uses_sinks = True
 
 
-@POLICIES.register("detected-sinks")
-class DetectedSinksPolicy(_Scored):
-    """Up to n_sink tokens flagged by the on-the-fly sink metric (alpha > eps in a head) + the most recent."""
+class SinkMetric:
+    """sinklab's sink metric measured on the fly over a cache's slots (one per layer).
 
-    uses_sinks = True
+    The attention mass of a kept slot j in head h is ``alpha[h, j] = mean over the queries i >= j
+    that saw it of A[h, i, j]`` (Gu et al. 2025, "When Attention Sink Emerges in Language Models",
+    Eq. 2; nothing is lost from the mean, since a kept token was seen by every later query); the
+    slot is flagged as a sink when ``alpha[h, j] > eps`` in at least one head (the sink rate's
+    threshold, 0.3). Used by the ``detected-sinks`` policy and by ``sinks_full_precision =
+    "detected"`` (:mod:`sinklab.streaming.quant`).
 
-    def __init__(self, budget, n_sink=0, recent=None, eps=0.3):
-        super().__init__(budget, n_sink, recent, eps)
+    Args:
+        eps: the threshold, in (0, 1).
+
+    Attributes:
+        mass_sum: (B, H, n) float64, the sum over the queries so far of ``A[h, i, j]``; None before
+            the first :meth:`observe`.
+        count: (B, n) float64, queries that saw each slot.
+
+    Raises:
+        InputError: ``eps`` outside (0, 1).
+    """
+
+    def __init__(self, eps: float = 0.3) -> None:
         if not 0.0 < eps < 1.0:
             raise InputError(f"eps must lie in (0, 1), got {eps}")
-        self.mass_sum: Tensor | None = None  # (B, H, n) float64: sum over queries of A[h, i, j]
-        self.count: Tensor | None = None  # (B, n) float64: queries that saw each slot
+        self.eps = eps
+        self.mass_sum: Tensor | None = None
+        self.count: Tensor | None = None
 
-    def observe(self, weights, q):
+    def observe(self, weights: Tensor, q: int) -> None:
+        """Add the attention weights (B, H, q, n) of q new queries on the n slots, the last q of which
+        are new (slot n - q + c is seen by q - c of them, causally)."""
         B, H, _, n = weights.shape
         add = weights.to(torch.float64).sum(dim=2)  # (B, H, n)
         new = (q - torch.arange(q, device=weights.device, dtype=torch.float64)).expand(B, q)  # new slot c: q - c queries
@@ -211,6 +236,57 @@ class DetectedSinksPolicy(_Scored):
         """(B, n) bool: slots whose mass exceeds eps in at least one head (sinks by sinklab's metric)."""
         return (self.mass() > self.eps).any(dim=1)
 
+    def select(self, idx: Tensor) -> None:
+        """Keep slots ``idx``: (B, K') per row, or (K',) for every row."""
+        if self.mass_sum is None:
+            return
+        if idx.dim() == 1:
+            idx = idx[None].expand(self.count.shape[0], -1)
+        self.mass_sum = self.mass_sum.gather(2, idx[:, None, :].expand(-1, self.mass_sum.shape[1], -1))
+        self.count = self.count.gather(1, idx)
+
+    def batch(self, fn) -> None:
+        """Apply ``fn`` (a function of a tensor's batch dimension) to the state."""
+        if self.mass_sum is not None:
+            self.mass_sum, self.count = fn(self.mass_sum), fn(self.count)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the state (``mass_sum`` and ``count``)."""
+        return sum(t.numel() * t.element_size() for t in (self.mass_sum, self.count) if t is not None)
+
+
+@POLICIES.register("detected-sinks")
+class DetectedSinksPolicy(_Scored):
+    """Up to n_sink tokens flagged by the on-the-fly sink metric (alpha > eps in a head) + the most recent."""
+
+    uses_sinks = True
+
+    def __init__(self, budget, n_sink=0, recent=None, eps=0.3):
+        super().__init__(budget, n_sink, recent, eps)
+        self.metric = SinkMetric(eps)  # checks eps
+
+    @property
+    def mass_sum(self) -> Tensor | None:
+        """(B, H, n) float64: sum over queries of A[h, i, j] (:class:`SinkMetric`)."""
+        return self.metric.mass_sum
+
+    @property
+    def count(self) -> Tensor | None:
+        """(B, n) float64: queries that saw each slot."""
+        return self.metric.count
+
+    def observe(self, weights, q):
+        self.metric.observe(weights, q)
+
+    def mass(self) -> Tensor:
+        """(B, H, n) float64 attention mass of each kept slot: sinklab's ``alpha`` over the queries so far."""
+        return self.metric.mass()
+
+    def flagged(self) -> Tensor:
+        """(B, n) bool: slots whose mass exceeds eps in at least one head (sinks by sinklab's metric)."""
+        return self.metric.flagged()
+
     def keep(self, n, order):
         if n <= self.budget:
             return None
@@ -221,12 +297,14 @@ class DetectedSinksPolicy(_Scored):
         return _top(score, slot >= n - (self.budget - self.n_sink), self.budget)
 
     def select(self, idx):
-        self.mass_sum = self.mass_sum.gather(2, idx[:, None, :].expand(-1, self.mass_sum.shape[1], -1))
-        self.count = self.count.gather(1, idx)
+        self.metric.select(idx)
+
+    def batch(self, fn):
+        self.metric.batch(fn)
 
     @property
     def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in (self.mass_sum, self.count) if t is not None)
+        return self.metric.nbytes
 
 
 def make_policy(name: str, budget: int, n_sink: int | None = None, *, recent: int | None = None,
@@ -259,4 +337,4 @@ def make_policy(name: str, budget: int, n_sink: int | None = None, *, recent: in
     return cls(budget, n_sink, recent, eps)
 
 
-__all__ = ["POLICIES", "CachePolicy", "make_policy"]
+__all__ = ["POLICIES", "CachePolicy", "SinkMetric", "make_policy"]

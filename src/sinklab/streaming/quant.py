@@ -10,7 +10,14 @@ KIVI's choice for keys, whose outliers sit in fixed channels): each channel of a
 of ``kv_group`` consecutive tokens of the stream. A channel block is quantised when its last token
 has arrived; until then its tokens stay in full precision (KIVI's residual). The first
 ``sinks_full_precision`` tokens of the stream (the attention sinks, IntactKV / KVSink's point)
-are kept lossless besides and read from that copy.
+are kept lossless besides and read from that copy. With ``sinks_full_precision = "detected"`` the
+lossless tokens are instead those sinklab's own sink metric flags (:class:`sinklab.streaming.policies.SinkMetric`,
+the detection of the ``detected-sinks`` policy: attention mass above ``eps`` in a head), measured
+on the fly from the attention weights, wherever they are in the stream (secondary sinks included):
+a token gets its lossless copy when the metric flags it at the end of the call it arrives in (the
+cache holds a call's full-precision keys/values only until that call's weights have come), and
+keeps it while it stays flagged; a token unflagged later is read from its codes from then on (and
+is not promoted again), one flagged only later than its arrival call stays quantised.
 
 Memory is counted honestly (:attr:`QuantKV.nbytes`): the packed codes (``b`` bits per entry,
 ``b = 3`` packs 8 codes into 3 bytes), the scales and zeros (in the key/value dtype), the
@@ -33,6 +40,26 @@ from sinklab.errors import InputError
 #: the ``kv_bits`` accepted: 16 = stored as given, else integer codes of that width
 KV_BITS = (16, 8, 4, 3, 2)
 KEY_QUANT = ("token", "channel")
+#: ``sinks_full_precision`` value that keeps the detected sinks lossless (instead of the first N tokens)
+DETECTED = "detected"
+
+
+def parse_sinks_full_precision(value) -> int | str:
+    """``sinks_full_precision`` from a config or the command line: an integer N >= 0 (the first N tokens
+    lossless; ``"4"`` is read as 4) or ``"detected"`` (the sinks the metric flags).
+
+    Raises:
+        InputError: anything else.
+    """
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v == DETECTED:
+            return DETECTED
+        if v.isdigit():
+            return int(v)
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise InputError(f"sinks_full_precision must be an integer >= 0 or {DETECTED!r}, got {value!r}")
 
 
 def quantize_minmax(x: Tensor, bits: int, dim: int = -1) -> tuple[Tensor, Tensor, Tensor]:
@@ -106,7 +133,7 @@ def unpack_codes(packed: Tensor, bits: int, n: int) -> Tensor:
     return codes.to(torch.uint8).reshape(*packed.shape[:-1], n)
 
 
-def check_kv_options(kv_bits: int, kv_group: int, key_quant: str, sinks_full_precision: int) -> None:
+def check_kv_options(kv_bits: int, kv_group: int, key_quant: str, sinks_full_precision: int | str) -> None:
     """Raises InputError naming the first bad quantisation option."""
     if kv_bits not in KV_BITS:
         raise InputError(f"kv_bits must be one of {', '.join(map(str, KV_BITS))}, got {kv_bits!r}")
@@ -114,8 +141,8 @@ def check_kv_options(kv_bits: int, kv_group: int, key_quant: str, sinks_full_pre
         raise InputError(f"kv_group must be an integer >= 1, got {kv_group!r}")
     if key_quant not in KEY_QUANT:
         raise InputError(f"key_quant must be token or channel, got {key_quant!r}")
-    if not isinstance(sinks_full_precision, int) or sinks_full_precision < 0:
-        raise InputError(f"sinks_full_precision must be an integer >= 0, got {sinks_full_precision!r}")
+    if sinks_full_precision != DETECTED and (not isinstance(sinks_full_precision, int) or sinks_full_precision < 0):
+        raise InputError(f"sinks_full_precision must be an integer >= 0 or {DETECTED!r}, got {sinks_full_precision!r}")
 
 
 def _nbytes(*ts: Tensor | None) -> int:
@@ -182,7 +209,9 @@ class QuantKV:
         group: ``kv_group``: channels per group (per-token quantisation; capped at head_dim, which it
             must divide) or tokens per block (per-channel keys).
         key_quant: ``"token"`` or ``"channel"``.
-        lossless: ``sinks_full_precision``: arrival indices ``0 .. lossless-1`` are also kept lossless.
+        lossless: ``sinks_full_precision``: arrival indices ``0 .. lossless-1`` are also kept lossless;
+            or ``"detected"``: the slots :meth:`mark_lossless` is given (the sinks the metric flags),
+            the cache layer handing over each call's flags once its attention weights have come.
 
     Raises (on the first tokens): InputError for a head_dim that is not a multiple of 8 or of the
     channel group.
@@ -193,12 +222,19 @@ class QuantKV:
         if bits == 16:
             raise InputError("QuantKV stores 2..8-bit codes; kv_bits 16 is DenseKV")
         self.bits, self.group, self.key_quant, self.lossless = bits, group, key_quant, lossless
+        self.detected = lossless == DETECTED
+        # arrivals from here on are quantised by the per-channel blocks (fixed lossless ones are left out)
+        self._first_quantised = 0 if self.detected else lossless
         self.d = 0
         self.dtype: torch.dtype | None = None
         # per slot (B, H, K, ...)
         self.k_codes = self.v_codes = self.v_scale = self.v_zero = self.k_scale = self.k_zero = None
         # lossless copies of arrivals 0 .. lossless-1 (B, H, min(lossless, seen), d), by arrival index
         self.fp_k = self.fp_v = None
+        # "detected": the copies (B, H, M, d) of the flagged slots (M the most in a row), fp_idx (B, K)
+        # int64 the copy of each slot or -1; pending: the last call's new (keys, values) until marked
+        self.fp_idx: Tensor | None = None
+        self.pending: tuple[Tensor, Tensor] | None = None
         # per-channel keys: block table (B, H, Nb, d) with its block numbers (Nb,); the residual
         # (B, H, r, d) holds arrivals res_start .. res_start + r - 1 of the block not yet complete
         self.tab_scale = self.tab_zero = self.tab_block = None
@@ -245,6 +281,8 @@ class QuantKV:
             self.tab_block = torch.zeros(0, dtype=torch.long, device=dev)
             self.res_k = key_states[..., :0, :]
         self.fp_k, self.fp_v = key_states[..., :0, :], value_states[..., :0, :]
+        if self.detected:
+            self.fp_idx = torch.zeros(B, 0, dtype=torch.long, device=dev)
 
     # ------------------------------------------------------------------ the store's interface
     def read(self, order: Tensor) -> tuple[Tensor, Tensor]:
@@ -263,7 +301,13 @@ class QuantKV:
                 got = _take(self.res_k, (o - self.res_start).clamp(0, self.res_k.shape[-2] - 1))
                 keys = torch.where(res[:, None, :, None], got, keys)
         n_fp = self.fp_k.shape[-2]
-        if n_fp:
+        if n_fp and self.detected:
+            fp = self.fp_idx >= 0  # (B, K)
+            if bool(fp.any()):
+                ix = self.fp_idx.clamp(min=0)
+                keys = torch.where(fp[:, None, :, None], _take(self.fp_k, ix), keys)
+                values = torch.where(fp[:, None, :, None], _take(self.fp_v, ix), values)
+        elif n_fp:
             fp = o < n_fp  # (B, K)
             if bool(fp.any()):
                 ix = o.clamp(max=n_fp - 1)
@@ -300,7 +344,10 @@ class QuantKV:
         else:  # codes are written when the block completes
             self.k_codes = torch.cat((self.k_codes, self.k_codes.new_zeros(B, H, q, self.k_codes.shape[-1])), dim=2)
             self.res_k = torch.cat((self.res_k, key_states), dim=-2)
-        keep_fp = min(q, max(0, self.lossless - first))  # new arrivals below the lossless count
+        if self.detected:  # lossless or not is decided by mark_lossless, once this call's weights have come
+            self.fp_idx = torch.cat((self.fp_idx, self.fp_idx.new_full((B, q), -1)), dim=1)
+            self.pending = (key_states, value_states)
+        keep_fp = 0 if self.detected else min(q, max(0, self.lossless - first))  # new arrivals below the count
         if keep_fp:
             self.fp_k = torch.cat((self.fp_k, key_states[..., :keep_fp, :]), dim=-2)
             self.fp_v = torch.cat((self.fp_v, value_states[..., :keep_fp, :]), dim=-2)
@@ -309,7 +356,8 @@ class QuantKV:
 
     def _close_blocks(self, order: Tensor, seen: int) -> None:
         """Quantise every complete block of the residual: per row and channel, min-max over the block's
-        tokens still kept (lossless ones excluded), then write their codes."""
+        tokens still kept (the first ``sinks_full_precision`` ones excluded; detected sinks are not, since
+        they may lose their lossless copy later), then write their codes."""
         G = self.group
         B, H, K, _ = self.k_codes.shape
         o = order if order.dim() == 2 else order[None].expand(B, K)
@@ -317,7 +365,7 @@ class QuantKV:
             start = self.res_start
             res = self.res_k[..., :G, :]  # (B, H, G, d): arrivals start .. start + G - 1
             arrivals = torch.arange(start, start + G, device=o.device)
-            alive = (o[:, :, None] == arrivals[None, None, :]).any(1) & (arrivals >= self.lossless)[None]  # (B, G)
+            alive = (o[:, :, None] == arrivals[None, None, :]).any(1) & (arrivals >= self._first_quantised)[None]  # (B, G)
             m = alive[:, None, :, None]
             big = torch.finfo(res.dtype).max
             mn = torch.where(m, res, big).amin(2, keepdim=True)  # (B, H, 1, d)
@@ -347,30 +395,77 @@ class QuantKV:
         names = ["k_codes", "v_codes", "v_scale", "v_zero"] + (["k_scale", "k_zero"] if self.key_quant == "token" else [])
         for name in names:
             setattr(self, name, _take(getattr(self, name), idx))
+        if self.detected:
+            before = (self.fp_idx >= 0).sum(1)
+            self.fp_idx = self.fp_idx[:, idx] if idx.dim() == 1 else self.fp_idx.gather(1, idx)
+            if bool(((self.fp_idx >= 0).sum(1) != before).any()):  # copies of evicted slots: free them
+                self._compact(self.fp_idx >= 0, self.fp_idx, self.fp_k, self.fp_v)
         if self.key_quant == "channel" and self.tab_block.numel():
-            q = order[(order < self.res_start) & (order >= self.lossless)]
+            q = order[(order < self.res_start) & (order >= self._first_quantised)]
             live = torch.isin(self.tab_block, torch.unique(q // self.group))
             if not bool(live.all()):
                 keep = live.nonzero().squeeze(-1)
                 self.tab_scale, self.tab_zero = self.tab_scale[:, :, keep], self.tab_zero[:, :, keep]
                 self.tab_block = self.tab_block[keep]
 
+    def mark_lossless(self, flags: Tensor) -> None:
+        """``sinks_full_precision = "detected"``: the slots to hold lossless after the last :meth:`append`.
+
+        Args:
+            flags: (B, n) bool over the n slots held now (the last call's new slots last): True for a
+                sink by the metric. A new slot flagged gets its lossless copy (from the call's keys and
+                values, held until now); an older slot keeps its copy while flagged, loses it when not;
+                an older slot without a copy cannot get one (its full-precision states are gone).
+
+        Raises:
+            InputError: not a ``"detected"`` store, no call waiting, or flags of another shape.
+        """
+        if not self.detected or self.pending is None:
+            raise InputError("mark_lossless needs a store with sinks_full_precision='detected' after an append")
+        pk, pv = self.pending
+        B, n, q, M = self.fp_idx.shape[0], self.fp_idx.shape[1], pk.shape[-2], self.fp_k.shape[-2]
+        if tuple(flags.shape) != (B, n):
+            raise InputError(f"flags of shape {tuple(flags.shape)} for a store of {B} rows and {n} slots")
+        src = self.fp_idx.clone()
+        src[:, n - q :] = M + torch.arange(q, device=src.device)
+        self.pending = None
+        self._compact(flags & (src >= 0), src, torch.cat((self.fp_k, pk), dim=2), torch.cat((self.fp_v, pv), dim=2))
+
+    def _compact(self, keep: Tensor, src: Tensor, sk: Tensor, sv: Tensor) -> None:
+        """Lossless copies of the slots ``keep`` (B, n) bool, taken from ``sk`` / ``sv`` (B, H, S, d) at
+        ``src`` (B, n); copies stored in slot order, rows padded to the row with the most."""
+        B, n = keep.shape
+        M = int(keep.sum(1).max()) if n else 0
+        self.fp_idx = torch.where(keep, keep.cumsum(1) - 1, torch.full_like(src, -1))
+        if M == 0:
+            self.fp_k, self.fp_v = sk[..., :0, :], sv[..., :0, :]
+            return
+        slot = torch.arange(n, device=keep.device)
+        first = torch.where(keep, slot, n + slot).argsort(dim=1)[:, :M]  # (B, M): the kept slots in order first
+        take = src.gather(1, first).clamp(min=0)
+        self.fp_k, self.fp_v = _take(sk, take), _take(sv, take)
+
     def batch(self, fn) -> None:
         for name in ("k_codes", "v_codes", "v_scale", "v_zero", "k_scale", "k_zero", "fp_k", "fp_v", "tab_scale",
-                     "tab_zero", "res_k"):
+                     "tab_zero", "res_k", "fp_idx"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, fn(t))
+        if self.pending is not None:
+            self.pending = (fn(self.pending[0]), fn(self.pending[1]))
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: packed codes, scales and zeros, the residual and the lossless copies."""
+        """Bytes held: packed codes, scales and zeros, the residual and the lossless copies (with
+        ``"detected"``: the copies as stored, rows padded to the longest, their slot index and, within a
+        call, the new tokens' states held until the attention weights come)."""
+        pend = self.pending or (None, None)
         return _nbytes(self.k_codes, self.v_codes, self.v_scale, self.v_zero, self.k_scale, self.k_zero, self.fp_k,
-                       self.fp_v, self.tab_scale, self.tab_zero, self.res_k)
+                       self.fp_v, self.tab_scale, self.tab_zero, self.res_k, self.fp_idx, *pend)
 
 
 def make_store(kv_bits: int = 16, kv_group: int = 32, key_quant: str = "token",
-               sinks_full_precision: int = 0) -> DenseKV | QuantKV:
+               sinks_full_precision: int | str = 0) -> DenseKV | QuantKV:
     """The store of one cache layer: :class:`DenseKV` for 16 bits, else :class:`QuantKV`.
 
     Raises:
@@ -382,5 +477,5 @@ def make_store(kv_bits: int = 16, kv_group: int = 32, key_quant: str = "token",
     return QuantKV(kv_bits, kv_group, key_quant, sinks_full_precision)
 
 
-__all__ = ["KV_BITS", "KEY_QUANT", "quantize_minmax", "dequantize", "pack_codes", "unpack_codes", "DenseKV", "QuantKV",
+__all__ = ["KV_BITS", "KEY_QUANT", "DETECTED", "parse_sinks_full_precision", "quantize_minmax", "dequantize", "pack_codes", "unpack_codes", "DenseKV", "QuantKV",
            "make_store", "check_kv_options"]

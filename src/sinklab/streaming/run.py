@@ -58,7 +58,7 @@ def stream(
     kv_bits: Sequence[int] | None = None,
     kv_group: int = 32,
     key_quant: Sequence[str] | None = None,
-    sinks_full_precision: Sequence[int] | None = None,
+    sinks_full_precision: Sequence[int | str] | None = None,
     task: str = "ppl",
     passkey_keys: int = 20,
     passkey_depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
@@ -90,7 +90,7 @@ def stream(
         policies: cache policy names (:data:`sinklab.streaming.policies.POLICIES`); None: the
             configurations above. budgets: tokens kept (default 256). n_sink: sinks of the policies
             with sinks. kv_bits (default 16), kv_group, key_quant (default token),
-            sinks_full_precision (default 0): :class:`~sinklab.streaming.SinkCache`'s options.
+            sinks_full_precision (default 0; N or "detected"): :class:`~sinklab.streaming.SinkCache`'s options.
         task: ``ppl`` (perplexity, latency, memory: ``stream.json``) or ``passkey``
             (:mod:`sinklab.streaming.passkey`: ``passkey_keys`` keys x ``passkey_depths`` on a stream
             of ``tokens`` tokens, ``passkey_batch`` streams at a time fed ``passkey_chunk`` tokens per
