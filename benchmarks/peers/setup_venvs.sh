@@ -19,5 +19,5 @@ make_venv() {  # name, packages...
   "$v/bin/pip" install -q -c "$ROOT/constraints.txt" "$@"
   "$v/bin/python" -c "import torch, transformers; print('$name', 'torch', torch.__version__, 'transformers', transformers.__version__)"
 }
-make_venv attention_sinks "attention_sinks==0.4.0" "transformers==4.34.0" "tokenizers>=0.14,<0.15" "numpy<2" "psutil"
-make_venv kvpress "kvpress==0.5.5" "transformers>=4.56,<5.3" "psutil"
+make_venv attention_sinks "attention_sinks==0.4.0" "transformers==4.34.0" "tokenizers>=0.14,<0.15" "numpy<2" "einops"
+make_venv kvpress "kvpress==0.5.5" "transformers>=4.56,<5.3"

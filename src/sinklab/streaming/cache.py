@@ -194,27 +194,44 @@ class SinkCacheLayer(CacheLayerMixin):
         new_pos = torch.arange(p0, p0 + q, device=dev)
         new_order = torch.arange(self.seen, self.seen + q, device=dev)
         stored_k, stored_v = self.store.read(self.order)
-        keys_old = stored_k
+        pieces = [stored_k]  # the kept keys, moved to their new positions, as consecutive runs of slots
         if K and self.rotation is not None:
             delta = (p0 - K + torch.arange(K, device=dev)) - self.positions  # (K,) or (B, K)
             moved = delta != 0
             if bool(moved.all()) or (delta.dim() == 2 and bool(moved.any())):
-                keys_old = self.rotation.rotate(keys_old, delta)
+                pieces = [self.rotation.rotate(stored_k, delta)]
             elif bool(moved.any()):
                 idx = moved.nonzero().squeeze(-1)
-                keys_old = keys_old.clone()
-                keys_old[..., idx, :] = self.rotation.rotate(keys_old[..., idx, :], delta[idx])
-        full_k = torch.cat((keys_old, key_states), dim=-2)
+                a, b = int(idx[0]), int(idx[-1]) + 1
+                if b - a == idx.numel():  # one run of moved slots (sinks: all but the first n_sink): slices
+                    pieces = [stored_k[..., :a, :], self.rotation.rotate(stored_k[..., a:b, :], delta[a:b]),
+                              stored_k[..., b:, :]]
+                else:
+                    keys_old = stored_k.clone()
+                    keys_old[..., idx, :] = self.rotation.rotate(keys_old[..., idx, :], delta[idx])
+                    pieces = [keys_old]
+        full_k = torch.cat([t for t in pieces if t.shape[-2]] + [key_states], dim=-2)
         full_v = torch.cat((stored_v, value_states), dim=-2)
         if self.positions.dim() == 2:
             B = key_states.shape[0]
             new_pos, new_order = new_pos.expand(B, q), new_order.expand(B, q)
+        self.seen += q
+        if self._contiguous():  # window / sinks at 16 bits: cut at once, by slices (the same values as _select)
+            ranges = self.policy.ranges(K + q)
+            if ranges is None:
+                ranges = [(0, K + q)]
+            self.positions = _runs(self.positions, new_pos, ranges)
+            self.order = _runs(self.order, new_order, ranges)
+            self.store.keys = full_k if pieces[0] is stored_k and len(pieces) == 1 and ranges == [(0, K + q)] \
+                else _runs(stored_k, key_states, ranges, dim=-2)
+            self.store.values = full_v if ranges == [(0, K + q)] else _runs(stored_v, value_states, ranges, dim=-2)
+            self._sync()
+            return full_k, full_v
         # keep the model's own rotation and its position; evict what the policy drops
         self.positions = torch.cat((self.positions, new_pos), dim=-1)
         self.order = torch.cat((self.order, new_order), dim=-1)
-        self.store.append(key_states, value_states, self.order, cat_k=full_k if keys_old is stored_k else None,
-                          cat_v=full_v)
-        self.seen += q
+        self.store.append(key_states, value_states, self.order, cat_k=full_k if len(pieces) == 1 and pieces[0] is
+                          stored_k else None, cat_v=full_v)
         if self.needs_weights:
             self.awaiting = q
         else:
@@ -223,6 +240,12 @@ class SinkCacheLayer(CacheLayerMixin):
                 self._select(keep)
         self._sync()
         return full_k, full_v
+
+    def _contiguous(self) -> bool:
+        """True where a call's eviction is a few runs of slots known before the call (window, sinks) and
+        the store is as given: :meth:`update` then cuts by slicing, without the general path's copies."""
+        return getattr(self.policy, "contiguous", False) and isinstance(self.store, DenseKV) \
+            and self.detector is None and self.positions.dim() == 1
 
     def observe(self, weights: Tensor) -> None:
         """Attention weights of the last :meth:`update`'s queries: (B, H, q, K + q), H query heads,
@@ -314,6 +337,21 @@ class SinkCacheLayer(CacheLayerMixin):
             return 0
         own = self.detector.nbytes if self._own_detector() else 0
         return sum(t.numel() * t.element_size() for t in (self.positions, self.order)) + self.policy.nbytes + own
+
+
+def _runs(old: Tensor, new: Tensor, ranges: list[tuple[int, int]], dim: int = -1) -> Tensor:
+    """``cat((old, new), dim)`` restricted to the slots in ``ranges`` ([start, stop) pairs, ascending, over
+    the K + q slots of the concatenation), built from slices: the values ``index_select`` of the
+    concatenation gives, without making it."""
+    K = old.shape[dim]
+    parts = []
+    for a, b in ranges:
+        if a < K:
+            parts.append(old.narrow(dim, a, min(b, K) - a))
+        if b > K:
+            lo = max(a, K)
+            parts.append(new.narrow(dim, lo - K, b - lo))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
 def _policy_name(policy: CachePolicy) -> str:

@@ -60,6 +60,7 @@ class CachePolicy:
     needs_scores = False
     uses_sinks = False
     takes_recent = False
+    contiguous = False  # keeps runs of slots known in advance (:meth:`ranges`)
 
     def __init__(self, budget: int, n_sink: int = 0, recent: int | None = None, eps: float = 0.3) -> None:
         self.budget, self.n_sink, self.eps = budget, n_sink, eps
@@ -96,6 +97,12 @@ def _top(score: Tensor, protect: Tensor, budget: int) -> Tensor:
 class WindowPolicy(CachePolicy):
     """The budget most recent tokens."""
 
+    contiguous = True
+
+    def ranges(self, n: int) -> list[tuple[int, int]] | None:
+        """The slots :meth:`keep` keeps out of n, as [start, stop) runs (None: nothing evicted)."""
+        return None if n <= self.budget else [(n - self.budget, n)]
+
     def keep(self, n, order):
         if n <= self.budget:
             return None
@@ -107,6 +114,13 @@ class SinksPolicy(CachePolicy):
     """StreamingLLM: the first n_sink tokens and the budget - n_sink most recent (Xiao et al. 2024)."""
 
     uses_sinks = True
+    contiguous = True
+
+    def ranges(self, n: int) -> list[tuple[int, int]] | None:
+        """The slots :meth:`keep` keeps out of n, as [start, stop) runs (None: nothing evicted)."""
+        if n <= self.budget:
+            return None
+        return [r for r in ((0, self.n_sink), (n - (self.budget - self.n_sink), n)) if r[1] > r[0]]
 
     def keep(self, n, order):
         if n <= self.budget:
