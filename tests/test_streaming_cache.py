@@ -270,3 +270,53 @@ def test_padded_batch_is_refused():
     with pytest.raises(InputError, match="same position ids in every row"):
         m(torch.ones(2, 3, dtype=torch.long), cache=cache, use_cache=True,
           position_ids=torch.tensor([[0, 1, 2], [0, 0, 1]]))
+
+
+def test_rotate_by_equals_rotate_with_the_offset_repeated():
+    """The contiguous decode path rotates a run of keys by one scalar offset: bit-identical to the
+    per-slot table for that offset repeated, and to a float64 rotation by the angle."""
+    from sinklab.nn.positional import rotate_half
+    from sinklab.streaming.rope import KeyRotation
+
+    inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    rot = KeyRotation(inv)
+    keys = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0))
+    for d in (-7, 3, -7):  # the third call reuses the memo of the first offset: recomputed after 3
+        got = rot.rotate_by(keys, d)
+        assert torch.equal(got, rot.rotate(keys, torch.full((5,), d)))
+        ang = d * inv.float()
+        cos, sin = torch.cat((ang, ang)).cos(), torch.cat((ang, ang)).sin()
+        assert torch.allclose(got, keys * cos + rotate_half(keys) * sin, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["sinks", "window"])
+def test_contiguous_path_equals_general_path_and_shares_per_step_tensors(policy):
+    """window / sinks at 16 bits cut by slices (SinkCacheLayer._update_contiguous); forcing the general
+    path (per-slot rotation table, index select) gives bit-identical logits, keys and positions, chunked
+    calls included; the layers of one cache share the positions / order tensors of a step."""
+    from sinklab.streaming.cache import SinkCacheLayer
+
+    m = llama(layers=3, attn="sdpa")
+    ids = torch.randint(0, 80, (2, 50), generator=torch.Generator().manual_seed(3))
+
+    def run(general: bool):
+        cache = SinkCache(m, policy=policy, n_sink=3 if policy == "sinks" else 0, budget=11)
+        out, t = [], 0
+        with torch.no_grad():
+            for q in [1] * 20 + [4, 1, 6, 1, 1, 13]:
+                if general:
+                    for layer in cache.layers:
+                        layer._contiguous = lambda: False
+                out.append(m(ids[:, t : t + q], cache=cache, use_cache=True,
+                             position_ids=(cache.kept_length() + torch.arange(q))[None]).logits)
+                t += q
+        return torch.cat(out, 1), cache
+
+    fast, c_fast = run(False)
+    slow, c_slow = run(True)
+    assert torch.equal(fast, slow)
+    for a, b in zip(c_fast.layers, c_slow.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert torch.equal(a.positions, b.positions) and torch.equal(a.order, b.order)
+    assert all(layer.positions is c_fast.layers[0].positions for layer in c_fast.layers)
+    assert isinstance(c_fast.layers[0], SinkCacheLayer) and c_fast.kept_length() == 11

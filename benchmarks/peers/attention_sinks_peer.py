@@ -30,6 +30,8 @@ def main() -> None:
     def prefill(x):
         step(0, x)
 
+    if a.serve:
+        return common.serve(prefill, step, ids)
     if a.latency:
         res = common.latency(prefill, step, ids)
     else:

@@ -35,8 +35,10 @@ def args(extra=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", required=True, help="HF folder of SmolLM2-135M (float32 safetensors)")
     ap.add_argument("--ids", default=str(RESULTS / "ids.json"))
-    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--out", help="JSON file to write (not with --serve)")
     ap.add_argument("--latency", action="store_true", help="time decode steps after a 1024-token prefill")
+    ap.add_argument("--serve", action="store_true",
+                    help="after the prefill and warm-up, time blocks of steps on request (latency_interleaved.py)")
     ap.add_argument("--threads", type=int, default=1)
     if extra:
         extra(ap)
@@ -131,6 +133,29 @@ def latency(prefill, step, ids: torch.Tensor) -> dict:
     times.sort()
     return {"ms_per_token_mean": sum(times) / len(times), "ms_per_token_median": times[len(times) // 2],
             "steps": LAT_STEPS, "prefill": LAT_PREFILL, "warmup": LAT_WARM}
+
+
+def serve(prefill, step, ids: torch.Tensor) -> None:
+    """Worker of ``latency_interleaved.py``: ``prefill`` the first LAT_PREFILL ids, LAT_WARM warm-up steps,
+    print ``ready``; then for every line ``n`` read from stdin, time the next n single-token steps and
+    print their wall times (ms, a JSON list), one line; ``quit`` (or the end of the ids) stops."""
+    with torch.no_grad():
+        prefill(ids[:, :LAT_PREFILL])
+        t = LAT_PREFILL
+        for t in range(LAT_PREFILL, LAT_PREFILL + LAT_WARM):
+            step(t, ids[:, t : t + 1])
+        t = LAT_PREFILL + LAT_WARM
+        print(json.dumps({"ready": True, **env()}), flush=True)
+        for line in sys.stdin:
+            if line.strip() == "quit" or t + int(line) >= ids.shape[1]:
+                break
+            times = []
+            for _ in range(int(line)):
+                t0 = time.perf_counter()
+                step(t, ids[:, t : t + 1])
+                times.append(1000.0 * (time.perf_counter() - t0))
+                t += 1
+            print(json.dumps(times), flush=True)
 
 
 def check_reference(nll: list[float], ids_path) -> float:

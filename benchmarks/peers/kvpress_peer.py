@@ -131,9 +131,9 @@ def main() -> None:
         return model(x, past_key_values=cache, use_cache=True).logits
 
     with torch.no_grad(), press(model):
-        if a.latency:
-            if v.startswith("decoding"):  # the decoding press skips the prefill: cut it at the first step
-                pass
+        if a.serve:
+            return common.serve(prefill, step, ids)
+        if a.latency:  # a decoding press leaves the prefill whole: its first steps cut the cache to 260
             res = common.latency(prefill, step, ids)
         elif v.startswith("prefill"):
             logits = prefill(ids[:, :P])

@@ -28,6 +28,8 @@ def main() -> None:
         model(x, past_key_values=cache, use_cache=True, position_ids=torch.arange(x.shape[1])[None])
 
     name = f"sinks@{common.BUDGET}" + ("" if a.attn == "sdpa" else f" ({a.attn})")
+    if a.serve:
+        return common.serve(prefill, step, ids)
     if a.latency:
         res = common.latency(prefill, step, ids)
     else:

@@ -86,6 +86,75 @@ def _position_start(kwargs: dict, recorded: Tensor | None, default: int) -> int:
     return int(pos[0, 0])
 
 
+def _position_ids(kwargs: dict, recorded: Tensor | None) -> Tensor | None:
+    """The ``position_ids`` the attention passed to ``update`` (``transformers`` 5 LLaMA-like models call
+    ``cache.update(k, v, layer_idx, kwargs=attn_kwargs)`` with them inside), else ``recorded``."""
+    inner = kwargs.get("kwargs")
+    for d in (inner if isinstance(inner, dict) else {}, kwargs):
+        if isinstance(d.get("position_ids"), Tensor):
+            return d["position_ids"]
+    return recorded
+
+
+class _StepMemo:
+    """What the layers of one cache compute alike in one step, computed once: the first position id
+    of a ``position_ids`` tensor, the runs of consecutive positions of a positions tensor, and the
+    positions / order tensors a contiguous cut makes (:meth:`SinkCacheLayer._update_contiguous`).
+    Keyed by the input tensors themselves (identity and in-place version), so a hit is the value the
+    layer would compute; the layers then share those (never modified in place) tensors."""
+
+    def __init__(self) -> None:
+        self._start: tuple[Tensor, int, int] | None = None
+        self._runs: tuple[Tensor, int, list[tuple[int, int, int]]] | None = None
+        self._cuts: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._empty: dict[torch.device, Tensor] = {}
+
+    def empty(self, device: torch.device) -> Tensor:
+        """A (0,) int64 tensor on ``device``, the same one every time."""
+        if device not in self._empty:
+            self._empty[device] = torch.zeros((0,), dtype=torch.long, device=device)
+        return self._empty[device]
+
+    def position_start(self, kwargs: dict, recorded: Tensor | None, default: int) -> int:
+        """:func:`_position_start`, reused for the same ``position_ids`` tensor."""
+        pos = _position_ids(kwargs, recorded)
+        if pos is None:
+            return default
+        m = self._start
+        if m is not None and m[0] is pos and m[1] == pos._version:
+            return m[2]
+        p0 = _position_start(kwargs, recorded, default)
+        self._start = (pos, pos._version, p0)
+        return p0
+
+    def position_runs(self, positions: Tensor) -> list[tuple[int, int, int]]:
+        """(slot, length, first position) of each run of consecutive positions in a (K,) tensor."""
+        m = self._runs
+        if m is not None and m[0] is positions and m[1] == positions._version:
+            return m[2]
+        runs: list[tuple[int, int, int]] = []
+        for slot, p in enumerate(positions.tolist()):
+            if runs and runs[-1][2] + runs[-1][1] == p:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, runs[-1][2])
+            else:
+                runs.append((slot, 1, p))
+        self._runs = (positions, positions._version, runs)
+        return runs
+
+    def runs(self, old: Tensor, start: int, q: int, ranges: list[tuple[int, int]] | None) -> Tensor:
+        """``_runs(old, arange(start, start + q), ranges)`` (all of the concatenation where ranges is None)."""
+        key = (id(old), old._version, start, q, None if ranges is None else tuple(ranges))
+        hit = self._cuts.get(key)
+        if hit is not None and hit[0] is old:
+            return hit[1]
+        new = torch.arange(start, start + q, device=old.device)
+        out = _runs(old, new, ranges if ranges is not None else [(0, old.shape[-1] + q)])
+        if len(self._cuts) >= 8:
+            self._cuts.clear()
+        self._cuts[key] = (old, out)
+        return out
+
+
 class SinkCacheLayer(CacheLayerMixin):
     """The cache of one attention layer: a policy's ``budget`` tokens, stored as given or quantised.
 
@@ -127,6 +196,7 @@ class SinkCacheLayer(CacheLayerMixin):
         self.order: Tensor | None = None
         self.seen = 0
         self.awaiting = 0  # new tokens of the last update whose attention weights have not been observed
+        self._memo = _StepMemo()  # shared by the layers of a SinkCache
 
     def _make_detector(self) -> SinkMetric | None:
         """The sink metric a ``"detected"`` lossless store needs (the policy's own for detected-sinks)."""
@@ -146,9 +216,11 @@ class SinkCacheLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
         self.store.init(key_states, value_states)
-        shape = (key_states.shape[0], 0) if self.policy.needs_scores else (0,)
-        self.positions = torch.zeros(shape, dtype=torch.long, device=key_states.device)
-        self.order = torch.zeros(shape, dtype=torch.long, device=key_states.device)
+        if self.policy.needs_scores:
+            self.positions = torch.zeros((key_states.shape[0], 0), dtype=torch.long, device=key_states.device)
+            self.order = torch.zeros((key_states.shape[0], 0), dtype=torch.long, device=key_states.device)
+        else:  # one empty tensor for the layers of a cache: their later cuts are then computed once (_StepMemo)
+            self.positions = self.order = self._memo.empty(key_states.device)
         self._sync()
         self.is_initialized = True
 
@@ -189,55 +261,72 @@ class SinkCacheLayer(CacheLayerMixin):
         recorded = self.rotation.last_position_ids() if self.rotation is not None else None
         if recorded is not None and recorded.shape[-1] != q:
             recorded = None
-        p0 = _position_start(kwargs, recorded, self.seen)
+        p0 = self._memo.position_start(kwargs, recorded, self.seen)
+        if self._contiguous():  # window / sinks at 16 bits: cut at once, by slices (the same values as _select)
+            return self._update_contiguous(key_states, value_states, p0)
         dev = key_states.device
         new_pos = torch.arange(p0, p0 + q, device=dev)
         new_order = torch.arange(self.seen, self.seen + q, device=dev)
         stored_k, stored_v = self.store.read(self.order)
-        pieces = [stored_k]  # the kept keys, moved to their new positions, as consecutive runs of slots
+        keys_old = stored_k
         if K and self.rotation is not None:
             delta = (p0 - K + torch.arange(K, device=dev)) - self.positions  # (K,) or (B, K)
             moved = delta != 0
             if bool(moved.all()) or (delta.dim() == 2 and bool(moved.any())):
-                pieces = [self.rotation.rotate(stored_k, delta)]
+                keys_old = self.rotation.rotate(stored_k, delta)
             elif bool(moved.any()):
                 idx = moved.nonzero().squeeze(-1)
-                a, b = int(idx[0]), int(idx[-1]) + 1
-                if b - a == idx.numel():  # one run of moved slots (sinks: all but the first n_sink): slices
-                    pieces = [stored_k[..., :a, :], self.rotation.rotate(stored_k[..., a:b, :], delta[a:b]),
-                              stored_k[..., b:, :]]
-                else:
-                    keys_old = stored_k.clone()
-                    keys_old[..., idx, :] = self.rotation.rotate(keys_old[..., idx, :], delta[idx])
-                    pieces = [keys_old]
-        full_k = torch.cat([t for t in pieces if t.shape[-2]] + [key_states], dim=-2)
+                keys_old = stored_k.clone()
+                keys_old[..., idx, :] = self.rotation.rotate(keys_old[..., idx, :], delta[idx])
+        full_k = torch.cat((keys_old, key_states), dim=-2)
         full_v = torch.cat((stored_v, value_states), dim=-2)
         if self.positions.dim() == 2:
             B = key_states.shape[0]
             new_pos, new_order = new_pos.expand(B, q), new_order.expand(B, q)
         self.seen += q
-        if self._contiguous():  # window / sinks at 16 bits: cut at once, by slices (the same values as _select)
-            ranges = self.policy.ranges(K + q)
-            if ranges is None:
-                ranges = [(0, K + q)]
-            self.positions = _runs(self.positions, new_pos, ranges)
-            self.order = _runs(self.order, new_order, ranges)
-            self.store.keys = full_k if pieces[0] is stored_k and len(pieces) == 1 and ranges == [(0, K + q)] \
-                else _runs(stored_k, key_states, ranges, dim=-2)
-            self.store.values = full_v if ranges == [(0, K + q)] else _runs(stored_v, value_states, ranges, dim=-2)
-            self._sync()
-            return full_k, full_v
         # keep the model's own rotation and its position; evict what the policy drops
         self.positions = torch.cat((self.positions, new_pos), dim=-1)
         self.order = torch.cat((self.order, new_order), dim=-1)
-        self.store.append(key_states, value_states, self.order, cat_k=full_k if len(pieces) == 1 and pieces[0] is
-                          stored_k else None, cat_v=full_v)
+        self.store.append(key_states, value_states, self.order, cat_k=full_k if keys_old is stored_k else None,
+                          cat_v=full_v)
         if self.needs_weights:
             self.awaiting = q
         else:
             keep = self.policy.keep(K + q, self.order)
             if keep is not None:
                 self._select(keep)
+        self._sync()
+        return full_k, full_v
+
+    def _update_contiguous(self, key_states: Tensor, value_states: Tensor, p0: int) -> tuple[Tensor, Tensor]:
+        """:meth:`update` for a policy whose eviction is a few runs of slots (window, sinks) on a 16-bit
+        store with one position per slot: the kept slots are runs of consecutive positions, each
+        moved by one offset (one rotation by a scalar angle per run, no per-slot tables), the cut made
+        by slices; positions and order tensors shared by the layers of a cache that agree (computed once
+        per step). The same values as the general path."""
+        q, K = key_states.shape[-2], self.kept
+        stored_k, stored_v = self.store.keys, self.store.values
+        memo = self._memo
+        pieces, rotated = [], False
+        for slot, n, pos in memo.position_runs(self.positions):
+            d = p0 - K + slot - pos
+            piece = stored_k.narrow(-2, slot, n)
+            if d != 0 and self.rotation is not None:
+                piece, rotated = self.rotation.rotate_by(piece, d), True
+            pieces.append(piece)
+        pieces.append(key_states)
+        full_k = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
+        full_v = value_states if not K else torch.cat((stored_v, value_states), dim=-2)
+        ranges = self.policy.ranges(K + q)
+        self.positions = memo.runs(self.positions, p0, q, ranges)
+        self.order = memo.runs(self.order, self.seen, q, ranges)
+        self.seen += q
+        if ranges is None:
+            self.store.keys = torch.cat((stored_k, key_states), dim=-2) if rotated else full_k
+            self.store.values = full_v
+        else:
+            self.store.keys = _runs(stored_k, key_states, ranges, dim=-2)
+            self.store.values = _runs(stored_v, value_states, ranges, dim=-2)
         self._sync()
         return full_k, full_v
 
@@ -523,6 +612,9 @@ class SinkCache(Cache):
                                      "model.set_attn_implementation('eager'))")
                 _install_observers(model)
         super().__init__(layers=layers)
+        memo = _StepMemo()
+        for layer in layers:
+            layer._memo = memo
         self.n_sink, self.window, self.policy, self.budget = n_sink, budget - n_sink, policy, budget
         self.kv_bits, self.kv_group, self.key_quant = kv_bits, kv_group, key_quant
         self.sinks_full_precision = sinks_full_precision

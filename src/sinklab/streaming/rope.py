@@ -53,6 +53,7 @@ class KeyRotation:
         self.rope_module = rope_module
         self.rotary_dim = 2 * self.inv_freq.numel()
         self._memo: tuple[Tensor, torch.device, torch.dtype, Tensor, Tensor] | None = None
+        self._scalar_memo: tuple[int, torch.device, torch.dtype, Tensor, Tensor] | None = None
 
     def _cos_sin(self, delta: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin (..., n, rotary_dim) for integer offsets ``delta`` (n,) or (B, n); the last table is
@@ -86,6 +87,24 @@ class KeyRotation:
         cos, sin = self._cos_sin(delta, keys.device, keys.dtype)  # (n, r) or (B, n, r)
         if delta.dim() == 2:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, n, r): the same angles for every head
+        return self._apply(keys, cos, sin)
+
+    def rotate_by(self, keys: Tensor, delta: int) -> Tensor:
+        """Move every key of ``keys`` (B, H_kv, n, head_dim) by the same ``delta`` positions: the values
+        :meth:`rotate` gives for a ``delta`` repeated n times (the same float64 angles, broadcast),
+        with one (rotary_dim,) table, reused while consecutive calls (the layers of one step) move by
+        the same offset."""
+        m = self._scalar_memo
+        if m is not None and m[0] == delta and m[1] == keys.device and m[2] == keys.dtype:
+            cos, sin = m[3], m[4]
+        else:
+            freqs = torch.tensor(float(delta), dtype=torch.float64) * self.inv_freq.double()  # (r/2,)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos().to(keys.device, keys.dtype), emb.sin().to(keys.device, keys.dtype)
+            self._scalar_memo = (delta, keys.device, keys.dtype, cos, sin)
+        return self._apply(keys, cos, sin)
+
+    def _apply(self, keys: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         r = self.rotary_dim
         kr = keys[..., :r]
         out = kr * cos + rotate_half(kr) * sin

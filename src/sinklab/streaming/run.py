@@ -110,11 +110,54 @@ def stream(
             ``sinks`` with ``policies``, bad policy or quantisation options, an unknown task.
         UnknownNameError / FetchError: as :func:`sinklab.zoo.models.load_model`; an unknown policy.
     """
-    from sinklab.provenance import code_version
-    from sinklab.result import versions
-    from sinklab.zoo.corpora import load_corpus
-    from sinklab.zoo.models import load_model
+    specs = _specs(tokens=tokens, out=out, mode=mode, task=task, policies=policies, sinks=sinks, budgets=budgets,
+                   n_sink=n_sink, kv_bits=kv_bits, key_quant=key_quant, sinks_full_precision=sinks_full_precision,
+                   kv_group=kv_group, window=window, full=full, recompute=recompute)
+    chunk = chunk or window
+    every = recompute_every or max(1, math.ceil(tokens / 128))
+    if threads:
+        torch.set_num_threads(threads)
+    loaded, native, ctx = _load_checked(model, corpus, specs, task)
+    cmd = dict(model=model, corpus=corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,
+               recompute_every=recompute_every, mode=mode, policies=policies, budgets=budgets, n_sink=n_sink,
+               kv_bits=kv_bits, kv_group=kv_group, key_quant=key_quant, sinks_full_precision=sinks_full_precision,
+               task=task, passkey_keys=passkey_keys, passkey_depths=passkey_depths, passkey_batch=passkey_batch,
+               passkey_chunk=passkey_chunk, passkey_seed=passkey_seed, full=full)
+    if task == "passkey":
+        return _passkey(loaded, corpus, specs, tokens=tokens, out=Path(out), ctx=ctx, keys=passkey_keys,
+                        depths=passkey_depths, batch=passkey_batch, chunk=passkey_chunk, seed=passkey_seed,
+                        progress=progress, command=command or _command(**cmd))
+    ids, corp = _stream_tokens(loaded, model, corpus, tokens)
+    out = Path(out)
+    key = _key(loaded, corp, ids, tokens=tokens, window=window, chunk=chunk, every=every, n_sink=n_sink, kv_group=kv_group,
+               policies=policies)
+    done, prev_meta = _resumable(out, key)
+    meta = _meta(command or _command(**{**cmd, "out": out}, recompute=recompute), key, loaded, corp, ctx=ctx,
+                 native=native, mode=mode, every=every, tokens=tokens, window=window, policies=policies)
+    _evaluate(loaded.model, ids, specs, out=out, meta=meta, done=done, prev_meta=prev_meta, chunk=chunk, every=every,
+              ctx=ctx, mode=mode, progress=progress)
+    return StreamResult(read_json(out / "stream.json", "stream results"))
 
+
+def _evaluate(model, ids, specs, *, out: Path, meta: dict, done: dict, prev_meta: dict, chunk: int, every: int, ctx,
+              mode: str, progress: bool) -> None:
+    """Evaluate the configurations not in ``done``, rewriting ``out/stream.json`` after each."""
+    results: dict[str, StreamConfigResult] = dict(done)
+    t0 = time.perf_counter()
+
+    def save(res: StreamConfigResult) -> None:
+        results[res.name] = res
+        write_outputs(out, {**meta, "wall_s": time.perf_counter() - t0}, [results[s.name] for s in specs if s.name in results], chunk)
+
+    evaluate_stream(model, ids, specs, chunk=chunk, recompute_every=every, max_context=ctx, mode=mode,
+                    progress=progress, done=done, on_result=save)
+    if done and all(s.name in done for s in specs):  # everything was already there: redraw from the file
+        write_outputs(out, prev_meta, [results[s.name] for s in specs], chunk)
+
+
+def _specs(*, tokens, out, mode, task, policies, sinks, budgets, n_sink, kv_bits, key_quant, sinks_full_precision,
+           kv_group, window, full, recompute) -> list:
+    """:func:`stream`'s argument checks (before the model is loaded) and its configurations."""
     if tokens < 2:
         raise InputError(f"--tokens must be >= 2, got {tokens}")
     check_writable(out, "--out")  # before the model is loaded
@@ -125,20 +168,21 @@ def stream(
     if policies:
         if sinks is not None:
             raise InputError("--sinks sets the sink caches of the default run; with --policy give --n-sink")
-        specs = policy_specs(policies, budgets or (256,), n_sink=n_sink, kv_bits=kv_bits or (16,),
-                             key_quant=key_quant or ("token",), sinks_full_precision=sinks_full_precision or (0,),
-                             kv_group=kv_group, window=window, full=full, recompute=recompute and task == "ppl")
-    else:
-        given = [f for f, v in (("--budget", budgets), ("--kv-bits", kv_bits), ("--key-quant", key_quant),
-                                ("--sinks-full-precision", sinks_full_precision)) if v]
-        if given:
-            raise InputError(f"{', '.join(given)} need --policy (e.g. --policy sinks)")
-        specs = cache_specs(window, DEFAULT_SINKS if sinks is None else sinks, full=full,
-                            recompute=recompute and task == "ppl")
-    chunk = chunk or window
-    every = recompute_every or max(1, math.ceil(tokens / 128))
-    if threads:
-        torch.set_num_threads(threads)
+        return policy_specs(policies, budgets or (256,), n_sink=n_sink, kv_bits=kv_bits or (16,),
+                            key_quant=key_quant or ("token",), sinks_full_precision=sinks_full_precision or (0,),
+                            kv_group=kv_group, window=window, full=full, recompute=recompute and task == "ppl")
+    given = [f for f, v in (("--budget", budgets), ("--kv-bits", kv_bits), ("--key-quant", key_quant),
+                            ("--sinks-full-precision", sinks_full_precision)) if v]
+    if given:
+        raise InputError(f"{', '.join(given)} need --policy (e.g. --policy sinks)")
+    return cache_specs(window, DEFAULT_SINKS if sinks is None else sinks, full=full,
+                       recompute=recompute and task == "ppl")
+
+
+def _load_checked(model: str, corpus: str, specs, task: str) -> tuple:
+    """(loaded model, whether it is a sinklab model, its context or None), refused as :func:`stream` says."""
+    from sinklab.zoo.models import load_model
+
     loaded = load_model(model, attn_implementation="sdpa")
     native = loaded.info.architecture.startswith("sinklab:")
     if loaded.info.is_encoder or not (native or hasattr(loaded.model, "set_attn_implementation")):
@@ -151,16 +195,15 @@ def stream(
     for s in specs:  # check every configuration before the first long run
         if s.kind == "sink" and ctx is not None and s.n_sink + s.window > ctx:
             raise InputError(f"n_sink + window = {s.n_sink + s.window} exceeds the model's context of {ctx} tokens")
-    if task == "passkey":
-        if native or corpus == "run":
-            raise InputError("--task passkey needs a transformers model and a text corpus (it states the key in words)")
-        return _passkey(loaded, corpus, specs, tokens=tokens, out=Path(out), ctx=ctx, keys=passkey_keys,
-                        depths=passkey_depths, batch=passkey_batch, chunk=passkey_chunk, seed=passkey_seed,
-                        progress=progress, command=command or _command(model, corpus, tokens, window, sinks, out, chunk,
-                                                            recompute_every, mode, policies, budgets, n_sink, kv_bits,
-                                                            kv_group, key_quant, sinks_full_precision, task,
-                                                            passkey_keys, passkey_depths, passkey_batch, passkey_chunk,
-                                                            passkey_seed, full))
+    if task == "passkey" and (native or corpus == "run"):
+        raise InputError("--task passkey needs a transformers model and a text corpus (it states the key in words)")
+    return loaded, native, ctx
+
+
+def _stream_tokens(loaded, model: str, corpus: str, tokens: int) -> tuple[torch.Tensor, object]:
+    """(the stream's (N,) ids, the corpus: ``name`` and ``source``)."""
+    from sinklab.zoo.corpora import load_corpus
+
     if corpus == "run":
         from sinklab.streaming.harness import run_stream
 
@@ -169,16 +212,26 @@ def stream(
     else:
         corp = load_corpus(corpus)
         ids = token_stream(loaded.tokenizer, corp.documents, tokens, corpus_name=corp.name)
-    out = Path(out)
+    return ids, corp
+
+
+def _key(loaded, corp, ids: torch.Tensor, *, tokens: int, window: int, chunk: int, every: int, n_sink: int, kv_group: int,
+         policies) -> dict:
+    """The settings a resumed ``stream.json`` must share (:func:`_resumable`)."""
     key = {"model": loaded.info.name, "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
            "recompute_every": every, "stream_sha": _sha(ids)}
     if policies:
         key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
-    done, prev_meta = _resumable(out, key)
-    command = command or _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets,
-                       n_sink, kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths,
-                       passkey_batch, passkey_chunk, passkey_seed, full, recompute)
-    meta = {
+    return key
+
+
+def _meta(command: str, key: dict, loaded, corp, *, ctx, native: bool, mode: str, every: int, tokens: int, window: int,
+          policies) -> dict:
+    """The fields of ``stream.json`` besides the configurations."""
+    from sinklab.provenance import code_version
+    from sinklab.result import versions
+
+    return {
         "command": command, **key, "max_context": ctx,
         "title": f"{loaded.info.name} · {corp.name} · {tokens} tokens · window {window}",
         "model_info": loaded.info.to_dict(), "corpus_source": corp.source, "versions": versions(),
@@ -196,18 +249,6 @@ def stream(
             **(_POLICY_DEFINITIONS if policies else {}),
         },
     }
-    results: dict[str, StreamConfigResult] = dict(done)
-    t0 = time.perf_counter()
-
-    def save(res: StreamConfigResult) -> None:
-        results[res.name] = res
-        write_outputs(out, {**meta, "wall_s": time.perf_counter() - t0}, [results[s.name] for s in specs if s.name in results], chunk)
-
-    evaluate_stream(loaded.model, ids, specs, chunk=chunk, recompute_every=every, max_context=ctx, mode=mode,
-                    progress=progress, done=done, on_result=save)
-    if done and all(s.name in done for s in specs):  # everything was already there: redraw from the file
-        write_outputs(out, prev_meta, [results[s.name] for s in specs], chunk)
-    return StreamResult(read_json(out / "stream.json", "stream results"))
 
 
 _POLICY_DEFINITIONS = {
