@@ -138,7 +138,9 @@ def latency(prefill, step, ids: torch.Tensor) -> dict:
 def serve(prefill, step, ids: torch.Tensor) -> None:
     """Worker of ``latency_interleaved.py``: ``prefill`` the first LAT_PREFILL ids, LAT_WARM warm-up steps,
     print ``ready``; then for every line ``n`` read from stdin, time the next n single-token steps and
-    print their wall times (ms, a JSON list), one line; ``quit`` (or the end of the ids) stops."""
+    print their wall times and this process's CPU times (ms, ``{"wall": [...], "cpu": [...]}``), one line;
+    ``quit`` (or the end of the ids) stops. On a loaded machine the CPU time is the steadier measure:
+    the wall time also counts the time the scheduler gave to other processes."""
     with torch.no_grad():
         prefill(ids[:, :LAT_PREFILL])
         t = LAT_PREFILL
@@ -149,13 +151,14 @@ def serve(prefill, step, ids: torch.Tensor) -> None:
         for line in sys.stdin:
             if line.strip() == "quit" or t + int(line) >= ids.shape[1]:
                 break
-            times = []
+            wall, cpu = [], []
             for _ in range(int(line)):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 step(t, ids[:, t : t + 1])
-                times.append(1000.0 * (time.perf_counter() - t0))
+                wall.append(1000.0 * (time.perf_counter() - t0))
+                cpu.append(1000.0 * (time.process_time() - c0))
                 t += 1
-            print(json.dumps(times), flush=True)
+            print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
 
 
 def check_reference(nll: list[float], ids_path) -> float:

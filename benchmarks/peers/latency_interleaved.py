@@ -6,9 +6,10 @@ peer sees the same machine load, and the ratios to sinklab are what to read on a
 
     python benchmarks/peers/latency_interleaved.py [--rounds 12] [--block 8] [--peers sinklab attention_sinks ...]
 
-Writes benchmarks/results/peers/latency_interleaved.json: per peer the ms of every step, the mean
-and median, and ``ratio_to_sinklab`` (peer's median / sinklab's median; above 1: sinklab is faster)
-with the per-round ratios of the block means; prints one line per peer. Stdlib only (any python).
+Writes benchmarks/results/peers/latency_interleaved.json: per peer, for the wall time and for the worker's
+CPU time (the steadier one on a loaded machine), the ms of every step, the mean and median, and
+``ratio_to_sinklab`` (peer's median / sinklab's median; above 1: sinklab is faster) with the per-round
+ratios of the block means; prints one line per peer. Stdlib only (any python).
 Env: PEER_VENVS (default /work/peer-venvs), SINKLAB_PY (default: this interpreter), SINKLAB_BEFORE_SRC
 (peer ``sinklab_before``: sinklab's src/ at another commit, to time a change in the same run).
 """
@@ -80,8 +81,8 @@ def main() -> None:
                                        stderr=open(RESULTS / f"log_latency_{name}.txt", "w"))
     for name, p in procs.items():  # all loaded and warm before the first timed step
         info[name] = read_json_line(p)
-    times = {n: [] for n in a.peers}
-    block_means = {n: [] for n in a.peers}
+    times = {k: {n: [] for n in a.peers} for k in ("wall", "cpu")}
+    block_means = {k: {n: [] for n in a.peers} for k in ("wall", "cpu")}
     load = []
     t0 = time.time()
     for r in range(a.rounds):
@@ -91,32 +92,37 @@ def main() -> None:
             procs[name].stdin.write(f"{a.block}\n")
             procs[name].stdin.flush()
             ms = read_json_line(procs[name])
-            times[name] += ms
-            block_means[name].append(sum(ms) / len(ms))
-        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {block_means[n][-1]:.1f} ms" for n in a.peers), flush=True)
+            for k in ("wall", "cpu"):
+                times[k][name] += ms[k]
+                block_means[k][name].append(sum(ms[k]) / len(ms[k]))
+        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {block_means['wall'][n][-1]:.1f} ms wall "
+                                                        f"{block_means['cpu'][n][-1]:.1f} ms cpu" for n in a.peers), flush=True)
     for p in procs.values():
         p.stdin.write("quit\n")
         p.stdin.flush()
         p.wait(timeout=60)
-    ref = statistics.median(times["sinklab"]) if "sinklab" in times else None
     out = {"protocol": {"prefill": 1024, "warmup": 16, "rounds": a.rounds, "block": a.block, "n_sink": 4, "window": 256,
-                        "threads": 1, "what": "wall ms of one single-token decode step; peers interleaved block by "
-                                              "block in one run, all processes loaded at once"},
+                        "threads": 1, "what": "ms of one single-token decode step: wall (perf_counter) and the worker "
+                                              "process's CPU time (process_time); peers interleaved block by block in "
+                                              "one run, all processes loaded at once"},
            "load_average_1min_by_round": load, "wall_s": time.time() - t0, "peers": {}}
     for name in a.peers:
-        ts = times[name]
-        entry = {"ms_per_token_median": statistics.median(ts), "ms_per_token_mean": statistics.fmean(ts),
-                 "steps": len(ts), "ms": ts, "env": info[name], "command": cmds[name]}
+        entry = {"steps": len(times["wall"][name]), "env": info[name], "command": cmds[name]}
         if name == "sinklab_before":
             entry["src"] = before
-        if ref is not None:
-            entry["ratio_to_sinklab"] = entry["ms_per_token_median"] / ref
-            entry["round_ratios_to_sinklab"] = [b / s for b, s in zip(block_means[name], block_means["sinklab"])]
-            entry["round_ratio_median"] = statistics.median(entry["round_ratios_to_sinklab"])
+        for k in ("wall", "cpu"):
+            ts = times[k][name]
+            entry[k] = {"ms_per_token_median": statistics.median(ts), "ms_per_token_mean": statistics.fmean(ts), "ms": ts}
+            if "sinklab" in a.peers:
+                entry[k]["ratio_to_sinklab"] = statistics.median(ts) / statistics.median(times[k]["sinklab"])
+                rr = [b / s for b, s in zip(block_means[k][name], block_means[k]["sinklab"])]
+                entry[k]["round_ratios_to_sinklab"] = rr
+                entry[k]["round_ratio_median"] = statistics.median(rr)
         out["peers"][name] = entry
-        print(f"{name}: median {entry['ms_per_token_median']:.2f} ms/token, mean {entry['ms_per_token_mean']:.2f}"
-              + (f", {name}/sinklab = {entry['ratio_to_sinklab']:.3f} (median of per-round ratios "
-                 f"{entry['round_ratio_median']:.3f})" if ref is not None else ""))
+        print(name + ": " + "; ".join(
+            f"{k} median {entry[k]['ms_per_token_median']:.2f} ms/token"
+            + (f", {name}/sinklab = {entry[k]['ratio_to_sinklab']:.3f} (median of round ratios "
+               f"{entry[k]['round_ratio_median']:.3f})" if "ratio_to_sinklab" in entry[k] else "") for k in ("cpu", "wall")))
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
 
 

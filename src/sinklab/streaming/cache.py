@@ -108,6 +108,7 @@ class _StepMemo:
         self._runs: tuple[Tensor, int, list[tuple[int, int, int]]] | None = None
         self._cuts: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._empty: dict[torch.device, Tensor] = {}
+        self._moves: tuple | None = None
 
     def empty(self, device: torch.device) -> Tensor:
         """A (0,) int64 tensor on ``device``, the same one every time."""
@@ -140,6 +141,29 @@ class _StepMemo:
                 runs.append((slot, 1, p))
         self._runs = (positions, positions._version, runs)
         return runs
+
+    def moves(self, positions: Tensor, p0: int, K: int) -> list[tuple[int, int, int | Tensor | None]]:
+        """How the K kept slots move when the new tokens start at position ``p0``: (slot, length, offset)
+        runs, the offset an int for a run of consecutive positions (one scalar rotation), None for an
+        unmoved run, or a (length,) tensor of per-slot offsets (positions that are not consecutive: a
+        stream fed at cache positions keeps every window key at the position it arrived at)."""
+        key = (id(positions), positions._version, p0, K)
+        m = self._moves
+        if m is not None and m[0] == key and m[1] is positions:
+            return m[2]
+        runs = self.position_runs(positions)
+        if len(runs) <= 4:
+            out = [(slot, n, (p0 - K + slot - pos) or None) for slot, n, pos in runs]
+        else:
+            delta = (p0 - K + torch.arange(K, device=positions.device)) - positions
+            idx = (delta != 0).nonzero().squeeze(-1)
+            if not idx.numel():
+                out = [(0, K, None)]
+            else:
+                a, b = int(idx[0]), int(idx[-1]) + 1  # rotation by 0 inside [a, b) is exact (cos 1, sin 0)
+                out = [r for r in ((0, a, None), (a, b - a, delta[a:b]), (b, K - b, None)) if r[1]]
+        self._moves = (key, positions, out)
+        return out
 
     def runs(self, old: Tensor, start: int, q: int, ranges: list[tuple[int, int]] | None) -> Tensor:
         """``_runs(old, arange(start, start + q), ranges)`` (all of the concatenation where ranges is None)."""
@@ -308,11 +332,11 @@ class SinkCacheLayer(CacheLayerMixin):
         stored_k, stored_v = self.store.keys, self.store.values
         memo = self._memo
         pieces, rotated = [], False
-        for slot, n, pos in memo.position_runs(self.positions):
-            d = p0 - K + slot - pos
+        for slot, n, delta in memo.moves(self.positions, p0, K):
             piece = stored_k.narrow(-2, slot, n)
-            if d != 0 and self.rotation is not None:
-                piece, rotated = self.rotation.rotate_by(piece, d), True
+            if delta is not None and self.rotation is not None:
+                piece, rotated = (self.rotation.rotate_by(piece, delta) if isinstance(delta, int)
+                                  else self.rotation.rotate(piece, delta)), True
             pieces.append(piece)
         pieces.append(key_states)
         full_k = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)

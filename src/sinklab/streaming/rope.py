@@ -52,19 +52,20 @@ class KeyRotation:
         self.inv_freq = inv_freq.detach().float().cpu()
         self.rope_module = rope_module
         self.rotary_dim = 2 * self.inv_freq.numel()
-        self._memo: tuple[Tensor, torch.device, torch.dtype, Tensor, Tensor] | None = None
+        self._memo: tuple[Tensor, torch.device, torch.dtype, Tensor, Tensor, Tensor] | None = None
         self._scalar_memo: tuple[int, torch.device, torch.dtype, Tensor, Tensor] | None = None
 
     def _cos_sin(self, delta: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin (..., n, rotary_dim) for integer offsets ``delta`` (n,) or (B, n); the last table is
         reused (every layer of a cache moves the same slots by the same offsets in one step)."""
         m = self._memo
-        if m is not None and m[1] == device and m[2] == dtype and m[0].shape == delta.shape and torch.equal(m[0], delta):
+        if m is not None and m[1] == device and m[2] == dtype and (m[5] is delta or (
+                m[0].shape == delta.shape and torch.equal(m[0], delta))):
             return m[3], m[4]
         freqs = delta.detach().to("cpu", torch.float64)[..., None] * self.inv_freq.double()  # (..., n, r/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
-        self._memo = (delta.detach().clone(), device, dtype, cos, sin)
+        self._memo = (delta.detach().clone(), device, dtype, cos, sin, delta)
         return cos, sin
 
     def last_position_ids(self) -> Tensor | None:
