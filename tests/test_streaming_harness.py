@@ -325,3 +325,29 @@ def test_stacked_cache_needs_one_budget():
     m = llama(layers=1)
     with pytest.raises(InputError, match="one budget for all its caches, got \\[8, 9\\]"):
         StackedCache([SinkCache(m, policy="tova", budget=8), SinkCache(m, policy="tova", budget=9)])
+
+
+def test_a_stopped_stacked_run_keeps_every_finished_budget(monkeypatch):
+    """Each batch of token-by-token configurations is handed to ``on_result`` as soon as it is
+    decoded, before the next budget starts: a run stopped during budget 10 keeps budget 8's results,
+    and they equal those of an uninterrupted run."""
+    import sinklab.streaming.harness as H
+
+    m = llama(layers=1, attn="sdpa")
+    ids = torch.randint(0, 80, (24,), generator=torch.Generator().manual_seed(3))
+    specs = H.policy_specs(["h2o", "tova"], [8, 10], n_sink=2, full=False, recompute=False)
+    whole = {r.name: r for r in evaluate_stream(m, ids, specs, chunk=8, progress=False)}
+    saved, real = {}, H.decode_stacked
+
+    def stop_at_second_budget(model, ids_, group, **kw):
+        if group[0].budget == 10:
+            raise KeyboardInterrupt
+        return real(model, ids_, group, **kw)
+
+    monkeypatch.setattr(H, "decode_stacked", stop_at_second_budget)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_stream(m, ids, specs, chunk=8, progress=False, on_result=lambda r: saved.setdefault(r.name, r))
+    assert sorted(saved) == sorted(s.name for s in specs if s.budget == 8) and len(saved) == 2
+    for name, r in saved.items():
+        assert r.ppl == whole[name].ppl and r.ppl_by_chunk == whole[name].ppl_by_chunk
+        assert r.cache_bytes == whole[name].cache_bytes

@@ -476,6 +476,18 @@ def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int
     return _result(spec, nll, n, chunk, elapsed / max(len(todo), 1), nbytes, todo)
 
 
+def _stacked_result(model, ids: Tensor, spec: CacheSpec, nll: Tensor, nbytes: int, state: int, *, chunk: int,
+                    recompute_every: int, latency_steps: int) -> StreamConfigResult:
+    """The result of one configuration decoded in a stacked batch (:func:`decode_stacked`): its
+    latency is timed alone over the last ``latency_steps`` decode steps of the stream."""
+    n = ids.numel()
+    steps = max(1, min(latency_steps, n - 1))
+    with attention_for(model, spec) as attn:
+        ms, _ = decode_latency(model, ids, spec, at=n - steps, steps=steps)
+    return _result(spec, nll, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
+                   state_bytes=state, mode="decode", attn=attn)
+
+
 def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: int, recompute_every: int = 1,
                     max_context: int | None = None, mode: str = "parallel", latency_steps: int = 32,
                     progress: bool = True, done: dict | None = None, on_result=None,
@@ -509,7 +521,7 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
     n = ids.numel()
     out = []
-    stacked: dict[str, tuple] = {}
+    stacked: dict[str, StreamConfigResult] = {}
     if stack and adapt(model).parallel_stream:  # the token-by-token configurations, one batched decode per budget
         todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and not (done and s.name in done)]
         for budget in dict.fromkeys(s.budget for s in todo):
@@ -517,7 +529,12 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
             if max_context is not None and budget > max_context:
                 raise InputError(f"n_sink + window = {budget} exceeds the model's context of {max_context} tokens")
             for a in range(0, len(group), stack):
-                stacked.update(decode_stacked(model, ids, group[a : a + stack], progress=progress))
+                for name, (nll, nbytes, state) in decode_stacked(model, ids, group[a : a + stack], progress=progress).items():
+                    spec = next(s for s in group if s.name == name)
+                    stacked[name] = res = _stacked_result(model, ids, spec, nll, nbytes, state, chunk=chunk,
+                                                          recompute_every=recompute_every, latency_steps=latency_steps)
+                    if on_result is not None:  # saved at once: a stopped run keeps every finished batch
+                        on_result(res)
     bar = show_progress(specs, desc="caches", unit="configuration", enabled=progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)
@@ -525,15 +542,7 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
             out.append(done[spec.name])
             continue
         if spec.name in stacked:
-            nll, nbytes, state = stacked[spec.name]
-            steps = max(1, min(latency_steps, n - 1))
-            with attention_for(model, spec) as attn:
-                ms, _ = decode_latency(model, ids, spec, at=n - steps, steps=steps)
-            res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
-                          state_bytes=state, mode="decode", attn=attn)
-            if on_result is not None:
-                on_result(res)
-            out.append(res)
+            out.append(stacked[spec.name])
             continue
         if spec.kind == "recompute":
             if max_context is not None and spec.window + 1 > max_context:
