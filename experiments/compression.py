@@ -1,4 +1,4 @@
-"""Issue 23's study: summarise results/compression/{policies,quant,passkey}/ into CSVs, two plots and the
+"""Issue 23's study: summarise results/compression/{policies,quant,quant_2bit,passkey}/ into CSVs, two plots and the
 markdown tables of results/compression/NOTES.md. The runs themselves: experiments/compression.sh.
 
     python experiments/compression.py                       # summaries, plots, tables (printed)
@@ -6,7 +6,7 @@ markdown tables of results/compression/NOTES.md. The runs themselves: experiment
 
 Written, from the files only:
     policies_summary.csv  policy x budget: ppl, ppl on recompute's positions, ppl of the last chunk, cache bytes, ms/token
-    quant_summary.csv     kv_bits x key_quant x sinks_full_precision: ppl, its ratio to the 16-bit cache, cache bytes
+    quant_summary.csv     kv_bits x key_quant x sinks_full_precision (quant/ and quant_2bit/): ppl, its ratio to the 16-bit cache, cache bytes
     passkey_summary.csv   configuration x depth: accuracy
     ppl_vs_budget.png     perplexity against budget, one line per policy (full cache and recompute as references)
     ppl_vs_bits.png       perplexity against kv bits, keys per token / per channel, with 0 / 1 / 4 lossless sinks
@@ -42,6 +42,26 @@ def load(name: str) -> dict | None:
     return json.loads(f.read_text()) if f.exists() else None
 
 
+def load_quant() -> dict | None:
+    """quant/ and quant_2bit/ (separate calls, run at once) as one file: their configurations, each
+    tagged with the folder and command that made it; the 16-bit cache, evaluated by each, kept once
+    (ValueError if the two disagree)."""
+    parts = [(n, d) for n in ("quant", "quant_2bit") if (d := load(n)) is not None]
+    if not parts:
+        return None
+    merged, seen = dict(parts[0][1], configs=[]), {}
+    for name, d in parts:
+        for c in d["configs"]:
+            if c["name"] in seen:
+                if abs(seen[c["name"]]["ppl"] - c["ppl"]) > 1e-9 * c["ppl"]:
+                    raise ValueError(f"{c['name']}: ppl {seen[c['name']]['ppl']} in one folder, {c['ppl']} in {name}")
+                continue
+            seen[c["name"]] = c = dict(c, folder=name, command=d["command"])
+            merged["configs"].append(c)
+    merged["command"] = " ; ".join(d["command"] for _, d in parts)
+    return merged
+
+
 def policies_table(d: dict) -> pd.DataFrame:
     rows = []
     for c in d["configs"]:
@@ -57,7 +77,8 @@ def policies_table(d: dict) -> pd.DataFrame:
 def quant_table(d: dict) -> pd.DataFrame:
     df = policies_table(d)
     extra = pd.DataFrame([{"config": c["name"], "kv_bits": c.get("kv_bits", 16), "key_quant": c.get("key_quant"),
-                           "sinks_full_precision": c.get("sinks_full_precision", 0)} for c in d["configs"]])
+                           "sinks_full_precision": c.get("sinks_full_precision", 0),
+                           "folder": c.get("folder")} for c in d["configs"]])
     df = df.merge(extra, on="config")
     base = df[(df["kv_bits"] == 16) & (df["policy"] == "sinks")]["ppl"]
     df["ppl_ratio_to_16bit"] = df["ppl"] / (float(base.iloc[0]) if len(base) else float("nan"))
@@ -163,7 +184,7 @@ def main() -> None:
             if len(r):
                 print(f"{ref}: ppl {r['ppl'].iloc[0]:.2f}, on recompute's positions {r['ppl_matched'].iloc[0]:.2f}")
         print()
-    qd = load("quant")
+    qd = load_quant()
     if qd is not None:
         df = quant_table(qd)
         df.to_csv(ROOT / "quant_summary.csv", **fmt)

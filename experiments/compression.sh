@@ -2,9 +2,9 @@
 # Issue 23's study on SmolLM2-135M at the issue's sizes (see results/compression/NOTES.md): eviction
 # policies at budgets 64/128/256 on a 4096-token SOTU stream; KV quantisation of the sinks cache
 # (budget 256) on the same 4096 tokens; pass-key retrieval for the best three policies at budget 128
-# on 1024-token streams. Run from the repository root; each step resumes where it stopped. The first
-# two steps are independent: STEP=policies or STEP=quant runs one of them (two cores: run both at
-# once, STEP=policies then passkey in one, STEP=quant in the other). Then: python experiments/compression.py
+# on 1024-token streams. Run from the repository root; each step resumes where it stopped. STEP=policies
+# (then the pass key), STEP=quant (4 and 3 bits) and STEP=quant2 (2 bits) are independent: on two cores
+# run two of them at once. Then: python experiments/compression.py
 set -euo pipefail
 SL=${SINKLAB:-sinklab}
 OUT=results/compression
@@ -14,13 +14,17 @@ if [[ $STEP == all || $STEP == policies ]]; then
       --policy window sinks h2o tova sinks+h2o sinks+tova detected-sinks --budget 64 128 256 \
       --out $OUT/policies --threads 1
 fi
-if [[ $STEP == all || $STEP == quant ]]; then
-  for BITS in 4 3 2; do  # one width per call: each call's configurations are saved when it ends
+quant() {  # $1: output folder, then the widths; one width per call, each call's configurations saved when it ends
+  local out=$1; shift
+  for BITS in "$@"; do
     $SL stream --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 --no-recompute \
         --policy sinks --budget 256 --kv-bits 16 $BITS --key-quant token channel --sinks-full-precision 0 1 4 \
-        --out $OUT/quant --threads 1
+        --out $out --threads 1
   done
-fi
+}
+# 4 and 3 bits in quant/, 2 bits in quant_2bit/ (STEP=quant2), so that the two can run at once
+if [[ $STEP == all || $STEP == quant ]]; then quant $OUT/quant 4 3; fi
+if [[ $STEP == all || $STEP == quant2 ]]; then quant $OUT/quant_2bit 2; fi
 if [[ $STEP == all || $STEP == policies || $STEP == passkey ]]; then
   BEST=$(${PYTHON:-python} experiments/compression.py --best 3 --budget 128)
   $SL stream --model smollm2-135m --corpus sotu --task passkey --tokens 1024 --policy $BEST --budget 128 \
