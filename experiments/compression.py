@@ -1,4 +1,4 @@
-"""Issue 23's study: summarise results/compression/{policies,quant,quant_2bit,passkey}/ into CSVs, two plots and the
+"""Issue 23's study: summarise results/compression/{policies,quant_4bit,quant_3bit,quant_2bit,passkey}/ into CSVs, two plots and the
 markdown tables of results/compression/NOTES.md. The runs themselves: experiments/compression.sh.
 
     python experiments/compression.py                       # summaries, plots, tables (printed)
@@ -6,7 +6,7 @@ markdown tables of results/compression/NOTES.md. The runs themselves: experiment
 
 Written, from the files only:
     policies_summary.csv  policy x budget: ppl, ppl on recompute's positions, ppl of the last chunk, cache bytes, ms/token
-    quant_summary.csv     kv_bits x key_quant x sinks_full_precision (quant/ and quant_2bit/): ppl, its ratio to the 16-bit cache, cache bytes
+    quant_summary.csv     kv_bits x key_quant x sinks_full_precision (quant_4bit/, quant_3bit/, quant_2bit/): ppl, its ratio to the 16-bit cache, cache bytes
     passkey_summary.csv   configuration x depth: accuracy
     ppl_vs_budget.png     perplexity against budget, one line per policy (full cache and recompute as references)
     ppl_vs_bits.png       perplexity against kv bits, keys per token / per channel, with 0 / 1 / 4 lossless sinks
@@ -43,10 +43,10 @@ def load(name: str) -> dict | None:
 
 
 def load_quant() -> dict | None:
-    """quant/ and quant_2bit/ (separate calls, run at once) as one file: their configurations, each
+    """quant_4bit/, quant_3bit/ and quant_2bit/ (one call per width) as one file: their configurations, each
     tagged with the folder and command that made it; the 16-bit cache, evaluated by each, kept once
-    (ValueError if the two disagree)."""
-    parts = [(n, d) for n in ("quant", "quant_2bit") if (d := load(n)) is not None]
+    (ValueError if two disagree)."""
+    parts = [(n, d) for n in ("quant_4bit", "quant_3bit", "quant_2bit") if (d := load(n)) is not None]
     if not parts:
         return None
     merged, seen = dict(parts[0][1], configs=[]), {}

@@ -14,17 +14,16 @@ if [[ $STEP == all || $STEP == policies ]]; then
       --policy window sinks h2o tova sinks+h2o sinks+tova detected-sinks --budget 64 128 256 \
       --out $OUT/policies --threads 1
 fi
-quant() {  # $1: output folder, then the widths; one width per call, each call's configurations saved when it ends
-  local out=$1; shift
+quant() {  # the widths; one call and one folder (quant_<bits>bit/) per width, since a call's stream.json holds only its own configurations
   for BITS in "$@"; do
     $SL stream --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 --no-recompute \
         --policy sinks --budget 256 --kv-bits 16 $BITS --key-quant token channel --sinks-full-precision 0 1 4 \
-        --out $out --threads 1
+        --out $OUT/quant_${BITS}bit --threads 1
   done
 }
-# 4 and 3 bits in quant/, 2 bits in quant_2bit/ (STEP=quant2), so that the two can run at once
-if [[ $STEP == all || $STEP == quant ]]; then quant $OUT/quant 4 3; fi
-if [[ $STEP == all || $STEP == quant2 ]]; then quant $OUT/quant_2bit 2; fi
+# 4 and 3 bits (STEP=quant), 2 bits (STEP=quant2), so that the two can run at once
+if [[ $STEP == all || $STEP == quant ]]; then quant 4 3; fi
+if [[ $STEP == all || $STEP == quant2 ]]; then quant 2; fi
 if [[ $STEP == all || $STEP == policies || $STEP == passkey ]]; then
   BEST=$(${PYTHON:-python} experiments/compression.py --best 3 --budget 128)
   $SL stream --model smollm2-135m --corpus sotu --task passkey --tokens 1024 --policy $BEST --budget 128 \
