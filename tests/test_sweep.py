@@ -250,10 +250,9 @@ def test_report_needs_sweeps(tmp_path):
         build_report(tmp_path, tmp_path / "R.md")
 
 
-def test_raw_attention_weights_switch_gives_unrenormalised_rows():
+def test_raw_weights_observer_gives_unrenormalised_rows():
     import torch
 
-    from sinklab.nn.attention import raw_attention_weights
     from sinklab.nn.config import ModelConfig
     from sinklab.nn.model import SinkLM
 
@@ -268,8 +267,9 @@ def test_raw_attention_weights_switch_gives_unrenormalised_rows():
 
         with torch.no_grad():
             m(x, observer=lambda *a, **k: obs(*a, **k, _k="renorm"))
-            with raw_attention_weights():
-                m(x, observer=lambda *a, **k: obs(*a, **k, _k="raw"))
+            raw = lambda *a, **k: obs(*a, **k, _k="raw")  # noqa: E731
+            raw.raw_weights = True
+            m(x, observer=raw)
         (wn, fn), (wr, fr) = got["renorm"], got["raw"]
         if op == "softmax":
             assert not fn and not fr

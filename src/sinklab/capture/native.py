@@ -20,6 +20,7 @@ def forward_native(
     logits: bool = False,
     keep_hidden: bool = False,
     entropy: bool = False,
+    renormalise: bool = True,
 ) -> BatchRecorder:
     """One forward pass of a SinkLM on ``input_ids`` (B, T) with statistics recorded.
 
@@ -35,7 +36,9 @@ def forward_native(
     ``logits`` keeps ``recorder.logits`` (B, T, V); ``keep_hidden`` keeps every block's output;
     ``entropy`` records each head's mean attention entropy of the (possibly edited) weights the
     observer sees, the virtual key's weight counted as one more entry
-    (:func:`sinklab.metrics.attention_entropy`).
+    (:func:`sinklab.metrics.attention_entropy`). ``renormalise=False`` records the raw weights of
+    operations whose rows do not sum to 1 (the observer's ``raw_weights``, see
+    :func:`sinklab.nn.attention.wants_raw_weights`).
     """
     L = model.config.n_layers
     causal = getattr(model.config, "causal", True)
@@ -68,6 +71,7 @@ def forward_native(
         return edited
 
     observer.wants_query = edit is not None
+    observer.raw_weights = not renormalise
     handles = []
     if hidden_edit is not None:
         for i, block in enumerate(model.layers):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -38,33 +38,77 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from sinklab.attention_masks import build_mask, key_range, repeat_kv, visible
-from sinklab.nn.backend import resolve as resolve_backend
+from sinklab.nn.backend import check_backend, resolve as resolve_backend
 from sinklab.errors import ConfigError
 from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import Positional
 
-__all__ = ["ATTENTION", "Attention", "AttnContext", "visible", "build_mask", "reference_attention", "attend_block",
-           "raw_attention_weights"]
-
-#: when False, observers get the raw weights of operations whose rows do not sum to 1
-#: (``renormalised=False``); see :func:`raw_attention_weights`.
-_RENORMALISE_FOR_OBSERVER = True
+__all__ = ["ATTENTION", "Attention", "AttentionOptions", "AttnContext", "visible", "build_mask", "reference_attention",
+           "attend_block", "bind_options", "wants_raw_weights"]
 
 
-class raw_attention_weights:
-    """Context manager: observers get raw (not renormalised) weights for operations whose rows do
-    not sum to 1 (sigmoid/ReLU without normalisation, kernels, ...), flagged ``renormalised=False``.
-    DESIGN.md asks for the sink metric with and without renormalisation for those operations."""
+@dataclass(frozen=True)
+class AttentionOptions:
+    """How :class:`Attention` computes, not what: speed and memory switches of its paths. Every
+    setting gives the same attention (the paths agree within float rounding; tests check it).
 
-    def __enter__(self) -> "raw_attention_weights":
-        global _RENORMALISE_FOR_OBSERVER
-        self._prev = _RENORMALISE_FOR_OBSERVER
-        _RENORMALISE_FOR_OBSERVER = False
-        return self
+    Pass one to ``SinkLM(config, attention_options=...)`` (or :meth:`sinklab.nn.SinkLM.set_attention_options`);
+    the defaults are what ``sinklab train`` uses.
 
-    def __exit__(self, *exc: object) -> None:
-        global _RENORMALISE_FOR_OBSERVER
-        _RENORMALISE_FOR_OBSERVER = self._prev
+    Attributes:
+        chunk_elems: logits per query chunk on the chunked path (memory bound).
+        checkpoint_chunks: recompute chunks in the backward pass instead of storing them.
+        tile_autograd: operations with an analytic tile gradient train through :class:`_TileAttention`.
+        tile_elems: logits per query chunk of :class:`_TileAttention` (small tiles stay in cache).
+        fused_qkv: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
+            the parameters stay q_proj/k_proj/v_proj).
+        cpu_fp32_sdpa_backward: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast:
+            PyTorch's fused half-precision CPU attention backward is ~1.5x slower than float32's
+            (torch 2.13, benchmarks/train_throughput.py); forward-only passes stay in half precision.
+        causal_virtual_key: plain causal attention with a virtual key uses SDPA's causal kernel (one
+            dummy query row in front) instead of an explicit (T, 1+T) mask.
+        attention_backend: which kernel computes the attention (:mod:`sinklab.nn.backend`: "auto",
+            "reference", "flex", "compiled"); None (the default) = the model config's
+            ``attention_backend`` (``model.attention_backend``), filled in by :func:`bind_options`
+            when a layer is built, so a layer's ``options.attention_backend`` is always a name.
+        flex_compiled: the flex backend uses ``torch.compile(flex_attention)`` (False: PyTorch's
+            eager, unfused one).
+    """
+
+    chunk_elems: int = 1 << 23
+    checkpoint_chunks: bool = True
+    tile_autograd: bool = True
+    tile_elems: int = 1 << 20
+    fused_qkv: bool = True
+    cpu_fp32_sdpa_backward: bool = True
+    causal_virtual_key: bool = True
+    attention_backend: str | None = None
+    flex_compiled: bool = True
+
+
+def bind_options(options: AttentionOptions | None, config) -> AttentionOptions:
+    """``options`` (None: the defaults) for a layer of a model with ``config`` (a
+    :class:`sinklab.nn.ModelConfig`): ``attention_backend=None`` becomes the config's
+    ``attention_backend``; an explicit one is checked against the config's operation and
+    positional encoding (:func:`sinklab.nn.backend.check_backend`).
+
+    Raises:
+        ConfigError: the backend cannot compute the config's operation.
+    """
+    options = AttentionOptions() if options is None else options
+    if options.attention_backend is None:
+        return replace(options, attention_backend=getattr(config, "attention_backend", "auto"))
+    check_backend(options.attention_backend, config.attention, positional=getattr(config, "positional", None))
+    return options
+
+
+def wants_raw_weights(observer: "Observer") -> bool:
+    """Whether ``observer`` asked for the raw (not renormalised) weights of operations whose rows do
+    not sum to 1 (sigmoid/ReLU without normalisation, kernels, ...): its attribute
+    ``raw_weights = True``; they are then flagged ``renormalised=False``. DESIGN.md asks for the sink
+    metric with and without renormalisation for those operations."""
+    return bool(getattr(observer, "raw_weights", False))
+
 
 #: Observer signature: observer(layer_idx, weights (B, H, T, T), *, renormalised, extra (B, H, T) | None,
 #: key (B, H_kv, T, d_h), value (B, H_kv, T, d_h)).
@@ -358,34 +402,13 @@ class Attention(nn.Module):
 
     Args:
         config: :class:`sinklab.nn.ModelConfig`. layer_idx: 0-based layer index.
-
-    Attributes:
-        chunk_elems: logits per query chunk on the chunked path (memory bound).
-        checkpoint_chunks: recompute chunks in the backward pass instead of storing them.
+        options: how the paths compute (:class:`AttentionOptions`; None = the defaults).
     """
 
-    chunk_elems: int = 1 << 23
-    checkpoint_chunks: bool = True
-    #: operations with an analytic tile gradient train through :class:`_TileAttention`
-    tile_autograd: bool = True
-    #: logits per query chunk of :class:`_TileAttention` (small tiles stay in cache)
-    tile_elems: int = 1 << 20
-    #: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
-    #: the parameters stay q_proj/k_proj/v_proj)
-    fused_qkv: bool = True
-    #: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast: PyTorch's fused
-    #: half-precision CPU attention backward is ~1.5x slower than float32's (torch 2.13,
-    #: benchmarks/train_throughput.py); forward-only passes stay in half precision
-    cpu_fp32_sdpa_backward: bool = True
-    #: plain causal attention with a virtual key uses SDPA's causal kernel (one dummy query row
-    #: in front) instead of an explicit (T, 1+T) mask
-    causal_virtual_key: bool = True
-    #: the flex backend uses ``torch.compile(flex_attention)`` (False: PyTorch's eager, unfused one)
-    flex_compiled: bool = True
-
-    def __init__(self, config, layer_idx: int) -> None:
+    def __init__(self, config, layer_idx: int, options: AttentionOptions | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.options = bind_options(options, config)
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
         d, H, Hkv, dh = config.d_model, self.n_heads, self.n_kv_heads, self.head_dim
         self.scale = 1.0 / math.sqrt(config.qk_dim)  # differential attention: each map's d = d_h / 2
@@ -394,7 +417,6 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * dh, d, bias=False)
         self.op: AttentionOp = ATTENTION.get(config.attention)(config.op_context(), **config.attention_options)
-        self.attention_backend: str = getattr(config, "attention_backend", "auto")  # sinklab.nn.backend
         if self.op.differential:
             self.op.set_layer(layer_idx)
         self.gate_proj = None
@@ -412,7 +434,7 @@ class Attention(nn.Module):
         """x (B, T, d) -> (B, T, d). With an observer, uses the reference path and reports weights."""
         B, T, _ = x.shape
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-        if self.fused_qkv:
+        if self.options.fused_qkv:
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # ((H + 2 H_kv) d_h, d)
             b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
             q, k, v = F.linear(x, w, b).split([H * dh, Hkv * dh, Hkv * dh], dim=-1)  # (B, T, H d_h), (B, T, H_kv d_h) x 2
@@ -433,7 +455,7 @@ class Attention(nn.Module):
             y = self._cached(q, k, v, ctx)
         elif observer is not None:
             y = self._reference(q, k, v, ctx, observer)
-        elif (backend := resolve_backend(self.attention_backend, self.op, q.device.type)) == "flex":
+        elif (backend := resolve_backend(self.options.attention_backend, self.op, q.device.type)) == "flex":
             y = self._flex(q, k, v, ctx)
         elif backend == "compiled":
             y = self._chunked(q, k, v, ctx, compiled=True)
@@ -497,7 +519,7 @@ class Attention(nn.Module):
         gqa = Hkv != H
         virtual = vk is not None or vlogit is not None
         out_dtype = q.dtype
-        upcast = (self.cpu_fp32_sdpa_backward and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+        upcast = (self.options.cpu_fp32_sdpa_backward and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
                   and torch.is_grad_enabled() and q.requires_grad)
         if upcast:
             q, k, v = q.float(), k.float(), v.float()
@@ -521,7 +543,7 @@ class Attention(nn.Module):
             kstar[:, dh] = (vlogit.float() / self.scale).to(q.dtype)
             k = torch.cat([kstar[None, :, None, :].expand(B, H, 1, dh + pad), k], dim=2)  # (B, H, 1+T, d_h+pad)
             v = torch.cat([v.new_zeros(B, H, 1, dh + pad), v], dim=2)  # (B, H, 1+T, d_h+pad)
-        shifted = virtual and self.causal_virtual_key and ctx.plain_causal and ctx.full_bias() is None
+        shifted = virtual and self.options.causal_virtual_key and ctx.plain_causal and ctx.full_bias() is None
         if shifted:
             # Plain causal with a virtual key in front: prepend one dummy query so that query i is
             # row i+1 and the causal kernel's "key j <= row" is exactly "virtual key or j <= i"
@@ -547,7 +569,7 @@ class Attention(nn.Module):
         vk, vv, vlogit = self._virtual(q.dtype)
         return flex_attend(self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
                            positional=ctx.positional, vk=vk, vv=vv, vlogit=vlogit, cache=ctx._flex_masks,
-                           compiled=self.flex_compiled)
+                           compiled=self.options.flex_compiled)
 
     def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, compiled: bool = False) -> Tensor:
         """Memory-frugal path: query chunks, each under checkpointing. Shapes as in :meth:`_fast`.
@@ -557,21 +579,21 @@ class Attention(nn.Module):
         B, H, T, dh = q.shape
         k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
         vk, vv, vlogit = self._virtual(q.dtype)
-        if (self.tile_autograd and self.op.has_tile_grad and vk is None and vlogit is None
+        if (self.options.tile_autograd and self.op.has_tile_grad and vk is None and vlogit is None
                 and not (ctx.positional.learned_bias and torch.is_grad_enabled())):
-            C = max(1, min(T, self.tile_elems // max(1, B * H * T)))
+            C = max(1, min(T, self.options.tile_elems // max(1, B * H * T)))
             phi = self.op.feature_map
             return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.prefix_len, ctx.window, ctx.positional,
                                         compiled)
         if compiled:
             raise ConfigError(f"attention_backend='compiled' needs the tile path: attention={type(self.op).__name__} "
-                              f"with positional={type(ctx.positional).__name__} and Attention.tile_autograd="
-                              f"{self.tile_autograd} does not take it; use attention_backend='reference'")
+                              f"with positional={type(ctx.positional).__name__} and AttentionOptions.tile_autograd="
+                              f"{self.options.tile_autograd} does not take it; use attention_backend='reference'")
         if vk is not None:
             vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
-        C = max(1, min(T, self.chunk_elems // max(1, B * H * T)))
-        use_ckpt = self.checkpoint_chunks and torch.is_grad_enabled()
+        C = max(1, min(T, self.options.chunk_elems // max(1, B * H * T)))
+        use_ckpt = self.options.checkpoint_chunks and torch.is_grad_enabled()
         op, scale, positional = self.op, self.scale, ctx.positional
         prefix_len, window = ctx.prefix_len, ctx.window
 
@@ -617,7 +639,7 @@ class Attention(nn.Module):
             v = v[:, : v.shape[1] // 2]  # (B, H_kv, T, d_h): the value both maps share
             out = torch.matmul(w.to(v.dtype), repeat_kv(v, H // v.shape[1]))  # (B, H, T, d_h)
             q, k = _merge_differential(q), _merge_differential(k)  # the heads' own (B, H[_kv], T, d_h)
-        renorm = not self.op.normalised and _RENORMALISE_FOR_OBSERVER
+        renorm = not self.op.normalised and not wants_raw_weights(observer)
         if renorm:
             # the paper's proxy scores |w_ij| / sum_j |w_ij| (equal to w / sum w for non-negative weights;
             # the identity kernel's weights can be negative)
