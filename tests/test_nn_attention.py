@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from sinklab.errors import ConfigError
 from sinklab.nn import ATTENTION, ModelConfig, SinkLM
-from sinklab.nn.attention import Attention, AttnContext, build_mask
+from sinklab.nn.attention import Attention, AttnContext, MaskSpec, build_mask
 from sinklab.nn.positional import POSITIONAL
 
 T, D, H, HKV, V = 16, 32, 4, 2, 50
@@ -43,7 +43,7 @@ def attn_module(cfg: ModelConfig, seed=0) -> tuple[Attention, object]:
 def run(attn: Attention, positional, x, *, prefix_len=0, window=None, path="fast", raw_weights=False):
     """Call one attention layer on x (B, T, d) through a chosen path."""
     Tn = x.shape[1]
-    ctx = AttnContext(T=Tn, device=x.device, positional=positional, prefix_len=prefix_len, window=window,
+    ctx = AttnContext(T=Tn, device=x.device, positional=positional, mask=MaskSpec(prefix_len=prefix_len, window=window),
                       pos_state=positional.prepare(Tn, x.device))
     if path == "fast":
         return attn(x, ctx)
@@ -374,7 +374,7 @@ def test_masks_against_hand_built():
     prefix3_window2 = [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
     for kw, want in ((dict(), causal), (dict(window=2), window2), (dict(prefix_len=3), prefix3),
                      (dict(prefix_len=3, window=2), prefix3_window2)):
-        assert build_mask(5, **kw).int().tolist() == want, kw
+        assert build_mask(5, mask=MaskSpec(**kw)).int().tolist() == want, kw
 
 
 def test_sliding_window_in_model_hides_far_tokens():

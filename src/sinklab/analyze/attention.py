@@ -14,6 +14,7 @@ import functools
 import torch
 from torch import Tensor
 
+from sinklab.attention_masks import MaskSpec
 from sinklab.analyze.common import (AnalysisResult, Subject, analysis, check_heads, check_layers, command_line, num_heads,
                                     resolve_subject, run_model)
 from sinklab.errors import InputError
@@ -121,7 +122,7 @@ def attention(
     missing = [l for l in layers if l not in rows_of]
     if missing:
         raise InputError(f"layer {missing[0]} has no attention (blocks with attention: {block_ids})")
-    uniform = uniform_attention_entropy(T, causal=stats.causal)
+    uniform = uniform_attention_entropy(T, MaskSpec(causal=stats.causal))
     k = rankable_positions(T, stats.causal)  # keys seen by at least 10% of the queries
     ent = stats.attention_entropy[0]  # (L', H)
     mass = stats.mass[0]  # (L', H, T)

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.attention_masks import key_range, repeat_kv, visible
+from sinklab.attention_masks import MaskSpec, key_range, repeat_kv, visible
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.errors import InputError
 
@@ -187,30 +187,32 @@ def _sdpa_output(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
 
 
 def _tile_bias(
-    mask: Tensor | None, q0: int, q1: int, k0: int, k1: int, offset: int, causal: bool, window: int | None, device
+    mask: Tensor | None, q0: int, q1: int, k0: int, k1: int, offset: int, spec: MaskSpec, device
 ) -> Tensor | None:
-    """Additive bias (0 / -inf) of the queries [q0, q1) and keys [k0, k1), or None if all visible.
+    """Additive bias (0 / -inf) of the query rows [q0, q1) and keys [k0, k1), or None if all visible.
 
-    With a mask: its (Bm, Hm, n, span) slice as floats. Without: causality (query i
-    sees keys j <= i + offset) and the sliding window (j > i + offset - window), shape (n, span).
+    With a mask tensor: its (Bm, Hm, n, span) slice as floats. Without: ``spec`` (causal with
+    its sliding window: query row i, position i + offset, sees keys offset + i - window < j <= i + offset;
+    bidirectional: None), shape (n, span).
     """
     if mask is not None:
         rows = mask[..., q0:q1, k0:k1] if mask.shape[-2] > 1 else mask[..., k0:k1]
         return _float_mask(rows, torch.float32)
-    if not causal:
+    if not spec.causal:
         return None
     qpos = torch.arange(q0, q1, device=device) + offset
-    hidden = ~visible(qpos, torch.arange(k0, k1, device=device), window=window)  # (n, span)
+    hidden = ~visible(qpos, torch.arange(k0, k1, device=device), spec)  # (n, span)
     if not bool(hidden.any()):
         return None
     return torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf"))
 
 
 def _block_keys(
-    mask: Tensor | None, q0: int, q1: int, t_k: int, offset: int, causal: bool, window: int | None
+    mask: Tensor | None, q0: int, q1: int, t_k: int, offset: int, spec: MaskSpec
 ) -> tuple[int, int]:
-    """[k0, k1): the keys that some query in [q0, q1) may attend (an empty range gives k0 == k1):
-    read off ``mask`` when there is one, else :func:`sinklab.attention_masks.key_range`."""
+    """[k0, k1): the keys that some query row in [q0, q1) may attend (an empty range gives k0 == k1):
+    read off the ``mask`` tensor when there is one, else :func:`sinklab.attention_masks.key_range`
+    of ``spec``."""
     if mask is not None:
         rows = mask[..., q0:q1, :] if mask.shape[-2] > 1 else mask
         allowed = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
@@ -218,9 +220,9 @@ def _block_keys(
         if cols.numel() == 0:
             return 0, 0
         return int(cols[0]), int(cols[-1]) + 1
-    if not causal:
+    if not spec.causal:
         return 0, t_k
-    return key_range(q0, q1, t_k, offset=offset, window=window)
+    return key_range(q0, q1, t_k, spec, offset=offset)
 
 
 _LOG2E = 1.0 / math.log(2.0)
@@ -521,6 +523,7 @@ class _Tiles:
         # causal without mask or window: only the (n x n) square on the diagonal has hidden keys
         self.triangle = s.mask is None and is_causal and s.window is None
         self.upper = torch.ones(n_max, n_max, dtype=torch.bool, device=query.device).triu_(1) if self.triangle else None
+        self.spec = MaskSpec(causal=is_causal, window=s.window)  # the mask when no mask tensor is given
 
     def run(self) -> tuple[Tensor, Tensor | None]:
         """Every block; returns the column sums (B, H_q, T_k) float64 and the row entropies (B, H_q, T_q)
@@ -530,7 +533,7 @@ class _Tiles:
         for q0 in range(0, Tq, s.block_size):
             q1 = min(q0 + s.block_size, Tq)
             n = q1 - q0
-            k0, k1 = _block_keys(s.mask, q0, q1, Tk, s.offset, self.is_causal, s.window)
+            k0, k1 = _block_keys(s.mask, q0, q1, Tk, s.offset, self.spec)
             if k1 <= k0:
                 if s.output == "tiles":
                     self.out[:, q0:q1] = 0.0
@@ -540,8 +543,7 @@ class _Tiles:
             qb = self.qf[:, :, q0:q1].reshape(B * Hkv, s.n_rep * n, D)
             tile = self.buf[: B * Hq * n * span].view(B * Hkv, s.n_rep * n, span)
             diagonal = self.triangle and k0 == 0 and q0 + s.offset >= 0 and k1 == q1 + s.offset
-            bias = None if diagonal else _tile_bias(s.mask, q0, q1, k0, k1, s.offset, self.is_causal, s.window,
-                                                    self.device)
+            bias = None if diagonal else _tile_bias(s.mask, q0, q1, k0, k1, s.offset, self.spec, self.device)
             if bias is not None and self.base != 1.0:
                 bias = bias * self.base  # additive float masks in base-2 units (0 and -inf stay)
             if self.lse is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sinklab.attention_masks import repeat_kv
+from sinklab.attention_masks import MaskSpec, repeat_kv
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.metrics.entropy import attention_entropy
 
@@ -45,7 +45,8 @@ def forward_native(
     if not causal:
         prefix_len = 0  # a bidirectional model: no prefix, every query sees every key
     recorder = BatchRecorder(L, "observer", keep_hidden=keep_hidden, entropy=entropy)
-    window = getattr(model.config, "sliding_window", None)
+    spec = MaskSpec(causal=causal, prefix_len=prefix_len if prefix_len > 1 else 0,
+                    window=getattr(model.config, "sliding_window", None))
     H = model.config.n_heads
 
     def observer(layer: int, weights: Tensor, *, renormalised: bool, extra=None, key=None, value=None, query=None):
@@ -58,10 +59,8 @@ def forward_native(
         recorder.add_attention(
             layer,
             weights.sum(dim=-2, dtype=torch.float64),
+            spec,
             causal_column_sums=weights.tril().sum(dim=-2, dtype=torch.float64) if prefix_len > 1 else None,
-            prefix_len=prefix_len if prefix_len > 1 else 0,
-            window=window,
-            causal=causal,
             key=key,
             value=value,
             extra=extra,

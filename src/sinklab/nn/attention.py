@@ -20,8 +20,8 @@ Three paths compute the same thing (tests check they agree):
 * **reference**: :func:`reference_attention`, plain matmul-mask-normalise over the full
   T x T, used when an observer asks for the weights.
 
-Masks (0-based positions, :mod:`sinklab.attention_masks`, shared with the capture code): query
-i sees key j iff ``(j <= i or j < prefix_len)`` and, with a sliding window w, ``|i - j| < w``.
+Masks (0-based positions, :class:`sinklab.attention_masks.MaskSpec`, shared with the capture code):
+query i sees key j iff ``(j <= i or j < prefix_len)`` and, with a sliding window w, ``|i - j| < w``.
 The prefix is bidirectional (prefix LM).
 """
 
@@ -37,14 +37,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sinklab.attention_masks import build_mask, key_range, repeat_kv, visible
-from sinklab.nn.backend import check_backend, resolve as resolve_backend
+from sinklab.attention_masks import CAUSAL, MaskSpec, build_mask, key_range, repeat_kv, visible
 from sinklab.errors import ConfigError
+from sinklab.nn.backend import check_backend, resolve as resolve_backend
 from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import Positional
 
-__all__ = ["ATTENTION", "Attention", "AttentionOptions", "AttnContext", "visible", "build_mask", "reference_attention",
-           "attend_block", "bind_options", "wants_raw_weights"]
+__all__ = ["ATTENTION", "Attention", "AttentionOptions", "AttnContext", "MaskSpec", "visible", "build_mask",
+           "reference_attention", "attend_block", "bind_options", "wants_raw_weights"]
 
 
 @dataclass(frozen=True)
@@ -117,17 +117,18 @@ Observer = Callable[..., None]
 
 @dataclass
 class AttnContext:
-    """What every layer of one forward pass shares: length, mask settings, positions.
+    """What every layer of one forward pass shares: length, mask, positions.
 
-    ``mask`` is None for plain causal attention (SDPA's ``is_causal``). ``full_bias()``
-    is the (H, T, T) positional logit bias, computed once and shared by all layers.
+    ``mask`` is the :class:`~sinklab.attention_masks.MaskSpec` of the pass (prefix, window);
+    ``bool_mask()`` its (T, T) tensor. ``sdpa_mask`` is None for plain causal attention (SDPA's
+    ``is_causal``). ``full_bias()`` is the (H, T, T) positional logit bias, computed once and
+    shared by all layers.
     """
 
     T: int
     device: torch.device
     positional: Positional
-    prefix_len: int = 0
-    window: int | None = None
+    mask: MaskSpec = CAUSAL
     pos_state: Any = None
     kv_cache: Any = None  # incremental decoding: an object with ``layers[l].update(k, v, position_ids=)`` and ``.kept``
     position_ids: Tensor | None = None  # (1, T) positions of the new tokens when ``kv_cache`` is set
@@ -138,12 +139,13 @@ class AttnContext:
 
     @property
     def plain_causal(self) -> bool:
-        return self.prefix_len <= 1 and (self.window is None or self.window >= self.T)
+        """True when the mask over the T positions is the plain lower triangle (:meth:`MaskSpec.plain_causal`)."""
+        return self.mask.plain_causal(self.T)
 
-    def mask(self) -> Tensor:
-        """(T, T) bool visibility mask (built once)."""
+    def bool_mask(self) -> Tensor:
+        """(T, T) bool visibility mask, True = may attend (built once)."""
         if self._mask is None:
-            self._mask = build_mask(self.T, prefix_len=self.prefix_len, window=self.window, device=self.device)
+            self._mask = build_mask(self.T, mask=self.mask, device=self.device)
         return self._mask
 
     def sdpa_mask(self, *, virtual: bool, dtype: torch.dtype) -> Tensor | None:
@@ -159,11 +161,11 @@ class AttnContext:
             if bias is None and not virtual and self.plain_causal:
                 m = None
             elif bias is None:
-                m = self.mask()  # (T, T) bool
+                m = self.bool_mask()  # (T, T) bool
                 if virtual:
                     m = torch.cat([torch.ones(self.T, 1, dtype=torch.bool, device=self.device), m], dim=-1)
             else:
-                m = bias.to(dtype).masked_fill(~self.mask(), float("-inf"))[None]  # (1, H, T, T)
+                m = bias.to(dtype).masked_fill(~self.bool_mask(), float("-inf"))[None]  # (1, H, T, T)
                 if virtual:
                     m = torch.cat([m.new_zeros(1, m.shape[1], self.T, 1), m], dim=-1)  # (1, H, T, 1+T)
             self._sdpa_masks[key] = m
@@ -230,8 +232,7 @@ def reference_attention(
     v: Tensor,
     *,
     scale: float | None = None,
-    prefix_len: int = 0,
-    window: int | None = None,
+    mask: MaskSpec = CAUSAL,
     bias: Tensor | None = None,
     vk: Tensor | None = None,
     vv: Tensor | None = None,
@@ -241,7 +242,8 @@ def reference_attention(
 
     Args:
         q: (B, H, T, d_h); k, v: (B, H_kv, T, d_h) (repeated here to H heads).
-        scale: defaults to 1 / sqrt(d_h). prefix_len, window: see :func:`visible`.
+        scale: defaults to 1 / sqrt(d_h). mask: the causal mask with its prefix and window
+            (:class:`~sinklab.attention_masks.MaskSpec`, 0-based positions).
         bias: (H, T, T) positional logit bias. vk, vv: (H_kv, d_h) virtual key/value.
         vlogit: (H,) virtual logit with zero value.
 
@@ -254,8 +256,8 @@ def reference_attention(
     if vk is not None:
         vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (H_kv, d_h) -> (1, H, 1, d_h)
         vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
-    mask = build_mask(T, prefix_len=prefix_len, window=window, device=q.device)
-    return attend_block(op, q, k, v, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)
+    return attend_block(op, q, k, v, build_mask(T, mask=mask, device=q.device), scale, bias=bias, vk=vk, vv=vv,
+                        vlogit=vlogit)
 
 
 # ====================================================== tile autograd
@@ -326,7 +328,7 @@ class _TileAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, op, scale, chunk, prefix_len, window, positional, compiled=False):
+    def forward(ctx, q, k, v, op, scale, chunk, spec, positional, compiled=False):
         # q (B, H, T, d_h) after phi; k, v (B, H, T, d_h) after phi (k) and kv-head repetition
         B, H, T, dh = q.shape
         fwd = tile_forward
@@ -336,10 +338,10 @@ class _TileAttention(torch.autograd.Function):
             fwd = compiled_tile_functions(tile_forward, tile_backward)[0]
         out = torch.empty(B, H, T, v.shape[-1], dtype=v.dtype, device=v.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, prefix_len, window, positional, q.device):
+            for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, spec, positional, q.device):
                 out[:, :, i0:i1] = fwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], mask, bias, op, scale)
         ctx.save_for_backward(q, k, v)
-        ctx.op, ctx.scale, ctx.chunk, ctx.prefix_len, ctx.window, ctx.positional = op, scale, chunk, prefix_len, window, positional
+        ctx.op, ctx.scale, ctx.chunk, ctx.spec, ctx.positional = op, scale, chunk, spec, positional
         ctx.compiled = compiled
         return out
 
@@ -358,22 +360,23 @@ class _TileAttention(torch.autograd.Function):
         dk = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
         dv = torch.zeros(B, H, T, v.shape[-1], dtype=f32, device=q.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.prefix_len, ctx.window, ctx.positional, q.device):
+            for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.spec, ctx.positional, q.device):
                 dq_t, dk_t, dv_t = bwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], dout[:, :, i0:i1], mask, bias, op, scale)
                 dq[:, :, i0:i1] = dq_t
                 dk[:, :, j0:j1] += dk_t
                 dv[:, :, j0:j1] += dv_t
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
-def _tiles(T: int, chunk: int, prefix_len: int, window: int | None, positional: Positional, device):
-    """Query chunks [i0, i1) with their key ranges [j0, j1), (C, Tk) masks and (H, C, Tk) biases (or None)."""
+def _tiles(T: int, chunk: int, mask: MaskSpec, positional: Positional, device):
+    """Query chunks [i0, i1) (0-based) with their key ranges [j0, j1), (C, Tk) bool masks under ``mask``
+    and (H, C, Tk) biases (or None)."""
     for i0 in range(0, T, chunk):
         i1 = min(T, i0 + chunk)
-        j0, j1 = key_range(i0, i1, T, prefix_len=prefix_len, window=window)
+        j0, j1 = key_range(i0, i1, T, mask)
         qpos = torch.arange(i0, i1, device=device)
         kpos = torch.arange(j0, j1, device=device)
-        yield i0, i1, j0, j1, visible(qpos, kpos, prefix_len=prefix_len, window=window), positional.logit_bias(qpos, kpos)
+        yield i0, i1, j0, j1, visible(qpos, kpos, mask), positional.logit_bias(qpos, kpos)
 
 
 # ============================================================ the module
@@ -567,7 +570,7 @@ class Attention(nn.Module):
         from sinklab.nn.flex import flex_attend
 
         vk, vv, vlogit = self._virtual(q.dtype)
-        return flex_attend(self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
+        return flex_attend(self.op, q, k, v, scale=self.scale, mask=ctx.mask,
                            positional=ctx.positional, vk=vk, vv=vv, vlogit=vlogit, cache=ctx._flex_masks,
                            compiled=self.options.flex_compiled)
 
@@ -583,8 +586,7 @@ class Attention(nn.Module):
                 and not (ctx.positional.learned_bias and torch.is_grad_enabled())):
             C = max(1, min(T, self.options.tile_elems // max(1, B * H * T)))
             phi = self.op.feature_map
-            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.prefix_len, ctx.window, ctx.positional,
-                                        compiled)
+            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.mask, ctx.positional, compiled)
         if compiled:
             raise ConfigError(f"attention_backend='compiled' needs the tile path: attention={type(self.op).__name__} "
                               f"with positional={type(ctx.positional).__name__} and AttentionOptions.tile_autograd="
@@ -595,19 +597,19 @@ class Attention(nn.Module):
         C = max(1, min(T, self.options.chunk_elems // max(1, B * H * T)))
         use_ckpt = self.options.checkpoint_chunks and torch.is_grad_enabled()
         op, scale, positional = self.op, self.scale, ctx.positional
-        prefix_len, window = ctx.prefix_len, ctx.window
+        spec = ctx.mask
 
         def block(qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
             qpos = torch.arange(i0, i0 + qc.shape[2], device=qc.device)
             kpos = torch.arange(j0, j0 + kc.shape[2], device=qc.device)
-            mask = visible(qpos, kpos, prefix_len=prefix_len, window=window)  # (C, Tk)
+            mask = visible(qpos, kpos, spec)  # (C, Tk)
             bias = positional.logit_bias(qpos, kpos)  # (H, C, Tk) or None
             return attend_block(op, qc, kc, vc, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
 
         outs = []
         for i0 in range(0, T, C):
             i1 = min(T, i0 + C)
-            j0, j1 = key_range(i0, i1, T, prefix_len=prefix_len, window=window)
+            j0, j1 = key_range(i0, i1, T, spec)
             args = (q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], i0, j0, vk, vv, vlogit)
             outs.append(checkpoint(block, *args, use_reentrant=False) if use_ckpt else block(*args))
         return torch.cat(outs, dim=2)  # (B, H, T, d_h)
@@ -630,7 +632,7 @@ class Attention(nn.Module):
         """
         vk, vv, vlogit = self._virtual(q.dtype)
         out, w, w_extra = reference_attention(
-            self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
+            self.op, q, k, v, scale=self.scale, mask=ctx.mask,
             bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit,
         )
         if self.op.differential:  # the 2H maps -> the H differential maps A1 - lambda A2 and their output

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sinklab.attention_masks import MaskSpec
 from sinklab.errors import ConfigError, InputError
 from sinklab.fileio import atomic_write, atomic_write_text, check_safetensors, read_json, reading
 from sinklab.nn.attention import Attention, AttentionOptions, AttnContext, Observer, bind_options
@@ -204,8 +205,9 @@ class SinkLM(nn.Module):
         absolute = self.positional.absolute(T, device)
         if absolute is not None:
             x = x + absolute.to(x.dtype)  # (T, d) broadcast over B
-        ctx = AttnContext(T=T, device=device, positional=self.positional, prefix_len=prefix_len,
-                          window=self.config.sliding_window, pos_state=self.positional.prepare(T, device))
+        ctx = AttnContext(T=T, device=device, positional=self.positional,
+                          mask=MaskSpec(prefix_len=prefix_len, window=self.config.sliding_window),
+                          pos_state=self.positional.prepare(T, device))
         hidden = [x] if output_hidden_states else None
         for block in self.layers:
             x = block(x, ctx, observer)
