@@ -21,8 +21,8 @@ def sweep_cmd(
                                        "torch threads. With --launcher slurm: the most jobs running at once (default: no cap)"),
     out: Optional[Path] = out_option(None, "sweep folder (default results/NAME)"),
     cores: Optional[int] = typer.Option(None, "--cores", help="cores to share between the jobs (default: all)"),
-    only: Optional[list[str]] = list_option("--only", "run only these points (labels or folder names, "
-                                            "comma-separated)"),
+    only: Optional[list[str]] = list_option("--only", "run only these points: folder names or labels, "
+                                            "comma-separated (a label that holds a comma is taken whole)"),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="training seeds per point, train.seed = first_seed.. (default: the study's)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the points and their train commands, run nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress display"),
@@ -57,7 +57,6 @@ def sweep_cmd(
              if v is not None]
     if launcher == "local" and given:
         raise InputError(f"{', '.join(given)}: options of the submitted jobs; add --launcher slurm (or submitit-local)")
-    only = split_list(only, str, "--only")
     extra = {}
     for o in slurm_pairs(slurm_opt):
         k, eq, v = o.partition("=")
@@ -66,6 +65,7 @@ def sweep_cmd(
         extra[k.strip()] = v.strip()
     opts = SlurmOptions(partition=partition, gpus=gpus, cpus=cpus, time_min=time_min, extra=extra)
     s = load_study(study)
+    only = only_names(only, {p.label for p in s.points})
     if seeds is not None:
         if seeds < 1:
             raise InputError(f"--seeds must be >= 1, got {seeds}")
@@ -93,6 +93,16 @@ def sweep_cmd(
         typer.secho(f"{k}: {v}", fg=typer.colors.RED, err=True)
     if failed:
         raise typer.Exit(1)
+
+
+def only_names(values: list[str] | None, labels: set[str]) -> list[str] | None:
+    """``--only`` values -> point names: each value is split at its commas (``--only a,b``), except a
+    value that is itself a point's label (a label of a grid over two keys holds a comma:
+    ``"optim.weight_decay=0, optim.lr=0.001"``; its folder name never does). None: every point."""
+    names: list[str] = []
+    for v in values or []:
+        names += [v] if v in labels else split_list(v, str, "--only") or []
+    return names or None
 
 
 def slurm_pairs(values: list[str] | None) -> list[str]:

@@ -1,0 +1,223 @@
+"""One CLI grammar (issue 20, item 7): comma lists, the same short option for the same long one
+everywhere, --device/--dtype/--threads on the commands that run a model, --out a folder, one default
+model."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli_captured
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = REPO / "src" / "sinklab"
+
+#: commands that load and run a model (analyze's subcommands join this list with its own options)
+MODEL_COMMANDS = ["measure", "stream", "train"]
+
+
+def _commands() -> dict[str, object]:
+    """Every leaf command of the typer app by its path ("measure", "analyze massive", ...)."""
+    import typer.main
+
+    from sinklab.cli.main import _load_commands, cli
+
+    _load_commands()
+    root = typer.main.get_command(cli)
+    out = {}
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, [*path, name])
+        else:
+            out[" ".join(path)] = cmd
+
+    walk(root, [])
+    return out
+
+
+def _options(cmd) -> list:
+    return [p for p in cmd.params if p.param_type_name == "option"]
+
+
+def test_split_list_parses_comma_lists_and_repeats():
+    from sinklab.cli.common import split_list
+    from sinklab.errors import InputError
+
+    assert split_list("0,1, 2", int) == [0, 1, 2]
+    assert split_list(["0,1", "4"], int) == [0, 1, 4]  # a repeated list option adds to the list
+    assert split_list("0,0.25,1", float) == [0.0, 0.25, 1.0]
+    assert split_list(None) is None and split_list("") is None and split_list([" , "]) is None
+    assert split_list("sinks,h2o") == ["sinks", "h2o"]
+    with pytest.raises(InputError, match=r"--layers takes comma-separated integers, e\.g\. 0,1,2; got '1\.5'"):
+        split_list("0,1.5", int, "--layers")
+
+
+def test_each_short_option_means_one_long_option_everywhere():
+    seen: dict[str, set[str]] = {}
+    for name, cmd in _commands().items():
+        for p in _options(cmd):
+            longs = [o for o in p.opts if o.startswith("--")]
+            for short in (o for o in p.opts + p.secondary_opts if re.fullmatch(r"-[A-Za-z]", o)):
+                seen.setdefault(short, set()).update(longs)
+    assert seen.get("-n") == {"--num-samples"}, seen
+    assert {k: v for k, v in seen.items() if len(v) != 1} == {}
+
+
+def test_stream_token_count_is_tokens_without_n():
+    stream = _commands()["stream"]
+    tokens = next(p for p in _options(stream) if "--tokens" in p.opts)
+    assert tokens.opts == ["--tokens"]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_model_commands_take_device_dtype_threads(command):
+    flags = {o for p in _options(_commands()[command]) for o in p.opts}
+    assert {"--device", "--dtype", "--threads"} <= flags, command
+
+
+def test_list_options_are_comma_lists():
+    """Every option that takes several values is a comma list (metavar A,B,...), except --set, whose
+    KEY=VALUE takes a TOML value that may itself hold commas."""
+    multi = {(name, p.opts[0]) for name, cmd in _commands().items() for p in _options(cmd)
+             if p.multiple and p.metavar != "A,B,..."}
+    assert multi <= {("train", "--set")}, multi
+
+
+def test_no_argv_rewriter():
+    import sinklab.cli.main as main
+
+    assert not hasattr(main, "_expand_multi_value") and not hasattr(main, "MULTI_VALUE_OPTIONS")
+
+
+def test_the_default_model_is_one_constant():
+    """The zoo's DEFAULT_MODEL is the one place the default model is spelled out; the analyses' own
+    defaults are owned by the analyze package's redesign and are listed here until it lands."""
+    from sinklab.cli.common import DEFAULT_MODEL
+    from sinklab.zoo.models import DEFAULT_MODEL as ZOO_DEFAULT
+
+    assert DEFAULT_MODEL is ZOO_DEFAULT
+    spelled = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                     if re.search(r'=\s*\[?"smollm2-135m"', p.read_text()))
+    assert [p for p in spelled if not p.startswith("analyze/") and p != "cli/analyze_cmd.py"] == ["zoo/models.py"]
+    for name in ("measure", "stream"):
+        model = next(p for p in _options(_commands()[name]) if "--model" in p.opts)
+        assert DEFAULT_MODEL in (model.help or "") or model.default == DEFAULT_MODEL, name
+
+
+def test_stream_lists_and_placement(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
+    """--sinks 0,2 gives those caches; --dtype bfloat16 runs the model in bfloat16, records the placement and
+    does not resume from a float32 file of the same stream."""
+    out = tmp_path / "st"
+    base = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+            "--window", "8", "--sinks", "0,2", "--no-recompute", "--out", str(out)]
+    code, _, err = run_cli_captured(base, capsys)
+    assert code == 0, err
+    f32 = json.loads((out / "stream.json").read_text())
+    assert [c["name"] for c in f32["configs"]] == ["full", "window", "sinks_2"]
+    assert "device" not in f32 and "dtype" not in f32  # CPU float32: the key of the files written before
+    code, _, err = run_cli_captured([*base, "--dtype", "bfloat16"], capsys)
+    assert code == 0, err
+    bf16 = json.loads((out / "stream.json").read_text())
+    assert (bf16["device"], bf16["dtype"]) == ("cpu", "bfloat16")
+    assert [c["ppl"] for c in bf16["configs"]] != [c["ppl"] for c in f32["configs"]]  # computed again, in bf16
+    code, _, err = run_cli_captured(base, capsys)  # and back: float32 is not read from the bf16 file
+    assert code == 0, err
+    again = json.loads((out / "stream.json").read_text())
+    assert [c["ppl"] for c in again["configs"]] == [c["ppl"] for c in f32["configs"]] and "dtype" not in again
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--dtype", "float16"], "--dtype must be one of float32, bfloat16"),
+    (["--device", "tpu"], "--device must be cpu, cuda, cuda:N or auto"),
+    (["-n", "40"], "No such option: -n"),
+    (["--sinks", "0,two"], "--sinks takes comma-separated integers"),
+])
+def test_stream_bad_grammar_exits_2(tiny_model_dir, text_corpus_dir, tmp_path, capsys, extra, msg):
+    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+            "--window", "8", "--out", str(tmp_path / "o"), *extra]
+    code, _, err = run_cli_captured(argv, capsys)
+    assert code == 2 and msg in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_stream_on_cuda_without_cuda_says_so(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
+    code, _, err = run_cli_captured(["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir),
+                                     "--device", "cuda", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "CUDA is not available" in err, err
+
+
+def test_train_device_dtype_threads_set_the_config(tmp_path, capsys, monkeypatch):
+    from sinklab.train import loop
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(cfg, out, **kw):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    with pytest.raises(Stop):
+        run_cli_captured(["train", "emergence-cpu", "--out", str(tmp_path / "r"), "--device", "cpu", "--dtype",
+                          "float32", "--threads", "1", "--no-progress"], capsys)
+    cfg = seen[0].train
+    assert (cfg.device, cfg.precision, cfg.threads) == ("cpu", "fp32", 1)
+    with pytest.raises(Stop):
+        run_cli_captured(["train", "emergence-cpu", "--out", str(tmp_path / "r2"), "--dtype", "bfloat16"], capsys)
+    assert seen[1].train.precision == "bf16" and seen[1].train.device == "auto"  # the preset's device kept
+    code, _, err = run_cli_captured(["train", "emergence-cpu", "--out", str(tmp_path / "r3"), "--dtype", "fp16"],
+                                    capsys)
+    assert code == 2 and "--dtype must be one of float32, bfloat16" in err
+
+
+THREE_POINTS = """
+seeds = 1
+[sweep]
+"optim.weight_decay" = [0.0, 0.5, 1.0]
+"""
+
+
+def test_sweep_only_takes_a_comma_list(tmp_path, capsys):
+    from test_sweep import _study
+
+    study = _study(tmp_path, THREE_POINTS)
+    code, out, err = run_cli_captured(["sweep", str(study), "--dry-run", "--out", str(tmp_path / "o"),
+                                       "--only", "0,1"], capsys)
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[new] 0 (seed") and lines[1].startswith("[new] 1 (seed"), lines
+    assert "optim.weight_decay=0.5" not in out and "optim.weight_decay=1" in lines[1]
+    code, _, err = run_cli_captured(["sweep", str(study), "--dry-run", "--only", "nope,1"], capsys)
+    assert code == 2 and "no point labelled 'nope'" in err
+
+
+def test_only_keeps_a_label_that_holds_a_comma_whole():
+    from sinklab.cli.sweep_cmd import only_names
+
+    label = "optim.weight_decay=0, optim.lr=0.001"
+    assert only_names([label], {label}) == [label]
+    assert only_names(["a,b", "c"], {label}) == ["a", "b", "c"]
+    assert only_names(None, {label}) is None
+
+
+def test_slurm_opt_splits_only_where_a_new_key_starts():
+    from sinklab.cli.sweep_cmd import slurm_pairs
+
+    assert slurm_pairs(["account=lab,qos=high", "mem=64G"]) == ["account=lab", "qos=high", "mem=64G"]
+    assert slurm_pairs(["exclude=n1,n2,qos=high"]) == ["exclude=n1,n2", "qos=high"]
+    assert slurm_pairs(None) == []
+
+
+def test_report_out_naming_a_md_file_is_refused(tmp_path, capsys):
+    code, _, err = run_cli_captured(["report", str(tmp_path), "--out", str(tmp_path / "r.md")], capsys)
+    assert code == 2 and "is a folder: REPORT.md is written inside it" in err, err
+    assert not (tmp_path / "r.md").exists()
