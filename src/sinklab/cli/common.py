@@ -120,6 +120,26 @@ def use_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def cpu_float32_only(command: str, device: str, dtype: Optional[str]) -> None:
+    """``--device`` / ``--dtype`` of a command whose library code places the model on the CPU in float32
+    (``sinklab stream``, ``sinklab analyze KIND``): only ``cpu`` and ``float32`` (or no ``--dtype``) are taken,
+    so the grammar is the same on every command that runs a model and a value it cannot honour is refused.
+
+    Args:
+        command: the command's name for the message (``"stream"``, ``"analyze massive"``).
+        device: the ``--device`` value. dtype: the ``--dtype`` value or None.
+
+    Raises:
+        InputError: any other device or dtype, in one line (exit 2).
+    """
+    from sinklab.errors import InputError
+
+    if device != "cpu":
+        raise InputError(f"--device {device}: sinklab {command} runs on the CPU only (use --device cpu)")
+    if dtype not in (None, "float32"):
+        raise InputError(f"--dtype {dtype}: sinklab {command} runs in float32 only (use --dtype float32)")
+
+
 def check_outputs(folders: Iterable[tuple[str, str | os.PathLike]] = (),
                   files: Iterable[tuple[str, str | os.PathLike]] = (), *, home: bool = True) -> None:
     """Refuse output locations that cannot be written, before any work.
@@ -169,4 +189,5 @@ def invoked_command() -> str:
 
 __all__ = ["DEFAULT_MODEL", "DTYPE_NAMES", "THREADS", "split_list", "list_option", "model_option",
            "num_samples_option", "seq_len_option", "device_option", "dtype_option", "threads_option", "out_option",
-           "use_threads", "check_outputs", "invoked_command"]
+           "use_threads", "cpu_float32_only", "check_outputs",
+           "invoked_command"]

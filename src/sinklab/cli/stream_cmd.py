@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from sinklab.cli.common import (THREADS, check_outputs, device_option, dtype_option, invoked_command, list_option,
-                                model_option, split_list)
+from sinklab.cli.common import (THREADS, check_outputs, cpu_float32_only, device_option, dtype_option,
+                                invoked_command, list_option, model_option, split_list)
 from sinklab.cli.main import cli
 
 
@@ -55,7 +55,7 @@ def stream_cmd(
     passkey_chunk: int = typer.Option(1, "--passkey-chunk", help="tokens per call while feeding a stream (1 = "
                                       "streaming; more: the chunk attends to the cache and itself, then it is cut)"),
     passkey_seed: int = typer.Option(0, "--passkey-seed", help="seed of the random keys"),
-    device: str = device_option(help="cpu (sinklab.streaming places the model on the CPU; other devices are refused)"),
+    device: str = device_option(help="cpu (the streaming harness runs the model on the CPU; others are refused)"),
     dtype: Optional[str] = dtype_option(help="float32 (the streaming harness runs in float32; others are refused)"),
     threads: Optional[int] = THREADS,
 ) -> None:
@@ -66,7 +66,7 @@ def stream_cmd(
     from sinklab.streaming import stream
     from sinklab.streaming.passkey import DEFAULT_DEPTHS
 
-    _cpu_float32(device, dtype)
+    cpu_float32_only("stream", device, dtype)
     res = stream(model, corpus, tokens=tokens, window=window, sinks=split_list(sinks, int, "--sinks"), out=out,
                  chunk=chunk, recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute,
                  threads=threads, policies=split_list(policy, str, "--policy"),
@@ -106,17 +106,3 @@ def stream_cmd(
                "every k-th position only)")
     typer.echo(f"wrote {out}/stream.json, stream.csv, stream_by_chunk.csv, stream_ppl.png")
 
-
-def _cpu_float32(device: str, dtype: Optional[str]) -> None:
-    """``--device`` / ``--dtype`` of ``stream``: the streaming harness (:func:`sinklab.streaming.stream`)
-    loads the model on the CPU in float32, so only ``cpu`` and ``float32`` (or no ``--dtype``) are taken.
-
-    Raises:
-        InputError: any other device or dtype, named in one line (exit 2).
-    """
-    from sinklab.errors import InputError
-
-    if device != "cpu":
-        raise InputError(f"--device {device}: sinklab stream runs on the CPU only (use --device cpu)")
-    if dtype not in (None, "float32"):
-        raise InputError(f"--dtype {dtype}: sinklab stream runs in float32 only (use --dtype float32)")

@@ -18,14 +18,6 @@ from typing import Any
 
 #: public name -> the module that defines it (imported on first use, so importing the package stays cheap)
 _EXPORTS = {
-    "RunConfig": "sinklab.train.config",
-    "DataConfig": "sinklab.train.config",
-    "OptimConfig": "sinklab.train.config",
-    "TrainConfig": "sinklab.train.config",
-    "TrackConfig": "sinklab.train.config",
-    "load_config": "sinklab.train.config",
-    "presets": "sinklab.train.config",
-    "to_toml": "sinklab.train.config",
     "train": "sinklab.train.loop",
     "TrainResult": "sinklab.train.loop",
     "TrainingInterrupted": "sinklab.train.loop",
