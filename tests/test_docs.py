@@ -1,4 +1,4 @@
-"""The docs cannot drift from the code (issue 20, item 9): the CLI reference is the generator's output,
+"""The docs cannot drift from the code: the CLI reference is the generator's output,
 every example command parses with the current CLI, the README stays one screen, and no commit hash,
 machine-load figure or issue number sits outside the results files."""
 
@@ -38,8 +38,10 @@ def test_cli_reference_names_every_command_and_option():
     text = (DOCS / "cli.md").read_text(encoding="utf-8")
     root = _root()
 
+    from sinklab.cli.docs import subcommands
+
     def walk(path, cmd):
-        subs = getattr(cmd, "commands", None)
+        subs = subcommands(cmd)
         if subs:
             for n, sub in subs.items():
                 walk([*path, n], sub)
@@ -50,7 +52,7 @@ def test_cli_reference_names_every_command_and_option():
                 if o.startswith("-"):
                     assert f"`{o}`" in text, (path, o)
 
-    for n, c in root.commands.items():
+    for n, c in subcommands(root).items():
         walk(["sinklab", n], c)
 
 
@@ -111,9 +113,11 @@ def _bash_commands(text: str) -> list[str]:
 
 def _resolve(words: list[str]):
     """(command, path, the arguments after it) for ``sinklab CMD [SUB] ARGS``."""
+    from sinklab.cli.docs import subcommands
+
     cmd, path, rest = _root(), ["sinklab"], words[1:]
-    while getattr(cmd, "commands", None) and rest and rest[0] in cmd.commands:
-        cmd, path, rest = cmd.commands[rest[0]], [*path, rest[0]], rest[1:]
+    while subcommands(cmd) and rest and rest[0] in subcommands(cmd):
+        cmd, path, rest = subcommands(cmd)[rest[0]], [*path, rest[0]], rest[1:]
     return cmd, path, rest
 
 
@@ -129,7 +133,9 @@ def test_every_example_command_parses(page, line):
     """Parsed (types, choices, required arguments) by the command itself, nothing run."""
     cmd, path, rest = _resolve(shlex.split(line))
     assert len(path) > 1, f"{page}: no such command in {line!r}"
-    assert not getattr(cmd, "commands", None), f"{page}: {line!r} names a group, not a command"
+    from sinklab.cli.docs import subcommands
+
+    assert not subcommands(cmd), f"{page}: {line!r} names a group, not a command"
     cmd.make_context(" ".join(path), list(rest))  # raises click's UsageError / BadParameter
 
 
@@ -141,7 +147,9 @@ def test_inline_commands_name_real_commands_and_options():
             words = m.group(1).split()
             cmd, path, rest = _resolve(words)
             assert len(path) > 1 or words[1] in ("KIND",), (page.name, m.group(1))
-            leaves = [cmd] if not getattr(cmd, "commands", None) else list(cmd.commands.values())
+            from sinklab.cli.docs import subcommands
+
+            leaves = [cmd] if not subcommands(cmd) else list(subcommands(cmd).values())
             opts = {o for c in leaves for p in c.params for o in p.opts + p.secondary_opts} | {"--help"}
             for w in rest:
                 flag = w.split("=", 1)[0]

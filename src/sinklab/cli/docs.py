@@ -32,6 +32,14 @@ def _split_help(record_help: str) -> tuple[str, str]:
     return record_help[: m.start()], extra
 
 
+def subcommands(cmd, ctx=None) -> dict:
+    """``{name: command}`` of a click group (through ``list_commands``/``get_command``, so a group that
+    makes its subcommands on first use, such as ``analyze``, lists them all); ``{}`` for a leaf command."""
+    if not hasattr(cmd, "list_commands"):
+        return {}
+    return {n: cmd.get_command(ctx, n) for n in cmd.list_commands(ctx)}
+
+
 def _command_section(path: list[str], cmd, ctx) -> list[str]:
     lines = [f"## `{' '.join(path)}`", ""]
     if cmd.help:
@@ -89,7 +97,7 @@ def render() -> str:
 
     def walk(path: list[str], cmd, parent_ctx) -> None:
         ctx = cmd.make_context(path[-1], [], parent=parent_ctx, resilient_parsing=True)
-        subs = getattr(cmd, "commands", None)
+        subs = subcommands(cmd, ctx)
         if subs:
             out.extend([f"## `{' '.join(path)}`", ""])
             if cmd.help:
