@@ -99,8 +99,8 @@ def test_no_argv_rewriter():
 
 
 def test_the_default_model_is_one_constant():
-    """The zoo's DEFAULT_MODEL is the one place the default model is spelled out; sinklab.streaming.stream's
-    default (its module is changed on another branch) is checked by value."""
+    """The zoo's DEFAULT_MODEL is the one place the default model is spelled out; every command and
+    analysis with a default model uses it."""
     import inspect
 
     from sinklab.analyze import ANALYSES
@@ -111,8 +111,8 @@ def test_the_default_model_is_one_constant():
     assert DEFAULT_MODEL is ZOO_DEFAULT
     spelled = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
                      if re.search(r'=\s*\[?"smollm2-135m"', p.read_text()))
-    assert [p for p in spelled if p != "streaming/run.py"] == ["zoo/models.py"]
-    assert inspect.signature(stream).parameters["model"].default == DEFAULT_MODEL
+    assert spelled == ["zoo/models.py"]
+    assert inspect.signature(stream).parameters["model"].default is DEFAULT_MODEL
     defaults = {kind: inspect.signature(ANALYSES.get(kind)).parameters["model"].default for kind in ANALYSES}
     assert {k: d for k, d in defaults.items() if d is not inspect.Parameter.empty} == {
         k: DEFAULT_MODEL for k in ANALYSES if k != "denoise"}  # denoise needs a masked diffusion model
@@ -249,3 +249,43 @@ def test_report_out_naming_a_md_file_is_refused(tmp_path, capsys):
     code, _, err = run_cli_captured(["report", str(tmp_path), "--out", str(tmp_path / "r.md")], capsys)
     assert code == 2 and "is a folder: REPORT.md is written inside it" in err, err
     assert not (tmp_path / "r.md").exists()
+
+
+def test_stream_sinks_full_precision_takes_n_or_detected_in_one_list(tiny_model_dir, text_corpus_dir, tmp_path,
+                                                                     capsys):
+    """--sinks-full-precision 0,detected: one comma list mixing a count and 'detected' (main's streaming option)."""
+    out = tmp_path / "fp"
+    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+            "--window", "8", "--policy", "sinks", "--budget", "16", "--n-sink", "2", "--kv-bits", "4",
+            "--sinks-full-precision", "0,detected", "--no-full", "--no-recompute", "--out", str(out)]
+    code, _, err = run_cli_captured(argv, capsys)
+    assert code == 0, err
+    names = [c["name"] for c in json.loads((out / "stream.json").read_text())["configs"]]
+    assert names == ["sinks@16:kv4-token-fp0", "sinks@16:kv4-token-fpdetected"]
+    code, _, err = run_cli_captured([*argv[:-1], str(tmp_path / "bad"), "--sinks-full-precision", "x"], capsys)
+    assert code == 2 and "sinks_full_precision must be an integer >= 0 or 'detected'" in err, err
+
+
+def test_streams_own_command_line_is_in_the_one_grammar():
+    """sinklab.streaming.stream writes the command that reproduces a Python call into stream.json: its lists
+    are comma lists that the CLI parses back to the same values."""
+    import shlex
+
+    from sinklab.streaming.run import _command
+
+    line = _command(model="m", corpus="sotu", tokens=64, window=16, sinks=None, out="o", chunk=16,
+                    recompute_every=None, mode="decode", policies=["sinks", "h2o"], budgets=[64, 128], n_sink=4,
+                    kv_bits=[16, 4], kv_group=32, key_quant=["token", "channel"], sinks_full_precision=[0, "detected"],
+                    task="passkey", passkey_keys=2, passkey_depths=[0.0, 0.5], passkey_batch=2, passkey_chunk=1,
+                    passkey_seed=0, full=True)
+    words = shlex.split(line)
+    assert words[:2] == ["sinklab", "stream"]
+    ctx = _commands()["stream"].make_context("sinklab stream", words[2:])
+    p = ctx.params
+    assert (p["policy"], p["budget"], p["kv_bits"], p["key_quant"], p["sinks_full_precision"], p["passkey_depths"]) == (
+        ["sinks,h2o"], ["64,128"], ["16,4"], ["token,channel"], ["0,detected"], ["0.0,0.5"])
+    plain = _command(model="m", corpus="sotu", tokens=64, window=16, sinks=None, out="o", chunk=16,
+                     recompute_every=None, mode="parallel", policies=None, budgets=None, n_sink=4, kv_bits=None,
+                     kv_group=32, key_quant=None, sinks_full_precision=None, task="ppl", passkey_keys=20,
+                     passkey_depths=[0.0], passkey_batch=20, passkey_chunk=1, passkey_seed=0, full=True)
+    assert "--sinks 0,1,2,4,8 " in plain
