@@ -156,3 +156,15 @@ def test_inline_commands_name_real_commands_and_options():
                 if flag.startswith("--") and "*" not in flag and len(flag) > 2:
                     assert flag in opts, (page.name, m.group(1), flag)
     assert root is not None
+
+
+def test_pages_keep_what_other_issues_ask_for():
+    """The KV-cache policies' Python use and a `sinklab stream --policy` command (streaming page); the GPU
+    script and model.attention_backend (train and scaling pages)."""
+    streaming = (DOCS / "streaming.md").read_text(encoding="utf-8")
+    python = re.findall(r"```python\n(.*?)```", streaming, re.S)
+    assert any("SinkCache(model, policy=" in b and "generate(" in b for b in python)
+    assert any(w[:2] == ["sinklab", "stream"] and "--policy" in w for w in _bash_commands(streaming))
+    text = {p: (DOCS / p).read_text(encoding="utf-8") for p in ("train.md", "scaling.md")}
+    assert "bash benchmarks/gpu.sh" in text["scaling.md"]
+    assert "`model.attention_backend`" in text["train.md"] and "attention_backend=flex" in text["train.md"]
