@@ -11,19 +11,19 @@ OUT=results/compression
 STEP=${STEP:-all}
 if [[ $STEP == all || $STEP == policies ]]; then
   $SL stream --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 \
-      --policy window sinks h2o tova sinks+h2o sinks+tova detected-sinks --budget 64 128 256 \
+      --policy window,sinks,h2o,tova,sinks+h2o,sinks+tova,detected-sinks --budget 64,128,256 \
       --out $OUT/policies --threads 1
 fi
 if [[ $STEP == all || $STEP == quant ]]; then
   for BITS in 4 3 2; do  # one width per call: each call's configurations are saved when it ends
     $SL stream --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 --no-recompute \
-        --policy sinks --budget 256 --kv-bits 16 $BITS --key-quant token channel --sinks-full-precision 0 1 4 \
+        --policy sinks --budget 256 --kv-bits 16,$BITS --key-quant token,channel --sinks-full-precision 0,1,4 \
         --out $OUT/quant --threads 1
   done
 fi
 if [[ $STEP == all || $STEP == policies || $STEP == passkey ]]; then
   BEST=$(${PYTHON:-python} experiments/compression.py --best 3 --budget 128)
   $SL stream --model smollm2-135m --corpus sotu --task passkey --tokens 1024 --policy $BEST --budget 128 \
-      --passkey-keys 20 --passkey-depths 0 0.25 0.5 0.75 1 --passkey-batch 50 --passkey-chunk 32 \
+      --passkey-keys 20 --passkey-depths 0,0.25,0.5,0.75,1 --passkey-batch 50 --passkey-chunk 32 \
       --out $OUT/passkey --threads 1
 fi

@@ -21,6 +21,7 @@ from sinklab.errors import InputError
 from sinklab.metrics import attention_entropy
 from sinklab.metrics.entropy import uniform_attention_entropy
 from sinklab.metrics.summary import rankable_positions
+from sinklab.zoo.models import DEFAULT_MODEL
 
 #: T above which ``attention`` shows the mass per key instead of the full matrices
 MAX_MATRIX_LEN = 256
@@ -61,7 +62,7 @@ def capture_weights(model, input_ids: Tensor, layers: list[int], heads: list[int
     "heads": "heads shown, e.g. 0,3 (default all)",
     "max_matrix_len": "longest T shown as full matrices; longer: mass per key, blockwise"})
 def attention(
-    model: "str | Subject" = "smollm2-135m",
+    model: "str | Subject" = DEFAULT_MODEL,
     *,
     corpus: str | None = None,
     num_samples: int = 1,
