@@ -34,13 +34,14 @@ Prints three tables and writes ``benchmarks/results/train_throughput[-quick].jso
 
 Default: 1 torch thread (``--threads``): per-core numbers, robust on a shared machine. Every step's
 wall time and process CPU time are both recorded; on a busy machine the CPU-time ratio is the
-steadier one. ``sinklab-unfused`` is SinkLM with ``Attention.fused_qkv`` and
-``Attention.cpu_fp32_sdpa_backward`` switched off and the full-logits loss (the model before those speed changes).
+steadier one. ``sinklab-unfused`` is SinkLM with ``AttentionOptions.fused_qkv`` and
+``AttentionOptions.cpu_fp32_sdpa_backward`` switched off and the full-logits loss (the model before those speed changes).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -53,7 +54,6 @@ import torch
 import torch.nn.functional as F
 
 from sinklab.nn import ATTENTION, ModelConfig, SinkLM
-from sinklab.nn.attention import Attention
 from sinklab.nn.export import llama_config, llama_state_dict
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -80,8 +80,7 @@ def make_naive(model: SinkLM) -> SinkLM:
     for block in model.layers:
         attn = block.attn
         attn.op.sdpa = False
-        attn.tile_autograd = attn.checkpoint_chunks = False
-        attn.chunk_elems = 1 << 62
+        attn.options = dataclasses.replace(attn.options, tile_autograd=False, checkpoint_chunks=False, chunk_elems=1 << 62)
     return model
 
 
@@ -100,6 +99,8 @@ class Trainee:
         fused = {"fused": True} if self.device.type == "cuda" else {}  # as sinklab train (build_optimizer)
         self.opt = torch.optim.AdamW(param_groups(model), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, **fused)
         self.seconds, self.cpu_seconds, self.steps, self.losses = 0.0, 0.0, 0, []
+        if unfused and not hf:  # sinklab before the speed switches, for the before/after comparison
+            model.set_attention_options(fused_qkv=False, cpu_fp32_sdpa_backward=False)
         model.train()
 
     def _sync(self) -> None:
@@ -109,29 +110,23 @@ class Trainee:
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         """One optimizer step on (B, T) ids x and targets y (on the trainee's device); returns (wall,
         process CPU) seconds (CUDA: synchronised before and after)."""
-        fused = Attention.fused_qkv, Attention.cpu_fp32_sdpa_backward
-        if self.unfused:  # sinklab before the speed switches, for the before/after comparison
-            Attention.fused_qkv = Attention.cpu_fp32_sdpa_backward = False
-        try:
-            self._sync()
-            t0, c0 = time.perf_counter(), time.process_time()
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                if self.hf:
-                    logits = self.model(x, use_cache=False).logits  # (B, T, V)
-                elif self.logits_loss:
-                    logits = self.model(x).logits
-                else:
-                    loss = self.model(x, targets=y).loss  # sinklab's training loss (sinklab.nn.loss)
-            if self.logits_loss:
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            self._sync()
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-        finally:
-            Attention.fused_qkv, Attention.cpu_fp32_sdpa_backward = fused
+        self._sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            if self.hf:
+                logits = self.model(x, use_cache=False).logits  # (B, T, V)
+            elif self.logits_loss:
+                logits = self.model(x).logits
+            else:
+                loss = self.model(x, targets=y).loss  # sinklab's training loss (sinklab.nn.loss)
+        if self.logits_loss:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self._sync()
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         self.losses.append(float(loss.detach()))
         return dt, dc
 
@@ -256,7 +251,7 @@ def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096, naive: bool 
             m = SinkLM(sink_config(T, attention=name, **SMALL))
             t = Trainee(name, m)
             op = m.layers[0].attn.op
-            t.path = "sdpa" if op.sdpa else ("tile" if op.has_tile_grad and Attention.tile_autograd else "chunked")
+            t.path = "sdpa" if op.sdpa else ("tile" if op.has_tile_grad and m.layers[0].attn.options.tile_autograd else "chunked")
             trainees.append(t)
             if naive:
                 torch.manual_seed(0)

@@ -2,7 +2,7 @@
 markdown tables of results/compression/NOTES.md. The runs themselves: experiments/compression.sh.
 
     python experiments/compression.py                       # summaries, plots, tables (printed)
-    python experiments/compression.py --best 3 --budget 128 # the 3 policies with the lowest perplexity there
+    python experiments/compression.py --best 3 --budget 128 # the 3 policies with the lowest perplexity there, comma-separated
 
 Written, from the files only:
     policies_summary.csv  policy x budget: ppl, ppl on recompute's positions, ppl of the last chunk, cache bytes, ms/token
@@ -168,7 +168,7 @@ def main() -> None:
     if args.best:
         if pol is None:
             sys.exit("results/compression/policies/stream.json is missing: run the first step of compression.sh")
-        print(" ".join(best(pol, args.best, args.budget)))
+        print(",".join(best(pol, args.best, args.budget)))  # a comma list, as sinklab stream --policy takes it
         return
     fmt = {"float_format": "%.4g", "index": False}
     if pol is not None:

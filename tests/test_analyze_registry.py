@@ -165,7 +165,8 @@ def test_each_subcommand_has_only_its_own_options(capsys):
         import inspect
 
         flags[kind] = set(inspect.signature(fn).parameters)
-    common = {"model", "corpus", "num_samples", "seq_len", "seed", "eps", "batch_size", "out", "threads"}
+    common = {"model", "corpus", "num_samples", "seq_len", "seed", "eps", "batch_size", "out", "device", "dtype",
+              "threads"}
     assert all(common <= f for f in flags.values())
     assert flags["massive"] - common == {"top_k", "massive_ratio"}
     assert flags["denoise"] - common == {"steps", "prompt_len", "temperature", "mask_id", "sink_level"}

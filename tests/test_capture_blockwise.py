@@ -396,3 +396,24 @@ def test_column_sums_from_lse_bad_input():
     for bad in (dict(block_size=0), dict(key_block=0)):
         with pytest.raises(InputError, match="must be positive"):
             column_sums_from_lse(q, k, lse, scaling=0.4, is_causal=True, **bad)
+
+
+def test_block_size_from_the_environment_is_validated_and_read_once(monkeypatch):
+    from sinklab.capture import blockwise as bw
+    from sinklab.errors import InputError
+
+    assert bw.BlockwiseOptions.from_env({"SINKLAB_BLOCK_SIZE": "7"}) == bw.BlockwiseOptions(block_size=7)
+    assert bw.BlockwiseOptions.from_env({}) == bw.BlockwiseOptions()
+    for bad in ("0", "-3", "x"):
+        with pytest.raises(InputError, match="SINKLAB_BLOCK_SIZE"):
+            bw.BlockwiseOptions.from_env({"SINKLAB_BLOCK_SIZE": bad})
+    bw._env_options.cache_clear()
+    monkeypatch.setenv("SINKLAB_BLOCK_SIZE", "5")
+    try:
+        assert bw.current_options().block_size == 5
+        monkeypatch.setenv("SINKLAB_BLOCK_SIZE", "9")  # not read again on the hot path
+        assert bw.current_options().block_size == 5
+        with bw.blockwise_options(block_size=3):
+            assert bw.current_options().block_size == 3
+    finally:
+        bw._env_options.cache_clear()

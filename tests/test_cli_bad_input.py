@@ -62,7 +62,8 @@ BAD = [
     (["measure", "--no-such-option"], "No such option"),
     (["measure", "--model", MODEL, "--device", "tpu"], "--device"),
     (["measure", "--model", MODEL, "--device-map", "balanced"], "--device-map"),
-    (["measure", "--model", MODEL, "--model", MODEL], "twice"),
+    (["measure", "--model", MODEL + "," + MODEL], "twice"),
+    (["measure", "--model", MODEL, "--model", MODEL], "twice"),  # a repeated list option adds to the list
     # compare
     (["compare"], "Missing argument"),
     (["compare", TMP], "at least two"),
@@ -87,16 +88,16 @@ BAD = [
     (["sweep", TMP + "/no-study.toml", "--jobs", "two"], "valid integer"),
     (["sweep", TMP + "/no-study.toml", "--dry-run=1"], "does not take a value"),
     (["report", TMP + "/no-results"], "no sweep folders"),
-    (["dynamics", "softmax=" + TMP + "/no-run", "--out", TMP + "/d.png"], "does not exist"),
-    (["dynamics", "softmax=" + TMP + "/no-run", "--out", TMP + "/d.png", "--level", "high"], "valid number"),
+    (["dynamics", "softmax=" + TMP + "/no-run", "--out", TMP + "/d"], "does not exist"),
+    (["dynamics", "softmax=" + TMP + "/no-run", "--out", TMP + "/d", "--level", "high"], "valid number"),
     # stream
     (["stream", "--model", MODEL, "--corpus", CORPUS, "--window", "0", "--out", TMP + "/s"], "--window must be >= 1"),
     (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "-2", "--out", TMP + "/s"], "--sinks must be >= 0"),
     (["stream", "--model", MODEL, "--corpus", CORPUS, "--window", "200", "--out", TMP + "/s"], "exceeds the model's context"),
     (["stream", "--model", MODEL, "--corpus", CORPUS, "--tokens", "100000", "--window", "8", "--out", TMP + "/s"],
      "fewer than --tokens 100000"),
-    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0", "x", "--out", TMP + "/s"], "valid integer"),
-    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0", "-2", "--out", TMP + "/s"], "--sinks must be >= 0"),
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0,x", "--out", TMP + "/s"], "--sinks takes comma-separated integers"),
+    (["stream", "--model", MODEL, "--corpus", CORPUS, "--sinks", "0,-2", "--out", TMP + "/s"], "--sinks must be >= 0"),
     (["stream", "9000", "--model", MODEL, "--corpus", CORPUS, "--out", TMP + "/s"], "unexpected extra argument"),
     (["stream", "--model", MODEL, "--mode", "fast", "--corpus", CORPUS, "--window", "8", "--tokens", "20",
       "--out", TMP + "/s"], "unknown mode"),
@@ -212,14 +213,14 @@ UNWRITABLE_AT = "{bad}"
 #: commands run with an output location that cannot be written; the default model needs fetching and loading
 UNWRITABLE = [
     ["measure", "-n", "2", "--out", UNWRITABLE_AT],
-    ["measure", "--model", "smollm2-135m", "--model", "minilm-l6", "--out", UNWRITABLE_AT],
+    ["measure", "--model", "smollm2-135m,minilm-l6", "--out", UNWRITABLE_AT],
     ["stream", "--out", UNWRITABLE_AT],
     *[["analyze", kind, "--out", UNWRITABLE_AT] for kind in ANALYZE_KINDS],
     ["train", CFG, "--out", UNWRITABLE_AT],
     ["train", CFG, "--out", UNWRITABLE_AT, "--resume"],
     ["sweep", "{study}", "--out", UNWRITABLE_AT],
-    ["report", TMP, "--out", UNWRITABLE_AT + "/REPORT.md"],
-    ["dynamics", TMP, "--out", UNWRITABLE_AT + "/d.png"],
+    ["report", TMP, "--out", UNWRITABLE_AT],
+    ["dynamics", TMP, "--out", UNWRITABLE_AT],
     ["compare", TMP, TMP, "--out", UNWRITABLE_AT],
 ]
 
@@ -231,7 +232,7 @@ UNWRITABLE_HOME = [
     ["train", CFG, "--out", TMP + "/r"],
     ["fetch", "sotu"],
     ["sweep", "{study}", "--out", TMP + "/sw"],
-    ["report", TMP, "--out", TMP + "/REPORT.md"],
+    ["report", TMP, "--out", TMP + "/rep"],
 ]
 
 
@@ -432,5 +433,5 @@ def test_damaged_config_results_and_training_log_are_named(trained_run, tmp_path
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "loss": \n')
     n = len((run / "metrics.jsonl").read_text().splitlines())
-    line = _one_error_line(["dynamics", str(run), "--out", str(tmp_path / "d.png")], capsys)
+    line = _one_error_line(["dynamics", str(run), "--out", str(tmp_path / "d")], capsys)
     assert f"cannot read training log {run / 'metrics.jsonl'} (line {n})" in line, line

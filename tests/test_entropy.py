@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_bert, tiny_gpt2, tiny_llama
+from sinklab.attention_masks import MaskSpec
 from sinklab.capture import collect
 from sinklab.capture.blockwise import blockwise_options
 from sinklab.errors import InputError
@@ -80,9 +81,9 @@ def test_attention_entropy_matches_a_loop_with_and_without_a_virtual_key():
 
 def test_uniform_attention_entropy_hand_worked():
     assert uniform_attention_entropy(3) == pytest.approx((math.log(1) + math.log(2) + math.log(3)) / 3)
-    assert uniform_attention_entropy(3, causal=False) == pytest.approx(math.log(3))
-    assert uniform_attention_entropy(4, window=2) == pytest.approx((0 + 3 * math.log(2)) / 4)
-    assert uniform_attention_entropy(4, prefix_len=3) == pytest.approx((3 * math.log(3) + math.log(4)) / 4)
+    assert uniform_attention_entropy(3, MaskSpec(causal=False)) == pytest.approx(math.log(3))
+    assert uniform_attention_entropy(4, MaskSpec(window=2)) == pytest.approx((0 + 3 * math.log(2)) / 4)
+    assert uniform_attention_entropy(4, MaskSpec(prefix_len=3)) == pytest.approx((3 * math.log(3) + math.log(4)) / 4)
     with pytest.raises(InputError):
         uniform_attention_entropy(0)
 

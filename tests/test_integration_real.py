@@ -25,14 +25,14 @@ def test_smollm2_sink_on_natural_text_far_above_repeated(real_home, tmp_path):
 
 
 def test_readme_python_loading_example_runs_as_written(real_home, capsys):
-    """issue 21, item 9: the README's "Loading a model in Python" block, executed as it stands."""
+    """The Python API page's "Loading a model in Python" block (docs/api.md), executed as it stands."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
     after = text.split("**Loading a model in Python**", 1)[1]
     block = re.search(r"```python\n(.*?)```", after, re.S).group(1)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/api.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "LlamaForCausalLM llama" and out[1] == "' Paris'"
     assert re.fullmatch(r"Sink_1 \d+\.\d%", out[2]) and 0 <= float(out[2].split()[1][:-1]) <= 100

@@ -257,14 +257,15 @@ def _brute(t_q, t_k, prefix_len, window, causal):
 @pytest.mark.parametrize("window", [None, 1, 3])
 @pytest.mark.parametrize("causal", [True, False])
 def test_shared_mask_and_key_range_against_loops(t_q, t_k, prefix_len, window, causal):
-    from sinklab.attention_masks import build_mask, key_range
+    from sinklab.attention_masks import MaskSpec, build_mask, key_range
 
     want = _brute(t_q, t_k, prefix_len, window, causal)
-    m = build_mask(t_q, t_k, prefix_len=prefix_len, window=window, causal=causal)
+    spec = MaskSpec(causal=causal, prefix_len=prefix_len, window=window)
+    m = build_mask(t_q, t_k, spec)
     assert m.tolist() == want
     for q0 in range(t_q):
         for q1 in range(q0 + 1, t_q + 1):
-            k0, k1 = key_range(q0, q1, t_k, offset=t_k - t_q, prefix_len=prefix_len, window=window, causal=causal)
+            k0, k1 = key_range(q0, q1, t_k, spec, offset=t_k - t_q)
             seen = [j for i in range(q0, q1) for j in range(t_k) if want[i][j]]
             assert all(k0 <= j < k1 for j in seen), (q0, q1, k0, k1, seen)
             if causal and not prefix_len and seen:  # tight without a prefix

@@ -31,9 +31,8 @@ def two_models(tmp_path, tokenizer, tiny_model_dir):
 
 def test_measure_many_then_compare(two_models, text_corpus_dir, tmp_path, capsys):
     out = tmp_path / "many"
-    argv = ["measure", "--corpus", str(text_corpus_dir), "-n", "4", "-t", "10", "--out", str(out)]
-    for m in two_models:
-        argv += ["--model", m]
+    argv = ["measure", "--corpus", str(text_corpus_dir), "-n", "4", "-t", "10", "--out", str(out),
+            "--model", ",".join(two_models)]
     code, stdout, err = run_cli_captured(argv, capsys)
     assert code == 0, err
     folders = [out / model_slug(m) for m in two_models]
@@ -73,7 +72,7 @@ def test_compare_bad_input(two_models, text_corpus_dir, tmp_path, capsys):
         assert code == 0, err
     with pytest.raises(InputError, match="different eps"):
         comparison_tables([tmp_path / "a", tmp_path / "b"])
-    code, _, err = run_cli_captured(["measure", "--model", two_models[0], "--model", two_models[0]], capsys)
+    code, _, err = run_cli_captured(["measure", "--model", f"{two_models[0]},{two_models[0]}"], capsys)
     assert code == 2 and "twice" in err
     code, _, err = run_cli_captured(["measure", "--model", two_models[0], "--device", "cuda"], capsys)
     assert code == 2 and ("CUDA is not available" in err or "cuda" in err)

@@ -222,9 +222,10 @@ def brute_force_counts(T, *, causal=True, prefix_len=0, window=None):
 @pytest.mark.parametrize("T,causal,p,w", [(9, True, 0, None), (9, True, 4, None), (9, True, 0, 3), (9, True, 4, 2),
                                          (9, False, 0, None), (9, False, 0, 4), (5, True, 5, None), (6, True, 0, 10)])
 def test_visible_key_counts_brute_force(T, causal, p, w):
+    from sinklab.attention_masks import MaskSpec
     from sinklab.metrics import visible_key_counts
 
-    torch.testing.assert_close(visible_key_counts(T, causal=causal, prefix_len=p, window=w),
+    torch.testing.assert_close(visible_key_counts(T, MaskSpec(causal=causal, prefix_len=p, window=w)),
                                brute_force_counts(T, causal=causal, prefix_len=p, window=w), rtol=0, atol=0)
 
 
@@ -239,6 +240,7 @@ def test_visible_mass_equals_paper_mass_for_plain_causal():
 def test_sliding_window_sink_is_invisible_to_the_paper_formula():
     """A head whose every query puts all its weight on key 0 whenever key 0 is in its window (w = 8, T = 64):
     the paper's mass on key 0 is 8/64 = 0.125 < eps (Sink_1 = 0 by construction), the visible mass is 1."""
+    from sinklab.attention_masks import MaskSpec
     from sinklab.metrics import attention_mass_visible_from_column_sums, visible_key_counts
 
     T, w = 64, 8
@@ -249,7 +251,7 @@ def test_sliding_window_sink_is_invisible_to_the_paper_formula():
         else:  # key 0 out of the window: uniform over the window
             A[i, i - w + 1 : i + 1] = 1.0 / w
     paper = attention_mass(A)
-    vis = attention_mass_visible_from_column_sums(A.sum(-2), visible_key_counts(T, window=w))
+    vis = attention_mass_visible_from_column_sums(A.sum(-2), visible_key_counts(T, MaskSpec(window=w)))
     assert float(paper[0]) == pytest.approx(8 / 64)
     assert float(vis[0]) == pytest.approx(1.0)
     assert sink_rate(paper.reshape(1, 1, 1, T), 0.3)[0] == 0.0

@@ -6,6 +6,7 @@ fails ``test_every_op_has_a_naive_reference`` until a formula is added to NAIVE.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from sinklab.errors import ConfigError
 from sinklab.nn import ATTENTION, ModelConfig, SinkLM
-from sinklab.nn.attention import Attention, AttnContext, build_mask
+from sinklab.nn.attention import Attention, AttnContext, MaskSpec, build_mask
 from sinklab.nn.positional import POSITIONAL
 
 T, D, H, HKV, V = 16, 32, 4, 2, 50
@@ -39,29 +40,30 @@ def attn_module(cfg: ModelConfig, seed=0) -> tuple[Attention, object]:
     return m.layers[0].attn, m.positional
 
 
-def run(attn: Attention, positional, x, *, prefix_len=0, window=None, path="fast"):
+def run(attn: Attention, positional, x, *, prefix_len=0, window=None, path="fast", raw_weights=False):
     """Call one attention layer on x (B, T, d) through a chosen path."""
     Tn = x.shape[1]
-    ctx = AttnContext(T=Tn, device=x.device, positional=positional, prefix_len=prefix_len, window=window,
+    ctx = AttnContext(T=Tn, device=x.device, positional=positional, mask=MaskSpec(prefix_len=prefix_len, window=window),
                       pos_state=positional.prepare(Tn, x.device))
     if path == "fast":
         return attn(x, ctx)
     if path in ("chunked", "checkpointed"):  # tile autograd where the op has it / checkpointed chunks
-        old_fast, old_elems, old_tile = type(attn.op).sdpa, attn.chunk_elems, attn.tile_elems
-        attn.chunk_elems = attn.tile_elems = x.shape[0] * attn.n_heads * Tn * 3  # chunks of 3 queries
-        attn.tile_autograd = path == "chunked"
+        old_fast, old_options = type(attn.op).sdpa, attn.options
+        elems = x.shape[0] * attn.n_heads * Tn * 3  # chunks of 3 queries
+        attn.options = dataclasses.replace(old_options, chunk_elems=elems, tile_elems=elems,
+                                           tile_autograd=path == "chunked")
         try:
             attn.op.sdpa = False
             return attn(x, ctx)
         finally:
             attn.op.sdpa = old_fast
-            attn.chunk_elems, attn.tile_elems = old_elems, old_tile
-            del attn.tile_autograd
+            attn.options = old_options
     seen = {}
 
     def obs(layer, w, **kw):
         seen.update(w=w, **kw)
 
+    obs.raw_weights = raw_weights
     y = attn(x, ctx, observer=obs)
     return y, seen
 
@@ -372,7 +374,7 @@ def test_masks_against_hand_built():
     prefix3_window2 = [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
     for kw, want in ((dict(), causal), (dict(window=2), window2), (dict(prefix_len=3), prefix3),
                      (dict(prefix_len=3, window=2), prefix3_window2)):
-        assert build_mask(5, **kw).int().tolist() == want, kw
+        assert build_mask(5, mask=MaskSpec(**kw)).int().tolist() == want, kw
 
 
 def test_sliding_window_in_model_hides_far_tokens():
@@ -467,17 +469,14 @@ def test_fast_backward_equals_reference_backward(name, positional):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
-def test_raw_attention_weights_switch_gives_unnormalised_weights():
-    from sinklab.nn.attention import raw_attention_weights
-
+def test_observer_asking_for_raw_weights_gets_unnormalised_weights():
     attn, pos = attn_module(config("sigmoid", positional="nope"))
     x = torch.randn(1, T, D)
     _, ref_w, _ = naive_attention(attn, "sigmoid", x)
-    with raw_attention_weights():
-        _, seen = run(attn, pos, x, path="reference")
+    _, seen = run(attn, pos, x, path="reference", raw_weights=True)
     assert seen["renormalised"] is False
     torch.testing.assert_close(seen["w"].double(), ref_w, atol=2e-5, rtol=1e-4)
-    _, seen = run(attn, pos, x, path="reference")  # switch restored on exit
+    _, seen = run(attn, pos, x, path="reference")  # an observer without the attribute: renormalised
     assert seen["renormalised"] is True
 
 

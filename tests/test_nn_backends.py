@@ -14,7 +14,7 @@ import torch
 
 from sinklab.errors import ConfigError
 from sinklab.nn import ModelConfig, SinkLM
-from sinklab.nn.attention import Attention
+from sinklab.nn.attention import AttentionOptions
 from sinklab.nn.backend import BACKENDS, served_by
 from sinklab.nn.flex import flex_operations
 from sinklab.nn.ops import ATTENTION
@@ -26,11 +26,11 @@ COMPILED_OPS = ["sigmoid", "sigmoid_logn", "sigmoid_norm", "sigmoid_pnorm", "rel
 MASKS = {"causal": (None, 0), "prefix": (None, 5), "window": (4, 0), "prefix+window": (4, 5)}  # (sliding_window, prefix_len)
 
 
-def _model(att, pos, backend, window=None, seed=0):
+def _model(att, pos, backend, window=None, seed=0, options=None):
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64,
                       attention=att, positional=pos, sliding_window=window, attention_backend=backend)
-    m = SinkLM(cfg)
+    m = SinkLM(cfg, attention_options=options)
     with torch.no_grad():  # move the 1-d parameters (sink logit, k/v biases, norm gains, T5 table) off their init
         for n, p in m.named_parameters():
             if p.dim() == 1 or "positional" in n:
@@ -45,11 +45,11 @@ def _run(m, ids, prefix):
     return out.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
-def _compare(att, pos, backend, mask, T=13, atol=1e-5):
+def _compare(att, pos, backend, mask, T=13, atol=1e-5, options=None):
     window, prefix = MASKS[mask]
     ids = torch.randint(0, 32, (2, T), generator=torch.Generator().manual_seed(2))
-    ref_out, ref_g = _run(_model(att, pos, "reference", window), ids, prefix)
-    out, g = _run(_model(att, pos, backend, window), ids, prefix)
+    ref_out, ref_g = _run(_model(att, pos, "reference", window, options=options), ids, prefix)
+    out, g = _run(_model(att, pos, backend, window, options=options), ids, prefix)
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=atol)
     assert sorted(g) == sorted(ref_g)
     for n in ref_g:
@@ -87,6 +87,27 @@ def test_backend_unknown_and_t5_compiled():
                                                  max_seq_len=8).attention_backend == "auto"
 
 
+def test_attention_options_carry_the_backend():
+    """Each layer's AttentionOptions holds the backend: the config's by default (attention_backend
+    None), an explicit one as given (checked against the operation like the config's), and
+    ``set_attention_options`` changes it per model (the config is left as it is)."""
+    cfg = dict(vocab_size=8, d_model=16, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8, attention="sink_logit")
+    m = SinkLM(ModelConfig(**cfg, attention_backend="flex"))
+    assert AttentionOptions().attention_backend is None
+    assert [b.attn.options.attention_backend for b in m.layers] == ["flex", "flex"]
+    m2 = SinkLM(ModelConfig(**cfg), attention_options=AttentionOptions(attention_backend="reference", flex_compiled=False))
+    assert all(b.attn.options == AttentionOptions(attention_backend="reference", flex_compiled=False) for b in m2.layers)
+    before = m.set_attention_options(attention_backend="reference")
+    assert before.attention_backend == "flex" and m.layers[1].attn.options.attention_backend == "reference"
+    assert m.config.attention_backend == "flex"
+    m.set_attention_options(AttentionOptions())  # None again: the config's
+    assert m.layers[0].attn.options.attention_backend == "flex"
+    with pytest.raises(ConfigError, match="attention_backend='compiled' cannot compute attention='sink_logit'"):
+        m.set_attention_options(attention_backend="compiled")
+    with pytest.raises(ConfigError, match="attention_backend='compiled'"):
+        SinkLM(ModelConfig(**cfg), attention_options=AttentionOptions(attention_backend="compiled"))
+
+
 def test_auto_is_reference_on_cpu(monkeypatch):
     """``auto`` never calls FlexAttention on the CPU (it is the GPU default)."""
     import sinklab.nn.flex as flex
@@ -101,15 +122,14 @@ _GRID = [(a, p, mk) for a in FLEX_OPS for p in ("rope", "alibi", "t5") for mk in
 
 
 @pytest.mark.parametrize("att,pos,mask", _GRID)
-def test_flex_equals_reference(monkeypatch, att, pos, mask):
+def test_flex_equals_reference(att, pos, mask):
     """Every flex operation x RoPE / ALiBi / T5 x causal / prefix / sliding-window: logits and the
     gradient of every parameter (q/k/v/o projections, sink logit, sink token, k/v biases, gates,
     T5 table, differential lambdas) equal the reference backend's within 1e-5 (rtol 1e-5, atol 1e-5
     times the gradient's largest entry if above 1). FlexAttention eager here (its unfused CPU
     forward); the compiled kernel is checked below."""
-    monkeypatch.setattr(Attention, "flex_compiled", False)
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-    g = _compare(att, pos, "flex", mask)
+    g = _compare(att, pos, "flex", mask, options=AttentionOptions(flex_compiled=False))
     if att == "sink_logit":
         assert all(g[f"layers.{l}.attn.op.sink_logit"].abs().max() > 0 for l in range(2))
     if pos == "t5":
@@ -156,8 +176,8 @@ def test_compiled_tile_equals_eager_tile(att):
     _compare(att, pos, "compiled", "causal", T=8)
 
 
-def test_compiled_tile_several_tiles(monkeypatch):
+def test_compiled_tile_several_tiles():
     """Several query tiles (4 queries each, T 13) with a prefix of 5 and a window of 4 (sigmoid_norm,
     ALiBi): still the eager tile path's values (1e-5)."""
-    monkeypatch.setattr(Attention, "tile_elems", 2 * 4 * 13 * 4)  # 4 queries per tile
-    _compare("sigmoid_norm", "alibi", "compiled", "prefix+window")
+    _compare("sigmoid_norm", "alibi", "compiled", "prefix+window",
+             options=AttentionOptions(tile_elems=2 * 4 * 13 * 4))  # 4 queries per tile

@@ -1,4 +1,4 @@
-"""The speed-only switches of :class:`sinklab.nn.Attention` change no result.
+"""The speed-only switches of :class:`sinklab.nn.Attention` (:class:`~sinklab.nn.AttentionOptions`) change no result.
 
 * ``fused_qkv``: one matmul with the stacked [W_q; W_k; W_v] == three separate projections.
 * ``cpu_fp32_sdpa_backward``: under bf16 autocast on CPU, training runs SDPA in float32 (checked
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from sinklab.nn import ModelConfig, SinkLM
-from sinklab.nn.attention import Attention
+from sinklab.nn.attention import AttentionOptions
 
 
 def _model(**kw) -> SinkLM:
@@ -39,13 +39,31 @@ def test_fused_qkv_equals_separate_projections(kw, monkeypatch):
                 for proj in (layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj):
                     proj.bias.normal_()
     x = torch.randint(0, 64, (2, 16))
-    monkeypatch.setattr(Attention, "fused_qkv", True)
+    model.set_attention_options(fused_qkv=True)
     l1, g1 = _loss_and_grads(model, x)
-    monkeypatch.setattr(Attention, "fused_qkv", False)
+    model.set_attention_options(fused_qkv=False)
     l0, g0 = _loss_and_grads(model, x)
     torch.testing.assert_close(l1, l0, rtol=1e-6, atol=1e-6)
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_attention_options_are_per_model_and_explicit():
+    """Options given to one model reach each of its layers and no other model (no class-wide switch).
+    (The layers' options carry the config's attention_backend, "auto" here: tests/test_nn_backends.py.)"""
+    slow = SinkLM(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=16),
+                  attention_options=AttentionOptions(fused_qkv=False, chunk_elems=7))
+    other = _model()
+    default = AttentionOptions(attention_backend="auto")
+    assert all(b.attn.options == AttentionOptions(fused_qkv=False, chunk_elems=7, attention_backend="auto")
+               for b in slow.layers)
+    assert all(b.attn.options == default for b in other.layers)
+    before = other.set_attention_options(tile_autograd=False)
+    assert before == default and other.layers[1].attn.options.tile_autograd is False
+    other.set_attention_options(before)
+    assert other.layers[0].attn.options == default
+    with pytest.raises(TypeError):
+        other.set_attention_options(no_such_switch=True)
 
 
 @pytest.mark.parametrize("attention", ["softmax", "softmax_off_by_one", "kv_bias"])
@@ -64,7 +82,7 @@ def test_cpu_bf16_training_runs_sdpa_in_float32(attention, monkeypatch):
     seen.clear()
     l_up, g_up = _loss_and_grads(model, x, autocast=True)
     assert seen and all(d == torch.float32 for d in seen)
-    monkeypatch.setattr(Attention, "cpu_fp32_sdpa_backward", False)
+    model.set_attention_options(cpu_fp32_sdpa_backward=False)
     seen.clear()
     l_bf, g_bf = _loss_and_grads(model, x, autocast=True)
     assert seen and all(d == torch.bfloat16 for d in seen)
@@ -99,11 +117,11 @@ def test_causal_virtual_key_equals_explicit_mask(attention, n_kv_heads, monkeypa
             if "op." in n:
                 p.normal_()
     x = torch.randint(0, 64, (2, 16))
-    monkeypatch.setattr(Attention, "causal_virtual_key", True)
+    model.set_attention_options(causal_virtual_key=True)
     l1, g1 = _loss_and_grads(model, x)
     assert calls and all(calls)
     calls.clear()
-    monkeypatch.setattr(Attention, "causal_virtual_key", False)
+    model.set_attention_options(causal_virtual_key=False)
     l0, g0 = _loss_and_grads(model, x)
     assert calls and not any(calls)
     torch.testing.assert_close(l1, l0, rtol=1e-6, atol=1e-6)

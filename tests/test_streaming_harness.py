@@ -121,7 +121,7 @@ def test_cache_specs_names_and_bad_input():
 def test_cli_stream_writes_results_and_resumes(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     out = tmp_path / "st"
     argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "100",
-            "--window", "16", "--sinks", "0", "1", "2", "--out", str(out), "--recompute-every", "9"]
+            "--window", "16", "--sinks", "0,1,2", "--out", str(out), "--recompute-every", "9"]
     code, stdout, err = run_cli_captured(argv, capsys)
     assert code == 0, err
     data = json.loads((out / "stream.json").read_text())
@@ -259,8 +259,8 @@ def test_evaluate_stream_quantised_cache_bytes_and_8_bits_close_to_16():
 def test_cli_stream_policies_writes_fields_and_resumes(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     out = tmp_path / "pol"
     argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "60",
-            "--window", "16", "--policy", "sinks", "tova", "--budget", "16", "--n-sink", "2", "--kv-bits", "16", "4",
-            "--key-quant", "channel", "--sinks-full-precision", "0", "2", "--kv-group", "8", "--out", str(out),
+            "--window", "16", "--policy", "sinks,tova", "--budget", "16", "--n-sink", "2", "--kv-bits", "16,4",
+            "--key-quant", "channel", "--sinks-full-precision", "0,2", "--kv-group", "8", "--out", str(out),
             "--recompute-every", "9"]
     code, stdout, err = run_cli_captured(argv, capsys)
     assert code == 0, err
@@ -277,7 +277,7 @@ def test_cli_stream_policies_writes_fields_and_resumes(tiny_model_dir, text_corp
     assert c["sinks@16:kv4-channel-fp0"]["cache_bytes"] < c["sinks@16"]["cache_bytes"]
     table = pd.read_csv(out / "stream.csv")
     assert list(table["name"]) == names and {"policy", "budget", "kv_bits", "key_quant"} <= set(table.columns)
-    assert ("--policy sinks tova --budget 16 --n-sink 2 --kv-bits 16 4 --key-quant channel --sinks-full-precision 0 2 "
+    assert ("--policy sinks,tova --budget 16 --n-sink 2 --kv-bits 16,4 --key-quant channel --sinks-full-precision 0,2 "
             "--kv-group 8") in data["command"]
     code, _, err = run_cli_captured(argv, capsys)
     assert code == 0, err

@@ -116,8 +116,8 @@ def test_cli_passkey_writes_results_and_resumes(text_corpus_dir, tmp_path, capsy
     tok.save_pretrained(d)
     out = tmp_path / "pk"
     argv = ["stream", "--model", str(d), "--corpus", str(text_corpus_dir), "--task", "passkey", "--tokens", "110",
-            "--policy", "sinks", "tova", "--budget", "32", "--n-sink", "2", "--passkey-keys", "2", "--passkey-depths",
-            "0", "0.5", "1", "--passkey-batch", "4", "--passkey-chunk", "8", "--out", str(out)]
+            "--policy", "sinks,tova", "--budget", "32", "--n-sink", "2", "--passkey-keys", "2", "--passkey-depths",
+            "0,0.5,1", "--passkey-batch", "4", "--passkey-chunk", "8", "--out", str(out)]
     code, stdout, err = run_cli_captured(argv, capsys)
     assert code == 0, err
     data = json.loads((out / "passkey.json").read_text())

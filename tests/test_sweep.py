@@ -250,10 +250,9 @@ def test_report_needs_sweeps(tmp_path):
         build_report(tmp_path, tmp_path / "R.md")
 
 
-def test_raw_attention_weights_switch_gives_unrenormalised_rows():
+def test_raw_weights_observer_gives_unrenormalised_rows():
     import torch
 
-    from sinklab.nn.attention import raw_attention_weights
     from sinklab.nn.config import ModelConfig
     from sinklab.nn.model import SinkLM
 
@@ -268,8 +267,9 @@ def test_raw_attention_weights_switch_gives_unrenormalised_rows():
 
         with torch.no_grad():
             m(x, observer=lambda *a, **k: obs(*a, **k, _k="renorm"))
-            with raw_attention_weights():
-                m(x, observer=lambda *a, **k: obs(*a, **k, _k="raw"))
+            raw = lambda *a, **k: obs(*a, **k, _k="raw")  # noqa: E731
+            raw.raw_weights = True
+            m(x, observer=raw)
         (wn, fn), (wr, fr) = got["renorm"], got["raw"]
         if op == "softmax":
             assert not fn and not fr
@@ -319,15 +319,16 @@ def test_dynamics_takes_an_existing_folder_with_equals_in_its_name_as_a_folder(t
     assert run_pairs([str(old), f"softmax={other}"]) == {"seed0": str(old), "softmax": str(other)}
     assert run_pairs([f"k=v={old}"]) == {"k": f"v={old}"}  # the first "=" splits when the whole is no path
     with pytest.raises(SystemExit) as e:
-        app(["dynamics", str(old), f"softmax={other}", "--out", str(tmp_path / "x.png")])
+        app(["dynamics", str(old), f"softmax={other}", "--out", str(tmp_path / "x")])
     assert e.value.code in (0, None), capsys.readouterr().err
-    assert capsys.readouterr().out.strip() == f"dynamics: {tmp_path / 'x.png'}"
-    assert (tmp_path / "x.png").stat().st_size > 1000
+    assert capsys.readouterr().out.strip() == f"dynamics: {tmp_path / 'x' / 'dynamics.png'}"
+    assert (tmp_path / "x" / "dynamics.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize("given, written", [("plots/", "plots/dynamics.png"), ("existing", "existing/dynamics.png"),
-                                            ("noext", "noext.png"), ("a.png", "a.png"), ("b.pdf", "b.pdf")])
+                                            ("noext", "noext/dynamics.png"), ("b.pdf", "b.pdf/dynamics.png")])
 def test_dynamics_prints_the_file_it_wrote(tmp_path, capsys, monkeypatch, given, written):
+    """--out is a folder (issue 20, item 7): dynamics.png is written inside it, and the path printed."""
     from sinklab.cli.main import app
 
     monkeypatch.chdir(tmp_path)
@@ -338,7 +339,16 @@ def test_dynamics_prints_the_file_it_wrote(tmp_path, capsys, monkeypatch, given,
     out = capsys.readouterr().out.strip()
     assert e.value.code in (0, None)
     assert out == f"dynamics: {written}" and (tmp_path / written).is_file()
-    assert sorted(p.name for p in tmp_path.rglob("*.p[dn][gf]")) == [Path(written).name]
+    assert sorted(p.name for p in tmp_path.rglob("*.p[dn][gf]") if p.is_file()) == ["dynamics.png"]
+
+
+def test_dynamics_out_naming_a_png_is_refused_in_one_line(tmp_path, capsys):
+    from conftest import run_cli_captured
+
+    run = _tracked_run(tmp_path / "run")
+    code, _, err = run_cli_captured(["dynamics", str(run), "--out", str(tmp_path / "a.png")], capsys)
+    assert code == 2 and "is a folder: dynamics.png is written inside it" in err, err
+    assert not (tmp_path / "a.png").exists()
 
 
 def test_seed_placeholder_gives_each_seed_its_own_value(tmp_path):
@@ -395,11 +405,10 @@ def test_code_mixed_follows_fingerprints_not_commits():
 
 
 @pytest.mark.parametrize("given, written", [("plots/", "plots/REPORT.md"), ("existing", "existing/REPORT.md"),
-                                            ("noext", "noext.md"), ("r.md", "r.md"), (None, "res/REPORT.md")])
+                                            ("noext", "noext/REPORT.md"), (None, "res/REPORT.md")])
 def test_report_out_follows_the_dynamics_rule(tmp_path, capsys, monkeypatch, given, written):
-    """issue 21, item 9: one rule for every option that names one output file (sinklab.fileio.output_file):
-    a folder (existing, or ending with /) gets the default name inside it, a name without suffix gets the
-    default's suffix; `report` used to refuse a folder, `dynamics` to write it elsewhere than it printed."""
+    """One rule for report and dynamics (sinklab.fileio.output_in_folder): --out is a folder and the fixed
+    file name is written inside it (issue 20, item 7); without --out the report goes into ROOT."""
     from sinklab.cli.main import app
     from sinklab.sweep import report
 

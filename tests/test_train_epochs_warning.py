@@ -150,7 +150,7 @@ def test_paper_preset_on_a_small_corpus_exits_2_before_training(tmp_path, capsys
 
 @pytest.mark.slow
 def test_paper_60m_on_the_offline_corpora_exits_2_with_the_epochs_message(tmp_path, capsys):
-    """The preset as a user copies it from the README: the offline corpus zoo is far too small."""
+    """The preset as a user copies it from docs/scaling.md: the offline corpus zoo is far too small."""
     from conftest import run_cli_captured
 
     code, _, err = run_cli_captured(["train", "paper-60m", "--out", str(tmp_path / "run"), "--no-progress"], capsys)

@@ -1,70 +1,147 @@
-"""Which keys each query may see, and grouped-query head repetition: the one definition that
-sinklab's own attention (:mod:`sinklab.nn.attention`) and the capture collectors
-(:mod:`sinklab.capture.collectors`, :mod:`sinklab.capture.blockwise`) share.
+"""Which keys each query may see (:class:`MaskSpec`), and grouped-query head repetition: the one
+definition that sinklab's own attention (:mod:`sinklab.nn.attention`), the capture collectors
+(:mod:`sinklab.capture.collectors`, :mod:`sinklab.capture.blockwise`) and the mask-aware metrics
+(:mod:`sinklab.metrics`) share.
 
-Positions are 0-based. Query ``i`` sees key ``j`` iff
+Positions are 0-based. Under ``MaskSpec(causal, prefix_len=p, window=w)`` query ``i`` sees key ``j`` iff
 
-* causal: ``j <= i`` or ``j < prefix_len`` (a bidirectional prefix, prefix LM);
+* causal: ``j <= i`` or ``j < p`` (a bidirectional prefix, prefix LM);
   bidirectional (``causal=False``): every key;
 * and, with a sliding window ``w``: ``|i - j| < w`` (for a causal key ``j <= i``: ``j > i - w``).
 
 When there are fewer queries than keys (``t_q < t_k``), the queries are the *last* ``t_q``
 positions: query row ``q`` is position ``q + offset`` with ``offset = t_k - t_q``.
 
-Depends on torch only, so every layer of sinklab may import it.
+Depends on torch and :mod:`sinklab.errors` only, so every layer of sinklab may import it.
 """
 
 from __future__ import annotations
 
+import operator
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
-__all__ = ["visible", "build_mask", "key_range", "repeat_kv"]
+from sinklab.errors import InputError
+
+__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "repeat_kv"]
 
 
-def visible(qpos: Tensor, kpos: Tensor, *, prefix_len: int = 0, window: int | None = None,
-            causal: bool = True) -> Tensor:
-    """Which keys each query may attend.
+@dataclass(frozen=True)
+class MaskSpec:
+    """The attention mask of a layer or a model: which keys each query may see (module docstring).
+
+    Attributes:
+        causal: True: query ``i`` sees keys ``j <= i`` (and the prefix); False: every key
+            (bidirectional encoder / masked diffusion model), within the window.
+        prefix_len: length ``p`` of the bidirectional prefix of a prefix LM: keys ``0 .. p-1``
+            (0-based) are seen by every query; 0 = none (1 is the same as 0). Ignored when
+            ``causal`` is False. May exceed the sequence length (then every key is in the prefix).
+        window: sliding-window width ``w >= 1``: query ``i`` sees only keys with ``|i - j| < w``
+            (``w = 1``: itself only); None = no window.
+
+    Raises:
+        InputError: ``prefix_len`` is not an integer >= 0, or ``window`` is not None or an integer >= 1.
+    """
+
+    causal: bool = True
+    prefix_len: int = 0
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        # integers of any kind (Python, NumPy, 0-d torch) are stored as Python ints
+        prefix = _as_int(self.prefix_len)
+        if prefix is None or prefix < 0:
+            raise InputError(f"MaskSpec.prefix_len must be an integer >= 0, got {self.prefix_len!r}")
+        window = None if self.window is None else _as_int(self.window)
+        if self.window is not None and (window is None or window < 1):
+            raise InputError(f"MaskSpec.window must be None or an integer >= 1, got {self.window!r}")
+        object.__setattr__(self, "causal", bool(self.causal))
+        object.__setattr__(self, "prefix_len", prefix)
+        object.__setattr__(self, "window", window)
+
+    def plain_causal(self, seq_len: int) -> bool:
+        """True when, over ``seq_len`` positions, this mask is exactly the lower triangle ``j <= i``
+        (causal, a prefix of at most 1, no window narrower than the sequence)."""
+        return self.causal and self.prefix_len <= 1 and (self.window is None or self.window >= seq_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"causal": bool, "prefix_len": int, "window": int | None}`` (the form
+        :attr:`sinklab.capture.ProbeStats.mask` stores)."""
+        return {"causal": bool(self.causal), "prefix_len": int(self.prefix_len),
+                "window": None if self.window is None else int(self.window)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, causal: bool = True) -> "MaskSpec":
+        """The spec of a :meth:`to_dict` dict; missing keys: ``causal`` (the argument), no prefix,
+        no window (a ``prefix_len`` or ``window`` of None counts as missing).
+
+        Raises:
+            InputError: values :class:`MaskSpec` rejects.
+        """
+        return cls(causal=bool(data.get("causal", causal)), prefix_len=int(data.get("prefix_len") or 0),
+                   window=None if data.get("window") is None else int(data["window"]))
+
+
+def _as_int(x: Any) -> int | None:
+    """``x`` as a Python int when it is an integer (not a bool), else None."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+#: plain causal attention: no prefix, no window
+CAUSAL = MaskSpec()
+
+
+def visible(qpos: Tensor, kpos: Tensor, mask: MaskSpec = CAUSAL) -> Tensor:
+    """Which keys each query may attend under ``mask``.
 
     Args:
-        qpos: (C,) 0-based query positions. kpos: (Tk,) 0-based key positions.
-        prefix_len: length p of the bidirectional prefix (prefix LM); 0 = none.
-        window: sliding-window width w (``|i - j| < w``), or None.
-        causal: False for bidirectional attention (every key, within the window).
+        qpos: (C,) 0-based query positions (int64). kpos: (Tk,) 0-based key positions (int64).
+        mask: the mask (module docstring); default plain causal.
 
     Returns:
         (C, Tk) bool, True where query i sees key j.
     """
     i, j = qpos[:, None], kpos[None, :]
-    m = (j <= i) | (j < prefix_len) if causal else torch.ones(i.shape[0], j.shape[1], dtype=torch.bool, device=i.device)
-    if window is not None:
-        m = m & ((i - j).abs() < window)
+    if mask.causal:
+        m = (j <= i) | (j < mask.prefix_len)
+    else:
+        m = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool, device=i.device)
+    if mask.window is not None:
+        m = m & ((i - j).abs() < mask.window)
     return m
 
 
-def build_mask(t_q: int, t_k: int | None = None, *, prefix_len: int = 0, window: int | None = None,
-               causal: bool = True, device=None) -> Tensor:
+def build_mask(t_q: int, t_k: int | None = None, mask: MaskSpec = CAUSAL, *, device=None) -> Tensor:
     """(T_q, T_k) bool mask of :func:`visible`, True = may attend.
 
-    Keys are positions ``0..T_k-1`` (``T_k`` defaults to ``T_q``); the queries are the last
-    ``T_q`` of them (query row ``q`` is position ``q + T_k - T_q``).
+    Keys are positions ``0..T_k-1`` (``T_k`` defaults to ``T_q``, and must be >= ``T_q``); the
+    queries are the last ``T_q`` of them (query row ``q`` is position ``q + T_k - T_q``).
     """
     t_k = t_q if t_k is None else t_k
     kpos = torch.arange(t_k, device=device)
     qpos = torch.arange(t_q, device=device) + (t_k - t_q)
-    return visible(qpos, kpos, prefix_len=prefix_len, window=window, causal=causal)
+    return visible(qpos, kpos, mask)
 
 
-def key_range(q0: int, q1: int, t_k: int, *, offset: int = 0, prefix_len: int = 0, window: int | None = None,
-              causal: bool = True) -> tuple[int, int]:
-    """Keys ``[k0, k1)`` that contain every key some query row in ``[q0, q1)`` may see.
+def key_range(q0: int, q1: int, t_k: int, mask: MaskSpec = CAUSAL, *, offset: int = 0) -> tuple[int, int]:
+    """Keys ``[k0, k1)`` (0-based, end exclusive) that contain every key some query row in
+    ``[q0, q1)`` may see under ``mask``, out of ``t_k`` keys.
 
     Query row ``q`` is position ``q + offset``. Tight at both ends for causal attention without
     a prefix; with a prefix the range may hold keys that only some rows see (the mask inside
     the range decides). An empty range has ``k0 >= k1``.
     """
-    if causal:
-        k1 = min(t_k, max(q1 + offset, prefix_len))
+    window = mask.window
+    if mask.causal:
+        k1 = min(t_k, max(q1 + offset, mask.prefix_len))
     else:
         k1 = t_k if window is None else min(t_k, q1 + offset + window - 1)
     k0 = 0 if window is None else max(0, q0 + offset - window + 1)

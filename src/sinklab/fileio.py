@@ -1,7 +1,9 @@
 """The files sinklab writes and reads.
 
-* :func:`output_file`: the file an option that names one output file writes (a folder given: the
-  default name inside it).
+* :func:`output_in_folder`: the file a command writes into its ``--out`` folder (``--out`` is always a
+  folder; a value that names a file of that kind is refused, saying so).
+* :func:`output_file`: the file a Python function that takes one output path writes (a folder given:
+  the default name inside it).
 * :func:`check_writable`: an output location (a folder to create or fill, a file to write) can be
   written. Every command checks its outputs with it before any model or data work, so a bad
   ``--out`` or ``SINKLAB_HOME`` costs nothing and says why in one line.
@@ -107,6 +109,29 @@ def output_file(out: str | os.PathLike, default_name: str) -> Path:
     if p.is_dir() or text.endswith(("/", os.sep)):
         return p / default_name
     return p if p.suffix else p.with_name(p.name + Path(default_name).suffix)
+
+
+def output_in_folder(out: str | os.PathLike, name: str, flag: str = "--out") -> Path:
+    """``out / name``: the fixed-name file a command writes into its ``--out`` folder
+    (``sinklab report`` -> ``OUT/REPORT.md``, ``sinklab dynamics`` -> ``OUT/dynamics.png``).
+
+    Args:
+        out: the folder, as typed (created by the command if need be).
+        name: the file name written inside it.
+        flag: the option's name, for the error message.
+
+    Raises:
+        InputError: ``out`` ends in ``name``'s suffix (``--out r.md``, ``--out plot.png``): a file name
+            where a folder is expected; the message names the file that would be written inside it.
+    """
+    from sinklab.errors import InputError
+
+    p = Path(os.fspath(out)).expanduser()
+    suffix = Path(name).suffix
+    if suffix and p.suffix.lower() == suffix.lower() and not p.is_dir():
+        raise InputError(f"{flag} {os.fspath(out)} names a {suffix} file, but {flag} is a folder: {name} is written "
+                         f"inside it (e.g. {flag} {p.parent if str(p.parent) != '.' else 'DIR'})")
+    return p / name
 
 
 def check_writable(path: str | os.PathLike, what: str, *, folder: bool = True) -> None:

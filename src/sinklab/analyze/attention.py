@@ -14,12 +14,14 @@ import functools
 import torch
 from torch import Tensor
 
+from sinklab.attention_masks import MaskSpec
 from sinklab.analyze.common import (AnalysisResult, Subject, analysis, check_heads, check_layers, command_line, num_heads,
                                     resolve_subject, run_model)
 from sinklab.errors import InputError
 from sinklab.metrics import attention_entropy
 from sinklab.metrics.entropy import uniform_attention_entropy
 from sinklab.metrics.summary import rankable_positions
+from sinklab.zoo.models import DEFAULT_MODEL
 
 #: T above which ``attention`` shows the mass per key instead of the full matrices
 MAX_MATRIX_LEN = 256
@@ -60,7 +62,7 @@ def capture_weights(model, input_ids: Tensor, layers: list[int], heads: list[int
     "heads": "heads shown, e.g. 0,3 (default all)",
     "max_matrix_len": "longest T shown as full matrices; longer: mass per key, blockwise"})
 def attention(
-    model: "str | Subject" = "smollm2-135m",
+    model: "str | Subject" = DEFAULT_MODEL,
     *,
     corpus: str | None = None,
     num_samples: int = 1,
@@ -121,7 +123,7 @@ def attention(
     missing = [l for l in layers if l not in rows_of]
     if missing:
         raise InputError(f"layer {missing[0]} has no attention (blocks with attention: {block_ids})")
-    uniform = uniform_attention_entropy(T, causal=stats.causal)
+    uniform = uniform_attention_entropy(T, MaskSpec(causal=stats.causal))
     k = rankable_positions(T, stats.causal)  # keys seen by at least 10% of the queries
     ent = stats.attention_entropy[0]  # (L', H)
     mass = stats.mass[0]  # (L', H, T)

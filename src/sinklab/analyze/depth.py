@@ -38,6 +38,7 @@ from sinklab.analyze.common import AnalysisResult, Subject, analysis, command_li
 from sinklab.errors import InputError
 from sinklab.metrics import matrix_entropy, norm_ratio_per_layer
 from sinklab.metrics.summary import rankable_positions
+from sinklab.zoo.models import DEFAULT_MODEL
 
 
 @dataclass
@@ -155,7 +156,7 @@ def layer_statistics(stats, hidden: Tensor, *, eps: float = 0.3, top_k: int = 3,
     "top_k": "non-first sink positions per layer",
     "alpha": "order of the matrix-based Renyi entropy (1 = von Neumann)"})
 def depth(
-    model: "str | Subject" = "smollm2-135m",
+    model: "str | Subject" = DEFAULT_MODEL,
     *,
     corpus: str | None = None,
     num_samples: int = 8,

@@ -26,6 +26,7 @@ from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError, SinklabError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
+from sinklab.zoo.models import DEFAULT_MODEL
 
 
 def _readout(res, targets_from: int, weights: Tensor | None = None) -> dict:
@@ -99,7 +100,7 @@ def _run_of(subj: Subject):
     "allow_non_sink": "allow a --position that is never a sink (e.g. BOS in a model without a sink, to "
                       "compare models at one position)"})
 def intervene(
-    model: "str | Subject" = "smollm2-135m",
+    model: "str | Subject" = DEFAULT_MODEL,
     *,
     corpus: str | None = None,
     num_samples: int = 32,

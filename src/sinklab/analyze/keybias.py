@@ -14,6 +14,7 @@ from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_l
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate_per_sample
 from sinklab.metrics.summary import rankable_positions
+from sinklab.zoo.models import DEFAULT_MODEL
 
 
 def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, position: int, *,
@@ -120,7 +121,7 @@ def _detection_rows(stats, eps: float, min_rate: float, T: int, ks=(1, 2, 4)) ->
     "long_seq_len": "long-context T for sink detection",
     "long_num_samples": "windows at the long T"})
 def keybias(
-    model: "str | Subject" = "smollm2-135m",
+    model: "str | Subject" = DEFAULT_MODEL,
     *,
     corpus: str | None = None,
     num_samples: int = 32,

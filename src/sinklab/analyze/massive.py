@@ -10,6 +10,7 @@ from torch import Tensor
 from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, resolve_subject, run_model,
                                     sink_position)
 from sinklab.errors import InputError
+from sinklab.zoo.models import DEFAULT_MODEL
 
 
 def top_activations(hidden: Tensor, k: int = 3) -> dict[str, Tensor]:
@@ -41,7 +42,7 @@ def top_activations(hidden: Tensor, k: int = 3) -> dict[str, Tensor]:
     "top_k": "largest entries per (sample, layer)",
     "massive_ratio": "multiple of the median |h| that makes an entry massive"})
 def massive(
-    model: "str | Subject" = "smollm2-135m",
+    model: "str | Subject" = DEFAULT_MODEL,
     *,
     corpus: str | None = None,
     num_samples: int = 32,

@@ -14,6 +14,7 @@ from sinklab.analyze.common import (MIN_SIGN_TEST_PAIRS, AnalysisResult, Subject
 from sinklab.analyze.interventions import remove_key
 from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError
+from sinklab.zoo.models import DEFAULT_MODEL
 
 
 def sensitivity(base: Tensor, perturbed: Tensor, source: int) -> Tensor:
@@ -52,7 +53,7 @@ def pair_verdict(higher: int, pairs: int, alpha: float = 0.05) -> str:
     "directions": "random directions per source",
     "scale": "perturbation size relative to the embedding norm"})
 def overmix(
-    model: "str | Subject" = "smollm2-135m",
+    model: "str | Subject" = DEFAULT_MODEL,
     *,
     corpus: str | None = None,
     num_samples: int = 16,

@@ -30,6 +30,7 @@ from sinklab.analyze.common import (DEFAULT_SEQ_LEN, AnalysisResult, Subject, an
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
+from sinklab.zoo.models import DEFAULT_MODEL
 
 #: queries from this 0-based position on enter the self-attention share (query 0 must attend to
 #: itself, query 1 sees only two keys)
@@ -124,7 +125,7 @@ def cosine_to_first(hidden: Tensor, start: int) -> Tensor:
     "heads": "heads made self-attending (default: the lowest self-attention shares)",
     "layers": "layers where --position is made self-attending (default 0)"})
 def repeat(
-    model: "str | Subject" = "smollm2-135m",
+    model: "str | Subject" = DEFAULT_MODEL,
     *,
     corpus: str | None = None,
     num_samples: int = 32,

@@ -103,7 +103,7 @@ class ModelAdapter:
     # ---------------------------------------------------------------- forward with capture and edits
     def capture(self, input_ids: Tensor, *, collector: str = "eager", prefix_len: int = 0, edit=None,
                 hidden_edit=None, logits: bool = False, keep_hidden: bool = False,
-                entropy: bool = False) -> BatchRecorder:
+                entropy: bool = False, renormalise: bool = True) -> BatchRecorder:
         """One forward pass of ``input_ids`` (B, T) int64 with attention and hidden-state statistics
         recorded (:class:`~sinklab.capture.recorder.BatchRecorder`).
 
@@ -114,6 +114,8 @@ class ModelAdapter:
                 :data:`sinklab.capture.hf.HiddenEdit` or None.
             logits: keep ``recorder.logits`` (B, T, V). keep_hidden: keep every block's output.
             entropy: record each head's attention entropy.
+            renormalise: SinkLM operations whose rows do not sum to 1 are recorded renormalised
+                (True) or raw (False); softmax rows and HF models are unaffected.
 
         Raises:
             CaptureError: the model exposes no attention weights.
@@ -187,7 +189,7 @@ class HFAdapter(ModelAdapter):
 
     def capture(self, input_ids: Tensor, *, collector: str = "eager", prefix_len: int = 0, edit=None,
                 hidden_edit=None, logits: bool = False, keep_hidden: bool = False,
-                entropy: bool = False) -> BatchRecorder:
+                entropy: bool = False, renormalise: bool = True) -> BatchRecorder:
         return forward_hf(self.model, input_ids, collector, edit=edit, hidden_edit=hidden_edit, logits=logits,
                           keep_hidden=keep_hidden, entropy=entropy)
 
@@ -265,9 +267,9 @@ class SinkLMAdapter(ModelAdapter):
 
     def capture(self, input_ids: Tensor, *, collector: str = "eager", prefix_len: int = 0, edit=None,
                 hidden_edit=None, logits: bool = False, keep_hidden: bool = False,
-                entropy: bool = False) -> BatchRecorder:
+                entropy: bool = False, renormalise: bool = True) -> BatchRecorder:
         return forward_native(self.model, input_ids, prefix_len, edit=edit, hidden_edit=hidden_edit, logits=logits,
-                              keep_hidden=keep_hidden, entropy=entropy)
+                              keep_hidden=keep_hidden, entropy=entropy, renormalise=renormalise)
 
     def step(self, ids: Tensor, cache, start: int, *, last_only: bool = False) -> Tensor:
         logits = self.model(ids, cache=cache).logits  # positions come from the cache itself

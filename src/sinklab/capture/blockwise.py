@@ -40,17 +40,18 @@ score tile, 64 MiB), on CPU at most :data:`MAX_BLOCK` queries, and can be fixed 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.attention_masks import key_range, repeat_kv, visible
+from sinklab.attention_masks import MaskSpec, key_range, repeat_kv, visible
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.errors import InputError
 
@@ -81,25 +82,40 @@ class BlockwiseOptions:
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     output: str = "auto"
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BlockwiseOptions:
+        """The default options: ``SINKLAB_BLOCK_SIZE`` (a positive integer) fixes the block size.
 
-_local = threading.local()
-
-
-def current_options() -> BlockwiseOptions:
-    """The options in force in this thread (``SINKLAB_BLOCK_SIZE`` sets the default block size)."""
-    opts = getattr(_local, "options", None)
-    if opts is not None:
-        return opts
-    env = os.environ.get("SINKLAB_BLOCK_SIZE")
-    if env:
+        Raises:
+            InputError: ``SINKLAB_BLOCK_SIZE`` is set but not a positive integer.
+        """
+        env = (os.environ if environ is None else environ).get("SINKLAB_BLOCK_SIZE")
+        if not env:
+            return cls()
         try:
             size = int(env)
         except ValueError:
             raise InputError(f"SINKLAB_BLOCK_SIZE must be a positive integer, got {env!r}") from None
         if size <= 0:
             raise InputError(f"SINKLAB_BLOCK_SIZE must be a positive integer, got {env!r}")
-        return BlockwiseOptions(block_size=size)
-    return BlockwiseOptions()
+        return cls(block_size=size)
+
+
+_local = threading.local()
+
+
+@functools.lru_cache(maxsize=1)
+def _env_options() -> BlockwiseOptions:
+    """:meth:`BlockwiseOptions.from_env`, read once per process (at the first blockwise capture, not
+    at every layer of every forward)."""
+    return BlockwiseOptions.from_env()
+
+
+def current_options() -> BlockwiseOptions:
+    """The options in force in this thread: those of the innermost :func:`blockwise_options` block,
+    else the process default (:meth:`BlockwiseOptions.from_env`, ``SINKLAB_BLOCK_SIZE`` read once)."""
+    opts = getattr(_local, "options", None)
+    return opts if opts is not None else _env_options()
 
 
 @contextlib.contextmanager
@@ -171,30 +187,32 @@ def _sdpa_output(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
 
 
 def _tile_bias(
-    mask: Tensor | None, q0: int, q1: int, k0: int, k1: int, offset: int, causal: bool, window: int | None, device
+    mask: Tensor | None, q0: int, q1: int, k0: int, k1: int, offset: int, spec: MaskSpec, device
 ) -> Tensor | None:
-    """Additive bias (0 / -inf) of the queries [q0, q1) and keys [k0, k1), or None if all visible.
+    """Additive bias (0 / -inf) of the query rows [q0, q1) and keys [k0, k1), or None if all visible.
 
-    With a mask: its (Bm, Hm, n, span) slice as floats. Without: causality (query i
-    sees keys j <= i + offset) and the sliding window (j > i + offset - window), shape (n, span).
+    With a mask tensor: its (Bm, Hm, n, span) slice as floats. Without: ``spec`` (causal with
+    its sliding window: query row i, position i + offset, sees keys offset + i - window < j <= i + offset;
+    bidirectional: None), shape (n, span).
     """
     if mask is not None:
         rows = mask[..., q0:q1, k0:k1] if mask.shape[-2] > 1 else mask[..., k0:k1]
         return _float_mask(rows, torch.float32)
-    if not causal:
+    if not spec.causal:
         return None
     qpos = torch.arange(q0, q1, device=device) + offset
-    hidden = ~visible(qpos, torch.arange(k0, k1, device=device), window=window)  # (n, span)
+    hidden = ~visible(qpos, torch.arange(k0, k1, device=device), spec)  # (n, span)
     if not bool(hidden.any()):
         return None
     return torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf"))
 
 
 def _block_keys(
-    mask: Tensor | None, q0: int, q1: int, t_k: int, offset: int, causal: bool, window: int | None
+    mask: Tensor | None, q0: int, q1: int, t_k: int, offset: int, spec: MaskSpec
 ) -> tuple[int, int]:
-    """[k0, k1): the keys that some query in [q0, q1) may attend (an empty range gives k0 == k1):
-    read off ``mask`` when there is one, else :func:`sinklab.attention_masks.key_range`."""
+    """[k0, k1): the keys that some query row in [q0, q1) may attend (an empty range gives k0 == k1):
+    read off the ``mask`` tensor when there is one, else :func:`sinklab.attention_masks.key_range`
+    of ``spec``."""
     if mask is not None:
         rows = mask[..., q0:q1, :] if mask.shape[-2] > 1 else mask
         allowed = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
@@ -202,9 +220,9 @@ def _block_keys(
         if cols.numel() == 0:
             return 0, 0
         return int(cols[0]), int(cols[-1]) + 1
-    if not causal:
+    if not spec.causal:
         return 0, t_k
-    return key_range(q0, q1, t_k, offset=offset, window=window)
+    return key_range(q0, q1, t_k, spec, offset=offset)
 
 
 _LOG2E = 1.0 / math.log(2.0)
@@ -370,6 +388,48 @@ def blockwise_attention(
         InputError: mismatched shapes, H_q not a multiple of H_kv, a block size
             that is not positive, or ``output`` not in :data:`OUTPUTS`.
     """
+    s = _resolve(query, key, value, scaling=scaling, attention_mask=attention_mask, is_causal=is_causal,
+                 softcap=softcap, sinks=sinks, sliding_window=sliding_window, block_size=block_size,
+                 budget_bytes=budget_bytes, output=output)
+    if s.output == "fused" and s.mask is None:
+        # output and LSE from the fused kernel, column sums from one more Q K^T (see column_sums_from_lse)
+        out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal), scale=s.scale)
+        if query.dtype != torch.float32:  # the LSE of the float32 scores the statistics use
+            _, lse = _FUSED_CPU(query.float(), key.float(), value.float(), 0.0, bool(is_causal), scale=s.scale)
+        col = column_sums_from_lse(query, key, lse, scaling=s.scale, is_causal=is_causal, block_size=s.fixed_block,
+                                   entropy=entropy)
+        if entropy:
+            return out.transpose(1, 2).contiguous(), *col
+        return out.transpose(1, 2).contiguous(), col
+    out, lse = _output_and_lse(query, key, value, s, is_causal)
+    tiles = _Tiles(query, key, value, s, out=out, lse=lse, is_causal=is_causal, softcap=softcap, sinks=sinks,
+                   entropy=entropy)
+    col, ent = tiles.run()
+    more = (ent,) if ent is not None else ()
+    if s.output == "tiles":
+        return out.to(value.dtype), col, *more
+    return out.transpose(1, 2).contiguous(), col, *more
+
+
+@dataclass
+class _Plan:
+    """How :func:`blockwise_attention` runs on given inputs (:func:`_resolve`)."""
+
+    block_size: int  # queries per block
+    fixed_block: int | None  # the block size asked for (None: chosen)
+    output: str  # "tiles", "fused" or "sdpa" (resolved)
+    scale: float  # score scale
+    offset: int  # T_k - T_q: query i is at key position i + offset
+    window: int | None  # the sliding window still to apply (no mask expresses it), or None
+    mask: Tensor | None  # the attention mask as 4-D, or None
+    n_rep: int  # query heads per key/value head
+
+
+def _resolve(query: Tensor, key: Tensor, value: Tensor, *, scaling: float | None, attention_mask: Tensor | None,
+             is_causal: bool, softcap: float | None, sinks: Tensor | None, sliding_window: int | None,
+             block_size: int | None, budget_bytes: int | None, output: str | None) -> _Plan:
+    """Check the inputs of :func:`blockwise_attention` and resolve its options (the thread's
+    :func:`current_options` for those left None). Raises InputError as it documents."""
     if query.dim() != 4 or key.dim() != 4 or value.shape[:3] != key.shape[:3]:
         raise InputError(
             f"expected query (B, H_q, T_q, D) and key/value (B, H_kv, T_k, D), got "
@@ -391,7 +451,6 @@ def blockwise_attention(
         block_size = choose_block_size(B, Hq, Tq, Tk, budget_bytes, max_block=cap)
     if block_size <= 0:
         raise InputError(f"block_size must be positive, got {block_size}")
-    n_rep = Hq // Hkv
     scale = scaling if scaling is not None else 1.0 / math.sqrt(D)
     offset = Tk - Tq
     # a window matters only if, without a mask, some query could see a key `window` or more back
@@ -404,29 +463,28 @@ def blockwise_attention(
     mask = attention_mask
     if mask is not None and mask.dim() != 4:
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-
     if output == "auto":
         output = "tiles" if query.device.type == "cpu" else "sdpa"
     if output == "fused" and (_FUSED_CPU is None or query.device.type != "cpu" or value.shape[-1] != D):
         output = "sdpa"  # the fused kernel runs on CPU with equal query and value head sizes only
     if tiled_output:
         output = "tiles"
-    if output == "fused" and mask is None:
-        # output and LSE from the fused kernel, column sums from one more Q K^T (see column_sums_from_lse)
-        out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal), scale=scale)
-        if query.dtype != torch.float32:  # the LSE of the float32 scores the statistics use
-            _, lse = _FUSED_CPU(query.float(), key.float(), value.float(), 0.0, bool(is_causal), scale=scale)
-        col = column_sums_from_lse(query, key, lse, scaling=scale, is_causal=is_causal, block_size=fixed_block,
-                                   entropy=entropy)
-        if entropy:
-            return out.transpose(1, 2).contiguous(), *col
-        return out.transpose(1, 2).contiguous(), col
+    return _Plan(block_size=block_size, fixed_block=fixed_block, output=output, scale=scale, offset=offset,
+                 window=window, mask=mask, n_rep=Hq // Hkv)
 
+
+def _output_and_lse(query: Tensor, key: Tensor, value: Tensor, s: _Plan, is_causal: bool) -> tuple[Tensor, Tensor | None]:
+    """The attention output as the plan's ``output`` makes it, before the tiles: ``tiles`` -> an empty
+    float32 (B, T_q, H_q, D_v) that the tiles fill; ``fused`` (with a mask) -> the kernel's (B, H_q, T_q,
+    D_v) output and its float32 log-sum-exp (B, H_q, T_q); ``sdpa`` -> SDPA's (B, H_q, T_q, D_v) output.
+    Returns ``(out, lse)`` (lse None but for ``fused``)."""
+    B, Hq, Tq, _ = query.shape
+    mask, scale = s.mask, s.scale
     lse = None  # (B, H_q, T_q) float32, when the output kernel provides it
-    if output == "tiles":
+    if s.output == "tiles":
         # written straight in the (B, T_q, H_q, D_v) layout the caller wants: no transposed copy at the end
         out = torch.empty(B, Tq, Hq, value.shape[-1], dtype=torch.float32, device=query.device)
-    elif output == "fused":
+    elif s.output == "fused":
         # transformers built a (B, 1, T_q, T_k) boolean mask for the padding; the kernel wants it additive
         fmask = None if mask is None else _float_mask(mask, query.dtype)
         out, lse = _FUSED_CPU(query, key, value, 0.0, bool(is_causal and mask is None), attn_mask=fmask, scale=scale)
@@ -436,91 +494,124 @@ def blockwise_attention(
         lse = lse.float()
     else:
         out = _sdpa_output(query, key, value, mask, is_causal, scale)
+    return out, lse
 
-    # scores in base 2 (exp2 is several times faster than exp on CPU) with the scale folded into
-    # the queries; soft-capping needs natural units, so it keeps base e
-    base = _LOG2E if softcap is None else 1.0
-    qf = query.float() * (scale * base)
-    kT = key.float().reshape(B * Hkv, Tk, D).transpose(1, 2)  # (B*H_kv, D, T_k)
-    vf = value.float().reshape(B * Hkv, Tk, -1) if output == "tiles" else None
-    col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
-    ent = torch.zeros(B, Hq, Tq, dtype=torch.float64, device=query.device) if entropy else None
-    sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1) * base
-    exp_ = Tensor.exp2_ if base != 1.0 else Tensor.exp_  # in place
-    # one score buffer for every block: a fresh multi-MB tile per block costs an mmap and page faults
-    n_max = min(block_size, Tq)
-    buf = torch.empty(B * Hq * n_max * Tk, dtype=torch.float32, device=query.device)
-    # causal without mask or window: only the (n x n) square on the diagonal has hidden keys
-    triangle = mask is None and is_causal and window is None
-    upper = torch.ones(n_max, n_max, dtype=torch.bool, device=query.device).triu_(1) if triangle else None
 
-    for q0 in range(0, Tq, block_size):
-        q1 = min(q0 + block_size, Tq)
-        n = q1 - q0
-        k0, k1 = _block_keys(mask, q0, q1, Tk, offset, is_causal, window)
-        if k1 <= k0:
-            if output == "tiles":
-                out[:, q0:q1] = 0.0
-            continue  # no visible key: column sums and entropies stay 0
-        span = k1 - k0
-        # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
-        qb = qf[:, :, q0:q1].reshape(B * Hkv, n_rep * n, D)
-        tile = buf[: B * Hq * n * span].view(B * Hkv, n_rep * n, span)
-        scores = tile.view(B, Hq, n, span)
-        diagonal = triangle and k0 == 0 and q0 + offset >= 0 and k1 == q1 + offset
-        bias = None if diagonal else _tile_bias(mask, q0, q1, k0, k1, offset, is_causal, window, query.device)
-        if bias is not None and base != 1.0:
-            bias = bias * base  # additive float masks in base-2 units (0 and -inf stay)
+class _Tiles:
+    """The block loop of :func:`blockwise_attention`: each block of queries' score tile gives its
+    column sums (and row entropies), and with ``output = "tiles"`` its rows of the output."""
 
-        if lse is not None:
-            # probabilities directly: exp(scores + bias - LSE) (base 2 here), (bias - LSE) as the GEMM's accumulator
-            lse_b = lse[:, :, q0:q1, None]  # (B, H_q, n, 1)
-            lse_b = torch.where(torch.isinf(lse_b), torch.zeros_like(lse_b), lse_b) * base  # fully masked rows
-            if bias is None:
-                scores.copy_(lse_b.neg().expand_as(scores))
+    def __init__(self, query: Tensor, key: Tensor, value: Tensor, s: _Plan, *, out: Tensor, lse: Tensor | None,
+                 is_causal: bool, softcap: float | None, sinks: Tensor | None, entropy: bool) -> None:
+        B, Hq, Tq, D = query.shape
+        Hkv, Tk = key.shape[1], key.shape[2]
+        self.s, self.out, self.lse, self.is_causal, self.softcap = s, out, lse, is_causal, softcap
+        self.shape, self.device = (B, Hq, Hkv, Tq, Tk, D), query.device
+        # scores in base 2 (exp2 is several times faster than exp on CPU) with the scale folded into
+        # the queries; soft-capping needs natural units, so it keeps base e
+        self.base = base = _LOG2E if softcap is None else 1.0
+        self.qf = query.float() * (s.scale * base)
+        self.kT = key.float().reshape(B * Hkv, Tk, D).transpose(1, 2)  # (B*H_kv, D, T_k)
+        self.vf = value.float().reshape(B * Hkv, Tk, -1) if s.output == "tiles" else None
+        self.col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
+        self.ent = torch.zeros(B, Hq, Tq, dtype=torch.float64, device=query.device) if entropy else None
+        self.sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1) * base
+        self.exp_ = Tensor.exp2_ if base != 1.0 else Tensor.exp_  # in place
+        # one score buffer for every block: a fresh multi-MB tile per block costs an mmap and page faults
+        n_max = min(s.block_size, Tq)
+        self.buf = torch.empty(B * Hq * n_max * Tk, dtype=torch.float32, device=query.device)
+        # causal without mask or window: only the (n x n) square on the diagonal has hidden keys
+        self.triangle = s.mask is None and is_causal and s.window is None
+        self.upper = torch.ones(n_max, n_max, dtype=torch.bool, device=query.device).triu_(1) if self.triangle else None
+        self.spec = MaskSpec(causal=is_causal, window=s.window)  # the mask when no mask tensor is given
+
+    def run(self) -> tuple[Tensor, Tensor | None]:
+        """Every block; returns the column sums (B, H_q, T_k) float64 and the row entropies (B, H_q, T_q)
+        float64 or None."""
+        s = self.s
+        B, Hq, Hkv, Tq, Tk, D = self.shape
+        for q0 in range(0, Tq, s.block_size):
+            q1 = min(q0 + s.block_size, Tq)
+            n = q1 - q0
+            k0, k1 = _block_keys(s.mask, q0, q1, Tk, s.offset, self.spec)
+            if k1 <= k0:
+                if s.output == "tiles":
+                    self.out[:, q0:q1] = 0.0
+                continue  # no visible key: column sums and entropies stay 0
+            span = k1 - k0
+            # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
+            qb = self.qf[:, :, q0:q1].reshape(B * Hkv, s.n_rep * n, D)
+            tile = self.buf[: B * Hq * n * span].view(B * Hkv, s.n_rep * n, span)
+            diagonal = self.triangle and k0 == 0 and q0 + s.offset >= 0 and k1 == q1 + s.offset
+            bias = None if diagonal else _tile_bias(s.mask, q0, q1, k0, k1, s.offset, self.spec, self.device)
+            if bias is not None and self.base != 1.0:
+                bias = bias * self.base  # additive float masks in base-2 units (0 and -inf stay)
+            if self.lse is not None:
+                probs, weights = self._from_lse(qb, tile, bias, q0, q1, k0, k1)
             else:
-                torch.sub(bias, lse_b, out=scores)
-            probs = exp_(tile.baddbmm_(qb, kT[:, :, k0:k1])).view(B * Hq, n, span)
-            weights = torch.ones(B * Hq, 1, n, device=query.device)
-            if ent is not None:  # normalised probabilities: -sum p log p
-                ent[:, :, q0:q1] = -torch.special.xlogy(probs, probs).sum(dim=-1).view(B, Hq, n)
-        else:
-            torch.bmm(qb, kT[:, :, k0:k1], out=tile)  # (B*H_kv, n_rep*n, span): scaled scores
-            if softcap is not None:
-                scores.div_(softcap).tanh_().mul_(softcap)
-            if diagonal:  # key j > query i + offset: the upper triangle of the last n keys
-                scores[..., q0 + offset - k0 :].masked_fill_(upper[:n, :n], float("-inf"))
-            elif bias is not None:
-                scores.add_(bias)
-            row_max = scores.amax(dim=-1, keepdim=True)  # (B, H_q, n, 1)
-            if sink_logits is not None:
-                row_max = torch.maximum(row_max, sink_logits.expand_as(row_max))
-            row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
-            scores.sub_(row_max)
-            probs = exp_(scores)  # unnormalised
-            denom = probs.sum(dim=-1, keepdim=True)
-            u_sink = None if sink_logits is None else exp_(sink_logits - row_max)  # (B, H_q, n, 1)
-            if u_sink is not None:
-                denom = denom + u_sink
-            inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))  # (B, H_q, n, 1)
-            if ent is not None:  # H = log Z - sum_j u_j log u_j / Z (natural log of the unnormalised u)
-                ulogu = torch.special.xlogy(probs, probs).sum(dim=-1, keepdim=True)
-                if u_sink is not None:
-                    ulogu = ulogu + torch.special.xlogy(u_sink, u_sink)
-                h = torch.where(denom > 0, torch.log(denom.clamp_min(1e-38)) - ulogu * inv, torch.zeros_like(denom))
-                ent[:, :, q0:q1] = h.squeeze(-1)
-            probs = probs.view(B * Hq, n, span)
-            weights = inv.view(B * Hq, 1, n)
-            if output == "tiles":
-                o = torch.bmm(tile, vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v), unnormalised
-                out[:, q0:q1] = (o.view(B, Hq, n, -1) * inv).transpose(1, 2)
-        # column sums of the (normalised) tile: weights^T @ probs, (B*H_q, 1, span)
-        col[:, :, k0:k1] += torch.bmm(weights, probs).view(B, Hq, span)
+                probs, weights = self._softmax(qb, tile, bias, diagonal, q0, q1, k0, k1)
+            # column sums of the (normalised) tile: weights^T @ probs, (B*H_q, 1, span)
+            self.col[:, :, k0:k1] += torch.bmm(weights, probs).view(B, Hq, span)
+        return self.col, self.ent
 
-    more = (ent,) if ent is not None else ()
-    if output == "tiles":
-        return out.to(value.dtype), col, *more
-    return out.transpose(1, 2).contiguous(), col, *more
+    def _from_lse(self, qb: Tensor, tile: Tensor, bias: Tensor | None, q0: int, q1: int, k0: int,
+                  k1: int) -> tuple[Tensor, Tensor]:
+        """A block's probabilities from the output kernel's log-sum-exp: ``exp(scores + bias - LSE)``
+        (base 2 here), ``(bias - LSE)`` as the GEMM's accumulator. Returns ``(probs (B*H_q, n, span),
+        weights (B*H_q, 1, n))``, the weights all 1 (the rows are normalised already)."""
+        B, Hq = self.shape[:2]
+        n, span = q1 - q0, k1 - k0
+        scores = tile.view(B, Hq, n, span)
+        lse_b = self.lse[:, :, q0:q1, None]  # (B, H_q, n, 1)
+        lse_b = torch.where(torch.isinf(lse_b), torch.zeros_like(lse_b), lse_b) * self.base  # fully masked rows
+        if bias is None:
+            scores.copy_(lse_b.neg().expand_as(scores))
+        else:
+            torch.sub(bias, lse_b, out=scores)
+        probs = self.exp_(tile.baddbmm_(qb, self.kT[:, :, k0:k1])).view(B * Hq, n, span)
+        weights = torch.ones(B * Hq, 1, n, device=self.device)
+        if self.ent is not None:  # normalised probabilities: -sum p log p
+            self.ent[:, :, q0:q1] = -torch.special.xlogy(probs, probs).sum(dim=-1).view(B, Hq, n)
+        return probs, weights
+
+    def _softmax(self, qb: Tensor, tile: Tensor, bias: Tensor | None, diagonal: bool, q0: int, q1: int, k0: int,
+                 k1: int) -> tuple[Tensor, Tensor]:
+        """A block's softmax in the tile (max, exp, sum; soft-capping and sink logits included), its
+        entropies, and with ``output = "tiles"`` its output rows. Returns ``(probs (B*H_q, n, span)
+        unnormalised, weights (B*H_q, 1, n): each row's 1 / denominator)``."""
+        B, Hq = self.shape[:2]
+        n, span, offset, softcap, sink_logits, exp_ = q1 - q0, k1 - k0, self.s.offset, self.softcap, self.sink_logits, self.exp_
+        scores = tile.view(B, Hq, n, span)
+        torch.bmm(qb, self.kT[:, :, k0:k1], out=tile)  # (B*H_kv, n_rep*n, span): scaled scores
+        if softcap is not None:
+            scores.div_(softcap).tanh_().mul_(softcap)
+        if diagonal:  # key j > query i + offset: the upper triangle of the last n keys
+            scores[..., q0 + offset - k0 :].masked_fill_(self.upper[:n, :n], float("-inf"))
+        elif bias is not None:
+            scores.add_(bias)
+        row_max = scores.amax(dim=-1, keepdim=True)  # (B, H_q, n, 1)
+        if sink_logits is not None:
+            row_max = torch.maximum(row_max, sink_logits.expand_as(row_max))
+        row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+        scores.sub_(row_max)
+        probs = exp_(scores)  # unnormalised
+        denom = probs.sum(dim=-1, keepdim=True)
+        u_sink = None if sink_logits is None else exp_(sink_logits - row_max)  # (B, H_q, n, 1)
+        if u_sink is not None:
+            denom = denom + u_sink
+        inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))  # (B, H_q, n, 1)
+        if self.ent is not None:  # H = log Z - sum_j u_j log u_j / Z (natural log of the unnormalised u)
+            ulogu = torch.special.xlogy(probs, probs).sum(dim=-1, keepdim=True)
+            if u_sink is not None:
+                ulogu = ulogu + torch.special.xlogy(u_sink, u_sink)
+            h = torch.where(denom > 0, torch.log(denom.clamp_min(1e-38)) - ulogu * inv, torch.zeros_like(denom))
+            self.ent[:, :, q0:q1] = h.squeeze(-1)
+        probs = probs.view(B * Hq, n, span)
+        weights = inv.view(B * Hq, 1, n)
+        if self.s.output == "tiles":
+            o = torch.bmm(tile, self.vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v), unnormalised
+            self.out[:, q0:q1] = (o.view(B, Hq, n, -1) * inv).transpose(1, 2)
+        return probs, weights
 
 
 @COLLECTORS.register(

@@ -20,6 +20,7 @@ def collect(
     progress: bool = False,
     prefix_len: int = 0,
     entropy: bool = False,
+    renormalise: bool = True,
 ) -> ProbeStats:
     """Attention mass, hidden-state norms and key/value norms of every probe sequence.
 
@@ -41,6 +42,10 @@ def collect(
             model's sliding window (``config.sliding_window``) is always applied.
         entropy: also record each head's attention entropy (mean over queries, in nats:
             :attr:`ProbeStats.attention_entropy`); costs one ``xlogy`` over every attention tile.
+        renormalise: a sinklab model's operations whose rows do not sum to 1 (sigmoid/ReLU without
+            normalisation, kernels, ...) are recorded with rows renormalised to sum to 1 (True, the
+            paper's proxy scores) or raw (False, ``ProbeStats.renormalised`` False); softmax rows
+            and ``transformers`` models are unaffected.
 
     Returns:
         :class:`ProbeStats` with ``N`` samples.
@@ -63,7 +68,8 @@ def collect(
     starts = range(0, input_ids.shape[0], batch_size)
     for s in show_progress(starts, desc="probe", unit="batch", enabled=progress):
         batch = input_ids[s : s + batch_size].to(device)
-        rec = adapter.capture(batch, collector=collector, prefix_len=prefix_len, entropy=entropy)
+        rec = adapter.capture(batch, collector=collector, prefix_len=prefix_len, entropy=entropy,
+                              renormalise=renormalise)
         parts.append(rec.finish())
     return ProbeStats.concat(parts)
 

@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor
 
-from sinklab.attention_masks import build_mask, repeat_kv
+from sinklab.attention_masks import MaskSpec, build_mask, repeat_kv
 from sinklab.metrics.entropy import attention_entropy
 from sinklab.registry import Registry
 
@@ -50,7 +50,7 @@ def layer_mask(
         return attention_mask > torch.finfo(attention_mask.dtype).min / 2
     if not is_causal:
         return None
-    return build_mask(t_q, t_k, window=sliding_window, device=device)
+    return build_mask(t_q, t_k, MaskSpec(window=sliding_window), device=device)
 
 
 @COLLECTORS.register("eager", description="one layer's full T x T attention matrix at a time (reference)")

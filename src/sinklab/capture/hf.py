@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from sinklab.attention_masks import repeat_kv
+from sinklab.attention_masks import MaskSpec, repeat_kv
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
@@ -86,8 +86,8 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         # gpt-oss style sink logits: every query's weights on the real keys sum to 1 - (its weight on the
         # virtual sink), so the mean weight on the sink over the T_q queries is 1 - sum(col) / T_q
         extra = (1.0 - col.sum(dim=-1) / query.shape[2]).unsqueeze(-1)  # (B, H, 1)
-    recorder.add_attention(layer, col, causal=bool(is_causal), key=key, value=value, window=window, extra=extra,
-                           entropy=ent[0] if ent else None)
+    recorder.add_attention(layer, col, MaskSpec(causal=bool(is_causal), window=window), key=key, value=value,
+                           extra=extra, entropy=ent[0] if ent else None)
     return out, None
 
 
@@ -256,6 +256,6 @@ def forward_hf(
     # says is_decoder=False; an encoder attends both ways)
     causal = all(bool((a.triu(diagonal=1) == 0).all()) for a in attns)
     for i, a in enumerate(attns):
-        recorder.add_attention(i, a.sum(dim=-2, dtype=torch.float64), causal=causal,
+        recorder.add_attention(i, a.sum(dim=-2, dtype=torch.float64), MaskSpec(causal=causal),
                                entropy=attention_entropy(a) if entropy else None)
     return recorder

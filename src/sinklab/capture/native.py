@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sinklab.attention_masks import repeat_kv
+from sinklab.attention_masks import MaskSpec, repeat_kv
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.metrics.entropy import attention_entropy
 
@@ -20,6 +20,7 @@ def forward_native(
     logits: bool = False,
     keep_hidden: bool = False,
     entropy: bool = False,
+    renormalise: bool = True,
 ) -> BatchRecorder:
     """One forward pass of a SinkLM on ``input_ids`` (B, T) with statistics recorded.
 
@@ -35,14 +36,17 @@ def forward_native(
     ``logits`` keeps ``recorder.logits`` (B, T, V); ``keep_hidden`` keeps every block's output;
     ``entropy`` records each head's mean attention entropy of the (possibly edited) weights the
     observer sees, the virtual key's weight counted as one more entry
-    (:func:`sinklab.metrics.attention_entropy`).
+    (:func:`sinklab.metrics.attention_entropy`). ``renormalise=False`` records the raw weights of
+    operations whose rows do not sum to 1 (the observer's ``raw_weights``, see
+    :func:`sinklab.nn.attention.wants_raw_weights`).
     """
     L = model.config.n_layers
     causal = getattr(model.config, "causal", True)
     if not causal:
         prefix_len = 0  # a bidirectional model: no prefix, every query sees every key
     recorder = BatchRecorder(L, "observer", keep_hidden=keep_hidden, entropy=entropy)
-    window = getattr(model.config, "sliding_window", None)
+    spec = MaskSpec(causal=causal, prefix_len=prefix_len if prefix_len > 1 else 0,
+                    window=getattr(model.config, "sliding_window", None))
     H = model.config.n_heads
 
     def observer(layer: int, weights: Tensor, *, renormalised: bool, extra=None, key=None, value=None, query=None):
@@ -55,10 +59,8 @@ def forward_native(
         recorder.add_attention(
             layer,
             weights.sum(dim=-2, dtype=torch.float64),
+            spec,
             causal_column_sums=weights.tril().sum(dim=-2, dtype=torch.float64) if prefix_len > 1 else None,
-            prefix_len=prefix_len if prefix_len > 1 else 0,
-            window=window,
-            causal=causal,
             key=key,
             value=value,
             extra=extra,
@@ -68,6 +70,7 @@ def forward_native(
         return edited
 
     observer.wants_query = edit is not None
+    observer.raw_weights = not renormalise
     handles = []
     if hidden_edit is not None:
         for i, block in enumerate(model.layers):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sinklab.attention_masks import CAUSAL, MaskSpec
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import CaptureError, InputError
 from sinklab.metrics.sink import (
@@ -74,7 +75,7 @@ class BatchRecorder:
         self.mass: list[Tensor | None] = [None] * num_layers
         self.mass_visible: list[Tensor | None] = [None] * num_layers
         self.masked = False  # some layer's mask differs from plain causal / bidirectional
-        self.mask: dict = {"causal": True, "prefix_len": 0, "window": None}  # the last masked layer's, if any
+        self.mask: dict = CAUSAL.to_dict()  # MaskSpec.to_dict() of the last masked layer, if any
         self.extra: list[Tensor | None] = [None] * num_layers
         self.key_norms: list[Tensor | None] = [None] * num_layers
         self.value_norms: list[Tensor | None] = [None] * num_layers
@@ -102,14 +103,12 @@ class BatchRecorder:
         self,
         layer: int,
         column_sums: Tensor,
+        mask: MaskSpec,
         *,
-        causal: bool,
         key: Tensor | None = None,
         value: Tensor | None = None,
         extra: Tensor | None = None,
         renormalised: bool = False,
-        prefix_len: int = 0,
-        window: int | None = None,
         causal_column_sums: Tensor | None = None,
         entropy: Tensor | None = None,
     ) -> None:
@@ -123,9 +122,9 @@ class BatchRecorder:
         Args:
             layer: 0-based layer index.
             column_sums: (B, H, T) sums over all queries of the attention on each key.
-            causal: whether the layer is causal (sets the attention-mass denominator).
-            prefix_len: bidirectional prefix length of the layer's mask (prefix LM), 0 = none.
-            window: the layer's sliding-window width, or None.
+            mask: the layer's mask (:class:`~sinklab.attention_masks.MaskSpec`): ``causal`` sets the
+                attention-mass denominator; a prefix (prefix LM) or a window narrower than T makes
+                the mask-aware mass differ from the paper's.
             causal_column_sums: (B, H, T) sums over queries ``i >= j`` only, needed with a
                 prefix (where queries before ``j`` may see ``j``); default ``column_sums``.
             key, value: (B, H_kv, T, D) keys (after RoPE) and values, or None.
@@ -134,6 +133,7 @@ class BatchRecorder:
             entropy: (B, H, T_q) each query's attention entropy in nats, or None; its mean over
                 the T_q queries is kept, (B, H).
         """
+        causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
         self.causal = causal
         self.renormalised = self.renormalised or renormalised
         paper_sums = column_sums if causal_column_sums is None else causal_column_sums
@@ -141,8 +141,8 @@ class BatchRecorder:
         T = column_sums.shape[-1]
         if prefix_len or (window is not None and window < T):
             self.masked = True
-            self.mask = {"causal": causal, "prefix_len": int(prefix_len), "window": None if window is None else int(window)}
-            counts = visible_key_counts(T, causal=causal, prefix_len=prefix_len, window=window)
+            self.mask = mask.to_dict()
+            counts = visible_key_counts(T, mask)
             self.mass_visible[layer] = attention_mass_visible_from_column_sums(column_sums, counts).cpu()
         else:
             if not self.masked:

@@ -36,9 +36,10 @@ class ProbeStats:
             attention on key ``j`` over all queries divided by the number of queries the
             model's own mask lets see ``j`` (sliding window, prefix LM); None means equal to
             ``mass`` (plain causal or bidirectional attention).
-        mask: the mask the probe ran under: ``{"causal": bool, "prefix_len": int,
-            "window": int | None}`` (the window of the last windowed layer; models that
-            mix windowed and global layers count each layer with its own mask).
+        mask: the mask the probe ran under, as :meth:`sinklab.attention_masks.MaskSpec.to_dict`:
+            ``{"causal": bool, "prefix_len": int, "window": int | None}`` (the window of the last
+            windowed layer; models that mix windowed and global layers count each layer with its
+            own mask); ``MaskSpec.from_dict(stats.mask)`` gives the spec back.
         layer_ids: 0-based block index of each of the ``L`` layers, or None when layer l is
             block l. A hybrid model (attention + SSM blocks) keeps only its attention blocks here.
         other_layers: block index -> class name of the blocks without attention (not in ``L``).

@@ -19,7 +19,9 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from sinklab.cli.common import THREADS, check_outputs, invoked_command, use_threads
+from sinklab.cli.common import (THREADS, check_outputs, cpu_float32_only, device_option, dtype_option,
+                                invoked_command, list_option, model_option, num_samples_option, out_option,
+                                seq_len_option, split_list, use_threads)
 from sinklab.cli.main import cli
 
 try:  # typer >= 0.2x carries its own copy of click
@@ -27,45 +29,26 @@ try:  # typer >= 0.2x carries its own copy of click
 except ImportError:  # pragma: no cover - older typer on click
     from click import exceptions as cx
 
-#: ``--model`` of every analysis when not given (as ``sinklab measure``'s)
-DEFAULT_MODEL = "smollm2-135m"
-
-
-def _ints(text: str | None, flag: str) -> list[int] | None:
-    """``"0,1,2"`` -> ``[0, 1, 2]`` (None stays None). Raises InputError for a non-integer item."""
-    from sinklab.errors import InputError
-
-    if text is None:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{flag} takes comma-separated integers, got {text!r}") from None
-
-
-def _strs(text: str | None, flag: str) -> list[str] | None:
-    """``"a, b"`` -> ``["a", "b"]`` (None stays None)."""
-    return None if text is None else [x.strip() for x in text.split(",") if x.strip()]
-
-
 #: options every analysis has: name -> (typer option, what the entry point gets: None = not passed to it)
 COMMON = {
-    "model": typer.Option(None, help="zoo name, HF model folder, sinklab run or model folder (depth: a run folder "
-                          "analyses every checkpoint it keeps)"),
+    "model": model_option("zoo name, HF model folder, sinklab run or model folder (depth: a run folder analyses "
+                          "every checkpoint it keeps)"),
     "corpus": typer.Option(None, help="corpus zoo name or a .txt file / folder (default sotu; for a sinklab "
                            "training run: its own held-out data)"),
-    "num_samples": typer.Option(None, "--num-samples", "-n", help="probe windows N"),
-    "seq_len": typer.Option(None, "--seq-len", "-t", help="tokens per window T (default: a sinklab training run's "
-                            "probe length, else 64)"),
+    "num_samples": num_samples_option("probe windows N"),
+    "seq_len": seq_len_option("tokens per window T (default: a sinklab training run's probe length, else 64)"),
     "seed": typer.Option(None, help="seed of the probe draw and of random choices (default 0)"),
     "eps": typer.Option(None, help="sink threshold on attention mass (default 0.3)"),
     "batch_size": typer.Option(None, "--batch-size", help="sequences per forward pass (default 16)"),
-    "out": typer.Option(None, help="output folder (default runs/analyze/KIND)"),
+    "out": out_option(None, "output folder (default runs/analyze/KIND)"),
+    "device": device_option(help="cpu (the analyses run the model on the CPU; others are refused)"),
+    "dtype": dtype_option(help="float32 (the analyses run in float32; others are refused)"),
     "threads": THREADS,
 }
 _COMMON_TYPES = {"model": Optional[str], "corpus": Optional[str], "num_samples": Optional[int],
                  "seq_len": Optional[int], "seed": Optional[int], "eps": Optional[float],
-                 "batch_size": Optional[int], "out": Optional[Path], "threads": Optional[int]}
+                 "batch_size": Optional[int], "out": Optional[Path], "device": str, "dtype": Optional[str],
+                 "threads": Optional[int]}
 #: keywords of an entry point the CLI does not give it (the probe's, taken by COMMON)
 _PROBE = ("corpus", "num_samples", "seq_len", "seed", "eps", "batch_size")
 
@@ -76,7 +59,7 @@ def _option_type(hint) -> tuple[type, object]:
     base = args[0]
     if typing.get_origin(base) is list:
         item = typing.get_args(base)[0]
-        return Optional[str], (_ints if item is int else _strs)
+        return Optional[list[str]], (lambda values, flag: split_list(values, item, flag))
     if base is bool:
         return bool, None
     return Optional[base], None
@@ -96,8 +79,11 @@ def _own_options(fn) -> list[tuple[str, type, object, typer.models.OptionInfo]]:
         if p.default not in (None, False) and "default" not in text:
             shown = ",".join(map(str, p.default)) if isinstance(p.default, (list, tuple)) else p.default
             text += f" (default {shown})"
-        default = False if kind is bool else None
-        out.append((name, kind, parse, typer.Option(default, flag, help=text.strip())))
+        if parse is not None:  # a comma list: --layers 0,1,2 (repeating the flag adds to the list)
+            option = list_option(flag, text.strip())
+        else:
+            option = typer.Option(False if kind is bool else None, flag, help=text.strip())
+        out.append((name, kind, parse, option))
     return out
 
 
@@ -181,12 +167,10 @@ def _make_command(kind: str, fn):
     sig = inspect.signature(fn).parameters
     params, parsers = [], {}
     for name, opt in COMMON.items():
-        if name == "model":
-            opt = typer.Option(DEFAULT_MODEL, help=opt.help)
-        elif name == "num_samples":
-            opt = typer.Option(None, "--num-samples", "-n", help=f"probe windows N (default {sig[name].default})")
+        if name == "num_samples":
+            opt = num_samples_option(f"probe windows N (default {sig[name].default})")
         elif name == "out":
-            opt = typer.Option(None, help=f"output folder (default runs/analyze/{kind})")
+            opt = out_option(None, f"output folder (default runs/analyze/{kind})")
         kind_ = str if name == "model" else _COMMON_TYPES[name]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind_))
     for name, kind_, parse, opt in own:
@@ -211,6 +195,7 @@ def _run(kind: str, given: dict, parsers: dict) -> None:
 
     out = given.pop("out") or Path("runs/analyze") / kind
     check_outputs([("--out", out)])
+    cpu_float32_only(f"analyze {kind}", given.pop("device"), given.pop("dtype"))
     use_threads(given.pop("threads"))
     model = given.pop("model")
     kwargs = {}

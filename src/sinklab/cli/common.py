@@ -1,21 +1,115 @@
-"""What the commands share: the ``--threads`` option, the check of every output location and the command
-line a result records (:func:`invoked_command`).
+"""What the commands share: one definition of each common option, the comma-list parser, the
+default model, and the check of every output location.
+
+The grammar every command follows:
+
+* lists are comma-separated values after one flag: ``--layers 0,1,2``, ``--sinks 0,1,2,4,8``
+  (:func:`list_option` + :func:`split_list`; repeating the flag adds to the list);
+* the same short option means the same thing everywhere: ``-n`` = ``--num-samples``,
+  ``-t`` = ``--seq-len``, ``-k`` = ``--positions``, ``-w`` = ``--window``, ``-j`` = ``--jobs``;
+* every command that runs a model takes ``--device``, ``--dtype`` and ``--threads``;
+* ``--out`` is always a folder.
 
 Every command that writes calls :func:`check_outputs` first thing, before any model, corpus or
-data work: an output folder, a report file or ``SINKLAB_HOME`` that cannot be written is refused
-in one line (exit 2) instead of after minutes of work.
+data work: an output folder or ``SINKLAB_HOME`` that cannot be written is refused in one line
+(exit 2) instead of after minutes of work.
+
+The ``*_option`` functions return a fresh ``typer.Option`` (typer reads the option from a
+parameter's default value), so each command can give its own help text and default.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import typer
 
+from sinklab.zoo.models import DEFAULT_MODEL
+
+#: dtype names of ``--dtype`` (``sinklab.measure.run.DTYPES`` maps them to torch dtypes)
+DTYPE_NAMES = ("float32", "bfloat16")
+
+
+def split_list(values: str | Sequence[str] | None, cast: Callable[[str], Any] = str, flag: str = "") -> list | None:
+    """Parse a comma-list option: ``"0,1,2"`` -> ``[0, 1, 2]`` with ``cast=int``.
+
+    Args:
+        values: None (option not given), one string, or the strings of a repeated option (each may
+            hold commas: ``["0,1", "2"]`` -> ``[0, 1, 2]``). Blank items are skipped.
+        cast: applied to each stripped item (``int``, ``float``, ``str``).
+        flag: the option's name, for the error message.
+
+    Returns:
+        The flat list in the order given, or None when ``values`` is None or holds no item.
+
+    Raises:
+        InputError: an item ``cast`` rejects (names the flag, the item and the expected form).
+    """
+    from sinklab.errors import InputError
+
+    if values is None:
+        return None
+    if isinstance(values, str):
+        values = [values]
+    items = [x.strip() for v in values for x in str(v).split(",") if x.strip()]
+    if not items:
+        return None
+    out = []
+    for x in items:
+        try:
+            out.append(cast(x))
+        except ValueError:
+            kind = {int: "integers", float: "numbers"}.get(cast, "values")
+            raise InputError(f"{flag or 'option'} takes comma-separated {kind}, e.g. 0,1,2; got {x!r}") from None
+    return out
+
+
+def list_option(flag: str, help: str, *decls: str) -> Any:
+    """A comma-list option (``--flag A,B,C``; repeating the flag adds to the list). The command
+    declares it ``Optional[list[str]]`` and parses it with :func:`split_list`."""
+    return typer.Option(None, flag, *decls, help=help, metavar="A,B,...")
+
+
+def model_option(help: str, default: Any = DEFAULT_MODEL) -> Any:
+    """``--model``: a zoo name, model folder, run folder or hub id (default :data:`DEFAULT_MODEL`)."""
+    return typer.Option(default, "--model", help=help)
+
+
+def num_samples_option(help: str, default: Optional[int] = None) -> Any:
+    """``--num-samples`` / ``-n``: number of probe sequences N."""
+    return typer.Option(default, "--num-samples", "-n", help=help)
+
+
+def seq_len_option(help: str, default: Optional[int] = None) -> Any:
+    """``--seq-len`` / ``-t``: tokens per sequence T."""
+    return typer.Option(default, "--seq-len", "-t", help=help)
+
+
+def device_option(default: str = "cpu",
+                  help: str = "cpu | cuda | cuda:N | auto (CUDA when available)") -> Any:
+    """``--device``: where the model runs."""
+    return typer.Option(default, "--device", help=help)
+
+
+def dtype_option(help: str = "float32 | bfloat16 (default: bfloat16 on CUDA, float32 otherwise)") -> Any:
+    """``--dtype``: the model's parameter dtype (None: the command's default)."""
+    return typer.Option(None, "--dtype", help=help)
+
+
+def threads_option(help: str = "torch CPU threads (default: torch's own choice, about one per core)") -> Any:
+    """``--threads N``: torch intra-op CPU threads (:func:`use_threads`)."""
+    return typer.Option(None, "--threads", min=1, help=help)
+
+
+def out_option(default: Optional[Path], help: str = "output folder") -> Any:
+    """``--out``: always a folder (commands write fixed file names into it)."""
+    return typer.Option(default, "--out", help=help)
+
+
 #: ``--threads N`` of every command that runs a model (one definition; typer copies nothing from it)
-THREADS: Optional[int] = typer.Option(
-    None, "--threads", min=1, help="torch CPU threads (default: torch's own choice, about one per core)")
+THREADS: Optional[int] = threads_option()
 
 
 def use_threads(threads: int | None) -> None:
@@ -24,6 +118,26 @@ def use_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def cpu_float32_only(command: str, device: str, dtype: Optional[str]) -> None:
+    """``--device`` / ``--dtype`` of a command whose library code places the model on the CPU in float32
+    (``sinklab stream``, ``sinklab analyze KIND``): only ``cpu`` and ``float32`` (or no ``--dtype``) are taken,
+    so the grammar is the same on every command that runs a model and a value it cannot honour is refused.
+
+    Args:
+        command: the command's name for the message (``"stream"``, ``"analyze massive"``).
+        device: the ``--device`` value. dtype: the ``--dtype`` value or None.
+
+    Raises:
+        InputError: any other device or dtype, in one line (exit 2).
+    """
+    from sinklab.errors import InputError
+
+    if device != "cpu":
+        raise InputError(f"--device {device}: sinklab {command} runs on the CPU only (use --device cpu)")
+    if dtype not in (None, "float32"):
+        raise InputError(f"--dtype {dtype}: sinklab {command} runs in float32 only (use --dtype float32)")
 
 
 def check_outputs(folders: Iterable[tuple[str, str | os.PathLike]] = (),
@@ -73,4 +187,7 @@ def invoked_command() -> str:
     return command_of(sys.argv[1:])
 
 
-__all__ = ["THREADS", "use_threads", "check_outputs", "invoked_command"]
+__all__ = ["DEFAULT_MODEL", "DTYPE_NAMES", "THREADS", "split_list", "list_option", "model_option",
+           "num_samples_option", "seq_len_option", "device_option", "dtype_option", "threads_option", "out_option",
+           "use_threads", "cpu_float32_only", "check_outputs",
+           "invoked_command"]

@@ -1,7 +1,9 @@
 """Entry point of the ``sinklab`` command.
 
 Each sub-command lives in its own module and registers itself on :data:`cli`;
-``list`` dispatches to the listers in :data:`LISTERS`. Bad input -- a :class:`SinklabError`
+``list`` dispatches to the listers in :data:`LISTERS`. The grammar every command shares (comma
+lists, short options, ``--device``/``--dtype``/``--threads``, ``--out`` a folder) is defined once in
+:mod:`sinklab.cli.common`. Bad input -- a :class:`SinklabError`
 or an option value the command line parser rejects -- prints a one-line message and exits
 with status 2, never a traceback.
 """
@@ -75,34 +77,6 @@ def _load_commands() -> None:
     _loaded = True
 
 
-#: options that take several values after one flag (``--sinks 0 1 2 4 8``), per command: the argv is
-#: rewritten to the repeated form typer parses (``--sinks 0 --sinks 1 ...``).
-MULTI_VALUE_OPTIONS: dict[str, set[str]] = {"stream": {"--sinks", "--policy", "--budget", "--kv-bits", "--key-quant",
-                                                        "--sinks-full-precision", "--passkey-depths"}}
-
-
-def _expand_multi_value(argv: list[str]) -> list[str]:
-    """``CMD ... --opt a b c ...`` -> ``CMD ... --opt a --opt b --opt c ...`` for the options in
-    :data:`MULTI_VALUE_OPTIONS`; the values run until the next token that starts with ``--``."""
-    if not argv or argv[0] not in MULTI_VALUE_OPTIONS:
-        return argv
-    multi, out, i = MULTI_VALUE_OPTIONS[argv[0]], [argv[0]], 1
-    while i < len(argv):
-        tok = argv[i]
-        if tok in multi:
-            i += 1
-            values = []
-            while i < len(argv) and not argv[i].startswith("--"):
-                values.append(argv[i])
-                i += 1
-            for v in values or [""]:
-                out += [tok, v] if v != "" else [tok]
-            continue
-        out.append(tok)
-        i += 1
-    return out
-
-
 def _one_line(text: str) -> str:
     return " ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
 
@@ -110,10 +84,9 @@ def _one_line(text: str) -> str:
 def app(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input exits 2 with a one-line message."""
     _load_commands()
-    typed = list(sys.argv[1:] if argv is None else argv)
-    argv = _expand_multi_value(typed)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:  # the command as typed travels on the root context (sinklab.cli.common.invoked_command)
-        code = cli(args=argv, prog_name="sinklab", standalone_mode=False, obj={"argv": typed})
+        code = cli(args=argv, prog_name="sinklab", standalone_mode=False, obj={"argv": list(argv)})
     except cx.NoArgsIsHelpError as e:  # `sinklab` or a group without arguments: its help
         typer.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
         sys.exit(0)

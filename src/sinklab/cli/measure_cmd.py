@@ -7,28 +7,30 @@ from typing import Optional
 
 import typer
 
-from sinklab.cli.common import THREADS, check_outputs, invoked_command, use_threads
+from sinklab.cli.common import (DEFAULT_MODEL, THREADS, check_outputs, device_option, dtype_option, invoked_command,
+                                list_option, num_samples_option, out_option, seq_len_option, split_list, use_threads)
 from sinklab.cli.main import cli
 
 
 @cli.command("measure")
 def measure_cmd(
-    model: list[str] = typer.Option(["smollm2-135m"], "--model", help="zoo name, HF model folder, sinklab training run folder "
-                                    "(or its final/), or hub id; repeat for several models (one folder each under --out)"),
+    model: Optional[list[str]] = list_option("--model", f"zoo name, HF model folder, sinklab training run folder (or "
+                                             f"its final/), or hub id (default {DEFAULT_MODEL}); several, comma-separated: "
+                                             "one folder each under --out"),
     corpus: Optional[str] = typer.Option(None, help="corpus zoo name or a .txt file / folder (natural input only; default sotu)"),
     input: str = typer.Option("auto", "--input", help="auto | run | natural | random | repeated | text; auto = run for a "
                               "sinklab training run (its own held-out data and packing), natural otherwise"),
-    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", help="number of probe sequences N (default 100, or the run tracker's)"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", "-t", help="tokens per sequence T, special tokens included (default 64, or the run tracker's)"),
+    num_samples: Optional[int] = num_samples_option("number of probe sequences N (default 100, or the run tracker's)"),
+    seq_len: Optional[int] = seq_len_option("tokens per sequence T, special tokens included (default 64, or the run tracker's)"),
     eps: float = typer.Option(0.3, help="sink threshold on attention mass, in (0, 1)"),
     positions: int = typer.Option(8, "--positions", "-k", help="report the sink rate at the first K positions"),
     bos: str = typer.Option("auto", help="auto (tokenizer's choice; a training run's packing) | always | never"),
     seed: Optional[int] = typer.Option(None, help="seed of the probe draw and the bootstrap (default 0, or the run tracker's)"),
-    dtype: Optional[str] = typer.Option(None, help="float32 | bfloat16 (default: bfloat16 on CUDA, float32 otherwise)"),
-    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N | auto (CUDA when available)"),
+    dtype: Optional[str] = dtype_option(),
+    device: str = device_option(),
     device_map: Optional[str] = typer.Option(None, "--device-map", help="auto: spread the model over the GPUs, CPU and "
                                              "disk with accelerate (models that do not fit one device)"),
-    out: Path = typer.Option(Path("runs/measure"), help="output folder"),
+    out: Path = out_option(Path("runs/measure")),
     batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
     collector: str = typer.Option("auto", help="attention collector: auto | eager | blockwise"),
     token: int | None = typer.Option(None, help="token id for --input repeated (default: random per sample)"),
@@ -41,6 +43,7 @@ def measure_cmd(
     threads: Optional[int] = THREADS,
 ) -> None:
     """Measure the attention sink of a model: sink rate per position, layer and head, norms, plots."""
+    model = split_list(model, str, "--model") or [DEFAULT_MODEL]
     check_outputs([("--out", out)])
     use_threads(threads)
     from sinklab.measure import MeasureConfig, measure

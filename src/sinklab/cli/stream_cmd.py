@@ -7,20 +7,21 @@ from typing import List, Optional
 
 import typer
 
-from sinklab.cli.common import THREADS, check_outputs, invoked_command
+from sinklab.cli.common import (THREADS, check_outputs, cpu_float32_only, device_option, dtype_option,
+                                invoked_command, list_option, model_option, split_list)
 from sinklab.cli.main import cli
 
 
 @cli.command("stream")
 def stream_cmd(
-    model: str = typer.Option("smollm2-135m", help="zoo name or Hugging Face folder of a RoPE causal LM, or a "
-                              "sinklab train run with relative positions"),
+    model: str = model_option("zoo name or Hugging Face folder of a RoPE causal LM, or a sinklab train run with "
+                              "relative positions"),
     corpus: str = typer.Option("sotu", help="corpus zoo name, a .txt file / folder (documents concatenated in order), "
                                "or run (a sinklab run's own validation documents)"),
-    tokens: int = typer.Option(4096, "--tokens", "-n", help="stream length N: the first N tokens of the corpus"),
+    tokens: int = typer.Option(4096, "--tokens", help="stream length N: the first N tokens of the corpus"),
     window: int = typer.Option(256, "--window", "-w", help="recent tokens kept by the sink caches (and seen by recompute)"),
-    sinks: Optional[List[int]] = typer.Option(None, "--sinks", help="numbers of sink tokens, e.g. --sinks 0 1 2 4 8 "
-                                              "(0 = window only; default 0 1 2 4 8; not with --policy)"),
+    sinks: Optional[List[str]] = list_option("--sinks", "numbers of sink tokens, e.g. --sinks 0,1,2,4,8 (0 = window "
+                                             "only; default 0,1,2,4,8; not with --policy)"),
     out: Path = typer.Option(Path("runs/stream"), help="output folder (a stopped run resumes there)"),
     chunk: Optional[int] = typer.Option(None, help="positions per perplexity chunk (default: the window)"),
     recompute_every: Optional[int] = typer.Option(None, "--recompute-every", help="score every k-th position with "
@@ -29,31 +30,33 @@ def stream_cmd(
                              "(token by token through the real cache: same numbers, much slower)"),
     no_full: bool = typer.Option(False, "--no-full", help="skip the full cache"),
     no_recompute: bool = typer.Option(False, "--no-recompute", help="skip sliding window with recomputation"),
-    policy: Optional[List[str]] = typer.Option(None, "--policy", help="cache policies to compare at equal budget: "
-                                               "window sinks h2o tova sinks+h2o sinks+tova detected-sinks (replaces "
-                                               "--sinks; the cross product with --budget and the --kv-* options)"),
-    budget: Optional[List[int]] = typer.Option(None, "--budget", help="tokens each layer keeps, e.g. --budget 64 128 256 "
-                                               "(default 256; with --policy)"),
+    policy: Optional[List[str]] = list_option("--policy", "cache policies to compare at equal budget, from window, "
+                                              "sinks, h2o, tova, sinks+h2o, sinks+tova, detected-sinks (replaces "
+                                              "--sinks; the cross product with --budget and the --kv-* options)"),
+    budget: Optional[List[str]] = list_option("--budget", "tokens each layer keeps, e.g. --budget 64,128,256 "
+                                              "(default 256; with --policy)"),
     n_sink: int = typer.Option(4, "--n-sink", help="sink tokens of the policies with sinks (sinks, sinks+h2o, "
                                "sinks+tova; at most this many detected ones for detected-sinks)"),
-    kv_bits: Optional[List[int]] = typer.Option(None, "--kv-bits", help="key/value storage: 16 (as given) or 8 4 3 2 "
-                                                "bits (min-max codes in groups; default 16; with --policy)"),
+    kv_bits: Optional[List[str]] = list_option("--kv-bits", "key/value storage: 16 (as given) or 8, 4, 3, 2 bits "
+                                               "(min-max codes in groups; e.g. 16,4; default 16; with --policy)"),
     kv_group: int = typer.Option(32, "--kv-group", help="channels per quantisation group (per token) or tokens per "
                                  "block (per-channel keys)"),
-    key_quant: Optional[List[str]] = typer.Option(None, "--key-quant", help="keys quantised per token and/or per "
-                                                  "channel (KIVI): --key-quant token channel (default token)"),
-    sinks_full_precision: Optional[List[str]] = typer.Option(None, "--sinks-full-precision", help="keep the first N "
-                                                             "tokens lossless in a quantised cache, e.g. 0 1 4, or "
-                                                             "'detected': the sinks the metric flags (default 0)"),
+    key_quant: Optional[List[str]] = list_option("--key-quant", "keys quantised per token and/or per channel (KIVI): "
+                                                 "--key-quant token,channel (default token)"),
+    sinks_full_precision: Optional[List[str]] = list_option("--sinks-full-precision", "keep the first N tokens "
+                                                            "lossless in a quantised cache, e.g. 0,1,4, or "
+                                                            "'detected': the sinks the metric flags (default 0)"),
     task: str = typer.Option("ppl", "--task", help="ppl (perplexity by chunk, latency, memory) | passkey (retrieve a "
                              "5-digit key stated once in the stream; accuracy per depth)"),
     passkey_keys: int = typer.Option(20, "--passkey-keys", help="pass keys per depth"),
-    passkey_depths: Optional[List[float]] = typer.Option(None, "--passkey-depths", help="depths of the key in [0, 1] "
-                                                         "(default 0 0.25 0.5 0.75 1)"),
+    passkey_depths: Optional[List[str]] = list_option("--passkey-depths", "depths of the key in [0, 1] (default "
+                                                      "0,0.25,0.5,0.75,1)"),
     passkey_batch: int = typer.Option(20, "--passkey-batch", help="streams fed together (equal length)"),
     passkey_chunk: int = typer.Option(1, "--passkey-chunk", help="tokens per call while feeding a stream (1 = "
                                       "streaming; more: the chunk attends to the cache and itself, then it is cut)"),
     passkey_seed: int = typer.Option(0, "--passkey-seed", help="seed of the random keys"),
+    device: str = device_option(help="cpu (the streaming harness runs the model on the CPU; others are refused)"),
+    dtype: Optional[str] = dtype_option(help="float32 (the streaming harness runs in float32; others are refused)"),
     threads: Optional[int] = THREADS,
 ) -> None:
     """StreamingLLM on one long stream: perplexity, decode latency and cache memory for the full cache,
@@ -63,12 +66,18 @@ def stream_cmd(
     from sinklab.streaming import stream
     from sinklab.streaming.passkey import DEFAULT_DEPTHS
 
-    res = stream(model, corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,
-                 recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute, threads=threads,
-                 policies=policy, budgets=budget, n_sink=n_sink, kv_bits=kv_bits, kv_group=kv_group, key_quant=key_quant,
-                 sinks_full_precision=sinks_full_precision, task=task, passkey_keys=passkey_keys,
-                 passkey_depths=passkey_depths or DEFAULT_DEPTHS, passkey_batch=passkey_batch,
-                 passkey_chunk=passkey_chunk, passkey_seed=passkey_seed, command=invoked_command())
+    cpu_float32_only("stream", device, dtype)
+    res = stream(model, corpus, tokens=tokens, window=window, sinks=split_list(sinks, int, "--sinks"), out=out,
+                 chunk=chunk, recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute,
+                 threads=threads, policies=split_list(policy, str, "--policy"),
+                 budgets=split_list(budget, int, "--budget"), n_sink=n_sink,
+                 kv_bits=split_list(kv_bits, int, "--kv-bits"), kv_group=kv_group,
+                 key_quant=split_list(key_quant, str, "--key-quant"),
+                 sinks_full_precision=split_list(sinks_full_precision, str, "--sinks-full-precision"), task=task,
+                 passkey_keys=passkey_keys,
+                 passkey_depths=split_list(passkey_depths, float, "--passkey-depths") or DEFAULT_DEPTHS,
+                 passkey_batch=passkey_batch, passkey_chunk=passkey_chunk, passkey_seed=passkey_seed,
+                 command=invoked_command())
     typer.echo(f"{res['title']}")
     if task == "passkey":
         depths = sorted(res["configs"][0]["accuracy_by_depth"], key=float) if res["configs"] else []
@@ -96,3 +105,4 @@ def stream_cmd(
     typer.echo("last chunk (n): perplexity of the last chunk, over the n positions scored in it (recompute scores "
                "every k-th position only)")
     typer.echo(f"wrote {out}/stream.json, stream.csv, stream_by_chunk.csv, stream_ppl.png")
+

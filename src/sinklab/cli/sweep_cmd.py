@@ -1,5 +1,6 @@
-"""``sinklab sweep STUDY.toml [--jobs J] [--out DIR] [--launcher local|slurm|submitit-local ...]``, ``sinklab report [ROOT] --out FILE``,
-``sinklab dynamics LABEL=RUN ... --out FILE``."""
+"""``sinklab sweep STUDY.toml [--jobs J] [--out DIR] [--launcher local|slurm|submitit-local ...]``,
+``sinklab report [ROOT] [--out DIR]`` (DIR/REPORT.md), ``sinklab dynamics LABEL=RUN ... --out DIR``
+(DIR/dynamics.png)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from sinklab.cli.common import check_outputs
+from sinklab.cli.common import check_outputs, list_option, out_option, split_list
 from sinklab.cli.main import cli
 
 
@@ -18,9 +19,10 @@ def sweep_cmd(
     study: Path = typer.Argument(..., help="a study file, e.g. experiments/weight_decay.toml"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="trainings at once (default 1); each gets cores // J "
                                        "torch threads. With --launcher slurm: the most jobs running at once (default: no cap)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="sweep folder (default results/NAME)"),
+    out: Optional[Path] = out_option(None, "sweep folder (default results/NAME)"),
     cores: Optional[int] = typer.Option(None, "--cores", help="cores to share between the jobs (default: all)"),
-    only: Optional[list[str]] = typer.Option(None, "--only", help="run only this point (label or folder name); repeatable"),
+    only: Optional[list[str]] = list_option("--only", "run only these points: folder names or labels, "
+                                            "comma-separated (a label that holds a comma is taken whole)"),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="training seeds per point, train.seed = first_seed.. (default: the study's)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the points and their train commands, run nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress display"),
@@ -33,8 +35,9 @@ def sweep_cmd(
                                        "train.threads (default: the job's CPUs)"),
     time_min: int = typer.Option(24 * 60, "--time", help="time limit per job, minutes; a job that reaches it is "
                                  "requeued and resumes from its last checkpoint"),
-    slurm_opt: Optional[list[str]] = typer.Option(None, "--slurm-opt", help="a further sbatch option KEY=VALUE "
-                                                  "(account=lab, qos=high, mem=64G); repeatable"),
+    slurm_opt: Optional[list[str]] = list_option("--slurm-opt", "further sbatch options KEY=VALUE, comma-separated "
+                                                 "(account=lab,qos=high,mem=64G; a comma inside a value stays: "
+                                                 "exclude=n1,n2)"),
 ) -> None:
     """Run a study's grid (one `sinklab train` per point and seed), skip finished runs, resume stopped
     ones, then write summary.csv, summary.md and sink_rate.png (mean ± std over seeds)."""
@@ -55,13 +58,14 @@ def sweep_cmd(
     if launcher == "local" and given:
         raise InputError(f"{', '.join(given)}: options of the submitted jobs; add --launcher slurm (or submitit-local)")
     extra = {}
-    for o in slurm_opt or []:
+    for o in slurm_pairs(slurm_opt):
         k, eq, v = o.partition("=")
         if not eq or not k.strip():
             raise InputError(f"--slurm-opt {o!r}: expected KEY=VALUE, e.g. account=lab")
         extra[k.strip()] = v.strip()
     opts = SlurmOptions(partition=partition, gpus=gpus, cpus=cpus, time_min=time_min, extra=extra)
     s = load_study(study)
+    only = only_names(only, {p.label for p in s.points})
     if seeds is not None:
         if seeds < 1:
             raise InputError(f"--seeds must be >= 1, got {seeds}")
@@ -91,21 +95,48 @@ def sweep_cmd(
         raise typer.Exit(1)
 
 
+def only_names(values: list[str] | None, labels: set[str]) -> list[str] | None:
+    """``--only`` values -> point names: each value is split at its commas (``--only a,b``), except a
+    value that is itself a point's label (a label of a grid over two keys holds a comma:
+    ``"optim.weight_decay=0, optim.lr=0.001"``; its folder name never does). None: every point."""
+    names: list[str] = []
+    for v in values or []:
+        names += [v] if v in labels else split_list(v, str, "--only") or []
+    return names or None
+
+
+def slurm_pairs(values: list[str] | None) -> list[str]:
+    """``--slurm-opt`` values -> ``KEY=VALUE`` items: each value is split at the commas that start a
+    new ``KEY=`` (``account=lab,qos=high`` -> two items), so a comma inside a value stays
+    (``exclude=n1,n2`` -> one item)."""
+    items: list[str] = []
+    for v in values or []:
+        for piece in v.split(","):
+            if items and "=" not in piece and piece.strip():
+                items[-1] += "," + piece
+            elif piece.strip():
+                items.append(piece)
+    return items
+
+
+#: the file ``sinklab report`` writes into its --out folder
+REPORT_NAME = "REPORT.md"
+
+
 @cli.command("report")
 def report_cmd(
     root: Path = typer.Argument(Path("results"), help="folder holding the sweep folders"),
-    out: Optional[str] = typer.Option(None, "--out", help="the Markdown report (default ROOT/REPORT.md; a folder: "
-                                      "FOLDER/REPORT.md)"),
+    out: Optional[Path] = out_option(None, f"folder of the Markdown report {REPORT_NAME} (default ROOT)"),
     check: bool = typer.Option(False, "--check", help="exit 1 when any reported row was trained by code whose "
                                "training-code fingerprint differs from the current code's"),
 ) -> None:
     """Gather finished sweeps into one Markdown report: tables, plots, paper values and verdicts. Every row's
     training-code fingerprint is compared with the current code's (one short canonical training per row and
     code version, cached); rows that differ are marked stale."""
-    from sinklab.fileio import output_file
+    from sinklab.fileio import output_in_folder
 
-    out = output_file(out, "REPORT.md") if out is not None else root / "REPORT.md"
-    check_outputs(files=[("--out", out)])  # the fingerprint cache is in SINKLAB_HOME
+    out = output_in_folder(root if out is None else out, REPORT_NAME)
+    check_outputs([("--out", out.parent)])  # the fingerprint cache is in SINKLAB_HOME
     from sinklab.sweep.report import build_report, stale_rows
 
     build_report(root, out)
@@ -125,15 +156,16 @@ def report_cmd(
 def dynamics_cmd(
     runs: list[str] = typer.Argument(..., help="LABEL=RUN_FOLDER pairs, or bare run folders (an existing folder is "
                                      "taken as a folder even when its name holds =)"),
-    out: str = typer.Option(..., "--out", help="the PNG to write (a folder: FOLDER/dynamics.png)"),
+    out: Path = typer.Option(..., "--out", help="output folder: dynamics.png"),
     title: str = typer.Option("", "--title"),
     level: float = typer.Option(10.0, "--level", help="emergence level drawn on the Sink_1 panel (percent)"),
 ) -> None:
     """Plot Sink_1, attention mass on token 1 and validation loss against training step."""
-    from sinklab.sweep.dynamics import plot_dynamics, plot_path
+    from sinklab.fileio import output_in_folder
+    from sinklab.sweep.dynamics import DEFAULT_NAME, plot_dynamics
 
-    path = plot_path(out)
-    check_outputs(files=[("--out", path)], home=False)
+    path = output_in_folder(out, DEFAULT_NAME)
+    check_outputs([("--out", out)], home=False)
     written = plot_dynamics(run_pairs(runs), path, level=level, title=title)
     typer.echo(f"dynamics: {written}")
 

@@ -1,4 +1,9 @@
-"""``sinklab train CONFIG_OR_PRESET [--set key=value ...] [--steps N] [--threads N] [--resume] [--nproc N] --out DIR``.
+"""``sinklab train CONFIG_OR_PRESET [--set key=value ...] [--steps N] [--device D] [--dtype T] [--threads N]
+[--resume] [--nproc N] --out DIR``.
+
+``--device``, ``--dtype`` and ``--threads`` are shorthands for the config keys ``train.device``,
+``train.precision`` (float32 -> fp32, bfloat16 -> bf16 autocast) and ``train.threads``; given, they
+override the config file, absent they leave it as it is.
 
 ``--nproc N`` runs the same command on N local processes under ``torchrun`` (data parallel, see
 :mod:`sinklab.train.distributed`); ``torchrun ... -m sinklab train ...`` does the same by hand
@@ -15,7 +20,7 @@ from typing import Optional
 
 import typer
 
-from sinklab.cli.common import THREADS, check_outputs, invoked_command
+from sinklab.cli.common import DTYPE_NAMES, THREADS, check_outputs, invoked_command, out_option
 from sinklab.cli.main import LISTERS, cli
 from sinklab.fileio import read_json
 
@@ -32,19 +37,27 @@ LISTERS.register("presets", _list_presets)
 @cli.command("train")
 def train_cmd(
     config: str = typer.Argument(..., help="a TOML config file or a preset name (sinklab list presets)"),
-    out: Path = typer.Option(..., "--out", help="run folder: config.toml, metrics.jsonl, tb/, checkpoint.pt, final/"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="override section.key=value (value parsed as TOML); repeatable"),
+    out: Path = out_option(..., "run folder: config.toml, metrics.jsonl, tb/, checkpoint.pt, final/"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override section.key=value (value parsed as TOML, "
+                                             "so it may hold commas); repeat for several"),
     steps: Optional[int] = typer.Option(None, "--steps", help="number of optimizer steps (sets train.steps)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its checkpoint"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar (nor progress lines in a log file)"),
     nproc: int = typer.Option(1, "--nproc", min=1, help="data-parallel processes on this machine (launches torchrun; "
                               "train.batch_size stays the global batch)"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N | mps (sets train.device; "
+                                         "default: the config's, auto unless it sets one)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 | bfloat16: fp32 or bf16 autocast (sets "
+                                        "train.precision; default: the config's)"),
     threads: Optional[int] = THREADS,
 ) -> None:
     """Pre-train a model from scratch and track its attention sinks on a fixed probe set.
 
     Ctrl-C stops it with one line: the checkpoint kept and the command that continues the run."""
     _check_out(Path(out), resume)
+    import json
+
+    from sinklab.errors import InputError
     from sinklab.train import distributed
     from sinklab.runs.config import load_config
     from sinklab.train.loop import TrainingInterrupted, train
@@ -52,6 +65,12 @@ def train_cmd(
     overrides = list(set_ or [])
     if steps is not None:
         overrides.append(f"train.steps={steps}")
+    if device is not None:
+        overrides.append(f"train.device={json.dumps(device)}")
+    if dtype is not None:
+        if dtype not in DTYPE_NAMES:
+            raise InputError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+        overrides.append(f"train.precision={json.dumps(_PRECISION[dtype])}")
     if threads is not None:
         overrides.append(f"train.threads={threads}")
     cfg = load_config(config, overrides)
@@ -89,6 +108,10 @@ def train_cmd(
         typer.echo(done_line(read_json(summary_path, "run summary"), Path(out)))
     else:
         typer.echo(f"stopped at step {max(res.losses) if res.losses else 0}; resume with --resume")
+
+
+#: ``--dtype`` -> ``train.precision``
+_PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def _command(args: list[str]) -> str:

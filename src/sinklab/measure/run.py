@@ -22,6 +22,7 @@ from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe, make_probe
 from sinklab.probe.cache import tokenize_documents
 from sinklab.result import Result, versions
+from sinklab.zoo.models import DEFAULT_MODEL
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: ``input`` values besides the probe generators of :data:`sinklab.probe.INPUTS`
@@ -46,7 +47,7 @@ class MeasureConfig:
     device map that can use a GPU), float32 otherwise.
     """
 
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     corpus: str | None = None
     input: str = "auto"
     num_samples: int | None = None

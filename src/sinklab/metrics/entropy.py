@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from sinklab.attention_masks import CAUSAL, MaskSpec
 from sinklab.errors import InputError
 
 
@@ -52,19 +53,20 @@ def attention_entropy(weights: Tensor, extra: Tensor | None = None) -> Tensor:
     return -torch.special.xlogy(p, p).sum(dim=-1)
 
 
-def uniform_attention_entropy(seq_len: int, *, causal: bool = True, prefix_len: int = 0,
-                              window: int | None = None) -> float:
+def uniform_attention_entropy(seq_len: int, mask: MaskSpec = CAUSAL) -> float:
     """The reference for :func:`attention_entropy`: the mean over the T queries of ``log n_i``, the
     entropy of a head that spreads each query's attention evenly over the ``n_i`` keys it may see.
 
-    ``n_i`` (0-based query i): ``T`` for bidirectional attention; causal ``i + 1``, at most
-    ``window`` with a sliding window; a prefix LM's queries ``i < prefix_len`` see the whole prefix.
+    ``n_i`` (0-based query i) under ``mask`` (:class:`~sinklab.attention_masks.MaskSpec`): ``T`` for
+    bidirectional attention; causal ``i + 1``, at most ``mask.window`` with a sliding window; a prefix
+    LM's queries ``i < mask.prefix_len`` see the whole prefix.
 
     Raises:
-        InputError: ``seq_len`` < 1, a negative prefix or a window < 1.
+        InputError: ``seq_len`` < 1 (a negative prefix or a window < 1 is refused by :class:`MaskSpec`).
     """
-    if seq_len < 1 or prefix_len < 0 or (window is not None and window < 1):
-        raise InputError(f"need seq_len >= 1, prefix_len >= 0 and window >= 1, got {seq_len}, {prefix_len}, {window}")
+    causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
+    if seq_len < 1:
+        raise InputError(f"need seq_len >= 1, got {seq_len}")
     if not causal:
         return math.log(seq_len)
     n = torch.arange(1, seq_len + 1, dtype=torch.float64)  # i + 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sinklab.attention_masks import CAUSAL, MaskSpec
 from sinklab.errors import InputError
 
 
@@ -34,11 +35,11 @@ def key_counts(seq_len: int, *, causal: bool = True, device=None) -> Tensor:
     return (seq_len - j) if causal else torch.full_like(j, float(seq_len))
 
 
-def visible_key_counts(seq_len: int, *, causal: bool = True, prefix_len: int = 0, window: int | None = None,
-                       device=None) -> Tensor:
+def visible_key_counts(seq_len: int, mask: MaskSpec = CAUSAL, *, device=None) -> Tensor:
     """Number of queries that may attend each key under the model's own mask.
 
-    The mask (0-based positions; the same rule as :func:`sinklab.nn.attention.visible`):
+    The mask (0-based positions; :class:`~sinklab.attention_masks.MaskSpec`, the rule of
+    :func:`sinklab.attention_masks.visible`):
     query ``i`` sees key ``j`` iff ``(j <= i or j < prefix_len)`` for a causal model (all
     ``i`` for a bidirectional one) and, with a sliding window ``w``, ``|i - j| < w``. The
     count is the denominator of the *visible* attention mass (see
@@ -47,16 +48,17 @@ def visible_key_counts(seq_len: int, *, causal: bool = True, prefix_len: int = 0
 
     Args:
         seq_len: T.
-        causal: causal decoder (True) or bidirectional encoder (False).
-        prefix_len: length p of a bidirectional prefix (prefix LM), 0 = none.
-        window: sliding-window width w >= 1, or None.
+        mask: causal decoder or bidirectional encoder (``mask.causal``), a bidirectional prefix of
+            ``mask.prefix_len`` keys (prefix LM, at most T), a sliding window ``mask.window``.
 
     Returns:
         (T,) float64 counts, key position ``j`` 0-based, each in [1, T].
 
     Raises:
-        InputError: ``seq_len < 1``, ``prefix_len`` outside [0, T] or ``window < 1``.
+        InputError: ``seq_len < 1`` or ``mask.prefix_len`` > T (a negative prefix or a window < 1
+            is refused by :class:`MaskSpec` itself).
     """
+    causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
     if seq_len < 1:
         raise InputError(f"seq_len must be >= 1, got {seq_len}")
     if not 0 <= prefix_len <= seq_len:

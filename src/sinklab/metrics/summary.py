@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from sinklab.attention_masks import MaskSpec
 from sinklab.errors import InputError
 from sinklab.metrics.entropy import uniform_attention_entropy
 from sinklab.metrics.sink import (
@@ -151,7 +152,7 @@ def _add_mask_aware(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int,
     """:func:`summarize`'s mask-aware keys (``mask``, ``mask_aware_differs``, ``sink_rate_visible*``,
     ``attention_mass*_visible``), added to ``out`` in place (after ``sink_rate_ci``, which they reuse)."""
     vis = stats.visible_mass
-    out["mask"] = dict(stats.mask) or {"causal": stats.causal, "prefix_len": 0, "window": None}
+    out["mask"] = dict(stats.mask) or MaskSpec(causal=stats.causal).to_dict()
     out["mask_aware_differs"] = stats.mass_visible is not None
     out["sink_rate_visible"] = _r(sink_rate(vis, eps, K), 4)
     out["sink_rate_visible_ci"] = (out["sink_rate_ci"] if stats.mass_visible is None
@@ -174,8 +175,7 @@ def _add_captured_extras(out: dict[str, Any], stats: _ProbeStats, eps: float, K:
         out["attention_entropy"] = _r(ent, 4)
         out["attention_entropy_per_layer"] = _r(ent.mean(dim=1), 4)
         out["attention_entropy_uniform"] = round(uniform_attention_entropy(
-            stats.seq_len, causal=bool(m.get("causal", stats.causal)), prefix_len=int(m.get("prefix_len") or 0),
-            window=m.get("window")), 4)
+            stats.seq_len, MaskSpec.from_dict(m, causal=stats.causal)), 4)
     if stats.extra_mass is not None:
         out["extra_mass"] = _r(stats.extra_mass.mean(dim=0))
         out["sink_rate_virtual"] = round(sink_rate_virtual(stats.extra_mass, eps), 4)

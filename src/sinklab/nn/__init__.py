@@ -7,7 +7,7 @@
 * Registries: :data:`ATTENTION` (:mod:`sinklab.nn.ops`), :data:`POSITIONAL`, :data:`FFN`, :data:`NORM`.
 """
 
-from sinklab.nn.attention import Attention, reference_attention
+from sinklab.nn.attention import Attention, AttentionOptions, reference_attention
 from sinklab.nn.config import ModelConfig
 from sinklab.nn.export import export_hf
 from sinklab.nn.ffn import FFN
@@ -17,6 +17,6 @@ from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import POSITIONAL
 
 __all__ = [
-    "ATTENTION", "FFN", "NORM", "POSITIONAL", "Attention", "AttentionOp", "LMOutput", "ModelConfig",
+    "ATTENTION", "FFN", "NORM", "POSITIONAL", "Attention", "AttentionOp", "AttentionOptions", "LMOutput", "ModelConfig",
     "SinkLM", "export_hf", "reference_attention",
 ]

@@ -20,8 +20,8 @@ Three paths compute the same thing (tests check they agree):
 * **reference**: :func:`reference_attention`, plain matmul-mask-normalise over the full
   T x T, used when an observer asks for the weights.
 
-Masks (0-based positions, :mod:`sinklab.attention_masks`, shared with the capture code): query
-i sees key j iff ``(j <= i or j < prefix_len)`` and, with a sliding window w, ``|i - j| < w``.
+Masks (0-based positions, :class:`sinklab.attention_masks.MaskSpec`, shared with the capture code):
+query i sees key j iff ``(j <= i or j < prefix_len)`` and, with a sliding window w, ``|i - j| < w``.
 The prefix is bidirectional (prefix LM).
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -37,34 +37,78 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sinklab.attention_masks import build_mask, key_range, repeat_kv, visible
-from sinklab.nn.backend import resolve as resolve_backend
+from sinklab.attention_masks import CAUSAL, MaskSpec, build_mask, key_range, repeat_kv, visible
 from sinklab.errors import ConfigError
+from sinklab.nn.backend import check_backend, resolve as resolve_backend
 from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import Positional
 
-__all__ = ["ATTENTION", "Attention", "AttnContext", "visible", "build_mask", "reference_attention", "attend_block",
-           "raw_attention_weights"]
-
-#: when False, observers get the raw weights of operations whose rows do not sum to 1
-#: (``renormalised=False``); see :func:`raw_attention_weights`.
-_RENORMALISE_FOR_OBSERVER = True
+__all__ = ["ATTENTION", "Attention", "AttentionOptions", "AttnContext", "MaskSpec", "visible", "build_mask",
+           "reference_attention", "attend_block", "bind_options", "wants_raw_weights"]
 
 
-class raw_attention_weights:
-    """Context manager: observers get raw (not renormalised) weights for operations whose rows do
-    not sum to 1 (sigmoid/ReLU without normalisation, kernels, ...), flagged ``renormalised=False``.
-    DESIGN.md asks for the sink metric with and without renormalisation for those operations."""
+@dataclass(frozen=True)
+class AttentionOptions:
+    """How :class:`Attention` computes, not what: speed and memory switches of its paths. Every
+    setting gives the same attention (the paths agree within float rounding; tests check it).
 
-    def __enter__(self) -> "raw_attention_weights":
-        global _RENORMALISE_FOR_OBSERVER
-        self._prev = _RENORMALISE_FOR_OBSERVER
-        _RENORMALISE_FOR_OBSERVER = False
-        return self
+    Pass one to ``SinkLM(config, attention_options=...)`` (or :meth:`sinklab.nn.SinkLM.set_attention_options`);
+    the defaults are what ``sinklab train`` uses.
 
-    def __exit__(self, *exc: object) -> None:
-        global _RENORMALISE_FOR_OBSERVER
-        _RENORMALISE_FOR_OBSERVER = self._prev
+    Attributes:
+        chunk_elems: logits per query chunk on the chunked path (memory bound).
+        checkpoint_chunks: recompute chunks in the backward pass instead of storing them.
+        tile_autograd: operations with an analytic tile gradient train through :class:`_TileAttention`.
+        tile_elems: logits per query chunk of :class:`_TileAttention` (small tiles stay in cache).
+        fused_qkv: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
+            the parameters stay q_proj/k_proj/v_proj).
+        cpu_fp32_sdpa_backward: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast:
+            PyTorch's fused half-precision CPU attention backward is ~1.5x slower than float32's
+            (torch 2.13, benchmarks/train_throughput.py); forward-only passes stay in half precision.
+        causal_virtual_key: plain causal attention with a virtual key uses SDPA's causal kernel (one
+            dummy query row in front) instead of an explicit (T, 1+T) mask.
+        attention_backend: which kernel computes the attention (:mod:`sinklab.nn.backend`: "auto",
+            "reference", "flex", "compiled"); None (the default) = the model config's
+            ``attention_backend`` (``model.attention_backend``), filled in by :func:`bind_options`
+            when a layer is built, so a layer's ``options.attention_backend`` is always a name.
+        flex_compiled: the flex backend uses ``torch.compile(flex_attention)`` (False: PyTorch's
+            eager, unfused one).
+    """
+
+    chunk_elems: int = 1 << 23
+    checkpoint_chunks: bool = True
+    tile_autograd: bool = True
+    tile_elems: int = 1 << 20
+    fused_qkv: bool = True
+    cpu_fp32_sdpa_backward: bool = True
+    causal_virtual_key: bool = True
+    attention_backend: str | None = None
+    flex_compiled: bool = True
+
+
+def bind_options(options: AttentionOptions | None, config) -> AttentionOptions:
+    """``options`` (None: the defaults) for a layer of a model with ``config`` (a
+    :class:`sinklab.nn.ModelConfig`): ``attention_backend=None`` becomes the config's
+    ``attention_backend``; an explicit one is checked against the config's operation and
+    positional encoding (:func:`sinklab.nn.backend.check_backend`).
+
+    Raises:
+        ConfigError: the backend cannot compute the config's operation.
+    """
+    options = AttentionOptions() if options is None else options
+    if options.attention_backend is None:
+        return replace(options, attention_backend=getattr(config, "attention_backend", "auto"))
+    check_backend(options.attention_backend, config.attention, positional=getattr(config, "positional", None))
+    return options
+
+
+def wants_raw_weights(observer: "Observer") -> bool:
+    """Whether ``observer`` asked for the raw (not renormalised) weights of operations whose rows do
+    not sum to 1 (sigmoid/ReLU without normalisation, kernels, ...): its attribute
+    ``raw_weights = True``; they are then flagged ``renormalised=False``. DESIGN.md asks for the sink
+    metric with and without renormalisation for those operations."""
+    return bool(getattr(observer, "raw_weights", False))
+
 
 #: Observer signature: observer(layer_idx, weights (B, H, T, T), *, renormalised, extra (B, H, T) | None,
 #: key (B, H_kv, T, d_h), value (B, H_kv, T, d_h)).
@@ -73,17 +117,18 @@ Observer = Callable[..., None]
 
 @dataclass
 class AttnContext:
-    """What every layer of one forward pass shares: length, mask settings, positions.
+    """What every layer of one forward pass shares: length, mask, positions.
 
-    ``mask`` is None for plain causal attention (SDPA's ``is_causal``). ``full_bias()``
-    is the (H, T, T) positional logit bias, computed once and shared by all layers.
+    ``mask`` is the :class:`~sinklab.attention_masks.MaskSpec` of the pass (prefix, window);
+    ``bool_mask()`` its (T, T) tensor. ``sdpa_mask`` is None for plain causal attention (SDPA's
+    ``is_causal``). ``full_bias()`` is the (H, T, T) positional logit bias, computed once and
+    shared by all layers.
     """
 
     T: int
     device: torch.device
     positional: Positional
-    prefix_len: int = 0
-    window: int | None = None
+    mask: MaskSpec = CAUSAL
     pos_state: Any = None
     kv_cache: Any = None  # incremental decoding: an object with ``layers[l].update(k, v, position_ids=)`` and ``.kept``
     position_ids: Tensor | None = None  # (1, T) positions of the new tokens when ``kv_cache`` is set
@@ -94,12 +139,13 @@ class AttnContext:
 
     @property
     def plain_causal(self) -> bool:
-        return self.prefix_len <= 1 and (self.window is None or self.window >= self.T)
+        """True when the mask over the T positions is the plain lower triangle (:meth:`MaskSpec.plain_causal`)."""
+        return self.mask.plain_causal(self.T)
 
-    def mask(self) -> Tensor:
-        """(T, T) bool visibility mask (built once)."""
+    def bool_mask(self) -> Tensor:
+        """(T, T) bool visibility mask, True = may attend (built once)."""
         if self._mask is None:
-            self._mask = build_mask(self.T, prefix_len=self.prefix_len, window=self.window, device=self.device)
+            self._mask = build_mask(self.T, mask=self.mask, device=self.device)
         return self._mask
 
     def sdpa_mask(self, *, virtual: bool, dtype: torch.dtype) -> Tensor | None:
@@ -115,11 +161,11 @@ class AttnContext:
             if bias is None and not virtual and self.plain_causal:
                 m = None
             elif bias is None:
-                m = self.mask()  # (T, T) bool
+                m = self.bool_mask()  # (T, T) bool
                 if virtual:
                     m = torch.cat([torch.ones(self.T, 1, dtype=torch.bool, device=self.device), m], dim=-1)
             else:
-                m = bias.to(dtype).masked_fill(~self.mask(), float("-inf"))[None]  # (1, H, T, T)
+                m = bias.to(dtype).masked_fill(~self.bool_mask(), float("-inf"))[None]  # (1, H, T, T)
                 if virtual:
                     m = torch.cat([m.new_zeros(1, m.shape[1], self.T, 1), m], dim=-1)  # (1, H, T, 1+T)
             self._sdpa_masks[key] = m
@@ -186,8 +232,7 @@ def reference_attention(
     v: Tensor,
     *,
     scale: float | None = None,
-    prefix_len: int = 0,
-    window: int | None = None,
+    mask: MaskSpec = CAUSAL,
     bias: Tensor | None = None,
     vk: Tensor | None = None,
     vv: Tensor | None = None,
@@ -197,7 +242,8 @@ def reference_attention(
 
     Args:
         q: (B, H, T, d_h); k, v: (B, H_kv, T, d_h) (repeated here to H heads).
-        scale: defaults to 1 / sqrt(d_h). prefix_len, window: see :func:`visible`.
+        scale: defaults to 1 / sqrt(d_h). mask: the causal mask with its prefix and window
+            (:class:`~sinklab.attention_masks.MaskSpec`, 0-based positions).
         bias: (H, T, T) positional logit bias. vk, vv: (H_kv, d_h) virtual key/value.
         vlogit: (H,) virtual logit with zero value.
 
@@ -210,8 +256,8 @@ def reference_attention(
     if vk is not None:
         vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (H_kv, d_h) -> (1, H, 1, d_h)
         vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
-    mask = build_mask(T, prefix_len=prefix_len, window=window, device=q.device)
-    return attend_block(op, q, k, v, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)
+    return attend_block(op, q, k, v, build_mask(T, mask=mask, device=q.device), scale, bias=bias, vk=vk, vv=vv,
+                        vlogit=vlogit)
 
 
 # ====================================================== tile autograd
@@ -282,7 +328,7 @@ class _TileAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, op, scale, chunk, prefix_len, window, positional, compiled=False):
+    def forward(ctx, q, k, v, op, scale, chunk, spec, positional, compiled=False):
         # q (B, H, T, d_h) after phi; k, v (B, H, T, d_h) after phi (k) and kv-head repetition
         B, H, T, dh = q.shape
         fwd = tile_forward
@@ -292,10 +338,10 @@ class _TileAttention(torch.autograd.Function):
             fwd = compiled_tile_functions(tile_forward, tile_backward)[0]
         out = torch.empty(B, H, T, v.shape[-1], dtype=v.dtype, device=v.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, prefix_len, window, positional, q.device):
+            for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, spec, positional, q.device):
                 out[:, :, i0:i1] = fwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], mask, bias, op, scale)
         ctx.save_for_backward(q, k, v)
-        ctx.op, ctx.scale, ctx.chunk, ctx.prefix_len, ctx.window, ctx.positional = op, scale, chunk, prefix_len, window, positional
+        ctx.op, ctx.scale, ctx.chunk, ctx.spec, ctx.positional = op, scale, chunk, spec, positional
         ctx.compiled = compiled
         return out
 
@@ -314,22 +360,23 @@ class _TileAttention(torch.autograd.Function):
         dk = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
         dv = torch.zeros(B, H, T, v.shape[-1], dtype=f32, device=q.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.prefix_len, ctx.window, ctx.positional, q.device):
+            for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.spec, ctx.positional, q.device):
                 dq_t, dk_t, dv_t = bwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], dout[:, :, i0:i1], mask, bias, op, scale)
                 dq[:, :, i0:i1] = dq_t
                 dk[:, :, j0:j1] += dk_t
                 dv[:, :, j0:j1] += dv_t
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
-def _tiles(T: int, chunk: int, prefix_len: int, window: int | None, positional: Positional, device):
-    """Query chunks [i0, i1) with their key ranges [j0, j1), (C, Tk) masks and (H, C, Tk) biases (or None)."""
+def _tiles(T: int, chunk: int, mask: MaskSpec, positional: Positional, device):
+    """Query chunks [i0, i1) (0-based) with their key ranges [j0, j1), (C, Tk) bool masks under ``mask``
+    and (H, C, Tk) biases (or None)."""
     for i0 in range(0, T, chunk):
         i1 = min(T, i0 + chunk)
-        j0, j1 = key_range(i0, i1, T, prefix_len=prefix_len, window=window)
+        j0, j1 = key_range(i0, i1, T, mask)
         qpos = torch.arange(i0, i1, device=device)
         kpos = torch.arange(j0, j1, device=device)
-        yield i0, i1, j0, j1, visible(qpos, kpos, prefix_len=prefix_len, window=window), positional.logit_bias(qpos, kpos)
+        yield i0, i1, j0, j1, visible(qpos, kpos, mask), positional.logit_bias(qpos, kpos)
 
 
 # ============================================================ the module
@@ -358,34 +405,13 @@ class Attention(nn.Module):
 
     Args:
         config: :class:`sinklab.nn.ModelConfig`. layer_idx: 0-based layer index.
-
-    Attributes:
-        chunk_elems: logits per query chunk on the chunked path (memory bound).
-        checkpoint_chunks: recompute chunks in the backward pass instead of storing them.
+        options: how the paths compute (:class:`AttentionOptions`; None = the defaults).
     """
 
-    chunk_elems: int = 1 << 23
-    checkpoint_chunks: bool = True
-    #: operations with an analytic tile gradient train through :class:`_TileAttention`
-    tile_autograd: bool = True
-    #: logits per query chunk of :class:`_TileAttention` (small tiles stay in cache)
-    tile_elems: int = 1 << 20
-    #: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
-    #: the parameters stay q_proj/k_proj/v_proj)
-    fused_qkv: bool = True
-    #: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast: PyTorch's fused
-    #: half-precision CPU attention backward is ~1.5x slower than float32's (torch 2.13,
-    #: benchmarks/train_throughput.py); forward-only passes stay in half precision
-    cpu_fp32_sdpa_backward: bool = True
-    #: plain causal attention with a virtual key uses SDPA's causal kernel (one dummy query row
-    #: in front) instead of an explicit (T, 1+T) mask
-    causal_virtual_key: bool = True
-    #: the flex backend uses ``torch.compile(flex_attention)`` (False: PyTorch's eager, unfused one)
-    flex_compiled: bool = True
-
-    def __init__(self, config, layer_idx: int) -> None:
+    def __init__(self, config, layer_idx: int, options: AttentionOptions | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.options = bind_options(options, config)
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
         d, H, Hkv, dh = config.d_model, self.n_heads, self.n_kv_heads, self.head_dim
         self.scale = 1.0 / math.sqrt(config.qk_dim)  # differential attention: each map's d = d_h / 2
@@ -394,7 +420,6 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * dh, d, bias=False)
         self.op: AttentionOp = ATTENTION.get(config.attention)(config.op_context(), **config.attention_options)
-        self.attention_backend: str = getattr(config, "attention_backend", "auto")  # sinklab.nn.backend
         if self.op.differential:
             self.op.set_layer(layer_idx)
         self.gate_proj = None
@@ -412,7 +437,7 @@ class Attention(nn.Module):
         """x (B, T, d) -> (B, T, d). With an observer, uses the reference path and reports weights."""
         B, T, _ = x.shape
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-        if self.fused_qkv:
+        if self.options.fused_qkv:
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # ((H + 2 H_kv) d_h, d)
             b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
             q, k, v = F.linear(x, w, b).split([H * dh, Hkv * dh, Hkv * dh], dim=-1)  # (B, T, H d_h), (B, T, H_kv d_h) x 2
@@ -433,7 +458,7 @@ class Attention(nn.Module):
             y = self._cached(q, k, v, ctx)
         elif observer is not None:
             y = self._reference(q, k, v, ctx, observer)
-        elif (backend := resolve_backend(self.attention_backend, self.op, q.device.type)) == "flex":
+        elif (backend := resolve_backend(self.options.attention_backend, self.op, q.device.type)) == "flex":
             y = self._flex(q, k, v, ctx)
         elif backend == "compiled":
             y = self._chunked(q, k, v, ctx, compiled=True)
@@ -497,7 +522,7 @@ class Attention(nn.Module):
         gqa = Hkv != H
         virtual = vk is not None or vlogit is not None
         out_dtype = q.dtype
-        upcast = (self.cpu_fp32_sdpa_backward and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+        upcast = (self.options.cpu_fp32_sdpa_backward and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
                   and torch.is_grad_enabled() and q.requires_grad)
         if upcast:
             q, k, v = q.float(), k.float(), v.float()
@@ -521,7 +546,7 @@ class Attention(nn.Module):
             kstar[:, dh] = (vlogit.float() / self.scale).to(q.dtype)
             k = torch.cat([kstar[None, :, None, :].expand(B, H, 1, dh + pad), k], dim=2)  # (B, H, 1+T, d_h+pad)
             v = torch.cat([v.new_zeros(B, H, 1, dh + pad), v], dim=2)  # (B, H, 1+T, d_h+pad)
-        shifted = virtual and self.causal_virtual_key and ctx.plain_causal and ctx.full_bias() is None
+        shifted = virtual and self.options.causal_virtual_key and ctx.plain_causal and ctx.full_bias() is None
         if shifted:
             # Plain causal with a virtual key in front: prepend one dummy query so that query i is
             # row i+1 and the causal kernel's "key j <= row" is exactly "virtual key or j <= i"
@@ -545,9 +570,9 @@ class Attention(nn.Module):
         from sinklab.nn.flex import flex_attend
 
         vk, vv, vlogit = self._virtual(q.dtype)
-        return flex_attend(self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
+        return flex_attend(self.op, q, k, v, scale=self.scale, mask=ctx.mask,
                            positional=ctx.positional, vk=vk, vv=vv, vlogit=vlogit, cache=ctx._flex_masks,
-                           compiled=self.flex_compiled)
+                           compiled=self.options.flex_compiled)
 
     def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, compiled: bool = False) -> Tensor:
         """Memory-frugal path: query chunks, each under checkpointing. Shapes as in :meth:`_fast`.
@@ -557,35 +582,34 @@ class Attention(nn.Module):
         B, H, T, dh = q.shape
         k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
         vk, vv, vlogit = self._virtual(q.dtype)
-        if (self.tile_autograd and self.op.has_tile_grad and vk is None and vlogit is None
+        if (self.options.tile_autograd and self.op.has_tile_grad and vk is None and vlogit is None
                 and not (ctx.positional.learned_bias and torch.is_grad_enabled())):
-            C = max(1, min(T, self.tile_elems // max(1, B * H * T)))
+            C = max(1, min(T, self.options.tile_elems // max(1, B * H * T)))
             phi = self.op.feature_map
-            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.prefix_len, ctx.window, ctx.positional,
-                                        compiled)
+            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.mask, ctx.positional, compiled)
         if compiled:
             raise ConfigError(f"attention_backend='compiled' needs the tile path: attention={type(self.op).__name__} "
-                              f"with positional={type(ctx.positional).__name__} and Attention.tile_autograd="
-                              f"{self.tile_autograd} does not take it; use attention_backend='reference'")
+                              f"with positional={type(ctx.positional).__name__} and AttentionOptions.tile_autograd="
+                              f"{self.options.tile_autograd} does not take it; use attention_backend='reference'")
         if vk is not None:
             vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
-        C = max(1, min(T, self.chunk_elems // max(1, B * H * T)))
-        use_ckpt = self.checkpoint_chunks and torch.is_grad_enabled()
+        C = max(1, min(T, self.options.chunk_elems // max(1, B * H * T)))
+        use_ckpt = self.options.checkpoint_chunks and torch.is_grad_enabled()
         op, scale, positional = self.op, self.scale, ctx.positional
-        prefix_len, window = ctx.prefix_len, ctx.window
+        spec = ctx.mask
 
         def block(qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
             qpos = torch.arange(i0, i0 + qc.shape[2], device=qc.device)
             kpos = torch.arange(j0, j0 + kc.shape[2], device=qc.device)
-            mask = visible(qpos, kpos, prefix_len=prefix_len, window=window)  # (C, Tk)
+            mask = visible(qpos, kpos, spec)  # (C, Tk)
             bias = positional.logit_bias(qpos, kpos)  # (H, C, Tk) or None
             return attend_block(op, qc, kc, vc, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
 
         outs = []
         for i0 in range(0, T, C):
             i1 = min(T, i0 + C)
-            j0, j1 = key_range(i0, i1, T, prefix_len=prefix_len, window=window)
+            j0, j1 = key_range(i0, i1, T, spec)
             args = (q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], i0, j0, vk, vv, vlogit)
             outs.append(checkpoint(block, *args, use_reentrant=False) if use_ckpt else block(*args))
         return torch.cat(outs, dim=2)  # (B, H, T, d_h)
@@ -608,7 +632,7 @@ class Attention(nn.Module):
         """
         vk, vv, vlogit = self._virtual(q.dtype)
         out, w, w_extra = reference_attention(
-            self.op, q, k, v, scale=self.scale, prefix_len=ctx.prefix_len, window=ctx.window,
+            self.op, q, k, v, scale=self.scale, mask=ctx.mask,
             bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit,
         )
         if self.op.differential:  # the 2H maps -> the H differential maps A1 - lambda A2 and their output
@@ -617,7 +641,7 @@ class Attention(nn.Module):
             v = v[:, : v.shape[1] // 2]  # (B, H_kv, T, d_h): the value both maps share
             out = torch.matmul(w.to(v.dtype), repeat_kv(v, H // v.shape[1]))  # (B, H, T, d_h)
             q, k = _merge_differential(q), _merge_differential(k)  # the heads' own (B, H[_kv], T, d_h)
-        renorm = not self.op.normalised and _RENORMALISE_FOR_OBSERVER
+        renorm = not self.op.normalised and not wants_raw_weights(observer)
         if renorm:
             # the paper's proxy scores |w_ij| / sum_j |w_ij| (equal to w / sum w for non-negative weights;
             # the identity kernel's weights can be negative)

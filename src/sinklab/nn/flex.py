@@ -11,7 +11,8 @@ compiled tile path (:mod:`sinklab.nn.compiled`).
 Notation: query position i, key position j (0-based), logit ``s_ij = scale * q_i . k_j`` with
 ``scale = 1 / sqrt(d_h)``, visible keys ``V(i)`` (:mod:`sinklab.attention_masks`):
 ``j in V(i)`` iff ``(j <= i or j < p)`` and, with a sliding window w, ``|i - j| < w``
-(p = ``prefix_len``; a bidirectional model runs with p = T).
+(the :class:`~sinklab.attention_masks.MaskSpec` ``(causal, prefix_len=p, window=w)``; a
+bidirectional model runs with p = T; ``causal=False`` drops the first condition).
 
 Each operation as FlexAttention sees it (``mask_mod(b, h, i, kv)`` is ``j in V(i)``)::
 
@@ -59,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sinklab.attention_masks import CAUSAL, MaskSpec
 from sinklab.errors import ConfigError
 
 __all__ = ["flex_attend", "flex_kernel", "flex_operations", "check_flex_operation", "op_name"]
@@ -99,14 +101,15 @@ def flex_kernel(compiled: bool = True) -> Callable:
 
 
 # ------------------------------------------------------------------ masks and score_mods
-def _mask_mod(prefix_len: int, window: int | None, offset: int, n_kv: int):
+def _mask_mod(mask: MaskSpec, offset: int, n_kv: int):
     """``mask_mod(b, h, i, kv)``: key index kv (``offset`` = 1 with a virtual key at index 0;
     ``n_kv`` real + virtual keys, indices past it are padding) is visible from query i by the
-    rule of :func:`sinklab.attention_masks.visible`."""
+    rule of :func:`sinklab.attention_masks.visible` under ``mask``."""
+    causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
 
     def mask_mod(b, h, q_idx, kv_idx):
         j = kv_idx - offset
-        vis = (j <= q_idx) | (j < prefix_len)
+        vis = ((j <= q_idx) | (j < prefix_len)) if causal else (kv_idx >= 0)
         if window is not None:
             vis = vis & ((q_idx - j).abs() < window)
         if offset:
@@ -228,8 +231,7 @@ def flex_attend(
     v: Tensor,
     *,
     scale: float,
-    prefix_len: int = 0,
-    window: int | None = None,
+    mask: MaskSpec = CAUSAL,
     positional=None,
     vk: Tensor | None = None,
     vv: Tensor | None = None,
@@ -245,7 +247,7 @@ def flex_attend(
         k, v: (B, H_kv, T, d_h) and (B, H_kv, T, d_v) keys (after positions) and values,
             H_kv dividing H (grouped-query attention: ``enable_gqa``).
         scale: the logit scale (1 / sqrt(d_h)).
-        prefix_len, window: the visibility rule (0-based positions, :mod:`sinklab.attention_masks`).
+        mask: the visibility rule (:class:`~sinklab.attention_masks.MaskSpec`, 0-based positions).
         positional: the :class:`~sinklab.nn.positional.Positional` (its logit bias becomes the
             score_mod), or None for none.
         vk, vv: (H_kv, d_h), (H_kv, d_v) virtual key and value, or None. vlogit: (H,) logit of a
@@ -276,8 +278,8 @@ def flex_attend(
     pad_q = pad_kv = 0
     if compiled and q.device.type == "cpu":
         pad_q, pad_kv = -T % CPU_PAD, -n_kv % CPU_PAD
-    mask_mod = _mask_mod(prefix_len, window, offset, n_kv)
-    block_mask = _block_mask(T + pad_q, n_kv + pad_kv, mask_mod, (prefix_len, window, offset, n_kv), q.device, cache)
+    mask_mod = _mask_mod(mask, offset, n_kv)
+    block_mask = _block_mask(T + pad_q, n_kv + pad_kv, mask_mod, (mask, offset, n_kv), q.device, cache)
     bias_fn, tensors = _score_mod_parts(positional, T, q.device)
     if vlogit is not None:
         tensors = [*tensors, vlogit.float().to(q.device)]

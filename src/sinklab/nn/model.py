@@ -11,18 +11,21 @@ named in :class:`~sinklab.nn.config.ModelConfig`: attention operation
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from sinklab.attention_masks import MaskSpec
 from sinklab.errors import ConfigError, InputError
 from sinklab.fileio import atomic_write, atomic_write_text, check_safetensors, read_json, reading
-from sinklab.nn.attention import Attention, AttnContext, Observer
+from sinklab.nn.attention import Attention, AttentionOptions, AttnContext, Observer, bind_options
 from sinklab.nn.config import ModelConfig
 from sinklab.nn.ffn import FFN
 from sinklab.nn.loss import linear_cross_entropy
@@ -58,12 +61,12 @@ class Block(nn.Module):
     post-norm (Vaswani et al. 2017): x = norm(x + attn(x)); x = norm(x + ffn(x))
     """
 
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, attention_options: AttentionOptions | None = None) -> None:
         super().__init__()
         self.pre = config.norm_position == "pre"
         norm = NORM.get(config.norm)
         self.attn_norm = norm(config.d_model, config.norm_eps)
-        self.attn = Attention(config, layer_idx)
+        self.attn = Attention(config, layer_idx, attention_options)
         self.ffn_norm = norm(config.d_model, config.norm_eps)
         self.ffn = FFN.get(config.ffn)(config.d_model, config.d_ff)
 
@@ -81,24 +84,42 @@ class SinkLM(nn.Module):
 
     Args:
         config: a validated :class:`ModelConfig`.
+        attention_options: how every layer's attention computes (:class:`~sinklab.nn.attention.AttentionOptions`:
+            speed and memory switches that leave the results equal); None = the defaults.
 
     Raises:
         ConfigError / UnknownNameError: from the config (validated again here).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, attention_options: AttentionOptions | None = None) -> None:
         super().__init__()
         if not isinstance(config, ModelConfig):
             raise ConfigError(f"SinkLM needs a ModelConfig, got {type(config).__name__}")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.positional = POSITIONAL.get(config.positional)(config)
-        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.layers = nn.ModuleList(Block(config, i, attention_options) for i in range(config.n_layers))
         self.final_norm = NORM.get(config.norm)(config.d_model, config.norm_eps) if config.norm_position == "pre" else None
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.reset_parameters()
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+
+    def set_attention_options(self, options: AttentionOptions | None = None, **changes: Any) -> AttentionOptions:
+        """Give every layer's attention ``options`` (None: the first layer's current ones), with the
+        fields in ``changes`` replaced (``model.set_attention_options(fused_qkv=False)``). Returns the
+        options the layers had before (pass them back to restore). ``attention_backend=None``
+        means the config's ``attention_backend`` (:func:`~sinklab.nn.attention.bind_options`).
+
+        Raises:
+            TypeError: an unknown field in ``changes``.
+            ConfigError: an ``attention_backend`` that cannot compute the config's operation.
+        """
+        before = self.layers[0].attn.options
+        new = bind_options(dataclasses.replace(before if options is None else options, **changes), self.config)
+        for block in self.layers:
+            block.attn.options = new
+        return before
 
     def reset_parameters(self) -> None:
         """Normal(0, init_std) for every Linear/Embedding weight, init_std / sqrt(2 L) for
@@ -184,8 +205,9 @@ class SinkLM(nn.Module):
         absolute = self.positional.absolute(T, device)
         if absolute is not None:
             x = x + absolute.to(x.dtype)  # (T, d) broadcast over B
-        ctx = AttnContext(T=T, device=device, positional=self.positional, prefix_len=prefix_len,
-                          window=self.config.sliding_window, pos_state=self.positional.prepare(T, device))
+        ctx = AttnContext(T=T, device=device, positional=self.positional,
+                          mask=MaskSpec(prefix_len=prefix_len, window=self.config.sliding_window),
+                          pos_state=self.positional.prepare(T, device))
         hidden = [x] if output_hidden_states else None
         for block in self.layers:
             x = block(x, ctx, observer)

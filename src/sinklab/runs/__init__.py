@@ -5,7 +5,9 @@ folder stands for (config, data pipeline, packing, the tracker's probe, model an
 * :mod:`sinklab.runs.run` -- :class:`Run` (``Run.open(folder)``), :func:`prepare_data`, :func:`packing_context`.
 """
 
-from sinklab.runs.config import RunConfig, load_config, to_toml
+from sinklab.runs.config import (DataConfig, OptimConfig, RunConfig, TrackConfig, TrainConfig, load_config, presets,
+                                 to_toml)
 from sinklab.runs.run import Run, packing_context, prepare_data
 
-__all__ = ["Run", "RunConfig", "load_config", "packing_context", "prepare_data", "to_toml"]
+__all__ = ["DataConfig", "OptimConfig", "Run", "RunConfig", "TrackConfig", "TrainConfig", "load_config",
+           "packing_context", "prepare_data", "presets", "to_toml"]

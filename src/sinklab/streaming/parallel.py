@@ -37,6 +37,8 @@ NAME = "sinklab_sink_window"
 
 @dataclass
 class _Plan:
+    """What :func:`_attention` computes for one model inside :func:`sink_window_mode`."""
+
     n_sink: int
     window: int | None  # None: full causal attention
     rotations: list[KeyRotation | None]
@@ -44,7 +46,9 @@ class _Plan:
     block: int
 
 
-_PLAN: _Plan | None = None
+#: attribute of a model's attention modules (those with a ``layer_idx``) holding their :class:`_Plan`
+#: inside :func:`sink_window_mode`: the plan belongs to the model, not to the process
+PLAN_ATTR = "sinklab_sink_window_plan"
 
 
 def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, window: int | None,
@@ -95,7 +99,7 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
 
 def _attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **kwargs):
     """``AttentionInterface`` function: (B, H, T, d) in, (B, T, H, d) out."""
-    plan = _PLAN
+    plan = getattr(module, PLAN_ATTR, None)
     if plan is None:
         raise RuntimeError(f"{NAME} is only usable inside sinklab.streaming.parallel.sink_window_mode")
     if kwargs.get("softcap") is not None:
@@ -131,18 +135,24 @@ def sink_window_mode(model, n_sink: int, window: int | None, *, block: int = 256
     from sinklab.streaming.cache import layer_windows
     from sinklab.streaming.rope import key_rotations
 
-    global _PLAN
     sliding = layer_windows(model)
     types = ["full_attention" if w is None else "sliding_attention" for w in sliding]
     plan = _Plan(n_sink, window, key_rotations(model, types), sliding, block)
     _register()
     before = model.config._attn_implementation
-    prev, _PLAN = _PLAN, plan
+    layers = [m for m in model.modules() if hasattr(m, "layer_idx")]
+    prev = [getattr(m, PLAN_ATTR, None) for m in layers]
+    for m in layers:
+        setattr(m, PLAN_ATTR, plan)
     model.set_attn_implementation(NAME)
     try:
         yield model
     finally:
-        _PLAN = prev
+        for m, p in zip(layers, prev):
+            if p is None:
+                delattr(m, PLAN_ATTR)
+            else:
+                setattr(m, PLAN_ATTR, p)
         model.set_attn_implementation(before)
 
 

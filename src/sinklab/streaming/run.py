@@ -17,6 +17,7 @@ from sinklab.result import DictResult
 from sinklab.streaming.cache import SinkCache
 from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, policy_specs,
                                       result_from_dict, token_stream, write_outputs)
+from sinklab.zoo.models import DEFAULT_MODEL
 
 DEFAULT_SINKS = (0, 1, 2, 4, 8)
 
@@ -38,7 +39,7 @@ class PasskeyResult(DictResult):
 
 
 def stream(
-    model: str = "smollm2-135m",
+    model: str = DEFAULT_MODEL,
     corpus: str = "sotu",
     *,
     tokens: int = 4096,
@@ -266,23 +267,28 @@ _POLICY_DEFINITIONS = {
 }
 
 
+def _comma(values) -> str:
+    """A list option's value as the CLI takes it: ``[0, 1, 4]`` -> ``"0,1,4"``."""
+    return ",".join(map(str, values))
+
+
 def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets, n_sink,
              kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths, passkey_batch,
              passkey_chunk, passkey_seed, full, recompute=True) -> str:
-    """A ``sinklab stream`` command line that reproduces the call."""
+    """A ``sinklab stream`` command line that reproduces the call (lists comma-separated, as the CLI takes them)."""
     cmd = ["sinklab", "stream", "--model", model, "--corpus", corpus, "--tokens", str(tokens), "--window", str(window)]
     if policies:
-        cmd += ["--policy", *policies, "--budget", *map(str, budgets or (256,))]
+        cmd += ["--policy", _comma(policies), "--budget", _comma(budgets or (256,))]
         if n_sink != 4:
             cmd += ["--n-sink", str(n_sink)]
         for flag, vals in (("--kv-bits", kv_bits), ("--key-quant", key_quant),
                            ("--sinks-full-precision", sinks_full_precision)):
             if vals:
-                cmd += [flag, *map(str, vals)]
+                cmd += [flag, _comma(vals)]
         if kv_group != 32:
             cmd += ["--kv-group", str(kv_group)]
     else:
-        cmd += ["--sinks", *map(str, DEFAULT_SINKS if sinks is None else sinks)]
+        cmd += ["--sinks", _comma(DEFAULT_SINKS if sinks is None else sinks)]
     cmd += ["--out", str(out)]
     if chunk != window:
         cmd += ["--chunk", str(chunk)]
@@ -295,7 +301,7 @@ def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, 
     if not recompute:
         cmd += ["--no-recompute"]
     if task != "ppl":
-        cmd += ["--task", task, "--passkey-keys", str(passkey_keys), "--passkey-depths", *map(str, passkey_depths),
+        cmd += ["--task", task, "--passkey-keys", str(passkey_keys), "--passkey-depths", _comma(passkey_depths),
                 "--passkey-batch", str(passkey_batch), "--passkey-chunk", str(passkey_chunk)]
         if passkey_seed:
             cmd += ["--passkey-seed", str(passkey_seed)]

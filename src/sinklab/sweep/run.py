@@ -44,7 +44,7 @@ from typing import Callable
 
 from sinklab.errors import InputError
 from sinklab.fileio import atomic_write_text, read_json, reading
-from sinklab.sweep.spec import Point, Study
+from sinklab.sweep.spec import Point, Study, point_config
 
 SUMMARY_NAME = "summary.json"
 
@@ -257,11 +257,39 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int | None = 1, cores: int
     # torch threads of a training whose config leaves train.threads unset: the local jobs share the
     # cores; a submitted job takes its --cpus (or, when not given, the CPUs it finds on its node)
     share = max(1, (cores or os.cpu_count() or 1) // jobs) if local else slurm.cpus
+    status, todo, run_threads = _plan_runs(study, out, points, share, reuse=reuse, on_event=on_event)
+    # steps per point, for the progress bars
+    steps = {}
+    for p, _ in todo:
+        if p.slug not in steps:
+            steps[p.slug] = point_config(study, p).train.steps  # validates every config before starting any run
+
+    n_jobs = len(points) * study.seeds
+    display = _Display(study, n_jobs, n_jobs - len(todo), progress)
+    if not local:
+        _run_submitted(study, out, todo, run_threads, steps, status, display, launcher=launcher, slurm=slurm,
+                       jobs=jobs, poll_s=poll_s, on_event=on_event)
+        return status
+    _run_local(study, out, todo, run_threads, steps, status, display, jobs=jobs, poll_s=poll_s, on_event=on_event)
+    return status
+
+
+def _plan_runs(study: Study, out: Path, points: list[Point], share: int, *, reuse: bool,
+               on_event: Callable[[str, Point], None] | None) -> tuple[dict[str, str], list[tuple[Point, int]], dict[str, int]]:
+    """Which (point, seed) runs :func:`run_sweep` still has to train, in seed-major order.
+
+    Runs already finished get status "skipped"; with ``reuse``, a finished sibling run of the same
+    resolved config and numerics is copied (status "copied"). ``share``: threads of a run whose config
+    leaves ``train.threads`` unset.
+
+    Returns:
+        ``(status, todo, run_threads)``: status by ``"slug/seed<k>"``, the (point, seed) pairs to train,
+        the torch threads of each point's runs by slug.
+    """
     status: dict[str, str] = {}
     todo: list[tuple[Point, int]] = []
     # seed-major order: every point's first seed before any second seed, so a stopped sweep has
     # the whole grid at one seed rather than a few points at all seeds
-    from sinklab.sweep.spec import point_config
     from sinklab.runs.config import to_toml
 
     finished = finished_runs_by_config(out.resolve().parent) if reuse else {}
@@ -287,18 +315,15 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int | None = 1, cores: int
                     if on_event:
                         on_event(f"not copied: {why}", p)
             todo.append((p, k))
-    # steps per point, for the progress bars
-    steps = {}
-    for p, _ in todo:
-        if p.slug not in steps:
-            steps[p.slug] = point_config(study, p).train.steps  # validates every config before starting any run
+    return status, todo, run_threads
 
-    n_jobs = len(points) * study.seeds
-    display = _Display(study, n_jobs, n_jobs - len(todo), progress)
-    if not local:
-        _run_submitted(study, out, todo, run_threads, steps, status, display, launcher=launcher, slurm=slurm,
-                       jobs=jobs, poll_s=poll_s, on_event=on_event)
-        return status
+
+def _run_local(study: Study, out: Path, todo: list[tuple[Point, int]], run_threads: dict[str, int],
+               steps: dict[str, int], status: dict[str, str], display: "_Display", *, jobs: int, poll_s: float,
+               on_event: Callable[[str, Point], None] | None) -> None:
+    """Train ``todo`` as local subprocesses, ``jobs`` at once, polling every ``poll_s`` seconds; fills
+    ``status``. On any exception (Ctrl-C, SIGTERM) the running trainings are stopped (their
+    checkpoints survive) and it is re-raised."""
     prev_term = _term_as_interrupt()
     running: dict[str, tuple[subprocess.Popen, Point, float, object, int]] = {}
     queue = list(todo)
@@ -306,15 +331,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int | None = 1, cores: int
         while queue or running:
             while queue and len(running) < jobs:
                 p, k = queue.pop(0)
-                d = run_dir(out, p, k)
-                d.mkdir(parents=True, exist_ok=True)
-                cmd = train_command(study, p, d, k)
-                log = open(d / "train.log", "a")
-                log.write(f"\n$ {' '.join(cmd)}\n")
-                log.flush()
-                env = _train_env(run_threads[p.slug])
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                running[f"{p.slug}/seed{k}"] = (proc, p, time.time(), log, k)
+                running[f"{p.slug}/seed{k}"] = _start_local(study, out, p, k, run_threads[p.slug])
                 display.start(p, k, steps[p.slug])
                 if on_event:
                     on_event("start", p)
@@ -343,7 +360,20 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int | None = 1, cores: int
         display.close()
         if prev_term is not None:
             signal.signal(signal.SIGTERM, prev_term)
-    return status
+
+
+def _start_local(study: Study, out: Path, p: Point, k: int, threads: int) -> tuple[subprocess.Popen, Point, float, object, int]:
+    """Start seed ``k`` of point ``p`` as a ``sinklab train`` subprocess logging to its ``train.log``;
+    returns ``(process, point, start time, log file, seed)``."""
+    d = run_dir(out, p, k)
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = train_command(study, p, d, k)
+    log = open(d / "train.log", "a")
+    log.write(f"\n$ {' '.join(cmd)}\n")
+    log.flush()
+    env = _train_env(threads)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, p, time.time(), log, k
 
 
 def _outcome(d: Path, rc) -> str:

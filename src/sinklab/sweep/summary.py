@@ -82,7 +82,6 @@ def final_ci(run: Path) -> dict[str, Any]:
 
     from sinklab.capture import collect
     from sinklab.metrics import summarize
-    from sinklab.nn.attention import raw_attention_weights
     from sinklab.runs import Run, load_config
 
     the_run = Run(load_config(run / "config.toml"), run)
@@ -90,8 +89,8 @@ def final_ci(run: Path) -> dict[str, Any]:
 
     with torch.no_grad():
         stats = collect(model, probe, batch_size=cfg.track.batch_size, prefix_len=cfg.train.prefix_len)
-        with raw_attention_weights():
-            raw_stats = collect(model, probe, batch_size=cfg.track.batch_size, prefix_len=cfg.train.prefix_len)
+        raw_stats = collect(model, probe, batch_size=cfg.track.batch_size, prefix_len=cfg.train.prefix_len,
+                            renormalise=False)
     s = summarize(stats, eps=cfg.track.eps, positions=cfg.track.positions, n_boot=1000)
     raw = summarize(raw_stats, eps=cfg.track.eps, positions=cfg.track.positions, n_boot=1000)
     has_sink = s["top_sink_rate"] > 0  # with no sink anywhere the arg-max position means nothing

@@ -65,6 +65,8 @@ class Dist:
         local_rank: 0-based rank on this node (picks the CUDA device).
         strategy: "ddp" or "fsdp".
         owns_group: :func:`setup` created the process group (so :func:`teardown` destroys it).
+        fault: the test hook ``SINKLAB_FAULT`` (``"RANK:STEP"``, see :func:`maybe_fault`) as
+            :func:`setup` read it from the environment, or None.
     """
 
     rank: int = 0
@@ -72,6 +74,7 @@ class Dist:
     local_rank: int = 0
     strategy: str = "ddp"
     owns_group: bool = False
+    fault: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -108,11 +111,14 @@ def setup(parallel: str | None, device: torch.device) -> Dist:
 
     Returns:
         A :class:`Dist`; ``world == 1`` (nothing initialised) when ``WORLD_SIZE`` is unset or 1.
+        The environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``SINKLAB_DIST_TIMEOUT_S``, the
+        test hook ``SINKLAB_FAULT``) is read here, once per training, not in the step loop.
     """
     strategy = parallel or "ddp"
     world = env_world_size()
+    fault = os.environ.get("SINKLAB_FAULT") or None
     if world <= 1:
-        return Dist(strategy=strategy)
+        return Dist(strategy=strategy, fault=fault)
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     owns = False
     if not dist.is_initialized():
@@ -121,7 +127,7 @@ def setup(parallel: str | None, device: torch.device) -> Dist:
             torch.cuda.set_device(local)
         dist.init_process_group(backend_for(device), timeout=timeout)
         owns = True
-    return Dist(rank=rank, world=world, local_rank=local, strategy=strategy, owns_group=owns)
+    return Dist(rank=rank, world=world, local_rank=local, strategy=strategy, owns_group=owns, fault=fault)
 
 
 def teardown(d: Dist) -> None:
@@ -336,8 +342,9 @@ def full_model(d: Dist, model: torch.nn.Module, build: Any) -> torch.nn.Module |
 
 
 def maybe_fault(d: Dist, step: int) -> None:
-    """Test hook: ``SINKLAB_FAULT=RANK:STEP`` kills rank RANK with SIGKILL as it starts 1-based step STEP."""
-    spec = os.environ.get("SINKLAB_FAULT")
+    """Test hook: ``SINKLAB_FAULT=RANK:STEP`` (read by :func:`setup` into ``d.fault``) kills rank RANK
+    with SIGKILL as it starts 1-based step STEP."""
+    spec = d.fault
     if spec and spec == f"{d.rank}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -286,77 +286,126 @@ def train(
     check_writable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT_NAME
-    t_cfg = cfg.train
     if not resume and ckpt_path.exists():
         raise InputError(f"{out} already holds a run ({ckpt_path.name}); pass --resume to continue it or choose a new --out")
-
-    ckpt, note = None, ""
     status = _Status()
-    if resume:
-        ckpt = load_run_checkpoint(ckpt_path)
-        done_before, planned_before = int(ckpt["step"]), int(ckpt["config"]["train"]["steps"])
-        finished_before = done_before >= planned_before
-        ignore = set(RESUME_MAY_DIFFER)
-        if cfg.optim.schedule == "constant" or finished_before:
-            ignore.add("train.steps")
-        differ = diff_keys(ckpt["config"], cfg.to_dict(), ignore)
-        if differ:
-            flat_old, flat_new = flatten(ckpt["config"]), flatten(cfg.to_dict())
-            detail = "; ".join(f"{k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in differ)
-            raise ConfigError(f"cannot resume {out}: the config differs from the checkpoint's in {', '.join(differ)} ({detail})")
-        if finished_before and t_cfg.steps < done_before and not (out / "summary.json").exists():
-            raise ConfigError(f"cannot resume {out}: its checkpoint is at step {done_before}, past train.steps={t_cfg.steps}")
-        if finished_before and t_cfg.steps <= done_before and (out / "summary.json").exists():
-            return TrainResult(out=out, steps=done_before, history=list(ckpt.get("tracker", [])),
-                               already_finished=True, note=f"{out} is finished: {done_before} of {planned_before} steps "
-                               "done; nothing to resume (raise --steps to train longer)")
-        if finished_before and t_cfg.steps > done_before:
-            note = _extend_note(cfg, done_before, planned_before)
-            if notify is not None:
-                notify(note)  # says where it continues from
-        elif notify is not None:
-            notify(f"resuming {out} from its checkpoint at step {done_before} (of {t_cfg.steps})")
-        status.step = status.checkpoint = done_before
-
+    ckpt, note, finished = _check_resume(cfg, out, notify, status) if resume else (None, "", None)
+    if finished is not None:
+        return finished
     threads_before = torch.get_num_threads()
-    if t_cfg.threads is not None:
-        torch.set_num_threads(t_cfg.threads)
+    if cfg.train.threads is not None:
+        torch.set_num_threads(cfg.train.threads)
     try:
-        device = resolve_device(t_cfg.device)
-        dd = distributed.Dist() if _canonical else distributed.setup(t_cfg.parallel, device)
-        try:
-            # rank 0 alone runs the canonical training (on its own device; W ranks at once would race
-            # for the token cache and all land on cuda:0) and hands the others its result
-            fingerprint = None if _canonical or not dd.is_main else code_fingerprint(cfg, out)
-            fingerprint = distributed.from_main(dd, fingerprint)
-            result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
-                          progress=progress, stop_after=stop_after, notify=notify, fingerprint=fingerprint,
-                          canonical=_canonical, status=status)
-            distributed.barrier(dd)  # every rank done (rank 0 wrote final/ and summary.json) before the group goes
-            return result
-        finally:
-            distributed.teardown(dd)
+        return _train_in_group(cfg, out, ckpt, note, t_start=t_start, progress=progress, stop_after=stop_after,
+                               notify=notify, canonical=_canonical, status=status)
     except KeyboardInterrupt as e:
         if _canonical or isinstance(e, TrainingInterrupted):
             raise
-        raise TrainingInterrupted(out, status.step, status.checkpoint, t_cfg.steps) from None
+        raise TrainingInterrupted(out, status.step, status.checkpoint, cfg.train.steps) from None
     finally:
         torch.set_num_threads(threads_before)
+
+
+def _check_resume(cfg: RunConfig, out: Path, notify: Callable[[str], None] | None,
+                  status: _Status) -> tuple[dict, str, TrainResult | None]:
+    """The resume checks of :func:`train`: load ``DIR/checkpoint.pt`` and compare its config with ``cfg``.
+
+    Returns:
+        ``(checkpoint, note, finished)``: ``note`` says what extending a finished run does to the
+        schedule ("" otherwise); ``finished`` is the result to return at once when the run had
+        already reached its steps (None otherwise). ``status`` is set to the checkpoint's step.
+
+    Raises:
+        ConfigError: the configs differ outside :data:`RESUME_MAY_DIFFER`, or a finished run's
+            checkpoint is past ``train.steps``.
+        CheckpointError: ``checkpoint.pt`` is corrupt or not a sinklab checkpoint.
+    """
+    t_cfg, note = cfg.train, ""
+    ckpt = load_run_checkpoint(out / CHECKPOINT_NAME)
+    done_before, planned_before = int(ckpt["step"]), int(ckpt["config"]["train"]["steps"])
+    finished_before = done_before >= planned_before
+    ignore = set(RESUME_MAY_DIFFER)
+    if cfg.optim.schedule == "constant" or finished_before:
+        ignore.add("train.steps")
+    differ = diff_keys(ckpt["config"], cfg.to_dict(), ignore)
+    if differ:
+        flat_old, flat_new = flatten(ckpt["config"]), flatten(cfg.to_dict())
+        detail = "; ".join(f"{k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in differ)
+        raise ConfigError(f"cannot resume {out}: the config differs from the checkpoint's in {', '.join(differ)} ({detail})")
+    if finished_before and t_cfg.steps < done_before and not (out / "summary.json").exists():
+        raise ConfigError(f"cannot resume {out}: its checkpoint is at step {done_before}, past train.steps={t_cfg.steps}")
+    if finished_before and t_cfg.steps <= done_before and (out / "summary.json").exists():
+        return ckpt, note, TrainResult(out=out, steps=done_before, history=list(ckpt.get("tracker", [])),
+                                       already_finished=True, note=f"{out} is finished: {done_before} of {planned_before} "
+                                       "steps done; nothing to resume (raise --steps to train longer)")
+    if finished_before and t_cfg.steps > done_before:
+        note = _extend_note(cfg, done_before, planned_before)
+        if notify is not None:
+            notify(note)  # says where it continues from
+    elif notify is not None:
+        notify(f"resuming {out} from its checkpoint at step {done_before} (of {t_cfg.steps})")
+    status.step = status.checkpoint = done_before
+    return ckpt, note, None
+
+
+def _train_in_group(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, *, t_start: float, progress: bool,
+                    stop_after: int | None, notify: Callable[[str], None] | None, canonical: bool,
+                    status: _Status) -> TrainResult:
+    """:func:`_run` on the configured device inside the process group (if any), with the code fingerprint."""
+    device = resolve_device(cfg.train.device)
+    dd = distributed.Dist() if canonical else distributed.setup(cfg.train.parallel, device)
+    try:
+        # rank 0 alone runs the canonical training (on its own device; W ranks at once would race
+        # for the token cache and all land on cuda:0) and hands the others its result
+        fingerprint = None if canonical or not dd.is_main else code_fingerprint(cfg, out)
+        fingerprint = distributed.from_main(dd, fingerprint)
+        result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
+                      progress=progress, stop_after=stop_after, notify=notify, fingerprint=fingerprint,
+                      canonical=canonical, status=status)
+        distributed.barrier(dd)  # every rank done (rank 0 wrote final/ and summary.json) before the group goes
+        return result
+    finally:
+        distributed.teardown(dd)
 
 
 def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device, dd: distributed.Dist, *,
          t_start: float, progress: bool, stop_after: int | None, notify: Callable[[str], None] | None,
          fingerprint: str | None = None, canonical: bool = False, status: _Status | None = None) -> TrainResult:
-    """The body of :func:`train` once the resume checks passed and the process group (if any) is up."""
-    from sinklab.data.baseline import unigram_loss
-    from sinklab.nn.model import SinkLM
-    from sinklab.provenance import code_version
-    from sinklab.train.fingerprint import environment
+    """The body of :func:`train` once the resume checks passed and the process group (if any) is up:
+    set up (:class:`_Trainer`), train up to ``train.steps`` (or ``stop_after``), write ``final/`` and
+    ``summary.json``."""
+    tr = _Trainer(cfg, out, ckpt, note, device, dd, t_start=t_start, notify=notify, fingerprint=fingerprint,
+                  canonical=canonical, status=status or _Status())
+    if cfg.train.init_from and ckpt is None:
+        # fine-tuning: the starting model measured on this run's data and probe (step 0), so that the
+        # sink before and after fine-tuning are read on the same inputs
+        tr.log.write({"step": 0, **{k: v for k, v in tr.evaluate(0).items() if k != "step"}})
+    end = cfg.train.steps if stop_after is None else min(cfg.train.steps, stop_after)
+    tr.train_steps(end, progress)
+    return tr.finish(end)
 
+
+@dataclass
+class _Data:
+    """The data side of a training (:func:`_setup_data`)."""
+
+    tc: TokenizedCorpus
+    objective: Any  # a sinklab.train.objective objective: .loss(forward, x, y, first_sample), .count
+    train_data: PackedData
+    val_y: torch.Tensor  # (val_windows, T) validation targets (for the unigram baseline)
+    tracker: SinkTracker
+
+
+def _setup_data(cfg: RunConfig, out: Path, dd: distributed.Dist, *, notify: Callable[[str], None] | None,
+                canonical: bool) -> _Data:
+    """Corpus, packing, objective, training windows, validation windows, probe and tracker of a run.
+
+    Raises:
+        InputError: fewer training windows than one batch; a validation split too small; more passes
+            over the training tokens than ``data.max_epochs``.
+        ConfigError: a global batch that does not split over the processes; a bad packing token.
+    """
     t_cfg = cfg.train
-    ckpt_path = out / CHECKPOINT_NAME
-    status = status or _Status()
-
     # ---- data (rank 0 tokenizes into the shared cache first)
     run = Run(cfg, out)
     with distributed.main_first(dd):
@@ -382,158 +431,240 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
     val_x, val_y = val_data.sequential(cfg.track.val_windows, prefix_len=p)
     probe = run.tracker_probe()
     tracker = SinkTracker(probe, val_x, val_y, cfg.track, prefix_len=p, objective=objective)
+    return _Data(tc=tc, objective=objective, train_data=train_data, val_y=val_y, tracker=tracker)
 
-    # ---- model and optimizer (seeded init)
-    torch.manual_seed(t_cfg.seed)
-    np.random.seed(t_cfg.seed)
-    model = SinkLM(cfg.model).to(device)
-    if tc.vocab_size > cfg.model.vocab_size:
-        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < tokenizer vocabulary {tc.vocab_size}")
-    if t_cfg.init_from and ckpt is None:  # fine-tuning: start from a run's weights (a resume has its own)
-        model.load_state_dict(init_weights(cfg, tc).state_dict())
-    wrapped = distributed.wrap(dd, model, device)  # DDP / FSDP2 from outside; `model` stays the plain module
-    opt = build_optimizer(model, cfg, device)
-    start = int(ckpt["step"]) if ckpt is not None else 0
-    log = _MetricsLog(out, t_cfg.tensorboard, start, enabled=dd.is_main)
-    if ckpt is not None:
-        distributed.load_state(dd, model, opt, ckpt["model"], ckpt["optimizer"])
-        set_rng_state(ckpt["rng"])
-        tracker.history = list(ckpt.get("tracker", []))
-        log.truncate_after(start)
-    else:
-        log.truncate_after(-1)
-    if dd.is_main:
-        (out / "config.toml").write_text(to_toml(cfg))
 
-    # compile and autocast are applied from outside the model (the model stays plain PyTorch)
-    fwd = torch.compile(wrapped) if t_cfg.compile else wrapped
-    bf16 = t_cfg.precision == "bf16"
+class _Trainer:
+    """One start of a training, in parts: set-up (data, model, optimizer, resume state), the optimizer
+    step with its micro-batches, the tracker's evaluation and logging, the checkpoint, the summary.
 
-    def autocast():
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+    The order of the set-up is that of the numerics (seeded init after the data; optimizer and RNG
+    state restored from the checkpoint), so a run and its resume give the same losses.
+    """
 
-    last_ckpt = start if ckpt is not None else None
-    wall_before = float(ckpt.get("wall_s", 0.0)) if ckpt is not None else 0.0
-    result = TrainResult(out=out, steps=t_cfg.steps, history=tracker.history, note=note, code_fingerprint=fingerprint)
-    if canonical:
-        from sinklab.train.fingerprint import data_digest
+    def __init__(self, cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device,
+                 dd: distributed.Dist, *, t_start: float, notify: Callable[[str], None] | None,
+                 fingerprint: str | None, canonical: bool, status: _Status) -> None:
+        self.cfg, self.out, self.device, self.dd, self.status, self.t_start = cfg, out, device, dd, status, t_start
+        self.ckpt_path = out / CHECKPOINT_NAME
+        self.data = _setup_data(cfg, out, dd, notify=notify, canonical=canonical)
+        self._setup_model(ckpt)
+        self.last_ckpt = self.start if ckpt is not None else None
+        self.wall_before = float(ckpt.get("wall_s", 0.0)) if ckpt is not None else 0.0
+        self.result = TrainResult(out=out, steps=cfg.train.steps, history=self.data.tracker.history, note=note,
+                                  code_fingerprint=fingerprint)
+        if canonical:
+            from sinklab.train.fingerprint import data_digest
 
-        result.data_digest = data_digest(train_data, B, t_cfg.grad_accum, t_cfg.steps, prefix_len=p)
-    fingerprints = list(ckpt.get("code_fingerprints", [])) if ckpt is not None else []
-    if fingerprint is not None:
-        fingerprints.append(fingerprint)
+            t_cfg = cfg.train
+            self.result.data_digest = data_digest(self.data.train_data, t_cfg.batch_size, t_cfg.grad_accum, t_cfg.steps,
+                                                  prefix_len=t_cfg.prefix_len)
+        self.fingerprints = list(ckpt.get("code_fingerprints", [])) if ckpt is not None else []
+        if fingerprint is not None:
+            self.fingerprints.append(fingerprint)
+        self.step_times: list[float] = []  # wall seconds of each optimizer step of this start
 
-    def checkpoint(step: int) -> None:
-        nonlocal last_ckpt
-        model_sd, opt_sd = distributed.state_dicts(dd, model, opt)  # full, on rank 0 (a collective under FSDP2)
-        last_ckpt = step
+    def _setup_model(self, ckpt: dict | None) -> None:
+        """The seeded model, its distributed wrapper, the optimizer, the metrics log and the resume state.
+
+        Raises:
+            ConfigError: ``model.vocab_size`` below the tokenizer's vocabulary; a bad ``train.init_from``.
+        """
+        from sinklab.nn.model import SinkLM
+
+        cfg, t_cfg, device, dd, tc = self.cfg, self.cfg.train, self.device, self.dd, self.data.tc
+        # ---- model and optimizer (seeded init)
+        torch.manual_seed(t_cfg.seed)
+        np.random.seed(t_cfg.seed)
+        model = SinkLM(cfg.model).to(device)
+        if tc.vocab_size > cfg.model.vocab_size:
+            raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < tokenizer vocabulary {tc.vocab_size}")
+        if t_cfg.init_from and ckpt is None:  # fine-tuning: start from a run's weights (a resume has its own)
+            model.load_state_dict(init_weights(cfg, tc).state_dict())
+        self.model = model
+        self.wrapped = distributed.wrap(dd, model, device)  # DDP / FSDP2 from outside; `model` stays the plain module
+        self.opt = build_optimizer(model, cfg, device)
+        self.start = int(ckpt["step"]) if ckpt is not None else 0
+        self.log = _MetricsLog(self.out, t_cfg.tensorboard, self.start, enabled=dd.is_main)
+        if ckpt is not None:
+            distributed.load_state(dd, model, self.opt, ckpt["model"], ckpt["optimizer"])
+            set_rng_state(ckpt["rng"])
+            self.data.tracker.history = list(ckpt.get("tracker", []))
+            self.log.truncate_after(self.start)
+        else:
+            self.log.truncate_after(-1)
+        if dd.is_main:
+            (self.out / "config.toml").write_text(to_toml(cfg))
+        # compile and autocast are applied from outside the model (the model stays plain PyTorch)
+        self.fwd = torch.compile(self.wrapped) if t_cfg.compile else self.wrapped
+        self.bf16 = t_cfg.precision == "bf16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on the run's device when ``train.precision = "bf16"`` (a no-op context otherwise)."""
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def step(self, step: int) -> tuple[float, float, float]:
+        """Optimizer step ``step`` (0-based): its micro-batches, clipping, the NaN checks, AdamW.
+
+        Returns:
+            ``(lr, loss, grad_norm)``: the step's learning rate, its training loss (the micro-batch
+            losses, mean over the ranks, summed in micro-batch order in float64) and the gradient
+            norm before clipping.
+
+        Raises:
+            TrainingDiverged: a non-finite micro-batch loss or gradient norm (recorded in
+                ``DIR/diverged.json``; the optimizer step is not taken).
+        """
+        cfg, t_cfg, dd, device = self.cfg, self.cfg.train, self.dd, self.device
+        lr = lr_at(step, cfg.optim, t_cfg.steps)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        # this rank's share of the step's micro-batches and their loss weights: the step's first
+        # collective (None on one process: the loss is left untouched)
+        batches = [distributed.micro_batch(dd, self.data.train_data, step, m, t_cfg.grad_accum, t_cfg.batch_size,
+                                           prefix_len=t_cfg.prefix_len) for m in range(t_cfg.grad_accum)]
+        weights = distributed.loss_weights(dd, batches, device, self.data.objective.count)
+        micro_losses = [self.micro_batch(step, micro, x, y, weights) for micro, (x, y) in enumerate(batches)]
+        clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        # the micro-batch losses, mean over the ranks (the step's second collective), and the
+        # gradient norm: the step's one host synchronisation
+        lvs = distributed.mean_over_ranks(dd, torch.stack(micro_losses).to(distributed.stat_dtype(device)))
+        *lvs, gnv = torch.cat([lvs, distributed.local_full(gn).detach().reshape(1).to(lvs.dtype)]).tolist()
+        for lv in lvs:  # the first non-finite micro-batch loss, as it would have been seen on its own
+            if not math.isfinite(lv):
+                _diverged("loss", lv, step + 1, self.last_ckpt, self.ckpt_path)
+        loss_sum = 0.0
+        for lv in lvs:  # summed in micro-batch order, in float64 (the logged loss of the step)
+            loss_sum += lv
+        if not math.isfinite(gnv):
+            _diverged("gradient norm", gnv, step + 1, self.last_ckpt, self.ckpt_path)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return lr, loss_sum, gnv
+
+    def micro_batch(self, step: int, micro: int, x: torch.Tensor, y: torch.Tensor,
+                    weights: torch.Tensor | None) -> torch.Tensor:
+        """Forward and backward of micro-batch ``micro`` (0-based) of step ``step``: ``x``, ``y`` (B, T)
+        int64 inputs and targets. The gradient is synchronised over the ranks at the step's last
+        micro-batch only. Returns the detached scaled loss (loss / grad_accum, times this rank's
+        weight when distributed), a 0-d tensor."""
+        t_cfg = self.cfg.train
+        first = distributed.first_sample(self.dd, step, micro, t_cfg.grad_accum, t_cfg.batch_size)  # seeds the diffusion masks
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        with distributed.grad_sync(self.dd, self.wrapped, sync=micro == t_cfg.grad_accum - 1):
+            with self.autocast():
+                loss = self.data.objective.loss(self.fwd, x, y, first) / t_cfg.grad_accum
+            if weights is not None:
+                loss = loss * weights[micro].to(loss.dtype)
+            detached = loss.detach()
+            loss.backward()
+        return detached
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """The tracker's metrics of the model at ``step`` (:meth:`SinkTracker.evaluate`, appended to its history)."""
+        return self.data.tracker.evaluate(self.model, step, self.device, self.autocast)
+
+    def train_steps(self, end: int, progress: bool) -> None:
+        """Optimizer steps ``start + 1 .. end`` (1-based) with logging, tracking, checkpoints and a progress bar."""
+        cfg, t_cfg, dd = self.cfg, self.cfg.train, self.dd
+        tokens_per_step = cfg.tokens_per_step
+        # a bar on a terminal, a plain line every 10% or 30 s in a log file (sinklab.progress)
+        bar = show_progress(total=t_cfg.steps, initial=self.start, unit="step", desc="train", enabled=progress and dd.is_main)
+        self.model.train()
+        t_log, tok_log, t_first = time.perf_counter(), 0, time.perf_counter()
+        try:
+            for step in range(self.start, end):
+                t0 = time.perf_counter()
+                distributed.maybe_fault(dd, step + 1)
+                lr, loss_sum, gnv = self.step(step)
+                done = step + 1
+                self.step_times.append(time.perf_counter() - t0)
+                tok_log += tokens_per_step
+                self.result.losses[done] = loss_sum
+                track_now = done == t_cfg.steps or (cfg.track.every and done % cfg.track.every == 0)
+                if done % t_cfg.log_every == 0 or track_now or done == end:
+                    now = time.perf_counter()
+                    tps = tok_log / max(now - t_log, 1e-9)
+                    rec = self.log_step(done, lr, loss_sum, gnv, tps, now - t_first, track=bool(track_now))
+                    t_log, tok_log = time.perf_counter(), 0
+                    post = {"loss": f"{loss_sum:.3f}", "tok/s": f"{tps:,.0f}"}
+                    if "sink_rate" in rec:
+                        post["sink1"] = f"{rec['sink_rate'][0]:.1f}%"
+                    bar.set_postfix(post, refresh=False)
+                bar.update(1)
+                self.status.step = done
+                if done == end or (t_cfg.checkpoint_every and done % t_cfg.checkpoint_every == 0):
+                    self.checkpoint(done)
+        finally:
+            bar.close()
+            self.log.close()
+
+    def log_step(self, done: int, lr: float, loss: float, grad_norm: float, tokens_per_s: float, elapsed_s: float,
+                 *, track: bool) -> dict[str, Any]:
+        """Write the ``metrics.jsonl`` record of step ``done`` (1-based), with the tracker's metrics when
+        ``track``; returns the record."""
+        rec = {"step": done, "loss": round(loss, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
+               "tokens": done * self.cfg.tokens_per_step, "tokens_per_s": round(tokens_per_s, 1),
+               "elapsed_s": round(elapsed_s, 2)}
+        if track:
+            rec.update({k: v for k, v in self.evaluate(done).items() if k != "step"})
+        self.log.write(rec)
+        return rec
+
+    def checkpoint(self, step: int) -> None:
+        """Write ``DIR/checkpoint.pt`` after ``step`` optimizer steps (atomically, on rank 0; every rank
+        takes part in the state-dict gather and waits until it is on disk)."""
+        t_cfg, dd = self.cfg.train, self.dd
+        model_sd, opt_sd = distributed.state_dicts(dd, self.model, self.opt)  # full, on rank 0 (a collective under FSDP2)
+        self.last_ckpt = step
         if not dd.is_main:
             distributed.barrier(dd)
             return
-        save_checkpoint(ckpt_path, {
+        save_checkpoint(self.ckpt_path, {
             "step": step,
             "model": model_sd,
             "optimizer": opt_sd,
             "rng": rng_state(),
-            "data_position": {"samples": step * t_cfg.grad_accum * B, "seed": t_cfg.seed},
-            "config": cfg.to_dict(),
-            "tracker": tracker.history,
-            "wall_s": wall_before + time.perf_counter() - t_start,
-            "code_fingerprints": fingerprints,
+            "data_position": {"samples": step * t_cfg.grad_accum * t_cfg.batch_size, "seed": t_cfg.seed},
+            "config": self.cfg.to_dict(),
+            "tracker": self.data.tracker.history,
+            "wall_s": self.wall_before + time.perf_counter() - self.t_start,
+            "code_fingerprints": self.fingerprints,
         })
-        status.checkpoint = step
+        self.status.checkpoint = step
         distributed.barrier(dd)  # no rank runs ahead of a checkpoint that is not on disk yet
 
-    if t_cfg.init_from and ckpt is None:
-        # fine-tuning: the starting model measured on this run's data and probe (step 0), so that the
-        # sink before and after fine-tuning are read on the same inputs
-        log.write({"step": 0, **{k: v for k, v in tracker.evaluate(model, 0, device, autocast).items() if k != "step"}})
-    end = t_cfg.steps if stop_after is None else min(t_cfg.steps, stop_after)
-    tokens_per_step = cfg.tokens_per_step
-    # a bar on a terminal, a plain line every 10% or 30 s in a log file (sinklab.progress)
-    bar = show_progress(total=t_cfg.steps, initial=start, unit="step", desc="train", enabled=progress and dd.is_main)
-    model.train()
-    t_log, tok_log, t_first = time.perf_counter(), 0, time.perf_counter()
-    step_times: list[float] = []
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    try:
-        for step in range(start, end):
-            t0 = time.perf_counter()
-            distributed.maybe_fault(dd, step + 1)
-            lr = lr_at(step, cfg.optim, t_cfg.steps)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            # this rank's share of the step's micro-batches and their loss weights: the step's first
-            # collective (None on one process: the loss is left untouched)
-            batches = [distributed.micro_batch(dd, train_data, step, m, t_cfg.grad_accum, B, prefix_len=p)
-                       for m in range(t_cfg.grad_accum)]
-            weights = distributed.loss_weights(dd, batches, device, objective.count)
-            micro_losses = []
-            for micro, (x, y) in enumerate(batches):
-                first = distributed.first_sample(dd, step, micro, t_cfg.grad_accum, B)  # seeds the diffusion masks
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with distributed.grad_sync(dd, wrapped, sync=micro == t_cfg.grad_accum - 1):
-                    with autocast():
-                        loss = objective.loss(fwd, x, y, first) / t_cfg.grad_accum
-                    if weights is not None:
-                        loss = loss * weights[micro].to(loss.dtype)
-                    micro_losses.append(loss.detach())
-                    loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            # the micro-batch losses, mean over the ranks (the step's second collective), and the
-            # gradient norm: the step's one host synchronisation
-            lvs = distributed.mean_over_ranks(dd, torch.stack(micro_losses).to(distributed.stat_dtype(device)))
-            *lvs, gnv = torch.cat([lvs, distributed.local_full(gn).detach().reshape(1).to(lvs.dtype)]).tolist()
-            for lv in lvs:  # the first non-finite micro-batch loss, as it would have been seen on its own
-                if not math.isfinite(lv):
-                    _diverged("loss", lv, step + 1, last_ckpt, ckpt_path)
-            loss_sum = 0.0
-            for lv in lvs:  # summed in micro-batch order, in float64 (the logged loss of the step)
-                loss_sum += lv
-            if not math.isfinite(gnv):
-                _diverged("gradient norm", gnv, step + 1, last_ckpt, ckpt_path)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            done = step + 1
-            dt = time.perf_counter() - t0
-            step_times.append(dt)
-            tok_log += tokens_per_step
-            result.losses[done] = loss_sum
+    def finish(self, end: int) -> TrainResult:
+        """The result's timings and emergence step; at the run's last step, ``final/`` and ``summary.json``
+        (rank 0)."""
+        from sinklab.nn.model import SinkLM
 
-            track_now = done == t_cfg.steps or (cfg.track.every and done % cfg.track.every == 0)
-            if done % t_cfg.log_every == 0 or track_now or done == end:
-                now = time.perf_counter()
-                tps = tok_log / max(now - t_log, 1e-9)
-                rec = {"step": done, "loss": round(loss_sum, 6), "lr": lr, "grad_norm": round(gnv, 6),
-                       "tokens": done * tokens_per_step, "tokens_per_s": round(tps, 1),
-                       "elapsed_s": round(now - t_first, 2)}
-                if track_now:
-                    rec.update({k: v for k, v in tracker.evaluate(model, done, device, autocast).items() if k != "step"})
-                log.write(rec)
-                t_log, tok_log = time.perf_counter(), 0
-                post = {"loss": f"{loss_sum:.3f}", "tok/s": f"{tps:,.0f}"}
-                if "sink_rate" in rec:
-                    post["sink1"] = f"{rec['sink_rate'][0]:.1f}%"
-                bar.set_postfix(post, refresh=False)
-            bar.update(1)
-            status.step = done
-            if done == end or (t_cfg.checkpoint_every and done % t_cfg.checkpoint_every == 0):
-                checkpoint(done)
-    finally:
-        bar.close()
-        log.close()
+        cfg, t_cfg, result = self.cfg, self.cfg.train, self.result
+        tokens_per_step = cfg.tokens_per_step
+        # median step time: robust to the first (compile / warm-up) steps and to tracker pauses
+        result.seconds_per_step = float(np.median(self.step_times)) if self.step_times else 0.0
+        result.median_step_tokens_per_s = tokens_per_step / result.seconds_per_step if self.step_times else 0.0
+        result.wall_s = self.wall_before + time.perf_counter() - self.t_start
+        result.tokens_per_s = end * tokens_per_step / max(result.wall_s, 1e-9)  # the run's average over its wall time
+        result.emergence_step = self.data.tracker.emergence_step()
+        # the unsharded model on rank 0 (gathered under FSDP2); None on the other ranks
+        final_model = distributed.full_model(self.dd, self.model, lambda: SinkLM(cfg.model)) if end == t_cfg.steps else None
+        if final_model is not None:
+            _save_final(final_model, self.data.tc, self.out, mask_token=cfg.diffusion)
+            summary = self.summary(final_model)
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        return result
 
-    # median step time: robust to the first (compile / warm-up) steps and to tracker pauses
-    result.seconds_per_step = float(np.median(step_times)) if step_times else 0.0
-    result.median_step_tokens_per_s = tokens_per_step / result.seconds_per_step if step_times else 0.0
-    result.wall_s = wall_before + time.perf_counter() - t_start
-    result.tokens_per_s = end * tokens_per_step / max(result.wall_s, 1e-9)  # the run's average over its wall time
-    result.emergence_step = tracker.emergence_step()
-    # the unsharded model on rank 0 (gathered under FSDP2); None on the other ranks
-    final_model = distributed.full_model(dd, model, lambda: SinkLM(cfg.model)) if end == t_cfg.steps else None
-    if final_model is not None:
-        _save_final(final_model, tc, out, mask_token=cfg.diffusion)
-        summary = {
+    def summary(self, final_model: torch.nn.Module) -> dict[str, Any]:
+        """The contents of ``summary.json`` for the finished run (see the module docstring)."""
+        from sinklab.data.baseline import unigram_loss
+        from sinklab.provenance import code_version
+        from sinklab.train.fingerprint import environment
+
+        cfg, t_cfg, result, train_data, tracker = self.cfg, self.cfg.train, self.result, self.data.train_data, self.data.tracker
+        tokens_per_step = cfg.tokens_per_step
+        return {
             "steps": t_cfg.steps,
             "tokens": t_cfg.steps * tokens_per_step,
             "train_tokens_available": train_data.n_tokens,
@@ -548,21 +679,19 @@ def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.
             "tokens_per_s": round(result.tokens_per_s, 1),
             "wall_s": round(result.wall_s, 3),
             "median_step_tokens_per_s": round(result.median_step_tokens_per_s, 1),
-            "device": str(device),
-            "processes": dd.world,
-            "unigram_loss": round(unigram_loss(train_data.stream, val_y, cfg.model.vocab_size), 6),
+            "device": str(self.device),
+            "processes": self.dd.world,
+            "unigram_loss": round(unigram_loss(train_data.stream, self.data.val_y, cfg.model.vocab_size), 6),
             "seed": t_cfg.seed,
             "objective": t_cfg.objective,
-            "mask_token_id": getattr(objective, "mask_id", None),
+            "mask_token_id": getattr(self.data.objective, "mask_id", None),
             "code": code_version(),
-            "code_fingerprint": fingerprint,
-            "code_fingerprints": fingerprints,
+            "code_fingerprint": result.code_fingerprint,
+            "code_fingerprints": self.fingerprints,
             "init_from": t_cfg.init_from,
             "threads": torch.get_num_threads(),
             **environment(),
         }
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    return result
 
 
 def init_weights(cfg: RunConfig, tc: TokenizedCorpus):
