@@ -163,6 +163,18 @@ def test_summary_and_report_check_flag_stale_rows(tiny, tmp_path, monkeypatch):
     assert subprocess.run(cli[:-1], env=env, capture_output=True).returncode == 0
 
 
+def test_a_row_that_could_not_be_compared_is_marked_unchecked_not_stale():
+    from sinklab.sweep.summary import stale_mark
+
+    assert stale_mark({"fingerprint_current": True, "fingerprint_check": "same machine"}) == ""
+    assert stale_mark({"fingerprint_current": "False", "fingerprint_check": "commit abc re-run here"}) == \
+        "stale: trained by code with other numerics"
+    assert stale_mark({"fingerprint_current": False, "fingerprint_check": "same machine; commit abc re-run here"}) == \
+        "stale: trained by code with other numerics"
+    how = "commit f167b8851f71 cannot compute a fingerprint here"
+    assert stale_mark({"fingerprint_current": False, "fingerprint_check": how}) == f"unchecked: {how}"
+
+
 def test_init_from_starts_from_the_runs_weights_with_a_fresh_optimizer(tiny, tmp_path):
     """Fine-tuning (issue 24 item 1): the first step's loss is the source model's loss on the new data's
     first batch, computed independently; a resume of the fine-tuning run is exact; a different model is refused."""
@@ -263,6 +275,14 @@ def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, t
     assert not ok and "dirty tree" in how
     ok, how = as_if("f" * 40)
     assert not ok and "cannot compute" in how
+    # The commit's code gets the run's config.toml as that commit wrote it, not today's to_toml,
+    # whose newer keys (e.g. model.attention_backend) older code rejects as unknown.
+    import sinklab.runs.config as runs_config
+
+    real = runs_config.to_toml
+    monkeypatch.setattr(runs_config, "to_toml", lambda c: real(c).replace("[model]\n", "[model]\nnot_a_key_yet = 1\n"))
+    assert as_if(same) == (True, f"commit {same[:12]} re-run here")
+    monkeypatch.setattr(runs_config, "to_toml", real)
     # A CPU that reports this machine's model name but rounded differently (the recorded fingerprint
     # is not this machine's): decided by re-running its commit, not declared stale by the name alone.
     def same_name(commit):

@@ -18,7 +18,7 @@ from typing import Any
 
 from sinklab.errors import InputError
 from sinklab.fileio import read_json, reading
-from sinklab.sweep.summary import markdown_table, mean_std, seed_values, summarize_sweep
+from sinklab.sweep.summary import markdown_table, mean_std, seed_values, stale_mark, summarize_sweep
 
 SECTION_ORDER = ["regime", "optimisation", "data", "loss", "architecture", "attention", "positional"]
 
@@ -177,8 +177,8 @@ def _headline(headline: list[tuple[str, dict[str, Any]]]) -> list[str]:
                + ("" if r.get("effect_lo") in (None, "") else f" [{float(r['effect_lo']):+.1f}, {float(r['effect_hi']):+.1f}]"))
         pa = "–" if r.get("p_holm") in (None, "") else f"{float(r['p_holm']):.3g}"
         v = (r.get("verdict") or "–") + (" (mixed code)" if r.get("code_mixed") in (True, "True") else "")
-        if str(r.get("fingerprint_current")) == "False":
-            v += " **(stale)**"
+        if mark := stale_mark(r):
+            v += f" **({mark.split(':')[0]})**"
         lines.append(f"| {title} | {label} | {r['n_seeds']} | {ours} | {seeds} | {pv} | {eff} "
                      f"| {r['expect']} ({r.get('expect_by') or '–'}) | {pa} | {v} |")
     lines.append("\n¹ verdict on the mask-aware Sink_1.\n")

@@ -362,11 +362,28 @@ def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
     code = s.get("code") or {}
     if code.get("dirty") or not code.get("commit") or code.get("commit") == "unknown":
         return False, "trained on another machine from a dirty tree (its code cannot be re-run)"
-    fp = fingerprint_at_commit(load_config(run / "config.toml"), code["commit"], run)
+    cfg_file = run / "config.toml"
+    fp = fingerprint_at_commit(load_config(cfg_file), code["commit"], run, cfg_file.read_text(encoding="utf-8"))
     if fp is None:
         return False, f"commit {code['commit'][:12]} cannot compute a fingerprint here"
     how = f"commit {code['commit'][:12]} re-run here"
     return fp == current, how + (" (same CPU name, other rounding)" if same_name else "")
+
+
+#: how :func:`seed_is_current` says that it compared the numerics (anything else: it could not decide)
+_DECIDED = ("same machine", "re-run here", "trained by code with different numerics")
+
+
+def stale_mark(row: dict[str, Any]) -> str:
+    """The mark a summary or report row gets when ``fingerprint_current`` is False: "stale" when a
+    seed was compared and differs, "unchecked" with the reason when no seed could be compared (e.g. a
+    commit that is not in this checkout); "" when the row is current or has no seeds."""
+    if str(row.get("fingerprint_current")) != "False":
+        return ""
+    how = str(row.get("fingerprint_check") or "")
+    if how and not any(d in how for d in _DECIDED):
+        return f"unchecked: {how}"
+    return "stale: trained by code with other numerics"
 
 
 def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> None:
@@ -471,8 +488,8 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
         pos_s = "–" if pos in (None, "") else (str(pos) if int(pos) == 1 else f"**{pos}**")
         seeds = ", ".join(f"{v:.0f}" for v in seed_values(r, "sink1"))
         verdict_s = (r.get("verdict") or "–") + (" (mixed code)" if r.get("code_mixed") in (True, "True") else "")
-        if r.get("fingerprint_current") in (False, "False"):
-            verdict_s += " **(stale: trained by code with other numerics)**"
+        if mark := stale_mark(r):
+            verdict_s += f" **({mark})**"
         metric_mark = " ¹" if r.get("metric") == "sink1_visible" else ""
         ci = "" if r.get("ci_lo") in (None, "") else f" [{float(r['ci_lo']):.1f}, {float(r['ci_hi']):.1f}]"
         eff = ("–" if r.get("effect") in (None, "") else f"{float(r['effect']):+.1f}" +

@@ -199,7 +199,7 @@ _AT_COMMIT = ("import sys, sinklab\nassert sinklab.__file__.startswith(sys.argv[
               "print(code_fingerprint(load_config(sys.argv[1])))")
 
 
-def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path) -> str | None:
+def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path, config_text: str | None = None) -> str | None:
     """The fingerprint that the training code of ``commit`` gives for ``cfg`` *on this machine*
     (its ``src/`` exported with ``git archive`` into a temporary folder and run in a subprocess),
     cached in ``$SINKLAB_HOME/fingerprints.json`` under the commit, this machine's torch and CPU and
@@ -212,6 +212,9 @@ def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path) -> str | None
     Args:
         cfg: the run's config. commit: the full commit that trained it. repo: a folder inside a git
             checkout that has the commit.
+        config_text: the run's ``config.toml`` as that commit wrote it, given to the commit's code
+            as is (default: ``to_toml(cfg)``, which carries today's keys, e.g.
+            ``model.attention_backend``, that older code rejects as unknown).
 
     Returns:
         16 hex digits, or None when the commit is not in the repository or its code cannot compute a
@@ -238,7 +241,7 @@ def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path) -> str | None
             return None
         subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
         cfg_file = tmp / "config.toml"
-        cfg_file.write_text(to_toml(cfg))
+        cfg_file.write_text(to_toml(cfg) if config_text is None else config_text)
         env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
         env.update(PYTHONPATH=str(tmp / "src"), OMP_NUM_THREADS=str(cfg.train.threads or 1))
         proc = subprocess.run([sys.executable, "-c", _AT_COMMIT, str(cfg_file), str(tmp / "src")], capture_output=True,
