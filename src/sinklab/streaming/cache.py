@@ -516,6 +516,26 @@ def _hf_layers(model, budget: int, max_context: int | None, make) -> list[SinkCa
             for w, rot in zip(windows, rotations)]
 
 
+def _hf_observers(adapter, what: str) -> None:
+    """Make a ``transformers`` model hand each attention's weights to its cache layer (forward hooks).
+
+    Raises:
+        InputError: an attention implementation that does not return the weights (sdpa, flash).
+    """
+    impl = adapter.attn_implementation
+    if impl != "eager":
+        raise InputError(f"{what} needs the attention weights, which {impl!r} attention does not return: load "
+                         "the model with attn_implementation='eager' (or call model.set_attn_implementation('eager'))")
+    _install_observers(adapter.model)
+
+
+#: per model kind (:attr:`sinklab.capture.adapter.ModelAdapter.kind`): the cache layers of a model, and
+#: how its attention weights reach the layers for an attention-based policy (a sinklab model's
+#: attention hands them to its cache itself)
+_CACHE_LAYERS = {"sinklab": _native_layers, "hf": _hf_layers}
+_WEIGHT_OBSERVERS = {"sinklab": lambda adapter, what: None, "hf": _hf_observers}
+
+
 def _observe_hook(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
     """Forward hook on a ``transformers`` attention module: hand its attention weights (B, H, q, K + q)
     to the layer of the :class:`SinkCache` (or :class:`StackedCache`) it was called with, when that
@@ -622,19 +642,11 @@ class SinkCache(Cache):
                                   recent=recent, eps=eps), store=make_store(kv_bits, kv_group, key_quant,
                                                                            sinks_full_precision), eps=eps)
 
-        native = adapt(model).kind == "sinklab"
-        if native:
-            layers = _native_layers(model, budget, max_context, make)
-        else:
-            layers = _hf_layers(model, budget, max_context, make)
-            if cls.needs_scores or detect:
-                impl = model.config._attn_implementation
-                what = f"cache policy {policy}" if cls.needs_scores else "sinks_full_precision='detected'"
-                if impl != "eager":
-                    raise InputError(f"{what} needs the attention weights, which {impl!r} attention does "
-                                     "not return: load the model with attn_implementation='eager' (or call "
-                                     "model.set_attn_implementation('eager'))")
-                _install_observers(model)
+        adapter = adapt(model)
+        layers = _CACHE_LAYERS[adapter.kind](model, budget, max_context, make)
+        if cls.needs_scores or detect:
+            _WEIGHT_OBSERVERS[adapter.kind](adapter, f"cache policy {policy}" if cls.needs_scores
+                                            else "sinks_full_precision='detected'")
         super().__init__(layers=layers)
         memo = _StepMemo()
         for layer in layers:
@@ -643,7 +655,7 @@ class SinkCache(Cache):
         self.kv_bits, self.kv_group, self.key_quant = kv_bits, kv_group, key_quant
         self.sinks_full_precision = sinks_full_precision
         self.detects_sinks = detect
-        self._model_config = None if native else model.config
+        self._model_config = None if adapter.kind == "sinklab" else model.config
 
     def attn_implementation(self, module=None) -> str:
         """The attention implementation of the model this cache was built for ('?' when unknown)."""

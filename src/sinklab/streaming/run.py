@@ -184,8 +184,10 @@ def _load_checked(model: str, corpus: str, specs, task: str) -> tuple:
     """(loaded model, whether it is a sinklab model, its context or None), refused as :func:`stream` says."""
     from sinklab.zoo.models import load_model
 
+    from sinklab.capture.adapter import adapt
+
     loaded = load_model(model, attn_implementation="sdpa")
-    native = loaded.info.architecture.startswith("sinklab:")
+    native = adapt(loaded.model).kind == "sinklab"
     if loaded.info.is_encoder or not (native or hasattr(loaded.model, "set_attn_implementation")):
         raise InputError(f"sinklab stream needs a causal LM with relative positions; {model} is "
                          + ("an encoder" if loaded.info.is_encoder else f"a {loaded.info.architecture} model"))
