@@ -258,6 +258,14 @@ def test_train_result_round_trip(tmp_path):
     back = loop.TrainResult.load(tmp_path / "saved")
     assert back.losses == res.losses and back.steps == 2 and back.out == res.out
     assert back.table()["loss"].tolist() == [res.losses[1], res.losses[2]]
+    # the run folder holds its result too, with the call that made it and the versions
+    import sinklab
+
+    in_run = loop.TrainResult.load(tmp_path / "run")
+    assert in_run.losses == res.losses and in_run.command == f"sinklab.train.train(config, {str(tmp_path / 'run')!r})"
+    assert in_run.versions["sinklab"] == sinklab.__version__
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["command"] == in_run.command and summary["versions"] == in_run.versions
 
 
 def test_stream_result_is_its_json_and_a_result(tiny_model_dir, text_corpus_dir, tmp_path):

@@ -47,8 +47,9 @@ val_windows = 2
 """)
     out = tmp_path / "run"
     _load_commands()
-    res = CliRunner().invoke(cli, ["train", str(cfg), "--out", str(out), "--set", "optim.lr=0.002",
-                                   "--steps", "4", "--no-progress"], catch_exceptions=False)
+    argv = ["train", str(cfg), "--out", str(out), "--set", "optim.lr=0.002", "--steps", "4", "--no-progress"]
+    # obj: the command as typed, as sinklab.cli.main.app hands it on
+    res = CliRunner().invoke(cli, argv, catch_exceptions=False, obj={"argv": argv})
     assert res.exit_code == 0, res.output
     assert "Sink_1" in res.output
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
@@ -73,6 +74,11 @@ val_windows = 2
     assert loaded.tokenizer.decode(ids) == "the of and"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["weight_decay"]["applied_to"] == "matrices" and summary["steps"] == 4
+    # the command as typed, in summary.json and in the run's Result (train_result.json)
+    from sinklab.train import TrainResult
+
+    typed = "sinklab " + " ".join(argv)
+    assert summary["command"] == typed and TrainResult.load(out).command == typed
 
 
 def test_train_cli_bad_key_exits_2(tmp_path, capsys):

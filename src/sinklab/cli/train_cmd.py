@@ -95,11 +95,11 @@ def train_cmd(
                f"attention={cfg.model.attention}, packing={cfg.data.packing}, weight decay {cfg.optim.weight_decay} "
                f"on {cfg.optim.decay}", err=True)
     try:
-        res = train(cfg, out, resume=resume, progress=not no_progress, notify=lambda m: typer.echo(m, err=True))
+        res = train(cfg, out, resume=resume, progress=not no_progress, notify=lambda m: typer.echo(m, err=True),
+                    command=invoked_command())
     except TrainingInterrupted as e:
         typer.echo(interrupted_line(e, _command(args(e.checkpoint is not None))), err=True)
         raise typer.Exit(130) from None
-    res.command = invoked_command()
     if res.already_finished:
         typer.echo(res.note)
         return

@@ -9,7 +9,8 @@ Run folder ``DIR``::
     tb/              TensorBoard events
     checkpoint.pt    latest checkpoint (model, optimizer, RNG, step), replaced atomically
     final/           SinkLM.save_pretrained + HF tokenizer: ``sinklab measure --model DIR/final``
-    summary.json     emergence step of Sink_1, final metrics, weight-decay mode, throughput
+    summary.json     emergence step of Sink_1, final metrics, weight-decay mode, throughput, command, versions
+    train_result.json  the TrainResult train() returns (TrainResult.load(DIR) reads it)
 
 The batch of a step is a pure function of (seed, step) and every RNG state is checkpointed, so
 ``resume=True`` continues a killed run with the same losses as an uninterrupted run.
@@ -102,7 +103,8 @@ class TrainResult(Result):
     note: str = ""  # what a resume changed (steps raised on a finished run: the schedule consequence)
     code_fingerprint: str | None = None  # sinklab.train.fingerprint.code_fingerprint of the config, this start
     data_digest: str | None = None  # the canonical training's data hash (sinklab.train.fingerprint.data_digest)
-    command: str = ""  # the command that made it ("" when train is called from Python)
+    command: str = ""  # the command that made it (the CLI's; from Python: the call, sinklab.train.train(...))
+    versions: dict[str, str] = field(default_factory=dict)  # sinklab.result.versions() of the run's last start
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (``out`` as a string, ``losses`` keyed by step as strings)."""
@@ -234,6 +236,7 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     notify: Callable[[str], None] | None = None,
+    command: str | None = None,
     _canonical: bool = False,
 ) -> TrainResult:
     """Pre-train a :class:`~sinklab.nn.SinkLM` as configured and track its sinks.
@@ -247,6 +250,8 @@ def train(
         stop_after: stop (with a checkpoint) after this many steps, as if killed there; for tests
             and time-boxed runs.
         notify: called with a one-line message when a resume changes something (see ``note``).
+        command: the command that made the run, recorded in ``summary.json`` and ``train_result.json``
+            (the CLI passes the ``sinklab train ...`` line; default: this Python call).
         _canonical: internal: the short canonical training of :mod:`sinklab.train.fingerprint`
             (one process, no fingerprint of its own, data digest recorded).
 
@@ -292,12 +297,14 @@ def train(
     ckpt, note, finished = _check_resume(cfg, out, notify, status) if resume else (None, "", None)
     if finished is not None:
         return finished
+    if command is None:
+        command = f"sinklab.train.train(config, {str(out)!r}{', resume=True' if resume else ''})"
     threads_before = torch.get_num_threads()
     if cfg.train.threads is not None:
         torch.set_num_threads(cfg.train.threads)
     try:
         return _train_in_group(cfg, out, ckpt, note, t_start=t_start, progress=progress, stop_after=stop_after,
-                               notify=notify, canonical=_canonical, status=status)
+                               notify=notify, canonical=_canonical, status=status, command=command)
     except KeyboardInterrupt as e:
         if _canonical or isinstance(e, TrainingInterrupted):
             raise
@@ -350,7 +357,7 @@ def _check_resume(cfg: RunConfig, out: Path, notify: Callable[[str], None] | Non
 
 def _train_in_group(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, *, t_start: float, progress: bool,
                     stop_after: int | None, notify: Callable[[str], None] | None, canonical: bool,
-                    status: _Status) -> TrainResult:
+                    status: _Status, command: str = "") -> TrainResult:
     """:func:`_run` on the configured device inside the process group (if any), with the code fingerprint."""
     device = resolve_device(cfg.train.device)
     dd = distributed.Dist() if canonical else distributed.setup(cfg.train.parallel, device)
@@ -361,7 +368,7 @@ def _train_in_group(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, *, 
         fingerprint = distributed.from_main(dd, fingerprint)
         result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
                       progress=progress, stop_after=stop_after, notify=notify, fingerprint=fingerprint,
-                      canonical=canonical, status=status)
+                      canonical=canonical, status=status, command=command)
         distributed.barrier(dd)  # every rank done (rank 0 wrote final/ and summary.json) before the group goes
         return result
     finally:
@@ -370,12 +377,13 @@ def _train_in_group(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, *, 
 
 def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device, dd: distributed.Dist, *,
          t_start: float, progress: bool, stop_after: int | None, notify: Callable[[str], None] | None,
-         fingerprint: str | None = None, canonical: bool = False, status: _Status | None = None) -> TrainResult:
+         fingerprint: str | None = None, canonical: bool = False, status: _Status | None = None,
+         command: str = "") -> TrainResult:
     """The body of :func:`train` once the resume checks passed and the process group (if any) is up:
     set up (:class:`_Trainer`), train up to ``train.steps`` (or ``stop_after``), write ``final/`` and
     ``summary.json``."""
     tr = _Trainer(cfg, out, ckpt, note, device, dd, t_start=t_start, notify=notify, fingerprint=fingerprint,
-                  canonical=canonical, status=status or _Status())
+                  canonical=canonical, status=status or _Status(), command=command)
     if cfg.train.init_from and ckpt is None:
         # fine-tuning: the starting model measured on this run's data and probe (step 0), so that the
         # sink before and after fine-tuning are read on the same inputs
@@ -444,15 +452,18 @@ class _Trainer:
 
     def __init__(self, cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device,
                  dd: distributed.Dist, *, t_start: float, notify: Callable[[str], None] | None,
-                 fingerprint: str | None, canonical: bool, status: _Status) -> None:
+                 fingerprint: str | None, canonical: bool, status: _Status, command: str = "") -> None:
         self.cfg, self.out, self.device, self.dd, self.status, self.t_start = cfg, out, device, dd, status, t_start
+        self.canonical = canonical
         self.ckpt_path = out / CHECKPOINT_NAME
         self.data = _setup_data(cfg, out, dd, notify=notify, canonical=canonical)
         self._setup_model(ckpt)
         self.last_ckpt = self.start if ckpt is not None else None
         self.wall_before = float(ckpt.get("wall_s", 0.0)) if ckpt is not None else 0.0
+        from sinklab.result import versions
+
         self.result = TrainResult(out=out, steps=cfg.train.steps, history=self.data.tracker.history, note=note,
-                                  code_fingerprint=fingerprint)
+                                  code_fingerprint=fingerprint, command=command, versions=versions())
         if canonical:
             from sinklab.train.fingerprint import data_digest
 
@@ -654,6 +665,8 @@ class _Trainer:
             _save_final(final_model, self.data.tc, self.out, mask_token=cfg.diffusion)
             summary = self.summary(final_model)
             (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+            if not self.canonical:
+                result.save(self.out)  # train_result.json: the Result every feature returns
         return result
 
     def summary(self, final_model: torch.nn.Module) -> dict[str, Any]:
@@ -686,6 +699,8 @@ class _Trainer:
             "objective": t_cfg.objective,
             "mask_token_id": getattr(self.data.objective, "mask_id", None),
             "code": code_version(),
+            "command": result.command,
+            "versions": result.versions,
             "code_fingerprint": result.code_fingerprint,
             "code_fingerprints": self.fingerprints,
             "init_from": t_cfg.init_from,
