@@ -119,6 +119,10 @@ def plot_budget(df: pd.DataFrame, meta: dict, path: Path) -> None:
         ax.set_xlabel("budget: tokens kept per layer")
         ax.set_ylabel(f"perplexity over {meta['tokens']} tokens")
         ax.grid(alpha=0.3, which="both")
+    axes[0].set_title("every policy (log scale)", fontsize=9)
+    h, lab = axes[0].get_legend_handles_labels()  # the other policies are named in the right panel
+    keep = [i for i, t in enumerate(lab) if t == "window" or t.startswith(("full", "recompute"))]
+    axes[0].legend([h[i] for i in keep], [lab[i] for i in keep], fontsize=8, loc="upper right")
     axes[1].set_title("without window (linear scale)", fontsize=9)
     axes[1].legend(fontsize=8)
     fig.suptitle(f"{meta['model']} · {meta['corpus']} · {meta['tokens']} tokens · cache policies at equal budget",

@@ -190,6 +190,57 @@ def test_on_the_fly_sink_mass_is_sinklabs_attention_mass():
     assert torch.allclose(got, attention_mass(A), atol=1e-12)
 
 
+def _feed_by_hand(pol, weights_of, steps: int = 20) -> list[int]:
+    """Stream ``steps`` tokens through one policy, one query per step: ``weights_of(t, kept)`` gives the
+    query's weight on each kept arrival (by arrival index), the same on 2 heads. Returns the arrivals
+    kept at the end."""
+    kept: list[int] = []
+    for t in range(steps):
+        kept.append(t)
+        w = torch.zeros(1, 2, 1, len(kept), dtype=torch.float64)
+        for a, v in weights_of(t, kept).items():
+            w[0, :, 0, kept.index(a)] = v
+        pol.observe(w, 1)
+        keep = pol.keep(len(kept), torch.tensor(kept))
+        if keep is not None:
+            pol.select(keep)
+            kept = [kept[i] for i in keep[0].tolist()]
+    return kept
+
+
+@pytest.mark.parametrize("policy, budget, n_sink, want", [("h2o", 3, 0, [5, 18, 19]), ("sinks+h2o", 4, 1, [0, 5, 18, 19])])
+def test_h2o_keeps_the_heavy_hitter_by_hand(policy, budget, n_sink, want):
+    """Hand-made weights: up to token 5 every query attends to itself only; from token 6 on it gives
+    half to itself and half to token 5. So token 5's accumulated attention (1 + 0.5 per later query)
+    exceeds every other token's (at most 1) from token 7 on, and h2o with a recent window of 2 keeps
+    it beside the 2 most recent tokens (sinks+h2o: and token 0). A rule keeping the oldest tokens
+    would keep token 0 (h2o) or token 1 (sinks+h2o) instead."""
+    pol = make_policy(policy, budget, n_sink, recent=2)
+
+    def w(t, kept):
+        return {t: 1.0} if t <= 5 else {t: 0.5, 5: 0.5}
+
+    assert _feed_by_hand(pol, w) == want
+    assert float(pol.score[0, want.index(5)]) == pytest.approx(2 * (1 + 0.5 * 14))  # summed over the 2 heads
+
+
+@pytest.mark.parametrize("policy, budget, n_sink, want", [("tova", 3, 0, [5, 18, 19]), ("sinks+tova", 4, 1, [0, 5, 18, 19])])
+def test_tova_keeps_what_the_current_query_attends_to_by_hand(policy, budget, n_sink, want):
+    """Hand-made weights: from token 6 on each query gives 0.6 to itself, 0.3 to token 5 and 0.1 to the
+    previous token (before: 0.9 to itself, 0.1 to the previous). tova keeps the budget tokens the
+    current query attends to most: itself, token 5 and the previous token (sinks+tova: and token 0,
+    which the late queries give nothing)."""
+    pol = make_policy(policy, budget, n_sink)
+
+    def w(t, kept):
+        if t == 0:
+            return {0: 1.0}
+        return {t: 0.9, t - 1: 0.1} if t <= 5 else {t: 0.6, 5: 0.3, t - 1: 0.1}
+
+    assert _feed_by_hand(pol, w) == want
+    assert pol.score[0].tolist() == pytest.approx([{0: 0.0, 5: 0.3, 18: 0.1, 19: 0.6}[a] for a in want])
+
+
 def test_detected_sinks_keeps_a_secondary_sink_by_hand():
     """Hand-made weights, 2 heads: every query puts its weight on itself, except that from token 3 on
     head 1 gives half of it to token 3. So token 3's mass in head 1 stays >= 0.5 while any other

@@ -82,7 +82,7 @@ def test_pack_unpack_round_trip(bits):
     assert torch.equal(unpack_codes(packed, bits, 64), codes)
 
 
-@pytest.mark.parametrize("policy", ["sinks", "h2o", "detected-sinks"])
+@pytest.mark.parametrize("policy", ["window", "sinks", "h2o", "tova", "sinks+h2o", "sinks+tova", "detected-sinks"])
 def test_16_bits_is_bit_identical_to_the_unquantised_cache(policy):
     m = llama(layers=2)
     ids = torch.randint(0, 80, (2, 30), generator=torch.Generator().manual_seed(3))
