@@ -262,7 +262,7 @@ def test_train_result_round_trip(tmp_path):
     import sinklab
 
     in_run = loop.TrainResult.load(tmp_path / "run")
-    assert in_run.losses == res.losses and in_run.command == f"sinklab.train.train(config, {str(tmp_path / 'run')!r})"
+    assert in_run.losses == res.losses and in_run.command == f"python: sinklab.train.train(config, {str(tmp_path / 'run')!r})"
     assert in_run.versions["sinklab"] == sinklab.__version__
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["command"] == in_run.command and summary["versions"] == in_run.versions

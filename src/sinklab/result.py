@@ -27,6 +27,16 @@ def command_of(argv: Sequence[str], prog: str = "sinklab") -> str:
     return " ".join(shlex.quote(str(a)) for a in [prog, *argv])
 
 
+def python_call(function: str, *args: str, **kwargs: Any) -> str:
+    """How a result made in Python was called, marked as such: ``python: FUNCTION(ARGS, K=V!r, ...)``
+    (``args`` already written as wanted; keyword values with ``repr``; None values left out). What
+    :attr:`Result.command` holds for a Python call of a function that has no equivalent command line
+    (``sinklab.analyze.KIND``, ``sinklab.train.train``); ``measure`` and ``stream`` record instead the
+    ``sinklab`` command that reproduces the call."""
+    parts = [*args, *(f"{k}={v!r}" for k, v in kwargs.items() if v is not None)]
+    return f"python: {function}({', '.join(parts)})"
+
+
 def versions() -> dict[str, str]:
     """Versions of Python and of the packages that determine the numbers: ``sinklab``, ``torch``,
     ``transformers``, ``python``."""
@@ -147,4 +157,4 @@ class DictResult(Result, dict):
         return cls(data)
 
 
-__all__ = ["Result", "DictResult", "command_of", "versions", "resolve_file"]
+__all__ = ["Result", "DictResult", "command_of", "python_call", "versions", "resolve_file"]

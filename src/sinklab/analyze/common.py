@@ -420,8 +420,9 @@ def command_line(kind: str, settings: dict, subj: Subject | None = None) -> str:
         model = f"Subject(<model object {settings.get('model')!r}, input_ids {tuple(subj.input_ids.shape)}>)"
     else:
         model = repr(subj.source if subj is not None else settings.get("model"))
-    args = [f"{k}={v!r}" for k, v in settings.items() if k != "model" and v is not None]
-    return f"python: sinklab.analyze.{kind}({', '.join([model, *args])})"
+    from sinklab.result import python_call
+
+    return python_call(f"sinklab.analyze.{kind}", model, **{k: v for k, v in settings.items() if k != "model"})
 
 
 def resolve_subject(model: "str | Subject", **probe) -> Subject:

@@ -251,7 +251,8 @@ def train(
             and time-boxed runs.
         notify: called with a one-line message when a resume changes something (see ``note``).
         command: the command that made the run, recorded in ``summary.json`` and ``train_result.json``
-            (the CLI passes the ``sinklab train ...`` line; default: this Python call).
+            (the CLI passes the ``sinklab train ...`` line; default: this Python call,
+            :func:`sinklab.result.python_call`).
         _canonical: internal: the short canonical training of :mod:`sinklab.train.fingerprint`
             (one process, no fingerprint of its own, data digest recorded).
 
@@ -298,7 +299,9 @@ def train(
     if finished is not None:
         return finished
     if command is None:
-        command = f"sinklab.train.train(config, {str(out)!r}{', resume=True' if resume else ''})"
+        from sinklab.result import python_call
+
+        command = python_call("sinklab.train.train", "config", repr(str(out)), resume=resume or None)
     threads_before = torch.get_num_threads()
     if cfg.train.threads is not None:
         torch.set_num_threads(cfg.train.threads)
