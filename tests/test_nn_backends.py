@@ -181,3 +181,20 @@ def test_compiled_tile_several_tiles():
     ALiBi): still the eager tile path's values (1e-5)."""
     _compare("sigmoid_norm", "alibi", "compiled", "prefix+window",
              options=AttentionOptions(tile_elems=2 * 4 * 13 * 4))  # 4 queries per tile
+
+
+def test_flex_kernel_raises_the_recompile_limit(monkeypatch):
+    """``flex_kernel()`` keeps up to RECOMPILE_LIMIT compiled versions, as the compiled tile path does
+    (dynamo's default of 8 would fall back to eager silently after a few operations or masks)."""
+    import sinklab.nn.flex as flex
+    from sinklab.nn.compiled import RECOMPILE_LIMIT
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    monkeypatch.setattr(flex, "_COMPILED", {})
+    flex.flex_kernel(compiled=True)
+    assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT == 64
+    flex.flex_kernel(compiled=False)  # the eager kernel leaves it alone
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 100)
+    monkeypatch.setattr(flex, "_COMPILED", {})
+    flex.flex_kernel(compiled=True)
+    assert torch._dynamo.config.recompile_limit == 100  # never lowered

@@ -43,7 +43,9 @@ PyTorch's own dense evaluation of the *same* ``score_mod`` and ``mask_mod``
 (``torch._higher_order_ops.flex_attention.math_attention``: the score_mod vmapped over the
 (b, h, q_idx, kv_idx) grid, float32, a (B, H, T, 1 + T) score tensor per layer). The CPU tests
 therefore check the score_mods and mask_mods that FlexAttention differentiates on a GPU, not
-FlexAttention's backward kernel itself, which only a GPU run can check.
+FlexAttention's backward kernel itself, which only a GPU run can check. Under ``train.compile`` the
+CPU Function runs outside the compiled graph (``torch.compiler.disable``: one graph break per layer;
+dynamo tracing its backward failed for sink_logit), its FlexAttention call still compiled.
 
 CPU kernel: ``torch.compile(flex_attention)`` on CPU (torch 2.13) gave NaN rows for a sequence
 length of 40 (not a multiple of its 128 block) and correct ones for 64, 128, and 40 / 200 padded to
@@ -89,13 +91,19 @@ _COMPILED: dict[str, Callable] = {}
 
 def flex_kernel(compiled: bool = True) -> Callable:
     """``flex_attention`` under ``torch.compile`` (the fused kernel; compiled once per shape and
-    mask, about a minute on a busy 2-core CPU) or eager (``compiled=False``: PyTorch's unfused
+    mask, about a minute on a busy 2-core CPU; dynamo's recompile limit raised to
+    :data:`sinklab.nn.compiled.RECOMPILE_LIMIT`) or eager (``compiled=False``: PyTorch's unfused
     implementation, which materialises the (B, H, T, Tk) scores; for tests and debugging)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
         return flex_attention
     if "flex" not in _COMPILED:
+        from sinklab.nn.compiled import RECOMPILE_LIMIT
+
+        # one version per shape, mask and score_mod: dynamo's default limit of 8 would fall back to
+        # eager silently after a few operations or masks in one process (as for the compiled tile path)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
     return _COMPILED["flex"]
 
@@ -223,6 +231,15 @@ def _identity(score, b, h, q_idx, kv_idx):
     return score
 
 
+@torch.compiler.disable
+def _flex_cpu(run, make_score_mod, mask_mod, scale, q, k, v, *tensors):
+    """:class:`_FlexCPU` run outside any enclosing ``torch.compile`` (``train.compile = true``):
+    dynamo would trace its backward, whose ``math_attention`` vmaps the score_mod, and fails on a
+    captured tensor the score_mod indexes (sink_logit's ``vlogit[h]``: "vmap over ApplyTemplate").
+    The FlexAttention call inside still runs its own compiled kernel (``flex_kernel``)."""
+    return _FlexCPU.apply(run, make_score_mod, mask_mod, scale, q, k, v, *tensors)
+
+
 # ------------------------------------------------------------------ the path
 def flex_attend(
     op,
@@ -297,7 +314,7 @@ def flex_attend(
 
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *tensors))
     if grad and q.device.type == "cpu":
-        out = _FlexCPU.apply(run, make, mask_mod, scale, q, k, v, *tensors)
+        out = _flex_cpu(run, make, mask_mod, scale, q, k, v, *tensors)
     else:
         out = run(q, k, v, make(tensors))
     out = out.to(v.dtype)
