@@ -1,14 +1,16 @@
 """torchrun worker of tests/test_train_distributed.py: ``sinklab train`` with every collective recorded.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_record_worker.py CONFIG OUT RECORDS [sgd]
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_record_worker.py CONFIG OUT RECORDS [sgd] [ragged]
 
 Trains the run config file CONFIG into OUT (as ``sinklab train CONFIG --out OUT`` does) with each
 public ``torch.distributed`` collective wrapped so that every call is recorded: the op, the module
 that called it, the device, dtype and size of its tensor and where in the loop it was made
 (``step``: 1-based optimizer step, ``phase``: "step" between the start of the step and the end of
 ``optimizer.step()``, "between" otherwise). ``sgd``: plain SGD (no momentum, no weight decay) at
-``optim.lr`` replaces AdamW, so a wrong gradient scale shows in the parameters. Rank r writes its
-records to RECORDS/rank{r}.json.
+``optim.lr`` replaces AdamW, so a wrong gradient scale shows in the parameters. ``ragged``: the
+training samples' targets masked by :func:`ragged` (the ranks of a micro-batch then count different
+numbers of targets, so their loss weights differ from 1). Rank r writes its records to
+RECORDS/rank{r}.json.
 """
 
 from __future__ import annotations
@@ -53,6 +55,25 @@ def _recorded(name, fn):
     return call
 
 
+def ragged_mask(g: int) -> int:
+    """Leading targets masked in global training sample ``g`` under ``ragged``: (5 g) mod 13 (0..12 of T 16)."""
+    return (5 * g) % 13
+
+
+def ragged(samples):
+    """``PackedData.samples`` with the first :func:`ragged_mask` (g) targets of sample g set to -100:
+    documents of unequal length as the loss sees them (a pure function of the global sample index,
+    so one process and every rank mask the same targets)."""
+    from sinklab.data.packing import IGNORE_INDEX
+
+    def masked(self, start, n, *, prefix_len=0):
+        x, y = samples(self, start, n, prefix_len=prefix_len)
+        for i in range(n):
+            y[i, : ragged_mask(start + i)] = IGNORE_INDEX
+        return x, y
+    return masked
+
+
 def sgd(model, cfg, device):
     """Plain SGD at ``optim.lr`` (no momentum, no weight decay): the update is lr x the gradient."""
     return torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=0.0, weight_decay=0.0)
@@ -85,6 +106,10 @@ def main() -> None:
         fault(d, step)
     distributed.maybe_fault = step_start
     loop.build_optimizer = _marking(sgd if "sgd" in sys.argv[4:] else loop.build_optimizer)
+    if "ragged" in sys.argv[4:]:
+        from sinklab.data.packing import PackedData
+
+        PackedData.samples = ragged(PackedData.samples)
     loop.train(load_config(cfg_path), out, progress=False)
     records.mkdir(parents=True, exist_ok=True)
     (records / f"rank{os.environ['RANK']}.json").write_text(json.dumps(RECORDS))

@@ -194,12 +194,13 @@ def final_params(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def sgd_one_process(corpus, tmp_path_factory):
-    """The one-process SGD references: parameters after 2 steps at lr and at 2 lr."""
-    from dist_record_worker import sgd
+    """The one-process SGD references on the ragged targets: parameters after 2 steps at lr and at 2 lr."""
+    from dist_record_worker import ragged, sgd
 
     out = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(loop, "build_optimizer", sgd)
+        mp.setattr(PackedData, "samples", ragged(PackedData.samples))
         for name, lr in (("lr", 0.5), ("2lr", 1.0)):
             run = tmp_path_factory.mktemp(f"sgd-one-{name}") / "run"
             loop.train(from_dict(apply_overrides(raw_cfg(corpus), [*SGD, f"optim.lr={lr}"])), run, progress=False)
@@ -209,23 +210,36 @@ def sgd_one_process(corpus, tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])
 def sgd_two_ranks(request, corpus, tmp_path_factory):
-    """2 SGD steps on 2 ranks (grad_accum 3) under the recording worker: final parameters and every
-    rank's collectives."""
+    """2 SGD steps on 2 ranks (grad_accum 3) under the recording worker, on the ragged targets: final
+    parameters and every rank's collectives."""
     root = tmp_path_factory.mktemp(f"sgd-two-{request.param}")
     cfg_file = root / "cfg.toml"
     cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), [*SGD, f"train.parallel={request.param}"]))))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER,
-           str(cfg_file), str(root / "run"), str(root / "records"), "sgd"]
+           str(cfg_file), str(root / "run"), str(root / "records"), "sgd", "ragged"]
     p = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     records = [json.loads((root / "records" / f"rank{r}.json").read_text()) for r in range(2)]
     return {"parallel": request.param, "params": final_params(root / "run"), "records": records}
 
 
+def test_ragged_targets_give_the_ranks_unequal_counts():
+    """In every micro-batch of the SGD runs (2 steps x 3 micro-batches of 4 samples, 2 per rank) the
+    two ranks count different numbers of targets (T 16 minus the masked ones), so every loss weight
+    c_{r,m} W / C_m differs from 1 and a weight of 1 gives other gradients."""
+    from dist_record_worker import ragged_mask
+
+    for m in range(2 * 3):
+        c = [sum(16 - ragged_mask(4 * m + 2 * r + i) for i in range(2)) for r in range(2)]
+        assert c[0] != c[1], (m, c)
+
+
 def test_two_ranks_sgd_parameters_equal_one_process(sgd_two_ranks, sgd_one_process):
     """After 2 SGD steps without clipping the 2-rank parameters equal the one-process ones; the 2 lr
     reference (what a summed instead of averaged gradient would give at the first step) is far off,
-    so the comparison sees a wrong gradient scale (AdamW and clipping would hide it)."""
+    so the comparison sees a wrong gradient scale (AdamW and clipping would hide it). The ranks count
+    different numbers of targets per micro-batch (:func:`dist_record_worker.ragged`), so the comparison
+    also sees wrong per-rank loss weights (all 1, say, instead of c_{r,m} W / C_m)."""
     two, one, one2 = sgd_two_ranks["params"], sgd_one_process["lr"], sgd_one_process["2lr"]
     assert sorted(two) == sorted(one)
     worst = max(float((two[k] - one[k]).abs().max()) for k in one)
