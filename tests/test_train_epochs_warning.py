@@ -46,6 +46,17 @@ def test_train_reports_the_warning_before_training(tmp_path):
     loop.train(cfg, tmp_path / "run", progress=False, stop_after=1, notify=said.append)
     assert len(said) == 1
     assert said[0].startswith("warning: 20 steps x 64 tokens pass over the") and "memorise" in said[0]
+    assert_names_the_large_corpora_section(said[0])
+
+
+def assert_names_the_large_corpora_section(msg: str) -> None:
+    """The message points to docs/scaling.md's 'Large corpora' section, which exists (not to the README's
+    former 'Scaling out' section)."""
+    from pathlib import Path
+
+    assert "see docs/scaling.md, 'Large corpora'" in msg and "README" not in msg, msg
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
+    assert "\n## Large corpora\n" in doc
 
 
 def test_warmup_warning_hand_worked():
@@ -96,6 +107,7 @@ def test_max_epochs_refuses_past_the_limit_with_the_hand_worked_count():
     msg = str(e.value)
     assert "\n" not in msg and "8.0 times" in msg and "data.max_epochs=4" in msg and "800 distinct" in msg
     assert 'data.corpus = "hf:NAME"' in msg and "--set data.max_epochs=8" in msg
+    assert_names_the_large_corpora_section(msg)
     with pytest.raises(InputError, match="--set data.max_epochs=9"):
         check_epochs(c, 790)  # 8.1 passes: the suggested limit is rounded up
 
@@ -157,3 +169,25 @@ def test_paper_60m_on_the_offline_corpora_exits_2_with_the_epochs_message(tmp_pa
     assert code == 2
     last = err.strip().splitlines()[-1]
     assert "10000 steps x 131,072 tokens" in last and "more than data.max_epochs=4" in last, err
+
+
+def test_a_refused_run_leaves_no_folder_it_created(tmp_path, capsys):
+    """The epochs refusal before training: an --out the command created (with its missing parents) is
+    removed again when nothing was written into it; an --out that existed before stays, empty."""
+    from conftest import run_cli_captured
+
+    texts = _small_texts(tmp_path / "t")
+    small = [f'data.corpus="{texts}"', "data.vocab_size=300", f'data.cache_dir="{tmp_path / "cache"}"',
+             "data.seq_len=16", "data.val_fraction=0.34", "train.batch_size=2", "train.grad_accum=1",
+             'train.device="cpu"', "track.probe_len=16", "track.n_probe=2", "track.val_windows=1", "track.positions=2"]
+    sets = [a for o in small for a in ("--set", o)]
+    code, _, err = run_cli_captured(["train", "paper-60m", *sets, "--out", str(tmp_path / "new" / "run"),
+                                     "--no-progress"], capsys)
+    assert code == 2 and "more than data.max_epochs=4" in err.strip().splitlines()[-1], err
+    assert (tmp_path / "cache").is_dir()  # the refusal came after tokenizing, outside the run folder
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    code, _, err = run_cli_captured(["train", "paper-60m", *sets, "--out", str(tmp_path / "mine"), "--no-progress"],
+                                    capsys)
+    assert code == 2 and "more than data.max_epochs=4" in err, err
+    assert (tmp_path / "mine").is_dir() and not any((tmp_path / "mine").iterdir())

@@ -290,7 +290,43 @@ def train(
     t_start = time.perf_counter()
     out = Path(out)
     check_writable(out, "--out")
+    created = _missing_folders(out)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _train_in_folder(cfg, out, resume=resume, progress=progress, stop_after=stop_after, notify=notify,
+                                canonical=_canonical, t_start=t_start, command=command)
+    except BaseException:
+        _remove_empty(created)  # a run refused before it wrote anything leaves no empty folder behind
+        raise
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """The folders ``path.mkdir(parents=True)`` would create, deepest first ([] if ``path`` exists)."""
+    missing = []
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is an empty folder; stop at the first that is not
+    (another rank may have removed it already, or the run wrote into it)."""
+    for f in folders:
+        try:
+            f.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return
+
+
+def _train_in_folder(cfg: RunConfig, out: Path, *, resume: bool, progress: bool, stop_after: int | None,
+                     notify: Callable[[str], None] | None, canonical: bool, t_start: float,
+                     command: str | None) -> TrainResult:
+    """:func:`train` once the run folder exists."""
+    _canonical = canonical
     ckpt_path = out / CHECKPOINT_NAME
     if not resume and ckpt_path.exists():
         raise InputError(f"{out} already holds a run ({ckpt_path.name}); pass --resume to continue it or choose a new --out")
@@ -794,7 +830,7 @@ def check_epochs(cfg: RunConfig, train_tokens: int) -> None:
     raise InputError(
         f"{cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens would pass over the {train_tokens:,} distinct "
         f"training tokens {epochs:.1f} times, more than data.max_epochs={limit:g}: give it a corpus of the paper's size "
-        "(data.corpus = \"hf:NAME\" or a folder of Parquet or JSON-lines shards, see 'Scaling out' in the README), "
+        "(data.corpus = \"hf:NAME\" or a folder of Parquet or JSON-lines shards, see docs/scaling.md, 'Large corpora'), "
         f"fewer train.steps, or allow the repetition with --set data.max_epochs={math.ceil(epochs)}"
     )
 
@@ -811,7 +847,7 @@ def epochs_warning(cfg: RunConfig, train_tokens: int) -> str:
         return ""
     return (f"warning: {cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens pass over the {train_tokens:,} distinct "
             f"training tokens {epochs:.1f} times (more than {EPOCHS_WARN:g}): the model will memorise them; use a larger "
-            "corpus (a JSON-lines, Parquet or Arrow dataset, see 'Scaling out' in the README) or fewer steps")
+            "corpus (a JSON-lines, Parquet or Arrow dataset, see docs/scaling.md, 'Large corpora') or fewer steps")
 
 
 def warmup_warning(cfg: RunConfig) -> str:
