@@ -4,8 +4,8 @@
     SINKLAB_GPU_SMOKE=1 bash benchmarks/gpu.sh  # the same steps on the CPU at tiny sizes (no GPU needed)
 
 Steps, each in its own process with its own time limit (a step that fails, crashes or runs out
-of time is reported as FAILED with the end of its log, the others still run, and the script
-exits 1):
+of time is reported as FAILED with the end of its log and the rows it finished, the others still
+run, and the script exits 1):
 
 1. ``cuda_tests``: ``pytest -m cuda tests/test_gpu.py`` (bf16 training of every attention
    operation, ``sinklab train`` on CUDA, blockwise measure on CUDA = CPU, SinkCache decoding on
@@ -14,7 +14,9 @@ exits 1):
 2. ``train``: training tokens/s, peak memory and MFU at the paper-60m shapes (d 768, 10 layers,
    8 heads, FFN 1536, vocabulary 32000, T 2048, micro-batch 16 as the preset), bf16 autocast,
    fused AdamW, per attention operation family: the SDPA family (softmax, sink_logit,
-   gated_headwise), the tile family (sigmoid, relu, softpick), softmax under ``torch.compile``, and
+   gated_headwise; softmax also through FlexAttention, sink_logit through FlexAttention under
+   ``torch.compile``: its score_mod's captured, learned logit), the tile family (sigmoid, relu,
+   softpick; sigmoid also on the compiled tile path), softmax under ``torch.compile``, and
    transformers' ``LlamaForCausalLM`` (SDPA) on the same shapes and weights. ``MFU = (6 N + 6 L T d)
    tokens/s / peak`` (``benchmarks/train_throughput.py``), peak = the GPU's dense bf16 rate
    (table below or ``--peak-tflops``).
@@ -140,7 +142,7 @@ def train_shapes() -> dict:
 #: "flex" FlexAttention, "compiled tile" the torch.compile'd tile path (sinklab.nn.backend)
 TRAIN_VARIANTS = [("hf-llama", "softmax", "transformers sdpa", False), ("softmax", "softmax", "sdpa", False),
                   ("softmax+compile", "softmax", "sdpa", True), ("softmax+flex", "softmax", "flex", False),
-                  ("sink_logit", "sink_logit", "sdpa", False),
+                  ("sink_logit", "sink_logit", "sdpa", False), ("sink_logit+flex+compile", "sink_logit", "flex", True),
                   ("gated_headwise", "gated_headwise", "sdpa", False), ("sigmoid", "sigmoid", "tile", False),
                   ("sigmoid+compiled", "sigmoid", "compiled tile", False),
                   ("relu", "relu", "tile", False), ("softpick", "softpick", "tile", False)]
@@ -207,6 +209,7 @@ def step_train(out: Path, limit_s: float) -> dict:
             failed.append(vname)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        save_so_far(rows=rows, failed_variants=failed)
         model = run = t = None  # noqa: F841 (free the model before the next variant)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -218,7 +221,7 @@ def step_train(out: Path, limit_s: float) -> dict:
            "precision": "bf16 autocast", "rows": rows, "wall_s": round(time.perf_counter() - t_start, 1)}
     if failed:
         res["failed_variants"] = failed
-        RESULT_SO_FAR.update(res)
+        save_so_far(**res)
         raise RuntimeError(f"variants failed: {', '.join(failed)}")
     return res
 
@@ -247,6 +250,7 @@ def step_measure(out: Path, limit_s: float) -> dict:
             rows.append({"T": T, "skipped": f"estimated {(T / prev[-1]['T']) ** 2 * prev[-1]['seconds']:.0f} s "
                                             f"(quadratic from T = {prev[-1]['T']}) > {left:.0f} s left in the step"})
             print(json.dumps(rows[-1]), flush=True)
+            save_so_far(rows=rows)
             continue
         ids = torch.randint(0, 49152, (1, T), generator=torch.Generator().manual_seed(T))
         reset_peak()
@@ -260,6 +264,7 @@ def step_measure(out: Path, limit_s: float) -> dict:
                      "row_sum_max_rel_err": round(float((total / T - 1).abs().max()), 5),
                      "sink_rate_1": round(float((st.mass[0, :, :, 0] > 0.3).double().mean() * 100), 2)})
         print(json.dumps(rows[-1]), flush=True)
+        save_so_far(rows=rows)
     bad = [r["T"] for r in rows if r.get("row_sum_max_rel_err", 0) > 2e-2]
     if bad:
         raise RuntimeError(f"attention rows do not sum to 1 at T = {bad}")
@@ -289,6 +294,7 @@ def step_decode(out: Path, limit_s: float) -> dict:
         rows.append({"cache": spec.name, "window": window, "at_tokens": at, "ms_per_token": round(ms, 3),
                      "cache_mib": round(nbytes / 2**20, 2)})
         print(json.dumps(rows[-1]), flush=True)
+        save_so_far(rows=rows)
     x = ids[-(n_sink + window + 1):].view(1, -1).to(dev)  # recompute: one forward over the window + 1 tokens
     with torch.no_grad():
         model(x, use_cache=False, logits_to_keep=1)
@@ -305,14 +311,35 @@ def step_decode(out: Path, limit_s: float) -> dict:
 
 
 STEP_FUNCS = {"cuda_tests": step_cuda_tests, "train": step_train, "measure": step_measure, "decode": step_decode}
+#: the running step's result so far (its finished rows): kept when the step fails or is killed
 RESULT_SO_FAR: dict = {}
+#: ``out/steps/<step>.partial.json``, where :func:`save_so_far` writes RESULT_SO_FAR (set by run_step)
+PARTIAL: dict = {}
 ARGS: argparse.Namespace
+
+
+def partial_path(out: Path, name: str) -> Path:
+    return out / "steps" / f"{name}.partial.json"
+
+
+def save_so_far(**fields) -> None:
+    """Record the running step's result so far (e.g. ``rows=rows`` after each finished row) in
+    RESULT_SO_FAR and on disk, so that a step killed at its time limit keeps the rows it finished.
+    ``SINKLAB_GPU_STALL_AFTER=STEP:N`` (tests only) makes step STEP hang once it has saved N rows."""
+    RESULT_SO_FAR.update(fields)
+    if "path" in PARTIAL:
+        PARTIAL["path"].write_text(json.dumps(RESULT_SO_FAR, indent=1))
+    stall = os.environ.get("SINKLAB_GPU_STALL_AFTER", "")
+    if stall and stall.split(":")[0] == PARTIAL.get("step") and len(RESULT_SO_FAR.get("rows", [])) >= int(stall.split(":")[1]):
+        print(f"SINKLAB_GPU_STALL_AFTER={stall}: hanging until the time limit", flush=True)
+        time.sleep(1e6)
 
 
 def run_step(name: str, out: Path, limit_s: float) -> int:
     """Child process: run one step, write ``out/steps/<name>.json`` (its result, or its error)."""
     (out / "steps").mkdir(parents=True, exist_ok=True)
     path = out / "steps" / f"{name}.json"
+    PARTIAL.update(step=name, path=partial_path(out, name))
     t0 = time.perf_counter()
     try:
         res = STEP_FUNCS[name](out, limit_s)
@@ -326,6 +353,7 @@ def run_step(name: str, out: Path, limit_s: float) -> int:
         rc = 1
     res["wall_s"] = round(time.perf_counter() - t0, 1)
     path.write_text(json.dumps(res, indent=1))
+    partial_path(out, name).unlink(missing_ok=True)
     return rc
 
 
@@ -367,9 +395,9 @@ def summary_lines(res: dict) -> list[str]:
                     mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ""
                     vs = f", {r['vs_hf_llama']:.2f}x hf-llama" if "vs_hf_llama" in r else ""
                     mem = f", peak {r['peak_gib']:.1f} GiB" if r.get("peak_gib") is not None else ""
-                    lines.append(f"  {r['variant']:<16} {r['family']:<18} {r['tokens_per_s']:>12,.0f} tok/s{mfu}{vs}{mem}")
+                    lines.append(f"  {r['variant']:<24} {r['family']:<18} {r['tokens_per_s']:>12,.0f} tok/s{mfu}{vs}{mem}")
                 else:
-                    lines.append(f"  {r['variant']:<16} FAILED {r.get('error', '')}")
+                    lines.append(f"  {r['variant']:<24} FAILED {r.get('error', '')}")
         if name == "measure":
             for r in st.get("rows", []):
                 mem = "n/a (CPU)" if r.get("peak_gib") is None else f"{r['peak_gib']:.2f} GiB"
@@ -417,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--out", str(out),
                "--limit-s", str(limits[name])] + (["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])
         t0 = time.perf_counter()
+        for stale in (out / "steps" / f"{name}.json", partial_path(out, name)):  # an earlier run's
+            stale.unlink(missing_ok=True)
         with open(out / "logs" / f"{name}.log", "w") as log:
             try:
                 p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env_vars, timeout=limits[name])
@@ -425,8 +455,10 @@ def main(argv: list[str] | None = None) -> int:
                 rc = "timeout"
         path = out / "steps" / f"{name}.json"
         st = json.loads(path.read_text()) if path.exists() and rc != "timeout" else {}
-        if rc == "timeout":
-            st = {"status": "failed", "error": f"ran past its {limits[name]} s limit"}
+        if rc == "timeout":  # killed: keep what it finished (its rows so far)
+            part = partial_path(out, name)
+            st = {**(json.loads(part.read_text()) if part.exists() else {}), "status": "failed",
+                  "error": f"ran past its {limits[name]} s limit"}
         elif not st:
             st = {"status": "failed", "error": f"the step process died (exit {rc}) before writing its result"}
         st["wall_s"] = round(time.perf_counter() - t0, 1)

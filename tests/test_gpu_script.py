@@ -56,3 +56,23 @@ def test_without_cuda_and_without_smoke_it_refuses_in_one_line(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].startswith("error: no CUDA device here; SINKLAB_GPU_SMOKE=1 runs")
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_a_step_killed_at_its_limit_keeps_its_finished_rows(tmp_path):
+    """The decode step hangs after its first row (SINKLAB_GPU_STALL_AFTER, a test hook) and is killed
+    at its limit: gpu.json keeps that row (256 tokens into the stream, a positive latency) with the
+    timeout as the step's error; the partial file is not left as a result of a later run."""
+    import sys
+
+    env = {**os.environ, "PY": sys.executable, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1",
+           "SINKLAB_GPU_SMOKE": "1", "SINKLAB_GPU_STALL_AFTER": "decode:1"}
+    p = subprocess.run(["bash", str(SCRIPT), "--only", "decode", "--time-scale", "0.15"], env=env,  # 45 s
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert "[decode] FAILED: ran past its 45.0 s limit" in p.stderr, p.stderr[-3000:]
+    dec = json.loads((tmp_path / "gpu.json").read_text())["steps"]["decode"]
+    assert dec["status"] == "failed" and dec["error"] == "ran past its 45.0 s limit"
+    assert [r["at_tokens"] for r in dec["rows"]] == [256] and dec["rows"][0]["ms_per_token"] > 0, dec
+    assert "hanging until the time limit" in (tmp_path / "logs" / "decode.log").read_text()
+    text = (tmp_path / "summary.txt").read_text()
+    assert "at    256 tokens" in text and text.strip().splitlines()[-1] == "FAILED: decode"
