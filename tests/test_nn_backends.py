@@ -189,12 +189,11 @@ def test_flex_kernel_raises_the_recompile_limit(monkeypatch):
     import sinklab.nn.flex as flex
     from sinklab.nn.compiled import RECOMPILE_LIMIT
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    monkeypatch.setattr(flex, "_COMPILED", {})
-    flex.flex_kernel(compiled=True)
-    assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT == 64
-    flex.flex_kernel(compiled=False)  # the eager kernel leaves it alone
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 100)
-    monkeypatch.setattr(flex, "_COMPILED", {})
-    flex.flex_kernel(compiled=True)
-    assert torch._dynamo.config.recompile_limit == 100  # never lowered
+    with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default; restored on exit
+        monkeypatch.setattr(flex, "_COMPILED", {})
+        flex.flex_kernel(compiled=True)
+        assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT == 64
+    with torch._dynamo.config.patch(recompile_limit=100):
+        monkeypatch.setattr(flex, "_COMPILED", {})
+        flex.flex_kernel(compiled=True)
+        assert torch._dynamo.config.recompile_limit == 100  # never lowered
