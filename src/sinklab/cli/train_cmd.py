@@ -38,7 +38,8 @@ LISTERS.register("presets", _list_presets)
 def train_cmd(
     config: str = typer.Argument(..., help="a TOML config file or a preset name (sinklab list presets)"),
     out: Path = out_option(..., "run folder: config.toml, metrics.jsonl, tb/, checkpoint.pt, final/"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="override section.key=value (value parsed as TOML, "
+    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE",
+                                             help="override section.key=value (value parsed as TOML, "
                                              "so it may hold commas); repeat for several"),
     steps: Optional[int] = typer.Option(None, "--steps", help="number of optimizer steps (sets train.steps)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its checkpoint"),
