@@ -103,7 +103,7 @@ def _naive_row(name, op, s, qi, ctx):
     if name in ("sink_token", "kv_bias", "k_bias", "v_bias"):
         if name == "sink_token":
             xs = op.sink_token.double()
-            kstar = (ctx["Wk"] @ xs).view(-1, dh)[hk]
+            kstar = ctx["knorm"]((ctx["Wk"] @ xs).view(-1, dh)[hk])
             vstar = (ctx["Wv"] @ xs).view(-1, dh)[hk]
         else:
             row = 0 if op.shared else hk
@@ -190,6 +190,12 @@ def naive_attention(attn: Attention, name: str, x: torch.Tensor, *, prefix_len=0
     q = (x @ Wq.T).view(B, Tn, H, dh)
     k = (x @ Wk.T).view(B, Tn, Hkv, dh)
     v = (x @ Wv.T).view(B, Tn, Hkv, dh)
+    qnorm = knorm = lambda t: t  # noqa: E731
+    if attn.q_norm is not None:  # QK-norm: RMSNorm over each head's d_h (Qwen3)
+        def rms(norm):
+            return lambda t: t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.double()
+        qnorm, knorm = rms(attn.q_norm), rms(attn.k_norm)
+        q, k = qnorm(q), knorm(k)
     out = torch.zeros(B, Tn, H, dh, dtype=torch.float64)
     weights = torch.zeros(B, H, Tn, Tn, dtype=torch.float64)
     extras = torch.zeros(B, H, Tn, dtype=torch.float64)
@@ -202,7 +208,7 @@ def naive_attention(attn: Attention, name: str, x: torch.Tensor, *, prefix_len=0
                 js = [j for j in range(Tn) if (j <= i or j < prefix_len) and (window is None or abs(i - j) < window)]
                 keys = k[b, js, hk]
                 s = (keys @ q[b, i, h]) / math.sqrt(dh)
-                ctx = dict(h=h, hk=hk, dh=dh, Wk=Wk, Wv=Wv, keys=keys)
+                ctx = dict(h=h, hk=hk, dh=dh, Wk=Wk, Wv=Wv, keys=keys, knorm=knorm)
                 w, extra = _naive_row(name, attn.op, s, q[b, i, h], ctx)
                 out[b, i, h] = w @ v[b, js, hk]
                 weights[b, h, i, js] = w
@@ -252,6 +258,91 @@ def test_op_matches_naive_float64(name, mask):
     if has_virtual:
         torch.testing.assert_close(seen["extra"].double(), extra, **tol)
     assert seen["key"].shape == (1, HKV, T, attn.head_dim) and seen["value"].shape == (1, HKV, T, attn.head_dim)
+
+
+@pytest.mark.parametrize("name", ["softmax", "sink_token", "sink_logit", "sigmoid", "softmax_off_by_one", "diff"])
+def test_qk_norm_matches_naive_float64(name):
+    """model.qk_norm: RMSNorm over each head's d_h on q and k (and the sink token's key) before the
+    logits, against the naive float64 layer with the norms written out; every path."""
+    attn, pos = attn_module(config(name, positional="nope", qk_norm=True))
+    with torch.no_grad():  # non-trivial norm weights, different for q and k
+        attn.q_norm.weight.uniform_(0.5, 2.0)
+        attn.k_norm.weight.uniform_(-1.5, 1.5)
+    torch.manual_seed(2)
+    x = 3.0 * torch.randn(1, T, D)
+    ref_y, ref_w, _ = naive_attention(attn, name, x)
+    tol = dict(atol=2e-5, rtol=1e-4)
+    for path in ("fast", "chunked"):
+        torch.testing.assert_close(run(attn, pos, x, path=path).double(), ref_y, **tol,
+                                   msg=lambda m: f"{name} {path}: {m}")
+    y, seen = run(attn, pos, x, path="reference")
+    torch.testing.assert_close(y.double(), ref_y, **tol)
+    # the norms change the result (so the check can fail)
+    q_norm, k_norm = attn.q_norm, attn.k_norm
+    attn.q_norm = attn.k_norm = None
+    try:
+        assert (run(attn, pos, x, path="fast").double() - ref_y).abs().max() > 1e-3
+    finally:
+        attn.q_norm, attn.k_norm = q_norm, k_norm
+
+
+@pytest.mark.parametrize("path", ["fast", "chunked"])
+def test_qk_norm_gradients_match_naive_float64(path):
+    """The QK-norm weights train: their gradients through the training paths equal autograd through
+    the naive float64 layer."""
+    attn, pos = attn_module(config("softmax", positional="nope", qk_norm=True))
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 2.0)
+        attn.k_norm.weight.uniform_(0.5, 2.0)
+    torch.manual_seed(4)
+    x, g = torch.randn(1, T, D), torch.randn(1, T, D)
+    grads = []
+    for fn in (lambda: run(attn, pos, x, path=path), lambda: naive_attention(attn, "softmax", x)[0]):
+        attn.zero_grad()
+        (fn().double() * g.double()).sum().backward()
+        grads.append((attn.q_norm.weight.grad.double().clone(), attn.k_norm.weight.grad.double().clone()))
+    for ours, ref in zip(*grads):
+        assert ref.abs().max() > 1e-3
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_qk_norm_with_rope_equals_transformers_qwen3():
+    """A SinkLM with qk_norm and RoPE equals transformers' Qwen3ForCausalLM with the same weights
+    (Qwen3 normalises q and k per head before RoPE): logits to float32 noise."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from sinklab.nn.export import llama_state_dict
+
+    cfg = config("softmax", positional="rope", qk_norm=True, n_layers=2)
+    torch.manual_seed(3)
+    m = SinkLM(cfg).eval()
+    with torch.no_grad():
+        for blk in m.layers:
+            blk.attn.q_norm.weight.uniform_(0.5, 2.0)
+            blk.attn.k_norm.weight.uniform_(0.5, 2.0)
+    hf_cfg = Qwen3Config(vocab_size=V, hidden_size=D, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
+                         num_attention_heads=H, num_key_value_heads=HKV, head_dim=D // H,
+                         max_position_embeddings=T, rms_norm_eps=cfg.norm_eps, attention_bias=False,
+                         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+                         use_sliding_window=False)
+    hf = Qwen3ForCausalLM(hf_cfg).eval()
+    sd = llama_state_dict(m)
+    for i, blk in enumerate(m.layers):
+        sd[f"model.layers.{i}.self_attn.q_norm.weight"] = blk.attn.q_norm.weight.detach().clone()
+        sd[f"model.layers.{i}.self_attn.k_norm.weight"] = blk.attn.k_norm.weight.detach().clone()
+    hf.load_state_dict(sd, strict=True)
+    ids = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        ours, theirs = m(ids).logits, hf(ids).logits
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)
+
+
+def test_qk_norm_config_and_export():
+    with pytest.raises(ConfigError, match="qk_norm must be true or false"):
+        config("softmax", qk_norm="yes")
+    from sinklab.nn.export import unmappable_parts
+    assert any("qk_norm" in b for b in unmappable_parts(config("softmax", qk_norm=True)))
+    assert config("softmax").qk_norm is False and SinkLM(config("softmax")).layers[0].attn.q_norm is None
 
 
 @pytest.mark.parametrize("name", OPS)

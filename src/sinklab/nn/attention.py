@@ -40,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from sinklab.attention_masks import CAUSAL, MaskSpec, build_mask, key_range, repeat_kv, visible
 from sinklab.errors import ConfigError
 from sinklab.nn.backend import check_backend, resolve as resolve_backend
+from sinklab.nn.norm import NORM
 from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import Positional
 
@@ -419,6 +420,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
         self.v_proj = nn.Linear(d, Hkv * dh, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * dh, d, bias=False)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:  # Qwen3-style QK-norm: the model's norm over each head's d_h
+            self.q_norm = NORM.get(config.norm)(dh, config.norm_eps)
+            self.k_norm = NORM.get(config.norm)(dh, config.norm_eps)
         self.op: AttentionOp = ATTENTION.get(config.attention)(config.op_context(), **config.attention_options)
         if self.op.differential:
             self.op.set_layer(layer_idx)
@@ -429,9 +434,12 @@ class Attention(nn.Module):
             self.gate_proj = nn.Linear(d, H * dh, bias=False)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Key and value of a single model-space vector x (d,) -> (H_kv, d_h) each, no position."""
-        return (self.k_proj(x).view(self.n_kv_heads, self.head_dim),
-                self.v_proj(x).view(self.n_kv_heads, self.head_dim))
+        """Key and value of a single model-space vector x (d,) -> (H_kv, d_h) each, no position
+        (the key through ``k_norm`` when the model has QK-norm)."""
+        k = self.k_proj(x).view(self.n_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return k, self.v_proj(x).view(self.n_kv_heads, self.head_dim)
 
     def forward(self, x: Tensor, ctx: AttnContext, observer: Observer | None = None) -> Tensor:
         """x (B, T, d) -> (B, T, d). With an observer, uses the reference path and reports weights."""
@@ -446,6 +454,8 @@ class Attention(nn.Module):
         q = q.view(B, T, H, dh).transpose(1, 2)  # (B, H, T, d_h)
         k = k.view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
         v = v.view(B, T, Hkv, dh).transpose(1, 2)  # (B, H_kv, T, d_h)
+        if self.q_norm is not None:  # QK-norm (config.qk_norm): per head, before the positions
+            q, k = self.q_norm(q), self.k_norm(k)
         diff = self.op.differential
         if diff:
             if ctx.kv_cache is not None:

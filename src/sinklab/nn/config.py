@@ -54,6 +54,10 @@ class ModelConfig:
         norm_eps: epsilon inside the norm.
         ffn: name in :data:`sinklab.nn.FFN`.
         qkv_bias: add biases to the q/k/v projections (off in LLaMA).
+        qk_norm: normalise every head's query and key with the model's ``norm`` over the
+            head dimension (a learned (d_h,) weight each for q and k, shared by the heads)
+            after the projections and before the positional encoding, as Qwen3 does
+            (OLMo-2 normalises the whole q/k projection instead). Off in LLaMA.
         tie_embeddings: share the token embedding with the output head.
         sliding_window: attention width ``w`` (query i sees keys j with |i - j| < w),
             or None for full causal attention.
@@ -91,6 +95,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     ffn: str = "swiglu"
     qkv_bias: bool = False
+    qk_norm: bool = False
     tie_embeddings: bool = False
     sliding_window: int | None = None
     init_std: float = 0.02
@@ -113,7 +118,7 @@ class ModelConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{name} must be a positive number, got {v!r}")
-        for name in ("qkv_bias", "tie_embeddings", "causal"):
+        for name in ("qkv_bias", "qk_norm", "tie_embeddings", "causal"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.norm_position not in ("pre", "post"):

@@ -31,6 +31,8 @@ def unmappable_parts(config) -> list[str]:
         bad.append(f"ffn={config.ffn!r} (LLaMA uses swiglu)")
     if config.qkv_bias:
         bad.append("qkv_bias=true (LlamaForCausalLM export supports no attention biases)")
+    if config.qk_norm:
+        bad.append("qk_norm=true (LlamaForCausalLM has no query/key norm)")
     if config.sliding_window is not None:
         bad.append(f"sliding_window={config.sliding_window} (LLaMA has full attention)")
     if not getattr(config, "causal", True):
