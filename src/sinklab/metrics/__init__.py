@@ -21,6 +21,7 @@ from sinklab.metrics.sink import (
     visible_key_counts,
     attention_mass_visible_from_column_sums,
 )
+from sinklab.metrics.agreement import kl_to_full, top1_agreement
 from sinklab.metrics.entropy import attention_entropy, matrix_entropy
 from sinklab.metrics.summary import summarize
 
@@ -29,6 +30,8 @@ __all__ = [
     "attention_mass_from_column_sums",
     "bootstrap_sink_rate_ci",
     "key_counts",
+    "kl_to_full",
+    "top1_agreement",
     "massive_activation_ratio",
     "norm_ratio",
     "norm_ratio_per_layer",
