@@ -89,7 +89,7 @@ def test_sinklab_train_on_cuda_bf16(tmp_path):
     a final model that loads on the CPU."""
     from conftest import synthetic_run_toml
 
-    import sinklab.train.loop as loop
+    from sinklab.train import loop
     from sinklab.nn.model import SinkLM as Model
     from sinklab.runs.config import load_config
 
@@ -159,7 +159,7 @@ def test_two_gpus_sgd_parameters_equal_one_process(tmp_path, parallel):
     one-GPU parameters (fp32, TF32 off), and every in-step collective is a CUDA tensor."""
     from dist_record_worker import sgd
 
-    import sinklab.train.loop as loop
+    from sinklab.train import loop
     from conftest import synthetic_run_toml
     from sinklab.nn.model import SinkLM as Model
     from sinklab.runs.config import load_config, to_toml

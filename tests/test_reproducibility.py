@@ -90,7 +90,7 @@ def test_fingerprint_follows_the_numerics(tiny, monkeypatch):
     real = loop.lr_at
     # a change that only bites at the last step of the schedule (past the canonical steps) still flips it
     monkeypatch.setattr(loop, "lr_at", lambda s, o, n: real(s, o, n) * (1.5 if s == n - 1 else 1.0))
-    import sinklab.train.schedule as sched
+    from sinklab.train import schedule as sched
 
     monkeypatch.setattr(sched, "lr_at", loop.lr_at)
     assert loop.code_fingerprint(cfg) != base

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-import sinklab.train.loop as loop
+from sinklab.train import loop
 from conftest import synthetic_run_toml
 from sinklab.runs.config import load_config
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import sinklab.train.loop as loop
+from sinklab.train import loop
 from sinklab.data.packing import PackedData, PackingContext, make_packer
 from sinklab.data.tokens import prepare_corpus
 from sinklab.errors import ConfigError

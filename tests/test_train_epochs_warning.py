@@ -27,7 +27,7 @@ def test_train_reports_the_warning_before_training(tmp_path):
     """The warning reaches ``notify`` (the CLI's stderr echo) with the run's real token count."""
     import random
 
-    import sinklab.train.loop as loop
+    from sinklab.train import loop
     from sinklab.runs.config import from_dict
 
     texts = tmp_path / "t"
@@ -139,7 +139,7 @@ def test_paper_preset_on_a_small_corpus_exits_2_before_training(tmp_path, capsys
     the fixes, no checkpoint; ``data.max_epochs`` raised lifts the refusal (the run trains)."""
     from conftest import run_cli_captured
 
-    import sinklab.train.loop as loop
+    from sinklab.train import loop
     from sinklab.runs.config import load_config
 
     texts = _small_texts(tmp_path / "t")

@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-import sinklab.train.checkpoint as ckmod
-import sinklab.train.loop as loop
-import sinklab.train.objective as objective_mod
+from sinklab.train import checkpoint as ckmod
+from sinklab.train import loop
+from sinklab.train import objective as objective_mod
 from sinklab.errors import ConfigError, InputError
 from sinklab.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from sinklab.runs.config import apply_overrides, from_dict

@@ -395,7 +395,7 @@ def _build_probe(cfg: MeasureConfig, run, corpus, loaded) -> Probe:
 def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress: bool) -> dict[str, Any]:
     """``--cloze N``: the cloze task (:mod:`sinklab.measure.downstream`) on held-out text, and the
     held-out loss on the probe windows (natural text or the run's own data only)."""
-    import sinklab.measure.downstream as ds
+    from sinklab.measure import downstream as ds
 
     device = next(loaded.model.parameters()).device
     if run is not None:
