@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_cli_captured, tiny_llama
+from helpers import run_cli_captured, tiny_llama
 from sinklab.analyze import Subject, intervene, keybias, massive, overmix, repeat
 from sinklab.analyze.common import run_model
 from sinklab.analyze.intervene import remove_key
@@ -427,7 +427,7 @@ def test_cli_writes_json_csv_png(tiny_model_dir, text_corpus_dir, tmp_path, caps
 
 def test_swap_to_past_the_sequence_is_refused():
     m = _sinklm(positional="learned")
-    with pytest.raises(InputError, match="--swap-to 20 is outside the sequence"):
+    with pytest.raises(InputError, match="^swap_to=20 is outside the sequence"):
         intervene(Subject(m, _ids(2, 10), model_info={"name": "t"}), eps=0.05, only=["position-swap"], swap_to=20)
 
 

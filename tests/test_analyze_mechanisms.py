@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_cli_captured, tiny_llama
+from helpers import run_cli_captured, tiny_llama
 from sinklab.analyze import Subject, attention
 from sinklab.errors import InputError
 from sinklab.metrics import attention_mass
@@ -79,7 +79,7 @@ def test_attention_view_bad_input():
         attention(s, num_samples=2, heads=[4])
     with pytest.raises(InputError, match="layer 2 is out of range"):
         attention(s, num_samples=2, layers=[2])
-    with pytest.raises(InputError, match="--sample 2 is outside"):
+    with pytest.raises(InputError, match="^sample=2 is outside"):
         attention(s, num_samples=2, sample=2)
 
 
@@ -236,7 +236,7 @@ def _kept_checkpoint_run(tmp_path):
     copy checkpoint.pt, resume: resume is exact, so this is the uninterrupted run)."""
     import shutil
 
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
     from sinklab.train import loop
     from sinklab.runs.config import load_config
 

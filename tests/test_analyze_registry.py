@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_cli_captured, synthetic_run_toml, tiny_llama
+from helpers import run_cli_captured, synthetic_run_toml, tiny_llama
 from sinklab.analyze import ANALYSES, INTERVENTIONS, Subject, intervene
 from sinklab.analyze.common import run_model
 from sinklab.analyze.interventions import Intervention, Target

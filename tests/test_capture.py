@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import tiny_bert, tiny_gpt2, tiny_llama, tiny_neox
+from helpers import tiny_bert, tiny_gpt2, tiny_llama, tiny_neox
 from sinklab.capture import collect
 from sinklab.capture.collectors import eager_collector
 from sinklab.capture.hf import ATTN_NAME

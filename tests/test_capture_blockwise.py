@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import tiny_bert, tiny_gpt2, tiny_llama, tiny_neox
+from helpers import tiny_bert, tiny_gpt2, tiny_llama, tiny_neox
 from sinklab.capture import collect
 from sinklab.capture.blockwise import blockwise_attention, blockwise_options, choose_block_size, column_sums_from_lse
 from sinklab.capture.collectors import COLLECTORS

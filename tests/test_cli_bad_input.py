@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import synthetic_run_toml
+from helpers import synthetic_run_toml
 from sinklab.cli.main import _load_commands, app, cli
 
 MODEL = "{model}"  # placeholders filled per test: a tiny HF model folder, a text corpus folder, a file...

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli_captured
+from helpers import run_cli_captured
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src" / "sinklab"

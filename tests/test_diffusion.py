@@ -19,7 +19,7 @@ from sinklab.nn.model import SinkLM
 from sinklab.runs.config import apply_overrides, diff_keys, from_dict, load_config
 from sinklab.train.objective import MaskedDiffusionObjective
 
-from conftest import synthetic_run_toml
+from helpers import synthetic_run_toml
 
 BOS, MASK = 10, 11
 
@@ -369,7 +369,7 @@ def test_denoise_cli_writes_its_files(diffusion_run, tmp_path, capsys):
 
     import pandas as pd
 
-    from conftest import run_cli_captured
+    from helpers import run_cli_captured
 
     out, _ = diffusion_run
     code, stdout, err = run_cli_captured(["analyze", "denoise", "--model", str(out), "-n", "4", "-t", "16", "--steps", "2",

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import run_cli_captured, synthetic_run_toml
+from helpers import run_cli_captured, synthetic_run_toml
 from sinklab.errors import InputError
 from sinklab.measure import downstream as ds
 

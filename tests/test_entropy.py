@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_bert, tiny_gpt2, tiny_llama
+from helpers import tiny_bert, tiny_gpt2, tiny_llama
 from sinklab.attention_masks import MaskSpec
 from sinklab.capture import collect
 from sinklab.capture.blockwise import blockwise_options

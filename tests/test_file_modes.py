@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import synthetic_run_toml
+from helpers import synthetic_run_toml
 
 
 @pytest.fixture

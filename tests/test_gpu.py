@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import USER_HOME
+from helpers import USER_HOME
 from gpu_models import smollm2
 from sinklab.nn import ATTENTION, ModelConfig, SinkLM
 
@@ -87,7 +87,7 @@ def test_attention_backend_on_cuda_equals_reference(att, pos, backend, window, p
 def test_sinklab_train_on_cuda_bf16(tmp_path):
     """``sinklab train`` with ``train.device = "cuda"`` and bf16: finite losses, the run on cuda:0,
     a final model that loads on the CPU."""
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
 
     from sinklab.train import loop
     from sinklab.nn.model import SinkLM as Model
@@ -160,7 +160,7 @@ def test_two_gpus_sgd_parameters_equal_one_process(tmp_path, parallel):
     from dist_record_worker import sgd
 
     from sinklab.train import loop
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
     from sinklab.nn.model import SinkLM as Model
     from sinklab.runs.config import load_config, to_toml
 

@@ -8,7 +8,7 @@ import torch
 
 from sinklab.capture import collect
 
-from conftest import run_cli_captured
+from helpers import run_cli_captured
 
 
 def tiny_jamba(vocab_size: int = 80):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import USER_HOME
+from helpers import USER_HOME
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -61,7 +61,7 @@ def naive_sink_rate_from_attentions(att, eps=0.3, K=4):
 
 
 def test_measure_end_to_end_and_results_round_trip(tokenizer, text_corpus_dir, tmp_path):
-    from conftest import tiny_llama
+    from helpers import tiny_llama
 
     model_dir = tmp_path / "planted"
     plant_bos_sink(tiny_llama(vocab_size=len(tokenizer), attention_bias=True, rope_theta=1e6)).save_pretrained(model_dir)

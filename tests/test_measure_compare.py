@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import torch
-from conftest import run_cli_captured
+from helpers import run_cli_captured
 from sinklab.errors import InputError
 from sinklab.measure.compare import comparison_tables
 from sinklab.measure.run import model_slug

@@ -32,5 +32,5 @@ def test_device_map_is_refused_for_native_models(tmp_path):
 
     folder = tmp_path / "native"
     SinkLM(ModelConfig(vocab_size=40, d_model=8, n_layers=1, n_heads=1, d_ff=8, max_seq_len=16)).save_pretrained(folder)
-    with pytest.raises(InputError, match="--device-map"):
+    with pytest.raises(InputError, match="use device, not device_map"):
         load_model(str(folder), device_map="auto")

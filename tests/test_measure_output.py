@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import WORDS, make_tokenizer, tiny_llama
+from helpers import WORDS, make_tokenizer, tiny_llama
 from sinklab.capture.stats import ProbeStats
 from sinklab.cli.main import app
 from sinklab.errors import InputError
@@ -182,7 +182,7 @@ def test_top_sink_line_applies_eps_per_sample_and_names_the_mean_mass_share():
 def test_train_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
     """`sinklab train` without --no-progress, stderr not a terminal: no carriage-return bar lines, but plain
     progress lines (issue 21: a log file used to get nothing for minutes)."""
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(synthetic_run_toml(steps=3))

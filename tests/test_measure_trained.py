@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from conftest import run_cli_captured, synthetic_run_toml
+from helpers import run_cli_captured, synthetic_run_toml
 from sinklab.cli.main import app
 from sinklab.errors import InputError
 from sinklab.measure import measure
@@ -131,7 +131,7 @@ def test_prefix_lm_run_is_measured_with_its_prefix(runs):
 
 
 def test_input_run_needs_a_training_run(tiny_model_dir):
-    with pytest.raises(InputError, match="--input run needs a model trained by"):
+    with pytest.raises(InputError, match="^input='run' needs a model trained by"):
         measure(model=str(tiny_model_dir), input="run", progress=False)
 
 

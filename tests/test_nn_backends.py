@@ -149,7 +149,7 @@ def test_flex_training_equals_reference(tmp_path):
     """5 AdamW steps of a tiny model (conftest's synthetic run, T 16) with attention_backend='flex'
     (the compiled kernel) give the reference backend's losses within 1e-5."""
     from sinklab.train import loop
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
     from sinklab.runs.config import load_config
 
     losses = {}

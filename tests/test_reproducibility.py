@@ -15,7 +15,7 @@ from sinklab.sweep.summary import summarize_sweep
 from sinklab.train import loop
 from sinklab.runs.config import load_config
 
-from conftest import synthetic_run_toml
+from helpers import synthetic_run_toml
 
 #: a run that trains in about a second (Bigram-Backcopy, 1 layer, T 16), threads pinned as in the CPU presets
 TINY = synthetic_run_toml(8, extra="threads = 1\nprecision = \"fp32\"")

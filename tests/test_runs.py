@@ -10,7 +10,7 @@ from sinklab.errors import InputError
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A 4-step synthetic run (T 16, tracker every 2 steps) and its folder."""
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
     from sinklab.runs import load_config
     from sinklab.train.loop import train
 
@@ -66,7 +66,7 @@ def test_run_probe_is_the_tracker_probe_with_the_trackers_settings(trained):
     assert sum(len(d) for d in docs) == run.corpus.val.n_tokens
     stream = run.validation_stream(20)
     assert stream[0] == run.corpus.bos_id and stream[1:].tolist() == list(run.corpus.val.tokens[:19])
-    with pytest.raises(InputError, match="fewer than --tokens"):
+    with pytest.raises(InputError, match="fewer than tokens=1000000000"):
         run.validation_stream(10**9)
 
 
@@ -82,7 +82,7 @@ def test_analyze_takes_the_sequence_length_from_the_run(trained):
 
 
 def test_adapter_tells_the_two_kinds_apart_and_reads_their_structure(trained):
-    from conftest import tiny_llama
+    from helpers import tiny_llama
     from sinklab.capture import HFAdapter, SinkLMAdapter, adapt
     from sinklab.nn import SinkLM
     from sinklab.runs import Run
@@ -165,12 +165,13 @@ def test_cut_windows_draws_exactly_what_both_old_pipelines_drew(seed):
 
 
 def test_one_message_for_too_few_windows_in_both_wordings():
+    from sinklab.errors import render
     from sinklab.probe.windows import CORPUS_WORDING, TRACKER_WORDING, cut_windows, too_few_windows
 
     with pytest.raises(InputError) as e:
         cut_windows([5, 8], 10, 4, stride=4, draw="permutation", seed=0, wording=CORPUS_WORDING)
-    assert str(e.value) == too_few_windows(3, 10, 4, [5, 8], 0, CORPUS_WORDING)
-    assert "only 3 windows of 4 content tokens" in str(e.value) and "lower --num-samples to 3" in str(e.value)
+    assert str(e.value) == render(too_few_windows(3, 10, 4, [5, 8], 0, CORPUS_WORDING))
+    assert "only 3 windows of 4 content tokens" in str(e.value) and "lower num_samples to 3" in str(e.value)
     msg = too_few_windows(0, 4, 20, [5, 8], 1, TRACKER_WORDING)
     assert "no probe window of 20 text tokens" in msg and "lower track.probe_len to at most 9" in msg
     assert msg.endswith("or raise data.val_fraction")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_gpt2, tiny_neox
+from helpers import tiny_gpt2, tiny_neox
 from sinklab.errors import InputError
 from sinklab.streaming import SinkCache
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import run_cli_captured, tiny_gpt2, tiny_neox
+from helpers import run_cli_captured, tiny_gpt2, tiny_neox
 from sinklab.errors import InputError
 from sinklab.streaming import SinkCache, cache_specs, evaluate_stream, token_stream
 from sinklab.streaming.harness import CacheSpec, run_recompute, stream_nll, stream_nll_decode
@@ -106,15 +106,15 @@ def test_token_stream_joins_documents_in_order(tokenizer):
     voc = tokenizer.get_vocab()
     expect = [1] + [voc[w] for w in "sink the token . w1 w2 a".split()]  # BOS, empty doc skipped
     assert ids.tolist() == expect
-    with pytest.raises(InputError, match="has 10 tokens in all, fewer than --tokens 11"):
+    with pytest.raises(InputError, match="has 10 tokens in all, fewer than tokens=11"):
         token_stream(tokenizer, docs, 11)
 
 
 def test_cache_specs_names_and_bad_input():
     assert [s.name for s in cache_specs(8, [0, 1, 4, 1])] == ["full", "window", "sinks_1", "sinks_4", "recompute"]
-    with pytest.raises(InputError, match="--window must be >= 1"):
+    with pytest.raises(InputError, match="^window must be >= 1"):
         cache_specs(0, [1])
-    with pytest.raises(InputError, match="--sinks must be >= 0"):
+    with pytest.raises(InputError, match="^sinks must be >= 0"):
         cache_specs(8, [-1])
 
 

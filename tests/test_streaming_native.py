@@ -82,7 +82,7 @@ def test_cli_stream_on_a_sinklab_run_and_its_own_data(tmp_path, capsys):
     through the native SinkCache; with a window that keeps the whole stream, `window` equals `full`."""
     import json
 
-    from conftest import run_cli_captured, synthetic_run_toml
+    from helpers import run_cli_captured, synthetic_run_toml
     from sinklab.streaming.harness import run_stream
     from sinklab.train import loop
     from sinklab.runs import Run

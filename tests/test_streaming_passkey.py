@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import run_cli_captured
+from helpers import run_cli_captured
 from sinklab.errors import InputError
 from sinklab.streaming.harness import CacheSpec, policy_specs, token_stream
 from sinklab.streaming.passkey import NEEDLE, QUESTION, _answer, evaluate_passkey, passkey_samples
@@ -110,7 +110,7 @@ def test_evaluate_refuses_recompute_and_a_full_cache_past_the_context():
 def test_cli_passkey_writes_results_and_resumes(text_corpus_dir, tmp_path, capsys):
     tok = char_tokenizer()
     d = tmp_path / "char-llama"
-    from conftest import tiny_llama
+    from helpers import tiny_llama
 
     tiny_llama(vocab_size=len(tok)).save_pretrained(d)
     tok.save_pretrained(d)

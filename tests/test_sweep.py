@@ -343,7 +343,7 @@ def test_dynamics_prints_the_file_it_wrote(tmp_path, capsys, monkeypatch, given,
 
 
 def test_dynamics_out_naming_a_png_is_refused_in_one_line(tmp_path, capsys):
-    from conftest import run_cli_captured
+    from helpers import run_cli_captured
 
     run = _tracked_run(tmp_path / "run")
     code, _, err = run_cli_captured(["dynamics", str(run), "--out", str(tmp_path / "a.png")], capsys)
@@ -517,7 +517,7 @@ def test_slurm_executor_writes_the_jobs_resources_into_sbatch(tmp_path, monkeypa
                  "--job-name=sinklab-wd", "--signal=USR2@90"):
         assert f"#SBATCH {line}\n" in text, (line, text)
     assert ex.parameters["array_parallelism"] == 4
-    with pytest.raises(InputError, match="--gpus must be >= 0"):
+    with pytest.raises(InputError, match="^gpus must be >= 0"):
         SlurmOptions(gpus=-1)
 
 
@@ -534,7 +534,7 @@ def test_train_job_adds_nproc_for_several_gpus(tmp_path):
     (["--launcher", "slurm", "--slurm-opt", "account"], "expected KEY=VALUE"),
 ])
 def test_sweep_launcher_bad_options_exit_2(tmp_path, capsys, args, message):
-    from conftest import run_cli_captured
+    from helpers import run_cli_captured
 
     code, _, err = run_cli_captured(["sweep", str(_study(tmp_path, TWO_POINTS)), "--out", str(tmp_path / "o"), *args],
                                     capsys)

@@ -137,7 +137,7 @@ def test_train_without_a_terminal_prints_plain_progress_lines_and_takes_threads(
     import subprocess
     import sys
 
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(synthetic_run_toml(steps=10))
@@ -180,7 +180,7 @@ def _train(argv, capsys) -> tuple[int, list[str]]:
 def test_ctrl_c_says_which_checkpoint_is_kept_and_the_command_that_continues(tmp_path, monkeypatch, capsys):
     import shlex
 
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
     from sinklab.train import loop
 
     monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)  # no canonical training
@@ -209,7 +209,7 @@ def test_ctrl_c_says_which_checkpoint_is_kept_and_the_command_that_continues(tmp
 def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_kept(tmp_path, monkeypatch, capsys):
     import shlex
 
-    from conftest import synthetic_run_toml
+    from helpers import synthetic_run_toml
     from sinklab.train import loop
 
     monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)

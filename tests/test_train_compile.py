@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sinklab.train import loop
-from conftest import synthetic_run_toml
+from helpers import synthetic_run_toml
 from sinklab.runs.config import load_config
 
 

@@ -120,7 +120,7 @@ def test_failure_message_names_rank_and_exit_code():
 
 
 def test_batch_must_split_over_ranks(corpus, tmp_path, capsys):
-    from conftest import run_cli_captured
+    from helpers import run_cli_captured
 
     cfg_file = tmp_path / "cfg.toml"
     cfg_file.write_text(to_toml(from_dict(raw_cfg(corpus))))

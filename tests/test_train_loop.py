@@ -75,7 +75,7 @@ def test_resume_with_changed_config_names_keys(corpus, tmp_path):
     with pytest.raises(ConfigError, match="train.steps"):  # cosine schedule depends on the step count
         loop.train(make_cfg(corpus, "train.steps=9"), tmp_path, resume=True, progress=False)
     # a fresh run may not silently overwrite it
-    with pytest.raises(InputError, match="--resume"):
+    with pytest.raises(InputError, match="pass resume=True to continue it or choose a new out$"):
         loop.train(make_cfg(corpus), tmp_path, progress=False)
 
 

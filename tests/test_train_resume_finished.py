@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import run_cli_captured, synthetic_run_toml
+from helpers import run_cli_captured, synthetic_run_toml
 from sinklab.cli.main import app
 from sinklab.train import loop
 from sinklab.runs.config import load_config

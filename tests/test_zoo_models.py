@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_bert, tiny_llama
+from helpers import tiny_bert, tiny_llama
 from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, SinklabError, UnknownNameError
 from sinklab.zoo import fetch, models
 from sinklab.zoo.models import MODELS, ModelInfo, fetch_model, load_model
@@ -63,7 +63,7 @@ def test_gemma_requires_license_acceptance():
     with pytest.raises(SinklabError) as ei:
         fetch_model("gemma3-270m")
     msg = str(ei.value)
-    assert "Gemma Terms of Use" in msg and "--accept-license" in msg
+    assert "Gemma Terms of Use" in msg and "pass accept_license=True" in msg
     assert not isinstance(ei.value, (FetchError, UnknownNameError))
 
 
@@ -78,7 +78,7 @@ def test_gemma_license_acceptance_is_remembered(monkeypatch, capsys):
     dest = cache_dir("models") / "gemma3-270m"
     dest.mkdir(parents=True)
     (dest / models.SOURCE_FILE).write_text(json.dumps({"sha256": "x", "license": "Gemma Terms of Use"}))
-    with pytest.raises(SinklabError, match="--accept-license"):
+    with pytest.raises(SinklabError, match="pass accept_license=True"):
         fetch_model("gemma3-270m")
     with pytest.raises(SystemExit) as e:
         app(["fetch", "gemma3-270m", "--accept-license"])
@@ -91,10 +91,10 @@ def test_gemma_license_acceptance_is_remembered(monkeypatch, capsys):
 
     v2 = dataclasses.replace(MODELS.get("gemma3-270m"), license="Gemma Terms of Use v2")
     monkeypatch.setattr(MODELS, "get", lambda name, get=MODELS.get: v2 if name == "gemma3-270m" else get(name))
-    with pytest.raises(SinklabError, match="--accept-license"):
+    with pytest.raises(SinklabError, match="pass accept_license=True"):
         fetch_model("gemma3-270m")
     models.license_record("gemma3-270m").write_text("{garbage")
-    with pytest.raises(SinklabError, match="--accept-license"):
+    with pytest.raises(SinklabError, match="pass accept_license=True"):
         fetch_model("gemma3-270m")
 
 

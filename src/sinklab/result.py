@@ -124,11 +124,11 @@ class Result:
 
 def _folder(out: str | Path) -> Path:
     """``out`` as a folder, created. Raises InputError when it is a file."""
-    from sinklab.errors import InputError
+    from sinklab.errors import InputError, param
 
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file; give a folder")
+        raise InputError(f"{param('out', str(out))} is a file; give a folder")
     out.mkdir(parents=True, exist_ok=True)
     return out
 

@@ -17,7 +17,7 @@ from torch import Tensor
 from sinklab.attention_masks import MaskSpec
 from sinklab.analyze.common import (AnalysisResult, Subject, analysis, check_heads, check_layers, command_line, num_heads,
                                     resolve_subject, run_model)
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.metrics import attention_entropy
 from sinklab.metrics.entropy import uniform_attention_entropy
 from sinklab.metrics.summary import rankable_positions
@@ -97,7 +97,7 @@ def attention(
         InputError: ``sample`` outside [0, num_samples), a layer or head out of range, ``max_matrix_len`` < 1.
     """
     if not 0 <= sample < num_samples:
-        raise InputError(f"--sample {sample} is outside the {num_samples} probe windows (0-based); raise --num-samples")
+        raise InputError(f"{param('sample', sample)} is outside the {num_samples} probe windows (0-based); raise {param('num_samples')}")
     if max_matrix_len < 1:
         raise InputError(f"max_matrix_len must be >= 1, got {max_matrix_len}")
     subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from sinklab.capture.adapter import adapt
 from sinklab.capture.stats import ProbeStats
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
 from sinklab.registry import Registry
@@ -92,9 +92,9 @@ def load_subject(
     from sinklab.zoo.models import check_model_spec, load_model
 
     if num_samples < 1:
-        raise InputError(f"--num-samples must be >= 1, got {num_samples}")
+        raise InputError(f"{param('num_samples')} must be >= 1, got {num_samples}")
     if seq_len is not None and seq_len < 4:
-        raise InputError(f"--seq-len must be >= 4, got {seq_len}")
+        raise InputError(f"{param('seq_len')} must be >= 4, got {seq_len}")
     from dataclasses import asdict
 
     from sinklab.runs import Run
@@ -136,7 +136,7 @@ def natural_ids(subj: Subject, num_samples: int, seq_len: int, *, bos: str = "au
         raise InputError("this analysis needs natural text: give a model name or folder and a corpus")
     limit = subj.model_info.get("max_context")
     if limit is not None and seq_len > limit:
-        raise InputError(f"--seq-len {seq_len} is past {subj.model_info.get('name')}'s context of {limit} tokens")
+        raise InputError(f"{param('seq_len', seq_len)} is past {subj.model_info.get('name')}'s context of {limit} tokens")
     probe = make_probe("natural", subj.tokenizer, documents=docs, num_samples=num_samples, seq_len=seq_len,
                        bos=bos, seed=subj.seed, token_docs=tokenize_documents(subj.tokenizer, docs))
     return probe.input_ids
@@ -239,7 +239,7 @@ def sink_position(stats: ProbeStats, eps: float = 0.3, requested: int | None = N
     if requested is None:
         return top, float(rates[top])
     if not 0 <= requested < T:
-        raise InputError(f"--position {requested} is outside the sequence (0-based, T={T})")
+        raise InputError(f"{param('position', requested)} is outside the sequence (0-based, T={T})")
     if require_sink and float(rates[requested]) == 0.0:
         raise InputError(f"position {requested} is never a sink: its sink rate (eps={eps}) is 0%; "
                          f"the top sink position is {top} ({float(rates[top]):.1f}%)")
@@ -401,7 +401,7 @@ class AnalysisResult(Result):
         matplotlib.use("Agg")
         out = Path(out)
         if out.exists() and not out.is_dir():
-            raise InputError(f"--out {out} is a file; give a folder")
+            raise InputError(f"{param('out', str(out))} is a file; give a folder")
         out.mkdir(parents=True, exist_ok=True)
         (out / "analysis.json").write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
         for name, df in self.tables.items():

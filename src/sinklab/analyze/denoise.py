@@ -22,7 +22,7 @@ from torch import Tensor
 from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, position_norm_ratio, resolve_subject,
                                     run_model)
 from sinklab.capture.adapter import adapt
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
 
@@ -54,7 +54,7 @@ def _special_ids(subj: Subject, mask_id: int | None) -> tuple[int, int | None, i
         mask_id = None if tok is None else getattr(tok, "mask_token_id", None)
     if mask_id is None:
         raise InputError("no mask token: the model's tokenizer has no <|mask|>; analyze denoise needs a masked "
-                         "diffusion run (sinklab train ... --set train.objective=masked_diffusion)")
+                         f"diffusion run (trained with {param('train.objective', 'masked_diffusion')})")
     bos = getattr(tok, "bos_token_id", None) if tok is not None else None
     eos = getattr(tok, "eos_token_id", None) if tok is not None else None
     return int(mask_id), bos, eos
@@ -163,7 +163,7 @@ def denoise(
     ids = subj.input_ids
     N, T = ids.shape
     if not 1 <= prompt_len < T:
-        raise InputError(f"--prompt-len {prompt_len} must be in [1, {T - 1}] (T={T})")
+        raise InputError(f"{param('prompt_len', prompt_len)} must be in [1, {T - 1}] (T={T})")
     mask_id, bos_id, eos_id = _special_ids(subj, mask_id)
     trace = sample(m, ids[:, :prompt_len], gen_len=T - prompt_len, steps=steps, mask_id=mask_id,
                    temperature=temperature, seed=seed)

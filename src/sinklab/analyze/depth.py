@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from sinklab.analyze.common import AnalysisResult, Subject, analysis, command_line, load_subject, run_model
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.metrics import matrix_entropy, norm_ratio_per_layer
 from sinklab.metrics.summary import rankable_positions
 from sinklab.zoo.models import DEFAULT_MODEL
@@ -186,9 +186,9 @@ def depth(
     import pandas as pd
 
     if top_k < 1:
-        raise InputError(f"--top-k must be >= 1, got {top_k}")
+        raise InputError(f"{param('top_k')} must be >= 1, got {top_k}")
     if not alpha > 0:
-        raise InputError(f"--alpha must be > 0, got {alpha}")
+        raise InputError(f"{param('alpha')} must be > 0, got {alpha}")
     ckpts = None
     if isinstance(model, (str, Path)) and _is_run(model):
         ckpts = run_checkpoints(model)
@@ -312,7 +312,7 @@ def _run_subject(folder: Path, ckpts: list[Checkpoint], corpus, num_samples: int
     if any(c.source == "final" for c in ckpts):
         return load_subject(str(folder), corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     if corpus is not None:
-        raise InputError(f"{folder} has no final/ (no saved tokenizer): only its own held-out data can be used, drop --corpus")
+        raise InputError(f"{folder} has no final/ (no saved tokenizer): only its own held-out data can be used, drop {param('corpus')}")
     from sinklab.runs import Run, load_config
 
     run = Run(load_config(folder / "config.toml"), folder.resolve())

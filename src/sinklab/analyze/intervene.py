@@ -23,7 +23,7 @@ from sinklab.analyze.interventions import (INTERVENTIONS, Target, position_table
                                            swapped_positions)
 from sinklab.analyze.massive import top_activations
 from sinklab.capture.adapter import adapt
-from sinklab.errors import InputError, SinklabError
+from sinklab.errors import InputError, SinklabError, param
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
 from sinklab.zoo.models import DEFAULT_MODEL
@@ -240,11 +240,11 @@ def _chosen(m: nn.Module, only: list[str] | None, lm: bool, token: int | None, s
     if only is not None and not lm and any(needs[x].needs_lm for x in only):
         raise InputError("drop-first / replace-first need a language-modelling head; this model is an encoder")
     if any(needs[x].needs_learned_positions for x in want) and not 1 <= swap_to < T:
-        raise InputError(f"--swap-to {swap_to} is outside the sequence: give a 0-based position in [1, {T - 1}] (T={T})")
+        raise InputError(f"{param('swap_to', swap_to)} is outside the sequence: give a 0-based position in [1, {T - 1}] (T={T})")
     emb = adapt(m).embeddings
     vocab_rows = int(emb.num_embeddings)
     if token is not None and "replace-first" in want and not 0 <= token < vocab_rows:
-        raise InputError(f"--token {token} is outside the vocabulary: token ids 0 to {vocab_rows - 1}")
+        raise InputError(f"{param('token', token)} is outside the vocabulary: token ids 0 to {vocab_rows - 1}")
     return want, learned
 
 
@@ -410,7 +410,7 @@ def _massive_target(hidden: Tensor, pos: int, layer: int | None, dims: list[int]
         else:
             layer = int((top["values"][..., 0] / top["median"]).median(dim=0).values.argmax())
     elif not 0 <= layer < L:
-        raise InputError(f"--massive-layer {layer} is out of range: the model has {L} layers (0 to {L - 1})")
+        raise InputError(f"{param('massive_layer', layer)} is out of range: the model has {L} layers (0 to {L - 1})")
     if dims is None:
         sel = (top["position"][:, layer] == pos) & (top["values"][:, layer] > ratio * top["median"][:, layer, None])
         cells = top["dim"][:, layer][sel]

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, natural_ids, resolve_subject, run_model,
                                     sink_position)
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.metrics import sink_rate_per_sample
 from sinklab.metrics.summary import rankable_positions
 from sinklab.zoo.models import DEFAULT_MODEL
@@ -152,7 +152,7 @@ def keybias(
     import pandas as pd
 
     if not 0.0 < min_rate <= 100.0:
-        raise InputError(f"--min-rate must lie in (0, 100], got {min_rate}")
+        raise InputError(f"{param('min_rate')} must lie in (0, 100], got {min_rate}")
     subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     base = run_model(subj.model, subj.input_ids, batch_size=batch_size)
     pos, rate = sink_position(base.stats, eps, position)
@@ -168,7 +168,7 @@ def keybias(
         det += _detection_rows(run_model(subj.model, long_ids, batch_size=max(1, batch_size // 4)).stats, eps,
                                min_rate, long_seq_len)
     elif long_seq_len is not None:
-        long_note = "long-context detection skipped: needs a corpus (model given as an object) or equals --seq-len"
+        long_note = "long-context detection skipped: needs a corpus (model given as an object) or equals seq_len"
     detect = pd.DataFrame(det)
     summary = _summary(heads, pos, rate, det, {"num_samples": N, "seq_len": T, "long_seq_len": long_seq_len,
                                                 "long_num_samples": long_num_samples})

@@ -114,7 +114,7 @@ def massive(
         "num_samples": N, "seq_len": int(subj.input_ids.shape[1]), "num_layers": L,
         "warnings": [] if float(b["ratio"]) > massive_ratio else [
             f"no massive activation: the largest top-1/median ratio is {float(b['ratio']):.1f} (layer {best}), "
-            f"below --massive-ratio {massive_ratio:g}"],
+            f"below massive_ratio={massive_ratio:g}"],
     }
 
     def plot(path):

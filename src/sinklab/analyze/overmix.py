@@ -13,7 +13,7 @@ from sinklab.analyze.common import (MIN_SIGN_TEST_PAIRS, AnalysisResult, Subject
                                     sign_test_p, sink_position)
 from sinklab.analyze.interventions import remove_key
 from sinklab.capture.adapter import adapt
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.zoo.models import DEFAULT_MODEL
 
 
@@ -44,7 +44,7 @@ def pair_verdict(higher: int, pairs: int, alpha: float = 0.05) -> str:
             f"(source, direction) pairs (two-sided sign test p = {p:.3g})")
     if pairs < MIN_SIGN_TEST_PAIRS:
         return (f"too few pairs to conclude: {said}; fewer than {MIN_SIGN_TEST_PAIRS} pairs cannot reach p < {alpha:g} "
-                f"even when all agree (add --sources or --directions)")
+                f"even when all agree (add sources or directions)")
     return said if p < alpha else f"inconclusive: {said}"
 
 
@@ -92,9 +92,9 @@ def overmix(
     import pandas as pd
 
     if directions < 1:
-        raise InputError(f"--directions must be >= 1, got {directions}")
+        raise InputError(f"{param('directions')} must be >= 1, got {directions}")
     if not scale > 0:
-        raise InputError(f"--scale must be > 0, got {scale}")
+        raise InputError(f"{param('scale')} must be > 0, got {scale}")
     subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape

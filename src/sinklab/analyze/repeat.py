@@ -27,7 +27,7 @@ from torch import Tensor
 
 from sinklab.analyze.common import (DEFAULT_SEQ_LEN, AnalysisResult, Subject, analysis, check_heads, check_layers,
                                     command_line, natural_ids, num_heads, resolve_subject, run_model)
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
 from sinklab.zoo.models import DEFAULT_MODEL
@@ -88,14 +88,14 @@ def force_self_attention(position: int, heads: dict[int, list[int]]):
         InputError: ``position`` < 0 (a position past T is refused when the edit runs).
     """
     if position < 0:
-        raise InputError(f"--position must be >= 0, got {position}")
+        raise InputError(f"{param('position')} must be >= 0, got {position}")
 
     def edit(layer, w, **_):
         hs = heads.get(layer)
         if not hs:
             return None
         if position >= w.shape[-2]:
-            raise InputError(f"--position {position} is outside the sequence (0-based, T={w.shape[-2]})")
+            raise InputError(f"{param('position', position)} is outside the sequence (0-based, T={w.shape[-2]})")
         new = w.clone()
         new[:, hs, position, :] = 0.0
         new[:, hs, position, position] = 1.0
@@ -182,12 +182,12 @@ def repeat(
             outside [1, T), a layer or head out of range.
     """
     if not 0 <= prompt_len < (seq_len or DEFAULT_SEQ_LEN):
-        raise InputError(f"--prompt-len must lie in [0, --seq-len={seq_len or DEFAULT_SEQ_LEN}), got {prompt_len}")
+        raise InputError(f"{param('prompt_len')} must lie in [0, {param('seq_len')}={seq_len or DEFAULT_SEQ_LEN}), got {prompt_len}")
     subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape
     if not isinstance(model, Subject) and not prompt_len < T:  # T taken from a training run
-        raise InputError(f"--prompt-len must lie in [0, --seq-len={T}), got {prompt_len}")
+        raise InputError(f"{param('prompt_len')} must lie in [0, {param('seq_len')}={T}), got {prompt_len}")
     counts, position = _check(subj, prompt_len, counts, position)
     L, H = subj.num_layers, num_heads(m)
     inject_layers = check_layers([0] if layers is None else layers, L)
@@ -241,7 +241,7 @@ def _check(subj: Subject, prompt_len: int, counts: list[int] | None, position: i
         raise InputError(f"prompt {prompt_len} + {max(counts)} repeats is past the model's context of {limit} tokens")
     position = T // 2 if position is None else position
     if not 1 <= position < T:
-        raise InputError(f"--position {position} must lie in [1, T={T}) (position 0 attends to itself already)")
+        raise InputError(f"{param('position', position)} must lie in [1, T={T}) (position 0 attends to itself already)")
     return counts, position
 
 
@@ -267,7 +267,7 @@ def _repeated_tokens(subj: Subject, token: int | None) -> Tensor:
     vocab = len(subj.tokenizer) if subj.tokenizer is not None else int(ids.max()) + 1
     if token is not None:
         if not 0 <= token < vocab:
-            raise InputError(f"--token {token} is outside the vocabulary (size {vocab})")
+            raise InputError(f"{param('token', token)} is outside the vocabulary (size {vocab})")
         return torch.full((N,), token, dtype=torch.int64)
     g = torch.Generator().manual_seed(subj.seed)
     if subj.tokenizer is not None:

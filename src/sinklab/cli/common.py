@@ -8,7 +8,10 @@ The grammar every command follows:
 * the same short option means the same thing everywhere: ``-n`` = ``--num-samples``,
   ``-t`` = ``--seq-len``, ``-k`` = ``--positions``, ``-w`` = ``--window``, ``-j`` = ``--jobs``;
 * every command that runs a model takes ``--device``, ``--dtype`` and ``--threads``;
-* ``--out`` is always a folder.
+* ``--out`` is always a folder;
+* library messages name Python parameters (:func:`sinklab.errors.param`); the CLI writes them as its
+  options (:func:`cli_text`: ``num_samples`` -> ``--num-samples``, a config key ``data.max_epochs``
+  -> ``--set data.max_epochs=...``).
 
 Every command that writes calls :func:`check_outputs` first thing, before any model, corpus or
 data work: an output folder or ``SINKLAB_HOME`` that cannot be written is refused in one line
@@ -138,6 +141,36 @@ def cpu_float32_only(command: str, device: str, dtype: Optional[str]) -> None:
         raise InputError(f"--device {device}: sinklab {command} runs on the CPU only (use --device cpu)")
     if dtype not in (None, "float32"):
         raise InputError(f"--dtype {dtype}: sinklab {command} runs in float32 only (use --dtype float32)")
+
+
+#: library parameters whose option is not ``--`` + the name in kebab case (``sinklab stream --policy`` fills
+#: ``stream(policies=...)``, ``sinklab sweep --time`` ``SlurmOptions.time_min``)
+OPTION_OF: dict[str, str] = {"policies": "--policy", "budgets": "--budget", "time_min": "--time"}
+
+
+def option_of(name: str) -> str:
+    """The option of the library parameter ``name``: :data:`OPTION_OF`, else ``--`` + ``name`` in kebab
+    case (``num_samples`` -> ``--num-samples``)."""
+    return OPTION_OF.get(name) or "--" + name.replace("_", "-")
+
+
+def cli_text(text: str) -> str:
+    """A library message (:func:`sinklab.errors.param` marks) as the CLI says it: ``eps`` ->
+    ``--eps``, ``eps=0.5`` -> ``--eps 0.5``, True -> ``--flag``, False -> ``--no-flag``, a config key
+    ``data.max_epochs=3`` -> ``--set data.max_epochs=3`` (a key without a value: ``--set data.max_epochs``)."""
+    from sinklab.errors import render
+
+    def spell(name: str, value: str | None) -> str:
+        if "." in name:  # a config key: `sinklab train --set KEY=VALUE`
+            return f"--set {name}" + ("" if value is None else f"={'false' if value == chr(0) else value or 'true'}")
+        flag = option_of(name)
+        if value is None or value == "":
+            return flag
+        if value == "\0":
+            return "--no-" + flag[2:]
+        return f"{flag} {value}"
+
+    return render(text, spell)
 
 
 def check_outputs(folders: Iterable[tuple[str, str | os.PathLike]] = (),

@@ -97,8 +97,10 @@ def app(argv: list[str] | None = None) -> None:
     except cx.ClickException as e:  # e.g. a file option that cannot be opened
         typer.secho(f"error: {_one_line(e.format_message())}", fg=typer.colors.RED, err=True)
         sys.exit(e.exit_code)
-    except SinklabError as e:
-        typer.secho(f"error: {_one_line(e)}", fg=typer.colors.RED, err=True)
+    except SinklabError as e:  # the library names parameters, the CLI its options
+        from sinklab.cli.common import cli_text
+
+        typer.secho(f"error: {_one_line(cli_text(e.marked))}", fg=typer.colors.RED, err=True)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
         typer.secho("interrupted", err=True)

@@ -20,7 +20,7 @@ from typing import Optional
 
 import typer
 
-from sinklab.cli.common import DTYPE_NAMES, THREADS, check_outputs, invoked_command, out_option
+from sinklab.cli.common import DTYPE_NAMES, THREADS, check_outputs, cli_text, invoked_command, out_option
 from sinklab.cli.main import LISTERS, cli
 from sinklab.fileio import read_json
 
@@ -96,7 +96,7 @@ def train_cmd(
                f"attention={cfg.model.attention}, packing={cfg.data.packing}, weight decay {cfg.optim.weight_decay} "
                f"on {cfg.optim.decay}", err=True)
     try:
-        res = train(cfg, out, resume=resume, progress=not no_progress, notify=lambda m: typer.echo(m, err=True),
+        res = train(cfg, out, resume=resume, progress=not no_progress, notify=lambda m: typer.echo(cli_text(m), err=True),
                     command=invoked_command())
     except TrainingInterrupted as e:
         typer.echo(interrupted_line(e, _command(args(e.checkpoint is not None))), err=True)

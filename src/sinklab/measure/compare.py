@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.fileio import atomic_write_text, read_json
 from sinklab.result import Result, versions
 
@@ -28,7 +28,7 @@ def _load(folder: str | Path) -> dict[str, Any]:
     p = Path(folder)
     f = p / "results.json" if p.is_dir() else p
     if not f.exists():
-        raise InputError(f"{folder}: no results.json (give folders written by `sinklab measure --out`)")
+        raise InputError(f"{folder}: no results.json (give folders written by `sinklab measure --out` or MeasureResult.save)")
     return read_json(f, "measurement results")
 
 
@@ -57,7 +57,7 @@ def comparison_tables(folders: Sequence[str | Path]):
     eps = sorted({r["eps"] for r, _ in results})
     if len(eps) > 1:
         raise InputError(f"the results were measured with different eps ({', '.join(map(str, eps))}); "
-                         "their sink rates are not comparable: measure them with the same --eps")
+                         f"their sink rates are not comparable: measure them with the same {param('eps')}")
     names: list[str] = []
     for r, f in results:
         name = str(r["model"].get("name") or Path(f).name)
@@ -187,7 +187,7 @@ class CompareResult(Result):
         """
         out = Path(out)
         if out.exists() and not out.is_dir():
-            raise InputError(f"--out {out} is a file; give a folder")
+            raise InputError(f"{param('out', str(out))} is a file; give a folder")
         out.mkdir(parents=True, exist_ok=True)
         self.models.to_csv(out / "compare.csv", index=False)
         self.layers.to_csv(out / "compare_layers.csv", index=False)
@@ -227,7 +227,7 @@ def write_comparison(folders: Sequence[str | Path], out: str | Path, command: st
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file; give a folder")
+        raise InputError(f"{param('out', str(out))} is a file; give a folder")
     result = compare(folders, command)
     result.save(out)
     return result.models

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 
 #: sentence boundary: '.', '!' or '?' (optionally closing quotes/brackets) followed by whitespace
 _SENTENCE = re.compile(r"(?<=[.!?][\"')\]])\s+|(?<=[.!?])\s+")
@@ -78,7 +78,7 @@ def text_cloze_items(documents: Sequence[str], tokenizer, n_items: int, *, n_cho
             sentences than ``n_items``.
     """
     if n_items < 1 or n_choices < 2:
-        raise InputError(f"--cloze needs at least 1 item and 2 choices, got {n_items} and {n_choices}")
+        raise InputError(f"{param('cloze')} needs at least 1 item and 2 choices, got {n_items} and {n_choices}")
     pool: list[tuple[int, int, list[str]]] = []  # (document, sentence index, sentences of the document)
     docs_sents = [split_sentences(d) for d in documents]
     for d, sents in enumerate(docs_sents):
@@ -90,7 +90,7 @@ def text_cloze_items(documents: Sequence[str], tokenizer, n_items: int, *, n_cho
         raise InputError(f"the cloze task needs sentences of >= {min_words} words in at least {n_choices} documents; "
                          f"the text has them in {len(docs_with)}")
     if len(pool) < n_items:
-        raise InputError(f"--cloze {n_items}: the text has only {len(pool)} usable sentences (>= {min_words} words)")
+        raise InputError(f"{param('cloze', n_items)}: the text has only {len(pool)} usable sentences (>= {min_words} words)")
     rng = np.random.default_rng([seed, 0xC10])
     picks = rng.choice(len(pool), size=n_items, replace=False)
 
@@ -135,11 +135,11 @@ def token_cloze_items(docs: Sequence[np.ndarray], n_items: int, *, n_choices: in
         InputError: fewer than ``max(n_items, n_choices)`` documents of ``context_len + ending_len`` tokens.
     """
     if n_items < 1 or n_choices < 2:
-        raise InputError(f"--cloze needs at least 1 item and 2 choices, got {n_items} and {n_choices}")
+        raise InputError(f"{param('cloze')} needs at least 1 item and 2 choices, got {n_items} and {n_choices}")
     need = context_len + ending_len
     ok = [np.asarray(d) for d in docs if len(d) >= need]
     if len(ok) < max(n_items, n_choices):
-        raise InputError(f"--cloze {n_items}: the held-out data has {len(ok)} documents of >= {need} tokens; "
+        raise InputError(f"{param('cloze', n_items)}: the held-out data has {len(ok)} documents of >= {need} tokens; "
                          f"need {max(n_items, n_choices)}")
     rng = np.random.default_rng([seed, 0xC11])
     items = []

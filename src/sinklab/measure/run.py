@@ -14,7 +14,7 @@ import torch
 
 from sinklab.capture import collect
 from sinklab.capture.stats import ProbeStats
-from sinklab.errors import InputError, UnknownNameError
+from sinklab.errors import InputError, UnknownNameError, param
 from sinklab.fileio import check_writable, read_json
 from sinklab.measure.report import write_outputs
 from sinklab.metrics import sink_rate_per_sample, summarize
@@ -72,31 +72,31 @@ class MeasureConfig:
         from sinklab.probe.inputs import BOS_POLICIES
 
         if not 0.0 < self.eps < 1.0:
-            raise InputError(f"--eps must lie in (0, 1), got {self.eps}")
+            raise InputError(f"{param('eps')} must lie in (0, 1), got {self.eps}")
         if self.num_samples is not None and self.num_samples < 1:
-            raise InputError(f"--num-samples must be >= 1, got {self.num_samples}")
+            raise InputError(f"{param('num_samples')} must be >= 1, got {self.num_samples}")
         if self.seq_len is not None and self.seq_len < 2:
-            raise InputError(f"--seq-len must be >= 2, got {self.seq_len}")
+            raise InputError(f"{param('seq_len')} must be >= 2, got {self.seq_len}")
         if self.positions < 1:
-            raise InputError(f"--positions must be >= 1, got {self.positions}")
+            raise InputError(f"{param('positions')} must be >= 1, got {self.positions}")
         if self.batch_size < 1:
-            raise InputError(f"--batch-size must be >= 1, got {self.batch_size}")
+            raise InputError(f"{param('batch_size')} must be >= 1, got {self.batch_size}")
         if self.seed is not None and self.seed < 0:
-            raise InputError(f"--seed must be >= 0, got {self.seed}")
+            raise InputError(f"{param('seed')} must be >= 0, got {self.seed}")
         if self.cloze < 0:
-            raise InputError(f"--cloze must be >= 0 (items of the cloze task; 0 = off), got {self.cloze}")
+            raise InputError(f"{param('cloze')} must be >= 0 (items of the cloze task; 0 = off), got {self.cloze}")
         if self.token is not None and self.token < 0:
-            raise InputError(f"--token must be a token id >= 0, got {self.token}")
+            raise InputError(f"{param('token')} must be a token id >= 0, got {self.token}")
         if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
-            raise InputError(f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+            raise InputError(f"{param('device')} must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         if self.device_map not in (None, "auto"):
-            raise InputError(f"--device-map must be auto (accelerate's placement), got {self.device_map!r}")
+            raise InputError(f"{param('device_map')} must be auto (accelerate's placement), got {self.device_map!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
-            raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise InputError(f"{param('dtype')} must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.bos not in BOS_POLICIES:
-            raise InputError(f"--bos must be one of {', '.join(BOS_POLICIES)}, got {self.bos!r}")
+            raise InputError(f"{param('bos')} must be one of {', '.join(BOS_POLICIES)}, got {self.bos!r}")
         if self.collector != "auto" and self.collector not in COLLECTORS:
-            raise InputError(f"--collector must be auto or one of {', '.join(COLLECTORS)}, got {self.collector!r}")
+            raise InputError(f"{param('collector')} must be auto or one of {', '.join(COLLECTORS)}, got {self.collector!r}")
         if self.input not in AUTO_INPUTS:
             try:
                 INPUTS.get(self.input)
@@ -304,7 +304,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     if overrides:
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
     if out is not None:  # before any model or corpus work
-        check_writable(out, "--out")
+        check_writable(out, param("out"))
     run = Run.find(cfg.model)
     if run is None:
         check_model_spec(cfg.model)  # a bad --model fails before any corpus or weights are fetched
@@ -313,7 +313,7 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     if run is not None:
         check_input(run, cfg.input, cfg.corpus)
     elif cfg.input == "run":
-        raise InputError(f"--input run needs a model trained by `sinklab train` (its run folder or final/), not {cfg.model!r}")
+        raise InputError(f"{param('input', 'run')} needs a model trained by `sinklab train` (its run folder or final/), not {cfg.model!r}")
     if cfg.input == "natural":  # corpus problems surface before the model is loaded
         corpus = load_corpus(cfg.corpus)
     loaded = load_model(str(run.final) if run is not None else cfg.model, dtype=DTYPES[cfg.dtype],
@@ -322,8 +322,8 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     limit = loaded.info.max_context
     if limit is not None and cfg.seq_len > limit and not cfg.allow_long_context:
         raise InputError(
-            f"--seq-len {cfg.seq_len} is past {cfg.model}'s context of {limit} tokens; "
-            "pass --allow-long-context to try anyway (only meaningful for RoPE models)"
+            f"{param('seq_len', cfg.seq_len)} is past {cfg.model}'s context of {limit} tokens; "
+            f"pass {param('allow_long_context', True)} to try anyway (only meaningful for RoPE models)"
         )
     probe = _build_probe(cfg, run, corpus, loaded)
     t0 = time.perf_counter()
@@ -457,7 +457,7 @@ def resolve_device(device: str, device_map: str | None, dtype: str | None) -> di
     if device == "auto":
         device = "cuda" if cuda else "cpu"
     if device.startswith("cuda") and not cuda:
-        raise InputError(f"--device {device} but CUDA is not available here; use --device cpu or auto")
+        raise InputError(f"{param('device', device)} but CUDA is not available here; use {param('device')} cpu or auto")
     on_gpu = device.startswith("cuda") or (device_map is not None and cuda)
     return {"device": device, "dtype": dtype or ("bfloat16" if on_gpu else "float32")}
 
@@ -494,10 +494,10 @@ def measure_many(models: list[str], out: str | Path, config: MeasureConfig | Non
             measured before it keep their folders).
     """
     if not models:
-        raise InputError("give at least one --model")
+        raise InputError(f"give at least one {param('model')}")
     dupes = sorted({m for m in models if models.count(m) > 1})
     if dupes:
-        raise InputError(f"--model given twice: {', '.join(dupes)}")
+        raise InputError(f"{param('model')} given twice: {', '.join(dupes)}")
     cfg = config or MeasureConfig()
     slugs: list[str] = []
     for m in models:

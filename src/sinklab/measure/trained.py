@@ -9,7 +9,7 @@ and seed unless ``--num-samples``/``--seq-len``/``--seed`` say otherwise.
 
 from __future__ import annotations
 
-from sinklab.errors import InputError, SinklabError
+from sinklab.errors import InputError, SinklabError, param
 from sinklab.runs import Run
 
 
@@ -22,8 +22,8 @@ def check_input(run: Run, input: str, corpus: str | None) -> None:
     if run.synthetic and input == "natural":
         raise InputError(
             f"{run.folder} was trained on the synthetic task {run.config.data.source!r}, so natural text "
-            f"({'--corpus ' + corpus if corpus else 'a corpus'}) means nothing to it: measure it on its own held-out "
-            "data (the default, --input run) or on --input random or repeated"
+            f"({param('corpus', corpus) if corpus else 'a corpus'}) means nothing to it: measure it on its own held-out "
+            f"data (the default, {param('input', 'run')}) or on {param('input', 'random')} or repeated"
         )
 
 

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.probe.windows import CORPUS_WORDING, cut_windows
 from sinklab.registry import Registry
 
@@ -100,7 +100,7 @@ def bos_tokens(tokenizer, bos: str) -> tuple[list[int], list[int]]:
         return [], []
     tok_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
     if tok_id is None:
-        raise InputError("--bos always: this tokenizer has no BOS (or CLS) token")
+        raise InputError(f"{param('bos', 'always')}: this tokenizer has no BOS (or CLS) token")
     return [int(tok_id)], []
 
 
@@ -201,7 +201,7 @@ def repeated(
     n = _content_len(seq_len, prefix, suffix)
     if token is not None:
         if not 0 <= token < len(tokenizer):
-            raise InputError(f"--token {token} is outside the vocabulary (size {len(tokenizer)})")
+            raise InputError(f"{param('token', token)} is outside the vocabulary (size {len(tokenizer)})")
         toks = torch.full((num_samples,), token, dtype=torch.int64)
     else:
         pool = candidate_token_ids(tokenizer)
@@ -219,12 +219,12 @@ def user_text(tokenizer, *, text: str | None, seq_len: int, bos: str = "auto", *
         InputError: no text, or a text shorter than T tokens (says how many it has).
     """
     if not text:
-        raise InputError("--input text needs --text 'some text'")
+        raise InputError(f"{param('input', 'text')} needs {param('text')} 'some text'")
     prefix, suffix = bos_tokens(tokenizer, bos)
     n = _content_len(seq_len, prefix, suffix)
     ids = tokenize_plain(tokenizer, text)
     if len(ids) < n:
-        raise InputError(f"the text has {len(ids)} tokens, fewer than the {n} needed for --seq-len {seq_len}")
+        raise InputError(f"the text has {len(ids)} tokens, fewer than the {n} needed for {param('seq_len', seq_len)}")
     content = torch.tensor([ids[:n]], dtype=torch.int64)
     return Probe(_assemble(content, prefix, suffix), "text", bos, prefix, suffix)
 

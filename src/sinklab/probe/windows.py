@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from sinklab.errors import InputError, plural
+from sinklab.errors import InputError, param, plural
 
 if TYPE_CHECKING:
     from sinklab.data.packing import Packer
@@ -57,12 +57,12 @@ class Wording:
 
 
 #: ``sinklab measure``'s natural-text probe
-CORPUS_WORDING = Wording("the corpus", "--num-samples", "--seq-len", "use a larger corpus", "use another corpus")
+CORPUS_WORDING = Wording("the corpus", param('num_samples'), param('seq_len'), "use a larger corpus", "use another corpus")
 #: the sink tracker's probe set (``track.*`` settings)
 TRACKER_WORDING = Wording("the validation split", "track.n_probe", "track.probe_len", "raise data.val_fraction",
                           window="probe window", counted="possible probe window", unit="text token")
 #: a training run's held-out data measured by ``sinklab measure --input run`` (and analyze, on a run)
-RUN_WORDING = Wording("the validation split", "--num-samples", "--seq-len", None,
+RUN_WORDING = Wording("the validation split", param('num_samples'), param('seq_len'), None,
                       window="probe window", counted="possible probe window", unit="text token")
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from sinklab.errors import ConfigError, InputError
+from sinklab.errors import ConfigError, InputError, param
 from sinklab.runs.config import RunConfig
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ class Run:
             saved.pop(MASK_TOKEN, None)
         if saved is not None and tc.tokenizer.get_vocab() != saved:
             raise InputError(f"the data of {self.folder} prepared now has another vocabulary than the tokenizer in "
-                             f"{self.final}; measure it with --input natural/random/repeated instead")
+                             f"{self.final}; measure it with {param('input')} natural, random or repeated instead")
         packing = self.packing_for(bos)
         try:
             ids = probe_set(tc.val, self.packer(packing), num_samples, seq_len, seed=seed, settings=RUN_WORDING)
@@ -285,7 +285,7 @@ class Run:
         ids = np.concatenate([[int(tc.bos_id)], np.asarray(tc.val.tokens, dtype=np.int64)])
         if ids.size < n_tokens:
             raise InputError(f"the validation split of {self.folder} has {ids.size} tokens in all (BOS included), "
-                             f"fewer than --tokens {n_tokens}")
+                             f"fewer than {param('tokens', n_tokens)}")
         return torch.from_numpy(ids[:n_tokens].copy())
 
     # ------------------------------------------------------------------ model

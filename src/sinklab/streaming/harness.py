@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from sinklab.capture.adapter import adapt
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.fileio import atomic_write_text
 from sinklab.progress import progress as show_progress
 from sinklab.streaming.cache import SinkCache
@@ -142,9 +142,9 @@ def cache_specs(window: int, sinks: Sequence[int], *, full: bool = True, recompu
         InputError: a negative number of sinks, or ``window < 1``.
     """
     if window < 1:
-        raise InputError(f"--window must be >= 1, got {window}")
+        raise InputError(f"{param('window')} must be >= 1, got {window}")
     if any(k < 0 for k in sinks):
-        raise InputError(f"--sinks must be >= 0, got {list(sinks)}")
+        raise InputError(f"{param('sinks')} must be >= 0, got {list(sinks)}")
     specs = [CacheSpec("full", "full", None, None, policy="full")] if full else []
     for k in dict.fromkeys(sinks):
         specs.append(CacheSpec("window" if k == 0 else f"sinks_{k}", "sink", int(k), window,
@@ -176,7 +176,7 @@ def policy_specs(policies: Sequence[str], budgets: Sequence[int], *, n_sink: int
     from sinklab.streaming.quant import check_kv_options, parse_sinks_full_precision
 
     if window < 1:
-        raise InputError(f"--window must be >= 1, got {window}")
+        raise InputError(f"{param('window')} must be >= 1, got {window}")
     specs = [CacheSpec("full", "full", None, None, policy="full")] if full else []
     seen = set()
     for policy in dict.fromkeys(policies):
@@ -229,7 +229,7 @@ def token_stream(tokenizer, documents: Sequence[str], n_tokens: int, *, corpus_n
         if total >= n_tokens:
             break
     if total < n_tokens:
-        raise InputError(f"corpus {corpus_name} has {total} tokens in all, fewer than --tokens {n_tokens}")
+        raise InputError(f"corpus {corpus_name} has {total} tokens in all, fewer than {param('tokens', n_tokens)}")
     return torch.from_numpy(np.concatenate(parts)[:n_tokens].copy())
 
 
@@ -585,7 +585,7 @@ def run_stream(run_folder, n_tokens: int) -> Tensor:
 
     run = Run.find(str(run_folder))
     if run is None:
-        raise InputError(f"--corpus run needs a sinklab train run folder as --model, got {run_folder}")
+        raise InputError(f"{param('corpus', 'run')} needs a sinklab train run folder as {param('model')}, got {run_folder}")
     return run.validation_stream(n_tokens)
 
 

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.progress import progress as show_progress
 
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
@@ -87,10 +87,10 @@ def passkey_samples(tokenizer, documents: Sequence[str], n_tokens: int, *, keys:
     from sinklab.streaming.harness import token_stream
 
     if not 1 <= keys <= 90000:
-        raise InputError(f"--passkey-keys must lie in 1..90000, got {keys}")
+        raise InputError(f"{param('passkey_keys')} must lie in 1..90000, got {keys}")
     bad = [d for d in depths if not 0.0 <= d <= 1.0]
     if bad or not depths:
-        raise InputError(f"--passkey-depths must lie in [0, 1], got {list(depths)}")
+        raise InputError(f"{param('passkey_depths')} must lie in [0, 1], got {list(depths)}")
     rng = random.Random(seed)
     key_list = [str(k) for k in rng.sample(range(10000, 100000), keys)]
     question = list(tokenize_plain(tokenizer, QUESTION))
@@ -99,7 +99,7 @@ def passkey_samples(tokenizer, documents: Sequence[str], n_tokens: int, *, keys:
     shortest = min(len(v) for v in needles.values())
     need = max(len(v) for v in needles.values()) + len(question) + prefix + 1
     if n_tokens < need:
-        raise InputError(f"--tokens {n_tokens} is too short for the pass key task: the needle and the question need "
+        raise InputError(f"{param('tokens', n_tokens)} is too short for the pass key task: the needle and the question need "
                          f"at least {need} tokens")
     filler = token_stream(tokenizer, documents, n_tokens - shortest - len(question), corpus_name=corpus_name).tolist()
     out = []
@@ -139,7 +139,7 @@ def evaluate_passkey(model, tokenizer, samples: Sequence[PasskeySample], spec, *
     if spec.kind not in ("full", "sink"):
         raise InputError(f"the pass key task runs through a cache: full or a policy, not {spec.kind}")
     if batch < 1 or chunk < 1:
-        raise InputError(f"--passkey-batch and --passkey-chunk must be >= 1, got {batch} and {chunk}")
+        raise InputError(f"{param('passkey_batch')} and {param('passkey_chunk')} must be >= 1, got {batch} and {chunk}")
     n = samples[0].ids.numel()
     if spec.kind == "full" and max_context is not None and n + answer_tokens > max_context:
         raise InputError(f"the full cache needs {n + answer_tokens} positions, more than the model's context of "

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from sinklab.errors import CorruptFileError, InputError
+from sinklab.errors import CorruptFileError, InputError, param
 from sinklab.fileio import check_writable, read_json
 from sinklab.result import DictResult
 from sinklab.streaming.cache import SinkCache
@@ -160,22 +160,22 @@ def _specs(*, tokens, out, mode, task, policies, sinks, budgets, n_sink, kv_bits
            kv_group, window, full, recompute) -> list:
     """:func:`stream`'s argument checks (before the model is loaded) and its configurations."""
     if tokens < 2:
-        raise InputError(f"--tokens must be >= 2, got {tokens}")
-    check_writable(out, "--out")  # before the model is loaded
+        raise InputError(f"{param('tokens')} must be >= 2, got {tokens}")
+    check_writable(out, param("out"))  # before the model is loaded
     if mode not in ("parallel", "decode"):
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
     if task not in ("ppl", "passkey"):
         raise InputError(f"unknown task {task!r}: ppl | passkey")
     if policies:
         if sinks is not None:
-            raise InputError("--sinks sets the sink caches of the default run; with --policy give --n-sink")
+            raise InputError(f"{param('sinks')} sets the sink caches of the default run; with {param('policies')} give {param('n_sink')}")
         return policy_specs(policies, budgets or (256,), n_sink=n_sink, kv_bits=kv_bits or (16,),
                             key_quant=key_quant or ("token",), sinks_full_precision=sinks_full_precision or (0,),
                             kv_group=kv_group, window=window, full=full, recompute=recompute and task == "ppl")
-    given = [f for f, v in (("--budget", budgets), ("--kv-bits", kv_bits), ("--key-quant", key_quant),
-                            ("--sinks-full-precision", sinks_full_precision)) if v]
+    given = [param(f) for f, v in (("budgets", budgets), ("kv_bits", kv_bits), ("key_quant", key_quant),
+                                   ("sinks_full_precision", sinks_full_precision)) if v]
     if given:
-        raise InputError(f"{', '.join(given)} need --policy (e.g. --policy sinks)")
+        raise InputError(f"{', '.join(given)} need {param('policies')} (e.g. {param('policies', 'sinks')})")
     return cache_specs(window, DEFAULT_SINKS if sinks is None else sinks, full=full,
                        recompute=recompute and task == "ppl")
 
@@ -192,14 +192,14 @@ def _load_checked(model: str, corpus: str, specs, task: str) -> tuple:
         raise InputError(f"sinklab stream needs a causal LM with relative positions; {model} is "
                          + ("an encoder" if loaded.info.is_encoder else f"a {loaded.info.architecture} model"))
     if corpus == "run" and not native:
-        raise InputError("--corpus run needs a model trained with sinklab train (its held-out data)")
+        raise InputError(f"{param('corpus', 'run')} needs a model trained with sinklab train (its held-out data)")
     SinkCache(loaded.model, 0, 1, max_context=None)  # refuses a model without supported positions, naming why
     ctx = loaded.info.max_context
     for s in specs:  # check every configuration before the first long run
         if s.kind == "sink" and ctx is not None and s.n_sink + s.window > ctx:
             raise InputError(f"n_sink + window = {s.n_sink + s.window} exceeds the model's context of {ctx} tokens")
     if task == "passkey" and (native or corpus == "run"):
-        raise InputError("--task passkey needs a transformers model and a text corpus (it states the key in words)")
+        raise InputError(f"{param('task', 'passkey')} needs a transformers model and a text corpus (it states the key in words)")
     return loaded, native, ctx
 
 

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.fileio import atomic_write_text, read_json, reading
 from sinklab.sweep.spec import Point, Study, point_config
 
@@ -240,16 +240,16 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int | None = 1, cores: int
             submitted jobs are cancelled).
     """
     if launcher not in LAUNCHERS:
-        raise InputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        raise InputError(f"{param('launcher')} must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     local = launcher == "local"
     if jobs is None and local:
         jobs = 1
     if jobs is not None and jobs < 1:
-        raise InputError(f"--jobs must be >= 1, got {jobs}")
+        raise InputError(f"{param('jobs')} must be >= 1, got {jobs}")
     slurm = slurm or SlurmOptions()
     if seeds is not None:
         if seeds < 1:
-            raise InputError(f"--seeds must be >= 1, got {seeds}")
+            raise InputError(f"{param('seeds')} must be >= 1, got {seeds}")
         study.seeds = seeds
     out = Path(out)
     write_study_json(study, out)
@@ -414,11 +414,11 @@ class SlurmOptions:
 
     def __post_init__(self) -> None:
         if self.gpus < 0:
-            raise InputError(f"--gpus must be >= 0, got {self.gpus}")
+            raise InputError(f"{param('gpus')} must be >= 0, got {self.gpus}")
         if self.cpus is not None and self.cpus < 1:
-            raise InputError(f"--cpus must be >= 1, got {self.cpus}")
+            raise InputError(f"{param('cpus')} must be >= 1, got {self.cpus}")
         if self.time_min < 1:
-            raise InputError(f"--time must be >= 1 minute, got {self.time_min}")
+            raise InputError(f"{param('time_min')} must be >= 1 minute, got {self.time_min}")
 
 
 def make_executor(launcher: str, folder: Path, opts: SlurmOptions, *, name: str = "sinklab",
@@ -439,8 +439,8 @@ def make_executor(launcher: str, folder: Path, opts: SlurmOptions, *, name: str 
         import shutil
 
         if shutil.which("srun") is None:
-            raise InputError("--launcher slurm: no Slurm here (srun not found on PATH); run the sweep on the "
-                             "cluster's login node, or use --launcher local (or submitit-local)")
+            raise InputError(f"{param('launcher', 'slurm')}: no Slurm here (srun not found on PATH); run the sweep on the "
+                             f"cluster's login node, or use {param('launcher', 'local')} (or submitit-local)")
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=opts.max_requeue)
         params = {"time": opts.time_min, "job_name": name, "signal_delay_s": 90, "ntasks_per_node": 1, "nodes": 1}
         if opts.partition:

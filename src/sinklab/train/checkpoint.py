@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinklab.errors import InputError, SinklabError
+from sinklab.errors import InputError, SinklabError, param
 from sinklab.fileio import atomic_write
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -84,7 +84,7 @@ RUN_CHECKPOINT_KEYS = ("step", "model", "optimizer", "rng", "config")
 
 def _not_a_checkpoint(path: Path, why: str) -> CheckpointError:
     return CheckpointError(f"cannot read checkpoint {path}: it is corrupt or not a sinklab checkpoint ({why}); "
-                           "start the run again without --resume in a new --out, or restore the file")
+                           f"start the run again without {param('resume', True)} in a new {param('out')}, or restore the file")
 
 
 def _why(e: BaseException) -> str:
@@ -106,7 +106,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.exists():
-        raise InputError(f"no checkpoint at {path}; nothing to resume (run without --resume)")
+        raise InputError(f"no checkpoint at {path}; nothing to resume (run without {param('resume', True)})")
     try:
         if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is not ours
             raise _not_a_checkpoint(path, "not a PyTorch checkpoint archive")

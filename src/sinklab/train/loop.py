@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from sinklab.data.packing import IGNORE_INDEX, PackedData
 from sinklab.data.tokens import TokenizedCorpus
-from sinklab.errors import ConfigError, InputError, SinklabError
+from sinklab.errors import ConfigError, InputError, SinklabError, param, render
 from sinklab.fileio import atomic_write_text, check_writable, publish, read_json, read_jsonl
 from sinklab.progress import progress as show_progress
 from sinklab.result import Result
@@ -289,7 +289,7 @@ def train(
     """
     t_start = time.perf_counter()
     out = Path(out)
-    check_writable(out, "--out")
+    check_writable(out, param("out"))
     created = _missing_folders(out)
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -329,7 +329,7 @@ def _train_in_folder(cfg: RunConfig, out: Path, *, resume: bool, progress: bool,
     _canonical = canonical
     ckpt_path = out / CHECKPOINT_NAME
     if not resume and ckpt_path.exists():
-        raise InputError(f"{out} already holds a run ({ckpt_path.name}); pass --resume to continue it or choose a new --out")
+        raise InputError(f"{out} already holds a run ({ckpt_path.name}); pass {param('resume', True)} to continue it or choose a new {param('out')}")
     status = _Status()
     ckpt, note, finished = _check_resume(cfg, out, notify, status) if resume else (None, "", None)
     if finished is not None:
@@ -383,7 +383,7 @@ def _check_resume(cfg: RunConfig, out: Path, notify: Callable[[str], None] | Non
     if finished_before and t_cfg.steps <= done_before and (out / "summary.json").exists():
         return ckpt, note, TrainResult(out=out, steps=done_before, history=list(ckpt.get("tracker", [])),
                                        already_finished=True, note=f"{out} is finished: {done_before} of {planned_before} "
-                                       "steps done; nothing to resume (raise --steps to train longer)")
+                                       "steps done; nothing to resume (raise train.steps to train longer)")
     if finished_before and t_cfg.steps > done_before:
         note = _extend_note(cfg, done_before, planned_before)
         if notify is not None:
@@ -831,7 +831,7 @@ def check_epochs(cfg: RunConfig, train_tokens: int) -> None:
         f"{cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens would pass over the {train_tokens:,} distinct "
         f"training tokens {epochs:.1f} times, more than data.max_epochs={limit:g}: give it a corpus of the paper's size "
         "(data.corpus = \"hf:NAME\" or a folder of Parquet or JSON-lines shards, see docs/scaling.md, 'Large corpora'), "
-        f"fewer train.steps, or allow the repetition with --set data.max_epochs={math.ceil(epochs)}"
+        f"fewer train.steps, or allow the repetition with {param('data.max_epochs', math.ceil(epochs))}"
     )
 
 
@@ -861,13 +861,13 @@ def warmup_warning(cfg: RunConfig) -> str:
     peak = lr_at(steps - 1, cfg.optim, steps)
     return (f"warning: train.steps = {steps} is shorter than the warm-up optim.warmup_steps = {warm}: the learning rate "
             f"peaks at {peak:.3g} ({steps}/{warm} of optim.lr = {cfg.optim.lr:g}) and never decays; lower it, e.g. "
-            f"--set optim.warmup_steps={max(1, steps // 10)}")
+            f"{param('optim.warmup_steps', max(1, steps // 10))}")
 
 
 def _warn(message: str) -> None:
     import warnings
 
-    warnings.warn(message, stacklevel=3)
+    warnings.warn(render(message), stacklevel=3)
 
 
 def _extend_note(cfg: RunConfig, done: int, planned: int) -> str:

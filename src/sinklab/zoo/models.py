@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, SinklabError, UnknownNameError
+from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, SinklabError, UnknownNameError, param
 from sinklab.fileio import atomic_write_text, check_model_files, publish, read_json, reading
 from sinklab.paths import cache_dir
 from sinklab.registry import Registry
@@ -220,7 +220,7 @@ def _check_license(recipe: ModelRecipe, accept_license: bool) -> None:
         raise SinklabError(
             f"model {recipe.name!r} is under the {recipe.license}, which you must accept first.\n\n"
             f"{recipe.license_terms}\n\n"
-            f"To accept these terms pass --accept-license (Python: accept_license=True); the acceptance is "
+            f"To accept these terms pass {param('accept_license', True)}; the acceptance is "
             f"remembered in {license_record(recipe.name)}."
         )
 
@@ -537,8 +537,8 @@ def run_final_folder(path: Path) -> Path:
     if not (final / NATIVE_MARKER).exists():
         raise InputError(
             f"{path} is a sinklab training run without a final model: expected it in {final}/, which "
-            f"`sinklab train` writes when the run finishes (finish it with: sinklab train {path / 'config.toml'} "
-            f"--out {path} --resume)"
+            f"`sinklab train` writes when the run finishes (finish it with: "
+            f"`sinklab train {path / 'config.toml'} --out {path} --resume`)"
         )
     return final
 
@@ -709,7 +709,7 @@ def load_model(
             path = run_final_folder(path)
         if (path / NATIVE_MARKER).exists():
             if device_map is not None:
-                raise InputError(f"{name_or_path}: a sinklab-trained model loads on one device; use --device, not --device-map")
+                raise InputError(f"{name_or_path}: a sinklab-trained model loads on one device; use {param('device')}, not {param('device_map')}")
             loaded = _load_native(path, dtype=dtype, attn_implementation=attn_implementation)
             loaded.model.to(device)
             return loaded
