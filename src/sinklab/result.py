@@ -4,7 +4,8 @@ Every feature's result is a :class:`Result` subclass with the same four methods:
 it into the folder ``out`` (its own files, unchanged: ``results.json``, ``compare.json``,
 ``analysis.json``, ``stream.json``, ``train_result.json``, with their CSVs and plots), ``load(path)``
 reads it back (the folder or its main file), ``table()`` gives its main table as a pandas DataFrame and
-``to_dict()`` the JSON content. The command that made a result and the versions behind it are recorded
+``to_dict()`` the JSON content. ``repr(result)`` is a few lines (the headline figures and where the tables
+are, :meth:`Result.headline` and :meth:`Result.guide`), ``_repr_html_`` the same for a notebook. The command that made a result and the versions behind it are recorded
 one way: :attr:`Result.command` (the CLI passes :func:`command_of` of the arguments it was given --
 library code never reads ``sys.argv``; a Python call records how it was called) and :func:`versions`.
 
@@ -14,6 +15,7 @@ This module is in the core layer: it imports nothing of sinklab but :mod:`sinkla
 
 from __future__ import annotations
 
+import html
 import json
 import platform
 import shlex
@@ -88,6 +90,36 @@ class Result:
         """The JSON content of :attr:`FILE`."""
         raise NotImplementedError
 
+    def title(self) -> str:
+        """The first line of the repr: the class and what the result is of (subclasses add to it)."""
+        return type(self).__name__
+
+    def headline(self) -> list[tuple[str, str]]:
+        """The headline figures the repr shows: (label, value as text) pairs, a few at most."""
+        return []
+
+    def guide(self) -> list[tuple[str, str]]:
+        """Where the tables and the rest are: (how to reach it, what it holds) pairs."""
+        return [(".table()", "the main table (pandas DataFrame)"), (".save(out)", f"writes {self.FILE}")]
+
+    def _repr_lines(self) -> list[tuple[str, str]]:
+        cmd = self.command or ""
+        rows = [*self.headline(), *([("command", cmd)] if cmd else []), *self.guide()]
+        return [(k, _clip(v)) for k, v in rows]
+
+    def __repr__(self) -> str:
+        """A few lines: the title, the headline figures, the command, where the tables are (every value
+        clipped to 100 characters)."""
+        rows = self._repr_lines()
+        w = max((len(k) for k, _ in rows), default=0)
+        return "\n".join([self.title(), *(f"  {k.ljust(w)}  {v}" for k, v in rows)])
+
+    def _repr_html_(self) -> str:
+        """The repr as an HTML table (Jupyter)."""
+        rows = "".join(f"<tr><td style='text-align:left'><code>{html.escape(k)}</code></td>"
+                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in self._repr_lines())
+        return f"<div><strong>{html.escape(self.title())}</strong><table>{rows}</table></div>"
+
     def table(self):
         """The result's main table (pandas DataFrame)."""
         raise NotImplementedError
@@ -122,6 +154,19 @@ class Result:
         return cls.from_dict(read_json(f, cls.WHAT), f.parent)
 
 
+def _clip(text: Any, n: int = 100) -> str:
+    """``text`` on one line, cut to ``n`` characters (an ellipsis marks the cut)."""
+    t = " ".join(str(text).split())
+    return t if len(t) <= n else t[: n - 1] + "…"
+
+
+def percents(values: Sequence[float], k: int = 4) -> str:
+    """``98.2%, 10.3%, ...``: the first ``k`` values in percent (the rest counted)."""
+    shown = ", ".join(f"{float(v):.1f}%" for v in list(values)[:k])
+    more = len(values) - k
+    return shown + (f" (+{more} more)" if more > 0 else "")
+
+
 def _folder(out: str | Path) -> Path:
     """``out`` as a folder, created. Raises InputError when it is a file."""
     from sinklab.errors import InputError, param
@@ -152,9 +197,20 @@ class DictResult(Result, dict):
 
         return pd.DataFrame(self.get("configs", []))
 
+    def headline(self) -> list[tuple[str, str]]:
+        """The scalar entries (model, corpus, tokens, ...) and the configurations' names."""
+        rows = [(k, str(v)) for k, v in self.items() if isinstance(v, (str, int, float, bool)) and k != "command"][:6]
+        configs = self.get("configs") or []
+        names = [str(c.get("name", c.get("config", i))) if isinstance(c, dict) else str(c) for i, c in enumerate(configs)]
+        return rows + ([("configs", f"{len(configs)}: {', '.join(names)}")] if configs else [])
+
+    def guide(self) -> list[tuple[str, str]]:
+        return [(".table()", f"DataFrame, one row per configuration ({len(self.get('configs') or [])} rows)"),
+                ("[key]", f"the {self.FILE} content: {', '.join(self)}"), (".save(out)", f"writes {self.FILE}")]
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "DictResult":
         return cls(data)
 
 
-__all__ = ["Result", "DictResult", "command_of", "python_call", "versions", "resolve_file"]
+__all__ = ["Result", "DictResult", "command_of", "python_call", "versions", "resolve_file", "percents"]

@@ -334,7 +334,7 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-@dataclass
+@dataclass(repr=False)  # Result's short repr
 class AnalysisResult(Result):
     """The outcome of one ``sinklab analyze`` kind (a :class:`~sinklab.result.Result`: ``save``, ``load``,
     ``table``, ``to_dict``).
@@ -362,6 +362,20 @@ class AnalysisResult(Result):
     corpus: dict | None = None
     command: str = ""
     csv_only: tuple = ()
+
+    def title(self) -> str:
+        return f"AnalysisResult: {self.kind} of {self.model.get('name', 'a model')}"
+
+    def headline(self) -> list[tuple[str, str]]:
+        """The summary's scalar and text entries (the first six)."""
+        rows = [(k, f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in self.summary.items()
+                if isinstance(v, (str, int, float, bool)) or v is None]
+        return rows[:6] + ([("summary", f"{len(rows) - 6} more in .summary")] if len(rows) > 6 else [])
+
+    def guide(self) -> list[tuple[str, str]]:
+        shapes = ", ".join(f"{n} ({len(t)} rows)" for n, t in self.tables.items())
+        return [(".table()", f"the first table, {next(iter(self.tables), 'none')}"), (".tables[name]", shapes or "none"),
+                (".save(out)", "writes analysis.json, one CSV per table, PNG plots")]
 
     def table(self):
         """The analysis' first table (``massive``: ``layers``; ``intervene``: ``interventions``; ...)."""

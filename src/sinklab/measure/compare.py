@@ -155,7 +155,7 @@ def plot_comparison(models, layers, path: Path) -> Path:
     return path
 
 
-@dataclass
+@dataclass(repr=False)  # Result's short repr
 class CompareResult(Result):
     """What :func:`compare` returns (a :class:`~sinklab.result.Result`): the ``models`` and ``layers`` tables
     of :func:`comparison_tables`, the folders compared and the command. ``save(out)`` writes
@@ -171,6 +171,20 @@ class CompareResult(Result):
 
     def table(self):
         return self.models
+
+    def title(self) -> str:
+        return f"CompareResult: {len(self.folders)} measured folders"
+
+    def headline(self) -> list[tuple[str, str]]:
+        """The models compared and comparison warnings."""
+        names = [str(m) for m in self.models["model"]] if "model" in getattr(self.models, "columns", ()) else []
+        warn = comparison_warnings(self.models)
+        return [("models", ", ".join(names) or str(len(self.models)))] + ([("warnings", "; ".join(warn))] if warn else [])
+
+    def guide(self) -> list[tuple[str, str]]:
+        return [(".table() / .models", f"DataFrame, one row per model ({len(self.models)} rows)"),
+                (".layers", f"DataFrame per (model, layer) ({len(self.layers)} rows)"),
+                (".save(out)", "writes compare.csv, compare_layers.csv, compare.png, compare.json")]
 
     def to_dict(self) -> dict[str, Any]:
         """The content of ``compare.json``: the folders, the command, the warnings, versions and code."""

@@ -21,7 +21,7 @@ from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe, make_probe
 from sinklab.probe.cache import tokenize_documents
-from sinklab.result import Result, versions
+from sinklab.result import Result, percents, versions
 from sinklab.zoo.models import DEFAULT_MODEL
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -117,7 +117,7 @@ class MeasureConfig:
         return " ".join(shlex.quote(p) for p in parts)
 
 
-@dataclass
+@dataclass(repr=False)  # Result's short repr
 class MeasureResult(Result):
     """The outcome of :func:`measure` (a :class:`~sinklab.result.Result`; :meth:`load` gives one without
     the raw ``stats``, which ``results.json`` does not keep).
@@ -182,6 +182,32 @@ class MeasureResult(Result):
         for k, v in self.summary.items():
             d.setdefault(k, v)
         return d
+
+    def title(self) -> str:
+        n, t = (int(x) for x in self.probe.input_ids.shape)
+        return f"MeasureResult: {self.model.get('name')}, input {self.config.input}, N={n} windows of T={t} tokens"
+
+    def headline(self) -> list[tuple[str, str]]:
+        """Sink_1.. (percent of (sample, layer, head) triples whose attention mass on the token exceeds eps;
+        Sink_1 is position 0), the top sinks of the first sample (0-based positions, per-sample sink rate),
+        the forward passes' wall time."""
+        rows = [(f"Sink_1..{len(self.sink_rate)}", f"{percents(self.sink_rate)} at eps={self.config.eps:g} "
+                                                    "(token 1 = position 0)")]
+        if self.top_sinks and self.top_sinks[0]:
+            rows.append(("top sinks, sample 0", ", ".join(f"position {d['position']} {d['token']!r} ({d['sink_rate']:.0f}%)"
+                                                          for d in self.top_sinks[0])))
+        if self.downstream:
+            rows.append(("downstream", ", ".join(f"{k}={v}" for k, v in self.downstream.items()
+                                                 if isinstance(v, (int, float)))))
+        return rows + [("wall time", f"{self.wall_time_s:.2f} s")]
+
+    def guide(self) -> list[tuple[str, str]]:
+        mass = self.summary.get("attention_mass") or [[[]]]
+        rows = len(mass) * len(mass[0]) * len(mass[0][0])
+        return [(".table()", f"DataFrame per (layer, head, position): {rows} rows"),
+                (".summary", "every figure by name: " + ", ".join(self.summary)),
+                (".stats", "raw per-sample statistics" if self.stats is not None else "None (not kept in results.json)"),
+                (".save(out)", "writes results.json, attention.csv, sink_rate.csv, plots")]
 
     def probe_description(self) -> dict[str, Any]:
         """Which probe was measured: ``kind`` (``run`` = the training run's own held-out data, ``natural``,

@@ -81,7 +81,7 @@ class _Status:
     checkpoint: int | None = None
 
 
-@dataclass
+@dataclass(repr=False)  # Result's short repr
 class TrainResult(Result):
     """What :func:`train` returns (its numbers also in ``DIR/summary.json``, which the loop writes); a
     :class:`~sinklab.result.Result`: ``save(out)`` writes these fields as ``train_result.json``, ``load`` reads
@@ -111,6 +111,24 @@ class TrainResult(Result):
         d = asdict(self)
         d["out"], d["losses"] = str(self.out), {str(k): v for k, v in self.losses.items()}
         return d
+
+    def title(self) -> str:
+        return f"TrainResult: {self.out}, {self.steps} steps" + (" (already finished)" if self.already_finished else "")
+
+    def headline(self) -> list[tuple[str, str]]:
+        """The last logged loss (nats), the sink's emergence step (1-based), throughput, wall time."""
+        rows = []
+        if self.losses:
+            last = max(self.losses)
+            rows.append(("loss", f"{self.losses[last]:.4f} nats at step {last}"))
+        rows.append(("emergence step", "none yet" if self.emergence_step is None else str(self.emergence_step)))
+        rows.append(("speed", f"{self.tokens_per_s:,.0f} tokens/s, {self.seconds_per_step:.3g} s/step; wall {self.wall_s:.1f} s"))
+        return rows + ([("note", self.note)] if self.note else [])
+
+    def guide(self) -> list[tuple[str, str]]:
+        return [(".table()", f"DataFrame of the loss by step ({len(self.losses)} rows)"),
+                (".history", f"the sink tracker's records ({len(self.history)})"),
+                (".save(out)", "writes train_result.json (the run folder has the rest)")]
 
     def table(self):
         """The training loss by step: columns ``step`` (1-based optimizer step) and ``loss`` (nats)."""
