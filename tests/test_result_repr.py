@@ -47,7 +47,9 @@ def test_every_result_kind_has_its_own_short_repr(tmp_path):
                     command="sinklab train x"),
         AnalysisResult("keybias", {"sink_share": 0.123456, "heads": list(range(500)), "note": "n" * 300},
                        {"heads": big, "layers": big.head(3)}, model={"name": "tiny"}),
-        CompareResult(pd.DataFrame({"model": ["a", "b"]}), pd.DataFrame({"model": ["a"] * 4}), ["f1", "f2"], "c"),
+        CompareResult(pd.DataFrame({"model": ["a", "b"], "num_samples": [4, 8], "seq_len": [16, 16],
+                                    "probe": ["random"] * 2, "ci_low": [0.1, 0.2]}),
+                      pd.DataFrame({"model": ["a"] * 4}), ["f1", "f2"], "c"),
         StreamResult({"model": "tiny", "tokens": 4096, "command": "sinklab stream",
                       "configs": [{"name": f"c{i}", "ppl": [1.0] * 1000} for i in range(3)]}),
     ]
@@ -55,7 +57,9 @@ def test_every_result_kind_has_its_own_short_repr(tmp_path):
         ("TrainResult: ", {"loss": "3.2500 nats at step 3", ".table()": "DataFrame of the loss by step (3 rows)",
                            ".history": "the sink tracker's records (50)"}),
         ("AnalysisResult: keybias of tiny", {"sink_share": "0.1235", ".tables[name]": "heads (10000 rows), layers (3 rows)"}),
-        ("CompareResult: 2 measured folders", {"models": "a, b", ".layers": "DataFrame per (model, layer) (4 rows)"}),
+        ("CompareResult: 2 measured folders", {"models": "a, b", ".layers": "DataFrame per (model, layer) (4 rows)",
+                                                "warnings": "different sample sizes N (a 4, b 8): the bars are not "
+                                                            "measured alike"}),
         ("StreamResult", {"tokens": "4096", "configs": "3: c0, c1, c2"}),
     ]
     classes, todo = [], [Result]
