@@ -1,4 +1,5 @@
-# Two entry points for a new user: `make demo` and `make test`.
+# Entry points: `make demo` and `make test` for a new user, `make check` (the unit lane, under a minute) while
+# changing code.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,7 +13,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup torch demo test bench clean
+.PHONY: setup torch demo test check bench clean
 
 $(BIN)/sinklab: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,8 +37,16 @@ setup: $(BIN)/sinklab
 demo: setup
 	$(BIN)/sinklab measure --out runs/demo
 
+# Every test (CI runs this), spread over the cores (pytest-xdist); the 25 slowest are printed. TEST_WORKERS=1 runs
+# them in one process.
+TEST_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
+
+# The unit lane: no subprocess CLI, torchrun, sweep, nested pytest, torch.compile or network (the markers in
+# pyproject.toml); under a minute on two cores.
+check: setup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not integration and not compile and not network and not cuda" --durations=10
 
 clean:
 	rm -rf $(VENV) runs

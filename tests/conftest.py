@@ -67,9 +67,9 @@ def _session_home(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _isolated_home(request, tmp_path_factory, monkeypatch):
     """Unit tests get a fresh private cache whatever the caller's SINKLAB_HOME says, so they never
-    read or write the user's cache; tests marked ``slow`` use the user's cache (:data:`USER_HOME`),
+    read or write the user's cache; tests marked ``network`` use the user's cache (:data:`USER_HOME`),
     where real models and corpora are fetched once and reused."""
-    if request.node.get_closest_marker("slow") is not None:
+    if request.node.get_closest_marker("network") is not None:
         monkeypatch.setenv("SINKLAB_HOME", USER_HOME)
     else:
         monkeypatch.setenv("SINKLAB_HOME", str(tmp_path_factory.mktemp("sinklab_home")))

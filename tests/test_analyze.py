@@ -604,7 +604,7 @@ def test_repeat_natural_control_is_the_sink_rate_of_prefixes():
 
 
 # ------------------------------------------------------------------ real models (cached weights)
-@pytest.mark.slow
+@pytest.mark.network
 def test_smollm2_interventions_and_minilm_swap(real_home):
     """SmolLM2: the no-op edit is bit-identical, removing position 0 everywhere equals dropping the first
     token (RoPE), zeroing the massive dimensions hurts far more than removing the sink. MiniLM (learned

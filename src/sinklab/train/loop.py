@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from sinklab.data.packing import IGNORE_INDEX, PackedData
 from sinklab.data.tokens import TokenizedCorpus
-from sinklab.errors import ConfigError, InputError, SinklabError, param, render
+from sinklab.errors import ConfigError, InputError, SinklabError, param, render, require
 from sinklab.fileio import atomic_write_text, check_writable, publish, read_json, read_jsonl
 from sinklab.progress import progress as show_progress
 from sinklab.result import Result
@@ -199,6 +199,7 @@ class _MetricsLog:
         self.tb = None
         self.enabled = enabled
         if tensorboard and enabled:
+            require("tensorboard", "tensorboard", "train.tensorboard = true (logging to DIR/tb)")
             from torch.utils.tensorboard import SummaryWriter
 
             # on resume, drop TensorBoard events logged after the checkpoint by the killed run

@@ -118,7 +118,9 @@ def clean_wikitext(wikitext: str) -> str:
     ``== Heading ==`` lines become the bare heading text; leftover HTML entities
     are unescaped.
     """
-    import mwparserfromhell
+    from sinklab.errors import require
+
+    mwparserfromhell = require("mwparserfromhell", "zoo", "the Wikipedia corpus (wikitext)")
 
     # The gensim test dump is truncated, so some markup is never closed and the
     # parser leaves it as text: drop references and table rows explicitly.

@@ -91,7 +91,9 @@ def _dataset_files(folder: Path) -> list[Path]:
 
 def _load(spec: str):
     """The ``datasets.Dataset`` behind ``spec`` (see the module docstring)."""
-    import datasets
+    from sinklab.errors import require
+
+    datasets = require("datasets", "zoo", f"the corpus {spec}")
 
     from sinklab.paths import cache_dir
 

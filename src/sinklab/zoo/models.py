@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, SinklabError, UnknownNameError, param
+from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, SinklabError, UnknownNameError, param, require
 from sinklab.fileio import atomic_write_text, check_model_files, publish, read_json, reading
 from sinklab.paths import cache_dir
 from sinklab.registry import Registry
@@ -282,6 +282,7 @@ def _dequantise(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    require("gguf", "zoo", f"dequantising the zoo's GGUF file {gguf.name}")
     try:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
