@@ -163,6 +163,7 @@ def test_heldout_loss_equals_a_loop():
     assert ds.heldout_loss(model, x, batch_size=2) == pytest.approx(want / n, rel=1e-9)
 
 
+@pytest.mark.integration
 def test_measure_cloze_on_a_run_and_compare(tmp_path, capsys, tiny_model_dir):
     """`measure --cloze` on a synthetic training run (token-span items) and on an HF model (sentences),
     then `compare` shows the columns; results.json keeps the numbers."""

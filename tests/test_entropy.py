@@ -171,6 +171,7 @@ def test_native_model_entropy_counts_the_virtual_key():
     torch.testing.assert_close(stats.attention_entropy, torch.stack(ref, dim=1), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_measure_writes_per_head_entropy_to_results_json(tiny_model_dir, text_corpus_dir, tmp_path):
     """``sinklab measure``'s results.json and attention.csv: per-head entropy = the naive one of the probe it measured."""
     import json

@@ -73,6 +73,7 @@ def test_checkpoint_and_save_pretrained_files_are_readable_by_all(umask_022, tmp
     _assert_plain_modes(tmp_path / "m")
 
 
+@pytest.mark.integration
 def test_measure_and_stream_outputs_and_caches_are_readable_by_all(umask_022, tiny_model_dir, text_corpus_dir, tmp_path):
     """results.json (atomic), the CSVs and plots, stream.json (atomic), and the probe-token cache in
     SINKLAB_HOME (atomic)."""

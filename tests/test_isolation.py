@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import USER_HOME
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"<dir>") for p in sorted(root.rglob("*"))}
 
 
+@pytest.mark.integration
 def test_unit_tests_ignore_a_populated_user_cache(tmp_path):
     """Run cache-sensitive unit tests with SINKLAB_HOME at a populated cache: they pass and leave it untouched."""
     user = tmp_path / "user-cache"

@@ -29,6 +29,7 @@ def two_models(tmp_path, tokenizer, tiny_model_dir):
     return [str(tiny_model_dir), str(deep)]
 
 
+@pytest.mark.integration
 def test_measure_many_then_compare(two_models, text_corpus_dir, tmp_path, capsys):
     out = tmp_path / "many"
     argv = ["measure", "--corpus", str(text_corpus_dir), "-n", "4", "-t", "10", "--out", str(out),

@@ -76,6 +76,7 @@ def test_backend_refuses_operation(att, backend):
     assert f"attention_backend={backend!r}" in msg and f"attention={att!r}" in msg and "'reference'" in msg
 
 
+@pytest.mark.compile
 def test_backend_unknown_and_t5_compiled():
     with pytest.raises(ConfigError, match="attention_backend must be one of 'auto', 'reference', 'flex', 'compiled', got 'triton' "
                        r"\(attention='softmax': 'auto', 'reference', 'flex' serve it\)"):
@@ -136,6 +137,7 @@ def test_flex_equals_reference(att, pos, mask):
         assert g["positional.bias.weight"].abs().max() > 0
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("att,pos,mask", [("sink_logit", "alibi", "prefix"), ("kv_bias", "t5", "window")])
 def test_flex_compiled_kernel_equals_reference(att, pos, mask):
     """``torch.compile(flex_attention)`` (the fused CPU kernel; T = 13 padded to 128 on CPU, see
@@ -145,6 +147,7 @@ def test_flex_compiled_kernel_equals_reference(att, pos, mask):
     _compare(att, pos, "flex", mask)
 
 
+@pytest.mark.compile
 def test_flex_training_equals_reference(tmp_path):
     """5 AdamW steps of a tiny model (conftest's synthetic run, T 16) with attention_backend='flex'
     (the compiled kernel) give the reference backend's losses within 1e-5."""
@@ -167,6 +170,7 @@ def test_flex_training_equals_reference(tmp_path):
 
 # The compiled tile path: one compile of each tile function per operation (tens of seconds each on
 # a busy 2-core CPU), so one shape per operation and one multi-tile test.
+@pytest.mark.compile
 @pytest.mark.parametrize("att", COMPILED_OPS)
 def test_compiled_tile_equals_eager_tile(att):
     """The compiled tile path (per-tile forward and analytic backward under torch.compile) gives the
@@ -176,6 +180,7 @@ def test_compiled_tile_equals_eager_tile(att):
     _compare(att, pos, "compiled", "causal", T=8)
 
 
+@pytest.mark.compile
 def test_compiled_tile_several_tiles():
     """Several query tiles (4 queries each, T 13) with a prefix of 5 and a window of 4 (sigmoid_norm,
     ALiBi): still the eager tile path's values (1e-5)."""
@@ -183,6 +188,7 @@ def test_compiled_tile_several_tiles():
              options=AttentionOptions(tile_elems=2 * 4 * 13 * 4))  # 4 queries per tile
 
 
+@pytest.mark.compile
 def test_flex_kernel_raises_the_recompile_limit(monkeypatch):
     """``flex_kernel()`` keeps up to RECOMPILE_LIMIT compiled versions, as the compiled tile path does
     (dynamo's default of 8 would fall back to eager silently after a few operations or masks)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from sinklab.progress import PlainProgress, progress
 
 
@@ -73,6 +75,7 @@ def test_a_terminal_gets_the_tqdm_bar():
     assert isinstance(progress(total=3, desc="train", stream=io.StringIO()), PlainProgress)
 
 
+@pytest.mark.integration
 def test_stream_and_measure_in_a_log_file_get_plain_lines(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     """`sinklab stream ... 2> log` used to write tqdm's carriage-return frames and cursor codes there."""
     from sinklab.cli.main import app

@@ -32,6 +32,7 @@ def _losses(run: Path) -> list[float]:
     return [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_thread_count_from_the_environment_cannot_change_a_run(tmp_path):
     """60 steps of the emergence-cpu model with OMP_NUM_THREADS 1 and 2: identical losses, because
     sinklab train pins train.threads (1 in the preset) itself."""
@@ -120,6 +121,7 @@ def _tiny_study(tmp_path: Path, tiny: Path, seeds: int = 2) -> Path:
     return p
 
 
+@pytest.mark.integration
 def test_sweep_copies_only_runs_with_the_current_fingerprint(tiny, tmp_path):
     study = load_study(_tiny_study(tmp_path, tiny, seeds=1))
     a, b = tmp_path / "res" / "a", tmp_path / "res" / "b"
@@ -138,6 +140,7 @@ def test_sweep_copies_only_runs_with_the_current_fingerprint(tiny, tmp_path):
     assert any(e.startswith("not copied: training-code fingerprint 0000000000000000 there") for e in events)
 
 
+@pytest.mark.integration
 def test_summary_and_report_check_flag_stale_rows(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
     study = load_study(_tiny_study(tmp_path, tiny))
@@ -175,6 +178,7 @@ def test_a_row_that_could_not_be_compared_is_marked_unchecked_not_stale():
     assert stale_mark({"fingerprint_current": False, "fingerprint_check": how}) == f"unchecked: {how}"
 
 
+@pytest.mark.integration
 def test_init_from_starts_from_the_runs_weights_with_a_fresh_optimizer(tiny, tmp_path):
     """Fine-tuning (issue 24 item 1): the first step's loss is the source model's loss on the new data's
     first batch, computed independently; a resume of the fine-tuning run is exact; a different model is refused."""
@@ -227,6 +231,7 @@ def test_init_from_starts_from_the_runs_weights_with_a_fresh_optimizer(tiny, tmp
         loop.train(load_config(tiny, over + ["model.d_model=32"]), tmp_path / "bad", progress=False)
 
 
+@pytest.mark.integration
 def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, tmp_path, monkeypatch):
     """A run trained on another CPU (whose rounding differs) is current when the code of its commit
     gives the current fingerprint on this machine; a commit whose code computes other numbers is not;

@@ -56,6 +56,7 @@ def test_default_torch_index_is_the_cpu_build():
     assert "https://download.pytorch.org/whl/cpu" in r.stdout and "--index-url" in r.stdout
 
 
+@pytest.mark.integration
 @needs_make
 def test_torch_comes_from_the_index_when_it_answers(tmp_path):
     (tmp_path / "index" / "torch").mkdir(parents=True)
@@ -80,6 +81,7 @@ def test_torch_comes_from_the_index_when_it_answers(tmp_path):
     assert log.read_text().split() == ["install", "-q", "torch==2.13.0", "--index-url", url]
 
 
+@pytest.mark.integration
 @needs_make
 def test_unreachable_index_falls_back_to_pips_configuration_and_says_so(tmp_path):
     bin_dir, log = _fake_pip(tmp_path)

@@ -118,6 +118,7 @@ def test_cache_specs_names_and_bad_input():
         cache_specs(8, [-1])
 
 
+@pytest.mark.integration
 def test_cli_stream_writes_results_and_resumes(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     out = tmp_path / "st"
     argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "100",
@@ -256,6 +257,7 @@ def test_evaluate_stream_quantised_cache_bytes_and_8_bits_close_to_16():
     assert res["sinks@12"].cache_bytes == 2 * 2 * (2 * 12 * 8) * 4
 
 
+@pytest.mark.integration
 def test_cli_stream_policies_writes_fields_and_resumes(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     out = tmp_path / "pol"
     argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "60",

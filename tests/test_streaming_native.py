@@ -77,6 +77,7 @@ def test_refused_sinklab_models():
         m(torch.zeros(1, 2, dtype=torch.long), cache=cache)
 
 
+@pytest.mark.integration
 def test_cli_stream_on_a_sinklab_run_and_its_own_data(tmp_path, capsys):
     """`sinklab stream --model RUN --corpus run`: the run's validation documents after one BOS, decoded
     through the native SinkCache; with a window that keeps the whole stream, `window` equals `full`."""

@@ -135,6 +135,7 @@ def _fake_run(d: Path, sinks: list[float], *, steps: int = 10, val_loss: float =
                                                 "code": {"commit": commit, "dirty": False}}))
 
 
+@pytest.mark.integration
 def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
     out = tmp_path / "sw"
     study = {"name": "t", "title": "t", "base": "emergence-cpu", "seeds": 3, "sweep_keys": [], "metric": "paper",
@@ -175,6 +176,7 @@ def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
     assert "higher (paper)" in text and "no_sink (ours)" in text
 
 
+@pytest.mark.integration
 def test_sweep_skips_finished_resumes_interrupted_and_summarises(tmp_path):
     path = _study(tmp_path, """
 seeds = 2
@@ -280,6 +282,7 @@ def test_raw_weights_observer_gives_unrenormalised_rows():
             torch.testing.assert_close(wn, wr / wr.sum(-1, keepdim=True))
 
 
+@pytest.mark.integration
 def test_study_dynamics_table_follows_the_tracker(tmp_path):
     """dynamics.csv holds every tracker line of every seed, at the row's own sink position."""
     import csv as _csv
@@ -447,6 +450,7 @@ def _csv_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.integration
 def test_submitit_launcher_gives_the_local_launchers_files_and_summary(tmp_path):
     """A two-point study through submitit's local executor (one job per point and seed; one run stopped
     after 2 of 4 steps beforehand, so its job resumes it) gives the summary.csv of the local launcher

@@ -130,6 +130,7 @@ def _src() -> str:
     return str(Path(sinklab.__file__).resolve().parents[1])
 
 
+@pytest.mark.integration
 def test_train_without_a_terminal_prints_plain_progress_lines_and_takes_threads(tmp_path):
     """stderr to a pipe (as in `sinklab train ... 2> log`): one plain line per 10% of the steps, no carriage
     return or cursor code; --threads 1 sets train.threads (torch defaults to one thread per core)."""

@@ -9,6 +9,8 @@ from sinklab.train import loop
 from helpers import synthetic_run_toml
 from sinklab.runs.config import load_config
 
+pytestmark = pytest.mark.compile
+
 
 def _train(tmp_path, compiled: bool, precision: str, extra: tuple[str, ...] = ()):
     cfg_file = tmp_path / "cfg.toml"

@@ -66,6 +66,7 @@ def one_process(corpus, tmp_path_factory):
     return loop.train(cfg, tmp_path_factory.mktemp("one") / "run", progress=False).losses
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("parallel,launcher", [("ddp", "sinklab"), ("fsdp", "torchrun")])
 def test_two_ranks_equal_one_process_and_resume_on_one(corpus, one_process, tmp_path, parallel, launcher):
     """3 steps on 2 ranks == 3 steps on 1 process; that checkpoint resumed on 1 process gives the
@@ -99,6 +100,7 @@ def test_two_ranks_equal_one_process_and_resume_on_one(corpus, one_process, tmp_
         assert five[5] == pytest.approx(one_process[5], abs=2e-5)
 
 
+@pytest.mark.integration
 def test_dead_rank_fails_the_launch_with_a_clear_message(corpus, tmp_path):
     cfg_file = tmp_path / "cfg.toml"
     cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), ["train.steps=50"]))))
@@ -234,6 +236,7 @@ def test_ragged_targets_give_the_ranks_unequal_counts():
         assert c[0] != c[1], (m, c)
 
 
+@pytest.mark.integration
 def test_two_ranks_sgd_parameters_equal_one_process(sgd_two_ranks, sgd_one_process):
     """After 2 SGD steps without clipping the 2-rank parameters equal the one-process ones; the 2 lr
     reference (what a summed instead of averaged gradient would give at the first step) is far off,
@@ -248,6 +251,7 @@ def test_two_ranks_sgd_parameters_equal_one_process(sgd_two_ranks, sgd_one_proce
     assert scale > 1e-2, scale  # the parameters moved: a 2x gradient would miss by >1000x the tolerance
 
 
+@pytest.mark.integration
 def test_collectives_are_on_the_device_once_per_step(sgd_two_ranks):
     """Every collective inside an optimizer step is on the training device; sinklab's own are two
     all_reduces per step (the 3 micro-batches' counts, then their losses: float64, 3 values each),
@@ -263,6 +267,7 @@ def test_collectives_are_on_the_device_once_per_step(sgd_two_ranks):
         assert {r["step"] for r in ours} == {1, 2}
 
 
+@pytest.mark.integration
 def test_two_ranks_masked_diffusion_equal_one_process(corpus, tmp_path):
     """Masked diffusion: every rank draws its rows' masks from (seed, global sample index), so 2 ranks
     give the one-process losses (issue 14)."""

@@ -421,7 +421,7 @@ def _build_probe(cfg: MeasureConfig, run, corpus, loaded) -> Probe:
 def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress: bool) -> dict[str, Any]:
     """``--cloze N``: the cloze task (:mod:`sinklab.measure.downstream`) on held-out text, and the
     held-out loss on the probe windows (natural text or the run's own data only)."""
-    from sinklab.measure import downstream as ds
+    from sinklab.measure.downstream import heldout_loss, score_cloze, text_cloze_items, token_cloze_items
 
     device = next(loaded.model.parameters()).device
     if run is not None:
@@ -429,23 +429,23 @@ def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress:
         if run.synthetic:
             n = int(np.median([len(d) for d in docs])) if docs else 0  # spans that fit the documents
             end = max(2, min(8, n // 4))
-            items = ds.token_cloze_items(docs, cfg.cloze, seed=cfg.seed, ending_len=end,
+            items = token_cloze_items(docs, cfg.cloze, seed=cfg.seed, ending_len=end,
                                          context_len=max(1, min(24, n - end)))
             source = f"token spans of the run's held-out {run.data_name} documents"
         else:
             texts = [loaded.tokenizer.decode(d.tolist()) for d in docs]
-            items = ds.text_cloze_items(texts, loaded.tokenizer, cfg.cloze, seed=cfg.seed)
+            items = text_cloze_items(texts, loaded.tokenizer, cfg.cloze, seed=cfg.seed)
             source = f"sentences of the run's held-out {run.data_name} documents"
     else:
         from sinklab.zoo.corpora import load_corpus
 
         c = corpus if corpus is not None else load_corpus(cfg.corpus or DEFAULT_CORPUS)
-        items = ds.text_cloze_items(c.documents, loaded.tokenizer, cfg.cloze, seed=cfg.seed)
+        items = text_cloze_items(c.documents, loaded.tokenizer, cfg.cloze, seed=cfg.seed)
         source = f"sentences of {c.name}"
-    out: dict[str, Any] = {"cloze": {**ds.score_cloze(loaded.model, items, prefix=probe.prefix, device=device,
+    out: dict[str, Any] = {"cloze": {**score_cloze(loaded.model, items, prefix=probe.prefix, device=device,
                                                       progress=progress), "source": source, "seed": cfg.seed}}
     if probe.kind in ("natural", "run", "text"):
-        out["heldout_loss"] = ds.heldout_loss(loaded.model, probe.input_ids, batch_size=cfg.batch_size, device=device)
+        out["heldout_loss"] = heldout_loss(loaded.model, probe.input_ids, batch_size=cfg.batch_size, device=device)
         out["heldout_loss_on"] = f"the {probe.kind} probe windows ({probe.input_ids.shape[0]} x {probe.input_ids.shape[1]})"
     return out
 
