@@ -68,8 +68,9 @@ def test_top_level_names_are_the_documented_objects(name):
     import sinklab
 
     module, attr = TOP_LEVEL[name]
-    if name == "hooks" and not HAS_HOOKS:
-        pytest.skip("sinklab.hooks is not written yet (named hooks, issue 38 part 3)")
+    if name == "hooks" and not HAS_HOOKS:  # not written yet (named hooks): a plain missing attribute
+        assert not hasattr(sinklab, "hooks")
+        return
     target = importlib.import_module(module)
     expected = target if attr is None else getattr(target, attr)
     assert getattr(sinklab, name) is expected

@@ -58,7 +58,13 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         module, attr = _EXPORTS[name]
-        value = importlib.import_module(module)
+        try:
+            value = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:  # a missing dependency inside the module: its own error
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r} ({module} is not in this "
+                                 "installation)") from e
         if attr is not None:
             value = getattr(value, attr)
             # cached on the package: later lookups skip this function
