@@ -266,7 +266,7 @@ def test_planted_sink_is_found_at_every_denoising_step():
     assert steps["mass_mask"].iloc[0] < 0.05 and steps["mass_mask"].iloc[-1] == 0
     mass = res.tables["mass"]
     assert mass.groupby("step")["mass"].sum().sub(1).abs().max() < 1e-9  # the mass over keys sums to 1 (bidirectional)
-    with pytest.raises(InputError, match="prompt-len"):
+    with pytest.raises(InputError, match="^prompt_len=16 must be in"):
         denoise(subj, steps=4, prompt_len=16, mask_id=MASK)
     with pytest.raises(InputError, match="masked diffusion"):
         denoise(Subject(tiny(causal=True), ids), steps=2, mask_id=MASK)

@@ -22,7 +22,7 @@ def test_make_check_runs_the_unit_lane_and_make_test_everything():
     check = re.search(r"^check: setup\n\t(.+)$", make, re.M).group(1)
     test = re.search(r"^test: setup\n\t(.+)$", make, re.M).group(1)
     assert f'-m "{" and ".join(f"not {m}" for m in LANES)}"' in check
-    assert "-m " not in test and "-n $(TEST_WORKERS)" in test and "--durations=25" in test
+    assert "-m \"" not in test and "-n $(TEST_WORKERS)" in test and "--durations=25" in test
     assert "make test" in (REPO / ".ci" / "run").read_text()
 
 

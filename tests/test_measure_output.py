@@ -126,7 +126,7 @@ def test_corpus_with_no_window_says_its_size_and_to_lower_seq_len():
     msg = str(e.value)
     assert "1 document," in msg and "10 tokens" in msg and "documents" not in msg
     assert "--num-samples" not in msg  # fewer samples cannot help when there is no window at all
-    assert "lower --seq-len to at most 11" in msg  # 10 tokens + the BOS
+    assert "lower seq_len to at most 11" in msg  # 10 tokens + the BOS
 
 
 def test_corpus_with_too_few_windows_says_how_many_fit():
@@ -136,7 +136,7 @@ def test_corpus_with_too_few_windows_says_how_many_fit():
         make_probe("natural", tok, documents=docs, num_samples=50, seq_len=10, bos="never")
     msg = str(e.value)
     assert "2 documents, 50 tokens" in msg and "only 5 windows of 10 content tokens" in msg
-    assert "lower --num-samples to 5" in msg
+    assert "lower num_samples to 5" in msg
 
 
 def test_run_validation_split_too_small_message():

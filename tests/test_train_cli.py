@@ -240,6 +240,8 @@ def test_every_command_that_runs_a_model_has_the_one_threads_option():
 
 @pytest.mark.parametrize("command", ["measure", "analyze"])
 def test_threads_option_sets_torch_threads_before_the_model_runs(command, monkeypatch, capsys, tiny_model_dir):
+    import sys
+
     import torch
 
     import sinklab.analyze
@@ -254,7 +256,10 @@ def test_threads_option_sets_torch_threads_before_the_model_runs(command, monkey
         seen.append(torch.get_num_threads())
         raise InputError("stop here")
 
-    monkeypatch.setattr(sinklab.measure, "measure", fake)
+    monkeypatch.setattr(sys.modules["sinklab.measure"], "measure", fake)  # the subpackage: sinklab.measure is the function
+    from sinklab.cli.analyze_cmd import commands
+
+    commands()  # the analyze subcommands are built from the real entry points first (order-independent under xdist)
     monkeypatch.setattr(sinklab.analyze.ANALYSES, "get", lambda name: fake)
     argv = ["measure", "--model", str(tiny_model_dir)] if command == "measure" else ["analyze", "massive"]
     try:

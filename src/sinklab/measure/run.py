@@ -101,7 +101,7 @@ class MeasureConfig:
             try:
                 INPUTS.get(self.input)
             except UnknownNameError as e:
-                raise UnknownNameError(f"{e}; or {' / '.join(AUTO_INPUTS)}") from None
+                raise UnknownNameError(f"{e.marked}; or {' / '.join(AUTO_INPUTS)}") from None
 
     def command(self) -> str:
         """The ``sinklab measure`` command line that reproduces this measurement."""

@@ -259,7 +259,7 @@ class Run:
         try:
             ids = probe_set(tc.val, self.packer(packing), num_samples, seq_len, seed=seed, settings=RUN_WORDING)
         except InputError as e:
-            raise InputError(f"{e} (the validation split of the run {self.folder})") from None
+            raise InputError(f"{e.marked} (the validation split of the run {self.folder})") from None
         t = c.track
         details = {
             "run": str(self.folder), "data": self.data_name, "split": "validation", "packing": packing, "seed": seed,

@@ -493,7 +493,7 @@ def _setup_data(cfg: RunConfig, out: Path, dd: distributed.Dist, *, notify: Call
     try:
         val_data = PackedData(tc.val, packer, T, seed=t_cfg.seed)
     except InputError as e:
-        raise InputError(f"validation split too small: {e}; raise data.val_fraction") from None
+        raise InputError(f"validation split too small: {e.marked}; raise data.val_fraction") from None
     val_x, val_y = val_data.sequential(cfg.track.val_windows, prefix_len=p)
     probe = run.tracker_probe()
     tracker = SinkTracker(probe, val_x, val_y, cfg.track, prefix_len=p, objective=objective)

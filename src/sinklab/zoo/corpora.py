@@ -570,7 +570,7 @@ def load_corpus(name_or_path: str, *, text_field: str = "text", num_proc: int | 
     try:
         CORPORA.get(name_or_path)
     except UnknownNameError as e:
-        raise UnknownNameError(f"{e}; {name_or_path!r} is not a local path either") from None
+        raise UnknownNameError(f"{e.marked}; {name_or_path!r} is not a local path either") from None
     raise AssertionError("unreachable")
 
 

@@ -578,7 +578,7 @@ def check_model_spec(name_or_path: str) -> None:
         try:
             MODELS.get(name_or_path)
         except UnknownNameError as e:
-            raise UnknownNameError(f"{e}; {name_or_path!r} is not a local path either") from None
+            raise UnknownNameError(f"{e.marked}; {name_or_path!r} is not a local path either") from None
 
 
 #: seconds to wait for the model hub before giving up on a hub id
