@@ -172,3 +172,27 @@ def test_refusals(model):
         _prefill(model, late, ids[:, :1], torch.tensor([[0, 1, 1, 1, 1, 1, 1], [1] * 7]))
     with pytest.raises(InputError, match="2D attention_mask"):
         _prefill(model, SinkCache(model, n_sink=2, window=4), ids, torch.ones(2, 1, 6, 6))
+
+
+def test_gemma3_sliding_layers_in_a_padded_batch():
+    """Gemma 3's sliding layers keep each row's own last w - 1 real tokens; with the global layers' sinks
+    + window every row equals itself alone (a float64 model; transformers itself gives NaN on this padded
+    batch without a cache: its float32 softmax of the padding queries' all-masked rows)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
+                           layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=256,
+                           attn_implementation="eager")
+    gemma = Gemma3ForCausalLM(cfg).eval().double()
+    rows = streams([4, 15, 40], seed=7)
+    conts = torch.randint(1, V, (3, 30), generator=torch.Generator().manual_seed(8))
+    got, _ = run_batched(gemma, rows, conts, position_ids=True, n_sink=2, window=10)
+    shifted, _ = run_batched(gemma, rows, conts, n_sink=2, window=10)  # positions shifted by the padding
+    for b, r in enumerate(rows):
+        ref = run_alone(gemma, r, conts[b], n_sink=2, window=10)
+        # float32 noise: transformers' eager attention takes the softmax in float32 (a padded row's longer
+        # rows sum in another order) and RoPE's cos / sin in float32 (shifted positions round differently)
+        torch.testing.assert_close(got[b], ref, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(shifted[b], ref, atol=1e-6, rtol=1e-5)
