@@ -11,7 +11,8 @@ its own:
   ``generate`` passes (each row's sinks, positions and evictions its own);
 * ``SinkCache(n_sink=4, window=--window)``, prefilled with the prompts (``logits_to_keep=1``), then
   ``--steps`` greedy single-token decode steps, timed after ``--warmup`` untimed ones: ms per decode
-  step and tokens/s (B tokens per step). The window is smaller than the prompts: every step evicts.
+  step and tokens/s (B tokens per step). The longest prompt fills the cache (4 + window < prompt):
+  its row evicts at every step, shorter rows once they fill it (``kept_per_row`` in the JSON).
 * peak memory: the process's peak resident set size (``ru_maxrss``, kilobytes on Linux), which counts
   the weights, the cache, the activations and the Python / torch runtime (about 0.3-0.5 GiB, the same in
   every cell). torch has no allocator statistics on the CPU; tracemalloc does not see torch's memory.

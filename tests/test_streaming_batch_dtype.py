@@ -168,3 +168,18 @@ def test_passkey_batched_rows_equal_one_at_a_time():
         four = evaluate_passkey(m, tok, samples, spec, batch=4, chunk=4, progress=False)
         assert [r["text"] for r in four.samples] == [r["text"] for r in one.samples], spec.name
         assert four.accuracy == one.accuracy
+
+
+def test_parallel_sink_window_attention_accumulates_in_float32():
+    """The parallel sinks + window attention of a bfloat16 model (the perplexity path) is the float64
+    attention of the same bfloat16 inputs rounded once to bfloat16 (within one bfloat16 step), not a
+    product of bfloat16 scores."""
+    from sinklab.streaming.parallel import sink_window_attention
+
+    g = torch.Generator().manual_seed(17)
+    q, k, v = (torch.randn(1, 4, 48, 8, generator=g).mul(3).to(torch.bfloat16) for _ in range(3))
+    kw = dict(n_sink=2, window=8, rotation=None, scaling=8**-0.5, block=16)
+    got = sink_window_attention(q, k, v, **kw)
+    ref = sink_window_attention(q.double(), k.double(), v.double(), **kw)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), ref, rtol=2**-8, atol=2**-8)
