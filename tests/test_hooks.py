@@ -315,3 +315,25 @@ def test_the_docs_own_intervention_runs_and_changes_the_loss_as_by_hand():
     with hooked(scope["model"], Hook("attn.weights", by_hand, layers=[2, 3, 4])), torch.no_grad():
         want = scope["model"](IDS, labels=IDS).loss.item()
     assert scope["edited"] == want
+
+
+def test_a_hybrid_models_attention_sites_fire_on_its_attention_blocks_only():
+    """Jamba (Mamba, attention, Mamba, attention): an all-layer attn.weights read fires at blocks 1 and 3 and
+    its weights are each query's softmax (rows sum to 1, nothing above the diagonal); naming a Mamba block
+    is refused; resid.pre fires everywhere."""
+    from test_hybrid import tiny_jamba
+
+    model = tiny_jamba()
+    fired = {}
+    with hooked(model, Hook("attn.weights", lambda w, ctx: fired.__setitem__(("w", ctx.layer), w.clone())),
+                Hook("resid.pre", lambda x, ctx: fired.__setitem__(("pre", ctx.layer), None))):
+        _logits(model, IDS)
+    assert sorted(k for k in fired) == [("pre", 0), ("pre", 1), ("pre", 2), ("pre", 3), ("w", 1), ("w", 3)]
+    for layer in (1, 3):
+        w = fired[("w", layer)].double()
+        assert torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)), atol=1e-6)
+        assert float(w.triu(diagonal=1).abs().max()) == 0.0
+    with pytest.raises(InputError, match="blocks \\[0, 2\\] of JambaForCausalLM have no attention"):
+        with hooked(model, Hook("attn.out", lambda x, ctx: None, layers=[0, 1, 2])):
+            pass
+    assert active_hooks(model) == []

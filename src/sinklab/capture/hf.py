@@ -25,7 +25,7 @@ from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.capture.sites import ATTENTION_SITES, HookSet, attached, legacy_hooks
-from sinklab.errors import CaptureError
+from sinklab.errors import CaptureError, InputError
 from sinklab.metrics.entropy import attention_entropy
 
 ATTN_NAME = "sinklab_capture"
@@ -238,7 +238,18 @@ class HFSeam:
         return fn
 
     def refresh(self) -> None:
-        """Switch the attention implementation to the seam's exactly while it is needed."""
+        """Switch the attention implementation to the seam's exactly while it is needed.
+
+        Raises:
+            InputError: a hook at an attention site (or ``attn.out``) names a block without attention (the
+                SSM / Mamba blocks of a hybrid model).
+        """
+        for h in self.state.hooks:
+            if h.site in ATTENTION_SITES + ("attn.out",) and isinstance(h.layers, frozenset):
+                bad = sorted(i for i in h.layers if not self.attention[i])
+                if bad:
+                    raise InputError(f"hook at {h.site!r}: blocks {bad} of {type(self.model).__name__} have no "
+                                     "attention (SSM / Mamba blocks of a hybrid model)")
         need = self.state.needs_attention
         if need and not self.switched:
             _register()

@@ -34,7 +34,8 @@ SITES: dict[str, str] = {
     "attn.value": "(B, H_kv, T_k, D) the values of layer l",
     "attn.weights": "(B, H, T_q, T_k) float32 attention weights of layer l after normalisation (softmax); an "
                     "edit replaces them and the layer's output is recomputed from the new weights",
-    "attn.out": "(B, T, d) the attention sublayer's output (after the output projection), before the residual add",
+    "attn.out": "(B, T, d) the output of block l's attention sublayer: after the output projection, before the "
+                "residual add (BERT's BertAttention module includes its residual add and LayerNorm)",
     "block.out": "(B, T, d) the output of block l (= output_hidden_states[l + 1], before any final norm)",
 }
 #: sites computed inside the attention function (a model must route attention through the seam)
