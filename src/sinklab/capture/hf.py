@@ -24,7 +24,7 @@ from sinklab.attention_masks import MaskSpec, repeat_kv
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
-from sinklab.capture.sites import ATTENTION_SITES, HookSet, attached, legacy_hooks
+from sinklab.capture.sites import ATTENTION_SITES, Hook, HookSet, attached, legacy_hooks
 from sinklab.errors import CaptureError, InputError
 from sinklab.metrics.entropy import attention_entropy
 
@@ -365,22 +365,15 @@ def forward_hf(
         "falling back to eager output_attentions (every layer's T x T attention at once)",
         stacklevel=2,
     )
-    layers = find_layers(model)
-    handles = [
-        layer.register_forward_hook(lambda _m, _i, o, i=i: recorder.add_hidden(i, o[0] if isinstance(o, tuple) else o))
-        for i, layer in enumerate(layers)
-    ]
     previous = model.config._attn_implementation
     try:
         try:
             model.set_attn_implementation("eager")
         except (ValueError, ImportError):
             pass
-        with torch.no_grad():
+        with hf_hooks(model, [Hook("block.out", lambda h, ctx: recorder.add_hidden(ctx.layer, h))]), torch.no_grad():
             out = model(input_ids=input_ids, output_attentions=True, use_cache=False)
     finally:
-        for h in handles:
-            h.remove()
         model.set_attn_implementation(previous)
     attns = getattr(out, "attentions", None)
     if not attns or any(a is None for a in attns):
