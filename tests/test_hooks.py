@@ -337,3 +337,47 @@ def test_a_hybrid_models_attention_sites_fire_on_its_attention_blocks_only():
         with hooked(model, Hook("attn.out", lambda x, ctx: None, layers=[0, 1, 2])):
             pass
     assert active_hooks(model) == []
+
+
+@pytest.mark.parametrize("kind", ["hf", "sinklab"])
+def test_capture_statistics_describe_the_edited_pass(kind):
+    """collect() inside a hooked block records the edited pass: its attention mass equals the naive mass
+    (column sums over the T - j queries that see key j) of the weights a later read hook sees, key 0
+    zeroed by the edit (query 0 keeps its only key)."""
+    from sinklab.capture import collect
+
+    model = _model(kind)
+    seen = {}
+    with hooked(model, Hook("attn.weights", lambda w, ctx: _zero_first_key(w)),
+                Hook("attn.weights", lambda w, ctx: seen.__setitem__(ctx.layer, w.double().clone()))):
+        stats = collect(model, IDS, batch_size=2)
+    T = IDS.shape[1]
+    naive = torch.stack([seen[l].sum(-2) for l in range(3)], 1) / (T - torch.arange(T, dtype=torch.float64))
+    assert torch.allclose(stats.mass.double(), naive, atol=1e-6)
+    assert torch.allclose(naive[..., 0], torch.full_like(naive[..., 0], 1.0 / T))  # only query 0 left on key 0
+
+
+def test_an_intervention_with_hooks_at_other_sites_runs_them_around_the_pass():
+    """An Intervention subclass whose hooks() edits resid.pre: its pass through the analyses' runner equals
+    run_model inside hooked() with the same hook, and differs from the plain pass."""
+    from sinklab.analyze.common import run_model
+    from sinklab.analyze.interventions import Intervention, Target
+
+    model = tiny_llama()
+
+    def halve(x, ctx):
+        return x * 0.5
+
+    class HalveResid(Intervention):
+        def hooks(self):
+            return [Hook("resid.pre", halve, layers=1)]
+
+    def run(ids, *, edit, hidden_edit, first_dropped):
+        return run_model(model, ids, edit=edit, hidden_edit=hidden_edit, nll=True)
+
+    got = HalveResid(Target(position=0)).apply(model, IDS, run)
+    with hooked(model, Hook("resid.pre", halve, layers=1)):
+        want = run_model(model, IDS, nll=True)
+    plain = run_model(model, IDS, nll=True)
+    assert torch.equal(got.nll, want.nll) and torch.equal(got.stats.mass, want.stats.mass)
+    assert not torch.allclose(got.nll, plain.nll)
