@@ -26,8 +26,18 @@ attention, from its weights (a forward hook on each attention module hands them 
 attention only). Keys and values may be stored quantised (:mod:`sinklab.streaming.quant`),
 dequantised on every read; the new tokens of a call attend to their own keys as computed.
 
-Every row of a batch is one stream of the same length (no padding); attention-based policies
-keep their own tokens per row.
+Every row of a batch is one stream. Rows of the same length need no mask (attention-based policies
+keep their own tokens per row). Rows of different lengths come **left-padded with an attention mask**
+(``generate`` with a padded batch, or a manual forward given ``attention_mask``): the cache then keeps
+one cache per row (:class:`PaddedRows`), whose sinks are the row's own first real tokens, whose
+positions are the row's own and whose evictions are the row's own: each row computes what it computes
+run alone (tests check it through several evictions, for every policy and storage). The kept tokens of
+a row sit right-aligned in the slots the model attends to, so the caller's left-padding mask, indexed
+the way ``transformers`` indexes it (slot j of K kept <-> mask column ``seen - K + j``), masks exactly
+the empty slots of shorter rows. What cannot be honoured is refused in one line: a mask with a padding
+token after a real one (right padding, holes), padding that first shows after the first call, a 4D
+mask, a call without the mask once the batch is padded, and position ids that skip or repeat within a
+row's real tokens.
 """
 
 from __future__ import annotations
@@ -109,6 +119,7 @@ class _StepMemo:
         self._cuts: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._empty: dict[torch.device, Tensor] = {}
         self._moves: tuple | None = None
+        self.padded: PaddedRows | None = None  # set by SinkCache when the batch is left-padded
 
     def empty(self, device: torch.device) -> Tensor:
         """A (0,) int64 tensor on ``device``, the same one every time."""
@@ -179,6 +190,88 @@ class _StepMemo:
         return out
 
 
+class PaddedRows:
+    """The left padding of a batch held by a :class:`SinkCache`: which tokens of each call are real, per
+    row, checked against everything the cache saw before.
+
+    Built by :meth:`SinkCache.note_attention_mask` at the first call whose mask pads a row; every
+    layer then keeps one cache per row (:meth:`SinkCacheLayer._update_rows`).
+
+    Args:
+        batch: number of rows B.
+    """
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self.lead: list[int] = [0] * batch  # leading padding tokens of each row (so far: all its tokens if not started)
+        self._seen = 0  # stream length (padding included) the lead counts refer to
+        self._step: tuple[int, int, list[int]] | None = None  # (seen, q, first real new token per row) of the coming call
+        self._memos = [_StepMemo() for _ in range(batch)]
+        self.last_position: list[int | None] = [None] * batch  # position id of each row's latest real token
+
+    def memo(self, row: int) -> _StepMemo:
+        """The step memo shared by row ``row``'s caches in every layer."""
+        return self._memos[row]
+
+    def note(self, mask: Tensor, seen: int, q: int) -> None:
+        """Take the mask (B, seen + q) bool of a call with ``q`` new tokens after ``seen``.
+
+        Raises:
+            InputError: another batch size, or a mask that disagrees with what the earlier calls' masks
+                said of the tokens already in the cache.
+        """
+        if mask.shape[0] != self.batch:
+            raise InputError(f"attention_mask has {mask.shape[0]} rows, the cache holds {self.batch}")
+        lead = (~mask).sum(-1).tolist()  # 0*1* rows: the number of leading padding tokens
+        for r, (old, new) in enumerate(zip(self.lead, lead)):
+            started = old < self._seen
+            if (started and new != old) or (not started and new < self._seen):
+                raise InputError(f"attention_mask row {r} disagrees with the earlier calls' masks on the tokens "
+                                 "already in the cache (a padded batch's mask must only grow at the end)")
+        self.lead, self._seen = lead, seen + q
+        firsts = [min(q, max(0, n - seen)) for n in lead]  # each row's first real new token (q: none)
+        self._step = (seen, q, firsts)
+
+    def step_firsts(self, seen: int, q: int, batch: int) -> list[int]:
+        """Per row, the index in 0..q of its first real token among a call's ``q`` new ones (q: none),
+        from the mask :meth:`note` took (host integers, computed once per call for every layer).
+
+        Raises:
+            InputError: the cache did not see this call's attention mask (a call of a module other than
+                the model the cache was built for, or no mask).
+        """
+        st = self._step
+        if st is None or st[0] != seen or st[1] != q or batch != self.batch:
+            raise InputError("this SinkCache holds a left-padded batch and did not see this call's attention_mask: "
+                             "call the model the cache was built for, with attention_mask (B, tokens so far + new)")
+        return st[2]
+
+    def check_positions(self, row: int, positions: Tensor, check: bool, quantised: bool) -> None:
+        """Row ``row``'s position ids (1, q_r) of its real new tokens must count up by one from its latest;
+        with quantised storage they must start at 0 at the row's first real token.
+
+        Keys are stored rotated at their positions, so a quantised key's codes depend on its absolute
+        position: a row fed at positions shifted by its padding (a forward without ``position_ids``)
+        would be quantised differently from the same stream alone. At 16 bits only the differences of
+        positions matter (RoPE), and any start is exact.
+
+        Raises:
+            InputError: positions that skip or repeat (they contradict the mask), or, quantised, a row
+                whose positions do not start at 0."""
+        if not check:
+            return
+        p = positions[0]
+        prev = self.last_position[row]
+        bad = bool((p[1:] - p[:-1] != 1).any()) or (prev is not None and int(p[0]) != prev + 1)
+        if bad:
+            raise InputError(f"position_ids of row {row} skip or repeat within its real tokens ({p.tolist()[:8]}..."
+                             f" after {prev}): they contradict the attention_mask")
+        if quantised and prev is None and int(p[0]) != 0:
+            raise InputError(f"a left-padded batch in a quantised SinkCache needs position_ids that count each row's "
+                             f"real tokens from 0 (as generate passes them); row {row} starts at {int(p[0])}")
+        self.last_position[row] = int(p[-1])
+
+
 class SinkCacheLayer(CacheLayerMixin):
     """The cache of one attention layer: a policy's ``budget`` tokens, stored as given or quantised.
 
@@ -221,6 +314,8 @@ class SinkCacheLayer(CacheLayerMixin):
         self.seen = 0
         self.awaiting = 0  # new tokens of the last update whose attention weights have not been observed
         self._memo = _StepMemo()  # shared by the layers of a SinkCache
+        self.rows: list[SinkCacheLayer] | None = None  # one cache per row of a left-padded batch
+        self._rows_call: tuple[int, int, list[tuple[int, int]]] | None = None  # (K, q, [(K_r, q_r)]) of the last call
 
     def _make_detector(self) -> SinkMetric | None:
         """The sink metric a ``"detected"`` lossless store needs (the policy's own for detected-sinks)."""
@@ -253,12 +348,75 @@ class SinkCacheLayer(CacheLayerMixin):
 
     @property
     def kept(self) -> int:
-        """Number of tokens held now."""
+        """Number of tokens held now (a left-padded batch: the most any row holds)."""
+        if self.rows is not None:
+            return max(r.kept for r in self.rows)
         return 0 if self.order is None else self.order.shape[-1]
 
     def read(self) -> tuple[Tensor, Tensor]:
-        """The kept keys (rotated at ``positions``) and values, (B, H_kv, K, head_dim), dequantised."""
+        """The kept keys (rotated at ``positions``) and values, (B, H_kv, K, head_dim), dequantised.
+
+        Raises:
+            InputError: a left-padded batch (read each row's cache in ``rows``)."""
+        if self.rows is not None:
+            raise InputError("this cache layer holds a left-padded batch: read each row's cache (layer.rows[r].read())")
         return self.store.read(self.order)
+
+    def empty_like(self) -> "SinkCacheLayer":
+        """A new, empty layer with this one's policy, storage, rotation and window (nothing shared but the
+        rotation, which holds no state of the stream)."""
+        store = DenseKV() if isinstance(self.store, DenseKV) else \
+            QuantKV(self.store.bits, self.store.group, self.store.key_quant, self.store.lossless)
+        policy = type(self.policy)(self.policy.budget, self.policy.n_sink, self.policy.recent, self.policy.eps)
+        return SinkCacheLayer(self.n_sink, self.window, self.rotation, self.is_sliding, policy=policy, store=store,
+                              eps=self.eps)
+
+    def _update_rows(self, key_states: Tensor, value_states: Tensor, kwargs: dict,
+                     padded: "PaddedRows") -> tuple[Tensor, Tensor]:
+        """:meth:`update` of a left-padded batch: each row's real new tokens go to that row's own cache
+        (``rows[r]``, a one-row layer, which computes what the row run alone computes); the rows' kept
+        tokens come back right-aligned in K = max_r K_r slots, the new tokens at their own columns, zeros
+        in the slots the caller's mask hides (see the module docstring).
+
+        Raises:
+            InputError: a call the cache did not see the mask of, or position ids that skip or repeat
+                within a row's real tokens.
+        """
+        B, _, q, _ = key_states.shape
+        firsts = padded.step_firsts(self.seen, q, B)  # index of each row's first real new token (q: none)
+        if self.rows is None:
+            self.rows = [self.empty_like() for _ in range(B)]
+            for r, sub in enumerate(self.rows):
+                sub._memo = padded.memo(r)
+        recorded = self.rotation.last_position_ids() if self.rotation is not None else None
+        pos = _position_ids(kwargs, recorded)
+        if pos is None or pos.shape[-1] != q:
+            pos = torch.arange(self.seen, self.seen + q, device=key_states.device)
+        pos = pos.reshape(-1, q).expand(B, q)
+        K = self.kept
+        out_k = key_states.new_zeros(key_states.shape[:2] + (K + q, key_states.shape[-1]))
+        out_v = value_states.new_zeros(value_states.shape[:2] + (K + q, value_states.shape[-1]))
+        call = []
+        for r, (sub, f) in enumerate(zip(self.rows, firsts)):
+            Kr, qr = sub.kept, q - f
+            call.append((Kr, qr))
+            if not qr:
+                continue
+            pr = pos[r : r + 1, f:]
+            padded.check_positions(r, pr, self.layer_check, not isinstance(self.store, DenseKV))
+            kr, vr = sub.update(key_states[r : r + 1, :, f:].contiguous(), value_states[r : r + 1, :, f:].contiguous(),
+                                position_ids=pr)
+            out_k[r, :, K - Kr : K], out_v[r, :, K - Kr : K] = kr[0, :, :Kr], vr[0, :, :Kr]
+            out_k[r, :, K + f :], out_v[r, :, K + f :] = kr[0, :, Kr:], vr[0, :, Kr:]
+        self._rows_call = (K, q, call)
+        self.seen += q
+        self.awaiting = max(sub.awaiting for sub in self.rows)
+        return out_k, out_v
+
+    @property
+    def layer_check(self) -> bool:
+        """Whether this layer checks the rows' position ids (the first layer of the cache does, once per call)."""
+        return getattr(self, "_checks_positions", False)
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         """Add ``q`` new tokens; return the keys/values the new queries attend to.
@@ -281,6 +439,8 @@ class SinkCacheLayer(CacheLayerMixin):
         if self.awaiting:
             raise InputError(f"cache policy {_policy_name(self.policy)} got no attention weights for the previous call: "
                              "it needs eager attention (transformers' sdpa returns none), called through the model")
+        if self._memo.padded is not None:
+            return self._update_rows(key_states, value_states, kwargs, self._memo.padded)
         q, K = key_states.shape[-2], self.kept
         recorded = self.rotation.last_position_ids() if self.rotation is not None else None
         if recorded is not None and recorded.shape[-1] != q:
@@ -368,6 +528,18 @@ class SinkCacheLayer(CacheLayerMixin):
         Raises:
             InputError: weights of another shape.
         """
+        if self.rows is not None:  # a left-padded batch: row r's real queries on row r's kept + new keys
+            K, q, call = self._rows_call
+            if weights.dim() != 4 or weights.shape[-1] != K + q or weights.shape[-2] != q:
+                raise InputError(f"attention weights of shape {tuple(weights.shape)} do not match the cache's last call "
+                                 f"({q} queries on {K + q} keys)")
+            for r, (sub, (Kr, qr)) in enumerate(zip(self.rows, call)):
+                if sub.awaiting:
+                    dev = weights.device
+                    cols = torch.cat((torch.arange(K - Kr, K, device=dev), torch.arange(K + q - qr, K + q, device=dev)))
+                    sub.observe(weights[r : r + 1, :, q - qr :].index_select(-1, cols))
+            self.awaiting = 0
+            return
         n = self.kept
         if weights.dim() != 4 or weights.shape[-1] != n or weights.shape[-2] != self.awaiting:
             raise InputError(f"attention weights of shape {tuple(weights.shape)} do not match the cache's last call "
@@ -409,15 +581,18 @@ class SinkCacheLayer(CacheLayerMixin):
         return self.policy.budget
 
     def reset(self) -> None:
-        self.store = type(self.store)() if isinstance(self.store, DenseKV) else \
-            QuantKV(self.store.bits, self.store.group, self.store.key_quant, self.store.lossless)
-        self.policy = type(self.policy)(self.policy.budget, self.policy.n_sink, self.policy.recent, self.policy.eps)
+        fresh = self.empty_like()
+        self.store, self.policy = fresh.store, fresh.policy
         self.detector = self._make_detector()
         self.keys = self.values = self.positions = self.order = None
         self.is_initialized = False
         self.seen = self.awaiting = 0
+        self.rows = self._rows_call = None
 
     def _batch(self, fn) -> None:
+        if self.rows is not None:
+            raise InputError("a left-padded batch in a SinkCache cannot be reordered or expanded (beam search, "
+                             "num_return_sequences > 1): expand the prompts before the first call")
         if not self.kept:
             return
         self.store.batch(fn)
@@ -446,6 +621,8 @@ class SinkCacheLayer(CacheLayerMixin):
     @property
     def state_nbytes(self) -> int:
         """Bytes of bookkeeping besides the keys and values: positions, arrival indices, policy scores."""
+        if self.rows is not None:
+            return sum(r.state_nbytes for r in self.rows)
         if not self.is_initialized:
             return 0
         own = self.detector.nbytes if self._own_detector() else 0
@@ -553,6 +730,36 @@ def _observe_hook(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
     layer.observe(weights)
 
 
+def _mask_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook on a ``transformers`` model (and its base model): hand the call's
+    ``attention_mask`` to the :class:`SinkCache` it was called with (:meth:`SinkCache.note_attention_mask`)."""
+    cache = next((kwargs[k] for k in ("cache", "past_key_values") if k in kwargs), None)
+    if not isinstance(cache, SinkCache):
+        return
+    x = kwargs.get("input_ids", args[0] if args else None)
+    if not isinstance(x, Tensor):
+        x = kwargs.get("inputs_embeds")
+    if isinstance(x, Tensor):
+        cache.note_attention_mask(kwargs.get("attention_mask"), x.shape[1])
+
+
+def _install_mask_hooks(model: nn.Module) -> None:
+    """Add :func:`_mask_hook` (once) to every module of ``model`` that takes input ids, an attention mask and a
+    cache (the causal-LM wrapper and its base model)."""
+    import inspect
+
+    for m in model.modules():
+        if getattr(m, "_sinklab_mask_hook", False):
+            continue
+        try:
+            params = inspect.signature(m.forward).parameters
+        except (TypeError, ValueError):
+            continue
+        if "attention_mask" in params and "input_ids" in params and ({"cache", "past_key_values"} & set(params)):
+            m.register_forward_pre_hook(_mask_hook, with_kwargs=True)
+            m._sinklab_mask_hook = True
+
+
 def _install_observers(model: nn.Module) -> None:
     """Add :func:`_observe_hook` to every attention module of a ``transformers`` model (once)."""
     for m in model.modules():
@@ -656,6 +863,54 @@ class SinkCache(Cache):
         self.sinks_full_precision = sinks_full_precision
         self.detects_sinks = detect
         self._model_config = None if adapter.kind == "sinklab" else model.config
+        self._memo = memo
+        full = [layer for layer in layers if not layer.is_sliding] or layers
+        full[0]._checks_positions = True  # one layer checks the padded rows' position ids per call
+        if adapter.kind == "hf":
+            _install_mask_hooks(model)
+
+    def note_attention_mask(self, mask: Tensor | None, q: int) -> None:
+        """Take the 2D ``attention_mask`` of a call with ``q`` new tokens (called by a forward pre-hook on
+        the model before its layers run; a caller never needs to).
+
+        A mask that pads some row (zeros before its first real token) at the first call makes the cache
+        keep one cache per row (:class:`PaddedRows`); an all-ones mask, or none, changes nothing.
+
+        Args:
+            mask: (B, seen + q) 0/1 or bool, 1 for real tokens, ``seen`` the tokens passed so far
+                (:meth:`get_seq_length`); or None.
+            q: the call's new tokens.
+
+        Raises:
+            InputError: a mask that is not 2D, of another length, with a padding token after a real one
+                (right padding or a hole), padding that first shows after the first call, a padded
+                batch's call without its mask, or a mask that disagrees with the earlier ones.
+        """
+        padded = self._memo.padded
+        seen = self.get_seq_length()
+        if mask is None:
+            if padded is not None:
+                raise InputError("this SinkCache holds a left-padded batch: pass its attention_mask (B, tokens so far + "
+                                 "new) at every call")
+            return
+        if not isinstance(mask, Tensor) or mask.dim() != 2:
+            raise InputError("SinkCache takes a 2D attention_mask (B, tokens so far + new), 1 for real tokens; got "
+                             f"{'a ' + str(mask.dim()) + 'D tensor' if isinstance(mask, Tensor) else type(mask).__name__}")
+        if mask.shape[-1] != seen + q:
+            raise InputError(f"attention_mask covers {mask.shape[-1]} tokens; this call needs {seen + q} (the {seen} "
+                             f"tokens the cache has seen + {q} new)")
+        m = mask != 0
+        if bool((m[:, :-1] & ~m[:, 1:]).any()):
+            raise InputError("attention_mask has a padding token after a real one (right padding or a hole): SinkCache "
+                             "takes left-padded batches only")
+        if padded is None:
+            if bool(m.all()):
+                return
+            if seen:
+                raise InputError("attention_mask pads a row only after the cache's first call: left-pad the batch in "
+                                 "the first call")
+            padded = self._memo.padded = PaddedRows(m.shape[0])
+        padded.note(m, seen, q)
 
     def attn_implementation(self, module=None) -> str:
         """The attention implementation of the model this cache was built for ('?' when unknown)."""
@@ -672,6 +927,16 @@ class SinkCache(Cache):
         """True when the cache reads the attention weights: an attention-based policy, or lossless
         detected sinks (``sinks_full_precision = "detected"``, quantised)."""
         return self.needs_scores or self.detects_sinks
+
+    def reset(self) -> None:
+        """Empty every layer (and forget a padded batch's rows)."""
+        super().reset()
+        self._memo.padded = None
+
+    @property
+    def padded(self) -> bool:
+        """True when the cache holds a left-padded batch (one cache per row)."""
+        return self._memo.padded is not None
 
     def __repr__(self) -> str:
         kv = "" if self.kv_bits == 16 else (f", kv_bits={self.kv_bits}, kv_group={self.kv_group}, "
