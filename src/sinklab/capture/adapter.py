@@ -21,6 +21,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from sinklab.capture.families import check_measurable
 from sinklab.capture.hf import forward_hf, hf_hooks
 from sinklab.capture.native import forward_native, native_hooks
 from sinklab.capture.recorder import BatchRecorder
@@ -200,6 +201,7 @@ class HFAdapter(ModelAdapter):
     def capture(self, input_ids: Tensor, *, collector: str = "eager", prefix_len: int = 0, edit=None,
                 hidden_edit=None, logits: bool = False, keep_hidden: bool = False,
                 entropy: bool = False, renormalise: bool = True) -> BatchRecorder:
+        check_measurable(self.config)  # a type the architecture matrix found not exact: refused in one line
         return forward_hf(self.model, input_ids, collector, edit=edit, hidden_edit=hidden_edit, logits=logits,
                           keep_hidden=keep_hidden, entropy=entropy)
 

@@ -439,6 +439,14 @@ def _weights_sha256(folder: Path) -> str | None:
     return fetch.sha256_file(files[0]) if len(files) == 1 else None
 
 
+def _model_class(auto_cls, config):
+    """The class ``auto_cls.from_pretrained`` would build for ``config``, or None when unknown."""
+    try:
+        return auto_cls._model_mapping[type(config)]
+    except (KeyError, AttributeError):
+        return None
+
+
 def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str, local_files_only: bool = False,
                      device: str = "cpu", device_map: str | dict | None = None):
     """Load config, model (AutoModelForCausalLM or AutoModel) and tokenizer from a folder or hub id;
@@ -459,6 +467,8 @@ def _from_pretrained(where: str | Path, *, dtype, attn_implementation, what: str
     kwargs = {"dtype": dtype, **local}
     if device_map is not None:  # accelerate places each module (and offloads to disk what fits nowhere)
         kwargs.update(device_map=device_map, offload_folder=str(cache_dir("offload")))
+    if attn_implementation == "sdpa" and not getattr(_model_class(cls, config), "_supports_sdpa", True):
+        attn_implementation = "eager"  # gpt-oss (sink logits SDPA cannot take): capture swaps it out anyway
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     from transformers.utils import logging as hf_logging
