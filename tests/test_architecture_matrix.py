@@ -50,6 +50,11 @@ SMALL = dict(
 #: per-type settings the generic shrinker cannot guess
 OVERRIDES: dict[str, dict] = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=8),
+    "zaya": dict(num_experts_per_tok=1),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8),
+    "falcon_h1": dict(mamba_n_heads=8, mamba_d_ssm=64),
+    "recurrent_gemma": dict(num_hidden_layers=3),  # its block pattern is recurrent, recurrent, attention
+    "granitemoehybrid": dict(mamba_n_heads=8),
     "jamba": dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                   expert_layer_offset=1, mamba_dt_rank=4, mamba_d_conv=2),
 }
@@ -78,7 +83,7 @@ def shrink_kwargs(cls, default) -> dict:
     if "kv_lora_rank" in names:  # MLA: keys and values come per query head
         kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
     layer_types = getattr(default, "layer_types", None)
-    if isinstance(layer_types, (list, tuple)) and layer_types and "layer_types" in names:
+    if isinstance(layer_types, (list, tuple)) and layer_types and "layer_types" in _fields(cls):  # not an alias
         kinds = list(dict.fromkeys(layer_types))  # one layer of each kind, in the default's order
         kw["layer_types"] = (kinds * 2)[: max(2, len(kinds))]
         for k in ("num_hidden_layers", "num_layers", "n_layer"):
