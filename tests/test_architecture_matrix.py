@@ -8,8 +8,8 @@ downloaded or cached) and :func:`sinklab.capture.collect` runs on 2 sequences of
 reference is computed another way: the model's own eager attention (``output_attentions=True``) in float64,
 with the attention mass (Gu et al. 2025, Eq. 2) taken naively per key position. Exact types must agree to
 1e-5 on every layer, head and key position, with hybrid models' attention blocks numbered as in the full
-stack; refused types must be refused by ``collect`` with their reason. Slow constructions (measured once on
-the 2-core machine): afmoe and kimi_linear import for ~5 s, gemma4_text builds in ~4 s.
+stack; refused types must be refused by ``collect`` with their reason. Slow constructions (``--durations``
+on the 2-core machine): gemma4_text ~6 s, afmoe ~5 s (imports), gemma4 ~4 s; blt (refused) ~12 s, not built.
 """
 
 from __future__ import annotations
@@ -118,9 +118,14 @@ def naive_mass(a: torch.Tensor, causal: bool) -> torch.Tensor:
     return torch.stack([a[..., j:, j].mean(dim=-1) for j in range(a.shape[-1])], dim=-1)
 
 
+#: types whose eager forward cannot run in float64: their reference runs in float32
+FLOAT32_REFERENCE = {"xglm": "its sinusoidal positions overflow when cast to float64"}
+
+
 def eager_reference(model, ids: torch.Tensor, model_type: str, monkeypatch) -> list[torch.Tensor]:
-    """Each attention layer's (B, H, T, T) float64 weights from the model's own eager attention."""
-    m64 = copy.deepcopy(model).double()
+    """Each attention layer's (B, H, T, T) weights from the model's own eager attention, in float64 (float32
+    for :data:`FLOAT32_REFERENCE`)."""
+    m64 = copy.deepcopy(model).to(torch.float32 if model_type in FLOAT32_REFERENCE else torch.float64)
     m64.set_attn_implementation("eager")
     try:
         m64.set_experts_implementation("eager")  # grouped GEMMs take no float64
@@ -145,6 +150,8 @@ def attention_blocks(model) -> list[int]:
 
 
 TYPES = families.registered_types()
+#: refused types whose tiny model takes seconds to build (sub-models the shrinker does not reach): not built
+SLOW_TO_BUILD = {"blt"}
 
 
 @pytest.mark.parametrize("model_type", TYPES)
@@ -154,6 +161,8 @@ def test_type_is_exact_or_refused(model_type, monkeypatch):
     if families.status(model_type) == "refused":
         reason = families.REFUSED[model_type]
         assert reason and "\n" not in reason
+        if model_type in SLOW_TO_BUILD:
+            return
         try:
             model = tiny_model(model_type)
         except Exception:  # noqa: BLE001 - refused as unbuildable (or a wrapper that needs more)

@@ -79,7 +79,6 @@ _UNBUILT_TYPES: dict[str, str] = {
     "gemma3n_text": "KV-sharing layer pattern", "gemma4_assistant": "per-layer input size validation",
     "kolibri1_1": "NVFP4 key rounding needs head_dim 16", "lfm2_moe": "dense-layer pattern",
     "qwen4_exp_text": "derived head sizes", "reformer": "LSH attention needs is_decoder and chunk sizes",
-    "xglm": "its sinusoidal table overflows in float64",
 }
 REFUSED.update({t: _UNBUILT.format(why) for t, why in _UNBUILT_TYPES.items()})
 
