@@ -58,9 +58,10 @@ REFUSED: dict[str, str] = {
     "hy_v4": "the capture fails on it (its attention returns three values): not checked",
     "longcat_flash": "the capture finds no list of its num_hidden_layers blocks",
     "hrm_text": "the capture finds no list of its num_hidden_layers blocks",
-    "olmo_hybrid": "its attention block is not reached through transformers' attention interface",
+    "olmo_hybrid": ("its full-attention block is not intercepted and the eager fallback cannot number a hybrid's "
+                    "blocks: the capture fails on it"),
     "dory": "the capture fails on it (attention calls outnumber its recorded blocks): not checked",
-    "zamba2": "the capture fails on it (its shared attention blocks): not checked",
+    "zamba2": "the capture fails on it (a KeyError on its shared attention blocks): not checked",
     "granitemoehybrid": ("the capture fails on it (its attention calls do not match its attention blocks and its "
                          "eager path returns no weights): not checked"),
     "kimi_linear": ("its full-attention block is not intercepted and the eager fallback cannot number a hybrid's "
