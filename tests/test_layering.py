@@ -5,11 +5,14 @@ sinklab.capture.
 The layers, lowest first (a module may import its own layer and the layers below it, never above)::
 
     core      errors, registry, paths, attention_masks (masks), provenance, fileio, progress, result
-    models    nn (SinkLM), zoo (model and corpus recipes, load_model)
+    models    nn (SinkLM), zoo (model and corpus recipes: what installs from the registries),
+              models (load_model: zoo name, HF folder or hub id, sinklab model or run folder)
     capture   metrics, capture (collectors, the HF and SinkLM seams, the model adapter)
     data      data (tokenizers, token files, packing), probe (probe inputs, the window cutter),
               diffusion (the masked-diffusion objective's masking and sampler)
     runs      runs (RunConfig, Run)
+    subject   subject (Subject: model + tokenizer + adapter + device/dtype, and the ProbeSpec that builds its
+              probe; every feature loads its model here)
     train     train (the training loop, tracker, checkpoints)
     features  measure, analyze, streaming, sweep: each imports the layers below, never another feature
     cli       cli, __main__
@@ -99,10 +102,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("sinklab", "sinklab.errors", "sinklab.registry", "sinklab.paths", "sinklab.attention_masks",
               "sinklab.provenance", "sinklab.fileio", "sinklab.progress", "sinklab.result")),
-    ("models", ("sinklab.nn", "sinklab.zoo")),
+    ("models", ("sinklab.nn", "sinklab.zoo", "sinklab.models")),
     ("capture", ("sinklab.metrics", "sinklab.capture")),
     ("data", ("sinklab.data", "sinklab.probe", "sinklab.diffusion")),
     ("runs", ("sinklab.runs",)),
+    ("subject", ("sinklab.subject",)),
     ("train", ("sinklab.train",)),
     ("features", ("sinklab.measure", "sinklab.analyze", "sinklab.streaming", "sinklab.sweep")),
     ("cli", ("sinklab.cli", "sinklab.__main__")),

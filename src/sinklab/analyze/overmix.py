@@ -59,6 +59,9 @@ def overmix(
     num_samples: int = 16,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     sources: list[int] | None = None,
     directions: int = 3,
@@ -76,6 +79,8 @@ def overmix(
     removed / intact - 1 is reported per layer, so a difference can be told from noise.
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         sources: 0-based positions s (default T/8, T/4, T/2, all > the sink position).
         directions: random directions per source. scale: perturbation size relative to ``||e_s||``.
 
@@ -95,7 +100,8 @@ def overmix(
         raise InputError(f"--directions must be >= 1, got {directions}")
     if not scale > 0:
         raise InputError(f"--scale must be > 0, got {scale}")
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape
     base0 = run_model(m, ids, batch_size=batch_size)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sinklab.analyze.common import (DEFAULT_SEQ_LEN, AnalysisResult, Subject, analysis, check_heads, check_layers,
-                                    command_line, natural_ids, num_heads, resolve_subject, run_model)
+                                    command_line, num_heads, resolve_subject, run_model)
 from sinklab.errors import InputError
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
@@ -131,6 +131,9 @@ def repeat(
     num_samples: int = 32,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     prompt_len: int = 8,
     counts: list[int] | None = None,
@@ -170,6 +173,8 @@ def repeat(
     repeated-token probe; position 0 then holds the repeated token too).
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe
             (seq_len None: the run's probe length for a ``sinklab train`` run, else 64).
         token: the repeated token id (default: one per sample, drawn from the non-special vocabulary, seeded).
@@ -183,7 +188,8 @@ def repeat(
     """
     if not 0 <= prompt_len < (seq_len or DEFAULT_SEQ_LEN):
         raise InputError(f"--prompt-len must lie in [0, --seq-len={seq_len or DEFAULT_SEQ_LEN}), got {prompt_len}")
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape
     if not isinstance(model, Subject) and not prompt_len < T:  # T taken from a training run
@@ -196,7 +202,7 @@ def repeat(
     mech, base = _mechanism(subj, batch_size, not subj.is_encoder)  # (N, L', H) statistics, the unedited pass
     toks = _repeated_tokens(subj, token)
     longest = prompt_len + max(counts)  # control: natural text of the same total lengths
-    control = natural_ids(subj, N, longest) if longest > T and subj.documents is not None else ids
+    control = subj.windows(N, longest) if longest > T and subj.documents is not None else ids
     cos_df, sink_df = _repeats(m, ids, toks, counts, prompt_len, control, eps, batch_size)
     mech_df = _mechanism_table(mech, base.stats.block_ids, H)
     first = inject_layers[0]
