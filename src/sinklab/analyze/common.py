@@ -49,6 +49,8 @@ class Pass:
 
     stats: :class:`ProbeStats` of the (possibly edited) pass. hidden: (N, L, T, d) float32 block
     outputs, or None. nll: (N, T - 1) float64, ``nll[n, t] = -log p(x[t + 1] | x[:t + 1])``, or None.
+    All on the CPU and in float32 / float64 whatever the model's device and dtype (the capture seam reduces
+    each batch on the model's device, upcast first, and keeps only these).
     """
 
     stats: ProbeStats
@@ -73,7 +75,8 @@ def run_model(
     the observer of :mod:`sinklab.capture.native` for sinklab models), with optional interventions.
 
     ``transformers`` models always use the eager collector here, so a pass with a no-op ``edit``
-    is bit-identical to one without.
+    is bit-identical to one without. ``input_ids`` (on any device) are moved to the model's embedding device;
+    the log-softmax of the loss readout is taken in float64.
 
     Args:
         model: the model. input_ids: (N, T) int64.
@@ -96,12 +99,13 @@ def run_model(
         raise InputError(f"{type(model).__name__} has no language-modelling head: no loss readout")
     parts, hids, nlls = [], [], []
     emb = adapter.embeddings
+    device = emb.weight.device  # the inputs go where the model's embeddings are (with a device map: its first module)
     for s in range(0, input_ids.shape[0], batch_size):
-        ids = input_ids[s : s + batch_size]
+        ids = input_ids[s : s + batch_size].to(device)
         handle = None
         if embed_delta is not None:
             delta = embed_delta[s : s + batch_size]
-            handle = emb.register_forward_hook(lambda _m, _i, o, d=delta: o + d.to(o.dtype))
+            handle = emb.register_forward_hook(lambda _m, _i, o, d=delta: o + d.to(o.device, o.dtype))
         try:
             kw = dict(edit=edit, hidden_edit=hidden_edit, logits=nll, keep_hidden=hidden, entropy=entropy)
             rec = adapter.capture(ids, collector="eager", **kw)
@@ -113,10 +117,10 @@ def run_model(
             hids.append(torch.stack(rec.full_hidden, dim=1))  # (B, L, T, d)
         if nll and targets is not None:  # same-position readout (masked diffusion)
             logp = torch.log_softmax(rec.logits.double(), dim=-1)  # (B, T, V)
-            nlls.append(-logp.gather(-1, targets[s : s + batch_size, :, None].to(logp.device)).squeeze(-1))  # (B, T)
+            nlls.append(-logp.gather(-1, targets[s : s + batch_size, :, None].to(logp.device)).squeeze(-1).cpu())  # (B, T)
         elif nll:
             logp = torch.log_softmax(rec.logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
-            nlls.append(-logp.gather(-1, ids[:, 1:, None]).squeeze(-1))  # (B, T-1)
+            nlls.append(-logp.gather(-1, ids[:, 1:, None]).squeeze(-1).cpu())  # (B, T-1)
     return Pass(ProbeStats.concat(parts), torch.cat(hids) if hidden else None, torch.cat(nlls) if nll else None)
 
 

@@ -57,7 +57,7 @@ def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, 
         "attention_share": w[..., rows, position].mean(dim=-1),
         "output_share": share[..., rows].mean(dim=-1),
         "value_norm_share": nshare[..., rows].mean(dim=-1),
-        "cos_sink": cos[..., others, position].mean(dim=-1) if others.any() else torch.full((B, H), float("nan")),
+        "cos_sink": cos[..., others, position].mean(dim=-1) if others.any() else torch.full((B, H), float("nan"), device=w.device),
         "cos_other": (cos * other_pairs).sum(dim=(-1, -2)) / other_pairs.sum().clamp_min(1),
     }
 
@@ -88,7 +88,8 @@ def _layer_stats(subj: Subject, position: int, batch_size: int):
     per_layer: list[list[dict]] = [[] for _ in range(L)]
 
     def inspect(layer, w, *, query, key, value):
-        per_layer[layer].append(head_statistics(w, query, key, value, position, causal=not subj.is_encoder))
+        st = head_statistics(w, query, key, value, position, causal=not subj.is_encoder)  # float64, on the model's device
+        per_layer[layer].append({k: v.cpu() for k, v in st.items()})  # (B, H) each: the reduced statistics only
         return None
 
     res = run_model(subj.model, subj.input_ids, edit=inspect, batch_size=batch_size)

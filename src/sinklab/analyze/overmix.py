@@ -113,7 +113,7 @@ def overmix(
         raise InputError(f"source position {bad[0]} must lie after the sink position {pos} and before T - 1 = {T - 1}")
     emb = adapt(m).embeddings
     with torch.no_grad():
-        e = emb(ids).float()  # (N, T, d)
+        e = emb(ids.to(emb.weight.device)).float().cpu()  # (N, T, d) float32, whatever the model's dtype
     g = torch.Generator().manual_seed(subj.seed)
     # paired design: the same sources, directions (and probe) for both conditions
     pairs = []  # (source, direction index, (N, d) unit vectors)

@@ -60,14 +60,15 @@ def self_attention_statistics(weights: Tensor, query: Tensor, key: Tensor, *, st
     B, H, T, _ = weights.shape
     if not 0 <= start < T:
         raise InputError(f"start {start} is outside [0, T={T})")
-    rows = torch.arange(start, T)
+    dev = weights.device
+    rows = torch.arange(start, T, device=dev)
     diag = weights.double().diagonal(dim1=-2, dim2=-1)[..., start:]  # (B, H, T - start)
-    n_vis = (rows + 1).double() if causal else torch.full((T - start,), float(T), dtype=torch.float64)
+    n_vis = (rows + 1).double() if causal else torch.full((T - start,), float(T), dtype=torch.float64, device=dev)
     cos = torch.matmul(F.normalize(query.double(), dim=-1), F.normalize(key.double(), dim=-1).transpose(-1, -2))
-    vis = torch.ones(T, T, dtype=torch.bool)
+    vis = torch.ones(T, T, dtype=torch.bool, device=dev)
     if causal:
         vis = vis.tril()
-    vis[torch.arange(T), torch.arange(T)] = False  # the other keys
+    vis[torch.arange(T, device=dev), torch.arange(T, device=dev)] = False  # the other keys
     vis[:start] = False
     return {
         "self_share": diag.mean(dim=-1),
