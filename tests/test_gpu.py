@@ -154,8 +154,6 @@ def test_sink_cache_decode_on_cuda_equals_cpu():
         assert worst < 1e-3, (spec.name, worst, what)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize("kind", ["massive", "keybias", "intervene", "repeat", "attention", "depth", "overmix"])
 def test_every_analysis_on_cuda_equals_the_cpu(kind, tiny_model_dir, text_corpus_dir):
     """The same folder and probe through the Subject on the CPU and on CUDA (float32): the same summary to float32
@@ -209,6 +207,8 @@ def test_stream_on_cuda_equals_the_cpu(tiny_model_dir, text_corpus_dir, tmp_path
         assert all(abs(a[k] - b[k]) <= 1e-4 * a[k] for k in a), (a, b)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_gpus_sgd_parameters_equal_one_process(tmp_path, parallel):
     """NCCL (process group cpu:gloo,cuda:nccl): 2 SGD steps without clipping on 2 GPUs give the
     one-GPU parameters (fp32, TF32 off), and every in-step collective is a CUDA tensor."""
