@@ -292,3 +292,19 @@ def test_results_hold_no_plot_scripts():
         pytest.skip("no results/ folder next to src/")
     assert sorted(str(p.relative_to(root)) for p in (root / "results").rglob("*.py")) == []
     assert "sinklab dynamics" in (root / "results" / "archive" / "README.md").read_text()
+
+
+def test_every_feature_loads_its_model_through_the_subject_layer():
+    """One builder of "model + tokenizer + adapter + device/dtype + probe": sinklab.subject. measure, analyze and
+    streaming import it; none of them calls the model loader (sinklab.models.load_model) or draws a probe
+    (sinklab.probe.make_probe) itself; the zoo holds no loader."""
+    graph = _graph()
+    for feature in ("sinklab.measure", "sinklab.analyze", "sinklab.streaming"):
+        mods = {m: deps for m, deps in graph.items() if m == feature or m.startswith(feature + ".")}
+        assert any(d == "sinklab.subject" or d.startswith("sinklab.subject.") for deps in mods.values() for d in deps), feature
+        for m, path in _modules().items():
+            if m in mods:
+                text = path.read_text(encoding="utf-8")
+                assert "import load_model" not in text and "make_probe(" not in text, m
+    zoo = "".join(p.read_text(encoding="utf-8") for m, p in _modules().items() if m.startswith("sinklab.zoo"))
+    assert "def load_model" not in zoo and "def is_run_folder" not in zoo
