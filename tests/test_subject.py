@@ -237,3 +237,26 @@ def test_every_stream_task_in_bfloat16_agrees_with_float32(task, tiny_model_dir,
             assert a[name]["accuracy"] == b[name]["accuracy"], name
         else:
             assert close(a[name]["ppl"], b[name]["ppl"], PPL_REL, 0), (name, a[name]["ppl"], b[name]["ppl"])
+
+
+@pytest.mark.slow
+def test_smollm2_massive_and_stream_in_bfloat16_agree_with_float32(real_home, tmp_path):
+    """The real SmolLM2-135M on State of the Union text (cached): analyze massive finds the same sink position,
+    massive dimension and layer in bfloat16 as in float32, Sink_1 within one sample, max ratio within 5%;
+    stream perplexities within 2%."""
+    from sinklab.analyze import massive
+    from sinklab.streaming import stream
+
+    res = {dt: massive("smollm2-135m", num_samples=8, seq_len=64, dtype=dt).summary for dt in ("float32", "bfloat16")}
+    a, b = res["float32"], res["bfloat16"]
+    assert a["sink_position"] == b["sink_position"] == 0
+    assert abs(a["sink_rate"] - b["sink_rate"]) <= 100 / 8
+    assert a["max_ratio_dim"] == b["max_ratio_dim"] and a["max_ratio_layer"] == b["max_ratio_layer"]
+    assert close(a["max_ratio"], b["max_ratio"], 0.05, 0)
+    st = {dt: {c["name"]: c["ppl"] for c in stream("smollm2-135m", "sotu", tokens=300, window=64, sinks=[0, 4],
+                                                   recompute=False, progress=False, dtype=dt,
+                                                   out=tmp_path / dt)["configs"]}
+          for dt in ("float32", "bfloat16")}
+    assert st["float32"].keys() == st["bfloat16"].keys()
+    for k, v in st["float32"].items():
+        assert close(v, st["bfloat16"][k], PPL_REL, 0), (k, v, st["bfloat16"][k])
