@@ -178,7 +178,7 @@ def denoise(
 
     for s, state in enumerate(progress(trace.states, desc="denoise steps", unit="step")):
         st = run_model(m, state, batch_size=batch_size).stats
-        kinds = token_kinds(state, prompt_len=prompt_len, mask_id=mask_id, bos_id=bos_id, eos_id=eos_id)  # (N, T)
+        kinds = token_kinds(state.cpu(), prompt_len=prompt_len, mask_id=mask_id, bos_id=bos_id, eos_id=eos_id)  # (N, T), as the stats
         row, masses = step_row(st, kinds, eps, prompt_len, sink_level)
         rows.append({"step": s, **row})
         mass_rows += [{"step": s, **r} for r in masses]
