@@ -148,7 +148,7 @@ def test_intervene_rows_follow_the_registry_order_and_remove_sink_matches_a_manu
 def test_every_analysis_is_registered_with_a_help_line_for_each_of_its_own_options():
     import inspect
 
-    assert ANALYSES.names() == ["massive", "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth"]
+    assert ANALYSES.names() == ["massive", "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth", "frames"]
     common = {"model", "corpus", "num_samples", "seq_len", "seed", "eps", "batch_size", "device", "dtype", "device_map"}
     for name in ANALYSES:
         fn = ANALYSES.get(name)

@@ -78,7 +78,7 @@ def test_stream_token_count_is_tokens_without_n():
 def test_model_commands_take_device_dtype_threads():
     commands = _commands()
     analyses = [name for name in commands if name.startswith("analyze ")]
-    assert len(analyses) == 8, analyses
+    assert len(analyses) == 9, analyses
     for command in [*MODEL_COMMANDS, *analyses]:
         flags = {o for p in _options(commands[command]) for o in p.opts}
         assert {"--device", "--dtype", "--threads"} <= flags, command
@@ -182,7 +182,7 @@ def test_analyze_list_options_are_comma_lists(tiny_model_dir, tmp_path, capsys):
     _load_commands()
     group = typer.main.get_command(cli).commands["analyze"]
     layers = next(p for p in group.get_command(None, "intervene").params if "--layers" in p.opts)
-    assert layers.multiple and layers.metavar == "A,B,..." and len(commands()) == 8
+    assert layers.multiple and layers.metavar == "A,B,..." and len(commands()) == 9
 
 
 def test_train_device_dtype_threads_set_the_config(tmp_path, capsys, monkeypatch):

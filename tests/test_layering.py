@@ -7,7 +7,7 @@ The layers, lowest first (a module may import its own layer and the layers below
     core      errors, registry, paths, attention_masks (masks), provenance, fileio, progress, result
     models    nn (SinkLM), zoo (model and corpus recipes: what installs from the registries),
               models (load_model: zoo name, HF folder or hub id, sinklab model or run folder)
-    capture   metrics, capture (collectors, the HF and SinkLM seams, the model adapter)
+    capture   metrics, capture (collectors, the HF and SinkLM seams, the model adapter), hooks (named hooks)
     data      data (tokenizers, token files, packing), probe (probe inputs, the window cutter),
               diffusion (the masked-diffusion objective's masking and sampler)
     runs      runs (RunConfig, Run)
@@ -103,7 +103,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("sinklab", "sinklab.errors", "sinklab.registry", "sinklab.paths", "sinklab.attention_masks",
               "sinklab.provenance", "sinklab.fileio", "sinklab.progress", "sinklab.result")),
     ("models", ("sinklab.nn", "sinklab.zoo", "sinklab.models")),
-    ("capture", ("sinklab.metrics", "sinklab.capture")),
+    ("capture", ("sinklab.metrics", "sinklab.capture", "sinklab.hooks")),
     ("data", ("sinklab.data", "sinklab.probe", "sinklab.diffusion")),
     ("runs", ("sinklab.runs",)),
     ("subject", ("sinklab.subject",)),

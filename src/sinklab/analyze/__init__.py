@@ -19,6 +19,8 @@ entry point's keywords.
   of the hidden states (the "compression valley"); for a training run, at every checkpoint it keeps.
 * :func:`attention` -- one window's attention matrices (or mass per key) for chosen layers and heads,
   every head's attention entropy on it.
+* :func:`frames` -- reference frames per layer (centralized / distributed / bidirectional, Ruscio et al.
+  2025) and the KL reduction of the sinks.
 
 All forward passes go through the capture seam (:mod:`sinklab.capture.hf`, :mod:`sinklab.capture.native`);
 interventions are its optional attention / block-output edits.
@@ -35,7 +37,8 @@ from sinklab.analyze.repeat import repeat
 from sinklab.analyze.denoise import denoise
 from sinklab.analyze.attention import attention
 from sinklab.analyze.depth import depth
+from sinklab.analyze.frames import frames
 from sinklab.analyze.interventions import INTERVENTIONS, Intervention
 
 __all__ = ["ANALYSES", "INTERVENTIONS", "AnalysisResult", "Intervention", "Subject", "ProbeSpec", "resolve_subject", "massive",
-           "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth"]
+           "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth", "frames"]

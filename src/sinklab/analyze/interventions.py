@@ -5,13 +5,16 @@ Every intervention is an :class:`Intervention` subclass registered in :data:`INT
 changes one thing of a forward pass and nothing else:
 
 * :meth:`Intervention.inputs` -- the token ids fed (drop or replace the first token);
-* :meth:`Intervention.attention` -- the capture seam's attention edit
-  (:data:`sinklab.capture.hf.AttentionEdit`: the (B, H, T_q, T_k) weights of one layer);
-* :meth:`Intervention.hidden` -- the seam's block-output edit (:data:`sinklab.capture.hf.HiddenEdit`:
-  the (B, T, d) output of one block);
+* :meth:`Intervention.attention` -- an edit of the (B, H, T_q, T_k) attention weights of one layer (run as
+  an ``attn.weights`` hook, :mod:`sinklab.hooks`; :data:`sinklab.capture.hf.AttentionEdit`);
+* :meth:`Intervention.hidden` -- an edit of the (B, T, d) output of one block (a ``block.out`` hook;
+  :data:`sinklab.capture.hf.HiddenEdit`);
+* :meth:`Intervention.hooks` -- hooks at any other site (:class:`sinklab.hooks.Hook`, e.g. ``attn.key`` or
+  ``resid.pre``) attached around the pass;
 * :meth:`Intervention.context` -- a temporary change of the weights (the position swap).
 
-:meth:`Intervention.apply` runs the pass with those changes. What each acts on (the sink position, the
+:meth:`Intervention.apply` runs the pass with those changes: the hooks are attached with
+:func:`sinklab.hooks.hooked`, the one mechanism every edit of a forward pass goes through. What each acts on (the sink position, the
 layers, the massive dimensions...) is fixed once from the unedited pass and given as a :class:`Target`.
 Positions, layers, heads and dimensions are 0-based (position 0 is the paper's token 1).
 """
@@ -27,6 +30,7 @@ from torch import Tensor, nn
 
 from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError
+from sinklab.hooks import Hook, hooked
 from sinklab.metrics import sink_rate
 from sinklab.registry import Registry
 
@@ -120,7 +124,8 @@ class Target:
 
 
 #: ``run(ids, *, edit, hidden_edit, first_dropped)``: one forward pass with the readout, as
-#: :func:`sinklab.analyze.common.run_model` (``first_dropped``: the first token of the window is gone)
+#: :func:`sinklab.analyze.common.run_model` (``edit`` / ``hidden_edit`` run as ``attn.weights`` / ``block.out``
+#: hooks; ``first_dropped``: the first token of the window is gone)
 PassRunner = Callable[..., "object"]
 
 
@@ -128,9 +133,9 @@ class Intervention:
     """One change to a forward pass, read out by ``analyze intervene``.
 
     Subclasses set ``name`` (the registry's) and override any of :meth:`inputs`, :meth:`attention`,
-    :meth:`hidden`, :meth:`context`; an override of :meth:`attention` or :meth:`hidden` is passed to the
-    seam, the base methods are not (so an intervention without an attention edit runs the pass
-    without one). ``needs_lm``: needs a language-modelling head; ``needs_learned_positions``: needs a
+    :meth:`hidden`, :meth:`hooks`, :meth:`context`; an override of :meth:`attention` or :meth:`hidden` becomes
+    a hook, the base methods do not (so an intervention without an attention edit runs the
+    pass without one). ``needs_lm``: needs a language-modelling head; ``needs_learned_positions``: needs a
     learned absolute position table; ``needs_massive``: needs :attr:`Target.massive_layer` / ``dims`` /
     ``sample_mean``; ``drops_first``: the sequence fed lacks the window's first token.
     """
@@ -149,7 +154,8 @@ class Intervention:
         return ids
 
     def attention(self, layer: int, weights: Tensor, **_) -> Tensor | None:
-        """The attention edit: (B, H, T_q, T_k) weights of 0-based ``layer`` -> new weights or None (unchanged)."""
+        """The attention edit: (B, H, T_q, T_k) weights of 0-based ``layer`` -> new weights or None (unchanged).
+        Keyword arguments ``query``, ``key``, ``value`` as :data:`sinklab.capture.hf.AttentionEdit` says."""
         return None
 
     def hidden(self, layer: int, h: Tensor) -> Tensor | None:
@@ -168,12 +174,22 @@ class Intervention:
         """The row's ``note`` and any extra columns, from the edited pass ``res`` and the sink threshold."""
         return {"note": self.note()}
 
+    def hooks(self) -> list[Hook]:
+        """Hooks at any other site (:class:`sinklab.hooks.Hook`) attached around the pass (default: none).
+        :meth:`attention` and :meth:`hidden` need no hook of their own: the runner attaches them at
+        ``attn.weights`` and ``block.out`` (:func:`sinklab.capture.sites.legacy_hooks`)."""
+        return []
+
     def apply(self, model: nn.Module, ids: Tensor, run: PassRunner):
-        """Run the edited pass on the (N, T) window ``ids`` with ``run`` (see :data:`PassRunner`)."""
+        """Run the edited pass on the (N, T) window ``ids`` with ``run`` (see :data:`PassRunner`): inside
+        :meth:`context`, with :meth:`hooks` attached (:func:`sinklab.hooks.hooked`), and the overridden
+        :meth:`attention` / :meth:`hidden` passed as the runner's ``edit`` / ``hidden_edit``, which the capture
+        seam runs as ``attn.weights`` / ``block.out`` hooks after those: one mechanism for every edit."""
         cls = type(self)
         edit = self.attention if cls.attention is not Intervention.attention else None
         hidden_edit = self.hidden if cls.hidden is not Intervention.hidden else None
-        with self.context(model):
+        more = self.hooks()
+        with self.context(model), (hooked(model, more) if more else contextlib.nullcontext()):
             return run(self.inputs(ids), edit=edit, hidden_edit=hidden_edit, first_dropped=self.drops_first)
 
 

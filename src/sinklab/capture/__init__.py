@@ -8,6 +8,8 @@
 * :mod:`~sinklab.capture.recorder` -- per-batch accumulation of layer statistics.
 * :mod:`~sinklab.capture.hf` -- the seam into ``transformers`` models (AttentionInterface).
 * :mod:`~sinklab.capture.native` -- the seam into sinklab's own :class:`~sinklab.nn.SinkLM`.
+* :mod:`~sinklab.capture.sites` -- :class:`~sinklab.capture.sites.Hook` and the named hook sites: the one
+  mechanism through which both seams read and edit a forward pass (public as :mod:`sinklab.hooks`).
 * :mod:`~sinklab.capture.adapter` -- :class:`ModelAdapter` and :func:`adapt`: one interface to both
   kinds of model (structure, mask, forward with capture and edits, cache decoding).
 * :func:`collect` -- run a probe set through any supported model.

@@ -21,8 +21,8 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from sinklab.capture.hf import forward_hf
-from sinklab.capture.native import forward_native
+from sinklab.capture.hf import forward_hf, hf_hooks
+from sinklab.capture.native import forward_native, native_hooks
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.errors import InputError
 from sinklab.nn.model import SinkLM
@@ -122,6 +122,16 @@ class ModelAdapter:
         """
         raise NotImplementedError
 
+    def hooked(self, hooks):
+        """Context manager: the :class:`~sinklab.capture.sites.Hook` s ``hooks`` attached to the model for the
+        block (every forward pass runs them), removed on exit, also on an exception; see
+        :func:`sinklab.hooks.hooked`.
+
+        Raises:
+            InputError: bad hooks (unknown site, a layer outside the model).
+        """
+        raise NotImplementedError
+
     # ---------------------------------------------------------------- cache
     @property
     def attn_implementation(self) -> str | None:
@@ -192,6 +202,9 @@ class HFAdapter(ModelAdapter):
                 entropy: bool = False, renormalise: bool = True) -> BatchRecorder:
         return forward_hf(self.model, input_ids, collector, edit=edit, hidden_edit=hidden_edit, logits=logits,
                           keep_hidden=keep_hidden, entropy=entropy)
+
+    def hooked(self, hooks):
+        return hf_hooks(self.model, hooks)
 
     @property
     def attn_implementation(self) -> str | None:
@@ -270,6 +283,9 @@ class SinkLMAdapter(ModelAdapter):
                 entropy: bool = False, renormalise: bool = True) -> BatchRecorder:
         return forward_native(self.model, input_ids, prefix_len, edit=edit, hidden_edit=hidden_edit, logits=logits,
                               keep_hidden=keep_hidden, entropy=entropy, renormalise=renormalise)
+
+    def hooked(self, hooks):
+        return native_hooks(self.model, hooks)
 
     def step(self, ids: Tensor, cache, start: int, *, last_only: bool = False) -> Tensor:
         logits = self.model(ids, cache=cache).logits  # positions come from the cache itself

@@ -24,7 +24,8 @@ from sinklab.attention_masks import MaskSpec, repeat_kv
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
-from sinklab.errors import CaptureError
+from sinklab.capture.sites import ATTENTION_SITES, Hook, HookSet, attached, legacy_hooks
+from sinklab.errors import CaptureError, InputError
 from sinklab.metrics.entropy import attention_entropy
 
 ATTN_NAME = "sinklab_capture"
@@ -32,42 +33,65 @@ ATTN_NAME = "sinklab_capture"
 #: An intervention on attention weights: ``edit(layer, weights, *, query, key, value)`` with 0-based
 #: ``layer``, ``weights`` (B, H, T_q, T_k) float32 after softmax, ``query`` (B, H, T_q, D) after RoPE,
 #: ``key``/``value`` (B, H, T_k, D) with grouped-query heads repeated to H; returns replacement
-#: weights of the same shape, or None to leave them unchanged (an inspection).
+#: weights of the same shape, or None to leave them unchanged (an inspection). Kept for the analyses'
+#: ``run_model(edit=...)``: it is run as an ``attn.weights`` :class:`~sinklab.capture.sites.Hook`
+#: (:func:`~sinklab.capture.sites.legacy_hooks`).
 AttentionEdit = Callable[..., "torch.Tensor | None"]
-#: An intervention on a block's output: ``hidden_edit(layer, hidden (B, T, d)) -> hidden | None``.
+#: An intervention on a block's output: ``hidden_edit(layer, hidden (B, T, d)) -> hidden | None``; run as a
+#: ``block.out`` hook.
 HiddenEdit = Callable[[int, "torch.Tensor"], "torch.Tensor | None"]
-_state = threading.local()
+_current = threading.local()  # .block: [HookSet, 0-based block index, attention called] while a hooked block runs
 
 
-def _active() -> tuple[BatchRecorder, str, "AttentionEdit | None"] | None:
-    return getattr(_state, "active", None)
+def _active() -> list | None:
+    """``[HookSet, block index, attention called]`` of the hooked block running in this thread, or None."""
+    return getattr(_current, "block", None)
+
+
+def _sdpa(module, query, key, value, attention_mask, *, dropout, scaling, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **kwargs):
-    """AttentionInterface function: (out (B, T, H, D), None), recording statistics on the side."""
-    active = _active()
+    """AttentionInterface function: (out (B, T, H, D), None), running the hooks at the attention sites
+    and recording statistics on the side."""
+    current = _active()
+    if current is None:  # used outside a hooked block: behave like SDPA
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    state, idx, _ = current
+    current[2] = True
+    recorder = state.recorder
+    layer = recorder.next_layer() if recorder is not None else idx
+    if state.hooks:
+        query = state.apply("attn.query", layer, query)[0]
+        key = state.apply("attn.key", layer, key)[0]
+        value = state.apply("attn.value", layer, value)[0]
+    hooked_weights = bool(state.at("attn.weights", layer))
+    if recorder is None and not hooked_weights:
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
-    if active is None:  # used outside a capture: behave like SDPA
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    recorder, collector_name, edit = active
-    collector = COLLECTORS.get(collector_name)
-    layer = recorder.next_layer()
     more = {}
-    if edit is not None:  # an intervention (sinklab.analyze): the eager collector applies it to the weights
+    if hooked_weights:  # the eager collector hands the weights to the hooks and recomputes the output
         collector = COLLECTORS.get("eager")
-        n_rep = query.shape[1] // key.shape[1]
-        more["edit"] = lambda w: edit(layer, w, query=query, key=repeat_kv(key, n_rep), value=repeat_kv(value, n_rep))
+
+        def edit(w, q=query, k=key, v=value):
+            new, edited = state.apply("attn.weights", layer, w, query=q, key=k, value=v)
+            return new if edited else None
+
+        more["edit"] = edit
+    else:
+        collector = COLLECTORS.get(state.collector)
     # The window of a sliding layer whose mask capture_mask skipped (None otherwise):
     # the `sliding_window` kwarg (Gemma 3, Mistral, gpt-oss...), else the module's
     # attribute, else the skipped mask's own window (models that pass neither).
     window = None
     if attention_mask is None and skipped_window() is not None:
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", skipped_window()))
-    if recorder.wants_entropy:
+    if recorder is not None and recorder.wants_entropy:
         more["entropy"] = True
     out, col, *ent = collector(
         query,
@@ -81,6 +105,8 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         sliding_window=window,
         **more,
     )
+    if recorder is None:
+        return out, None
     extra = None
     if kwargs.get("s_aux") is not None:
         # gpt-oss style sink logits: every query's weights on the real keys sum to 1 - (its weight on the
@@ -107,6 +133,16 @@ def has_attention(block: nn.Module) -> bool:
                for m in block.modules())
 
 
+def attention_module(block: nn.Module) -> nn.Module | None:
+    """The attention sublayer of a transformer block: its first direct child whose class name contains
+    "Attention" or "Attn" (LLaMA's ``self_attn``, GPT-2's ``attn``, BERT's ``attention``), or None."""
+    for _, m in block.named_children():
+        name = type(m).__name__.lower()
+        if "attention" in name or "attn" in name:
+            return m
+    return None
+
+
 def find_layers(model: nn.Module) -> nn.ModuleList:
     """The model's list of transformer blocks: the ModuleList of length ``num_hidden_layers``.
 
@@ -124,6 +160,137 @@ def find_layers(model: nn.Module) -> nn.ModuleList:
     return best
 
 
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _replace_first(out, new):
+    return (new, *out[1:]) if isinstance(out, tuple) else new
+
+
+class HFSeam:
+    """The hook sites of a ``transformers`` model (installed by :func:`hf_hooks` while a
+    :class:`~sinklab.capture.sites.HookSet` is attached): forward pre-hooks / hooks on every block
+    (``resid.pre``, ``block.out``, the recorder's hidden states) and on each block's attention sublayer
+    (``attn.out``); the attention sites run inside ``AttentionInterface``'s ``"sinklab_capture"``, to which
+    the model is switched only while a hook at an attention site or a recorder is attached."""
+
+    def __init__(self, model: nn.Module, state: HookSet) -> None:
+        self.model, self.state = model, state
+        self.layers = find_layers(model)
+        self.previous: str | None = None
+        self.switched = False
+        self.attention = [has_attention(b) for b in self.layers]
+        self.handles = []
+        try:
+            for i, block in enumerate(self.layers):
+                self.handles.append(block.register_forward_pre_hook(self._pre(i), with_kwargs=True))
+                self.handles.append(block.register_forward_hook(self._post(i)))
+                attn = attention_module(block)
+                if attn is not None:
+                    self.handles.append(attn.register_forward_hook(self._attn_out(i)))
+        except BaseException:
+            self.remove()
+            raise
+
+    def _pre(self, i: int):
+        state = self.state
+
+        def fn(_mod, args, kwargs):
+            _current.block = [state, i, False]
+            if state.recorder is not None:
+                state.recorder.current_block = i
+            if not state.at("resid.pre", i):
+                return None
+            if args:
+                new, edited = state.apply("resid.pre", i, args[0])
+                return ((new, *args[1:]), kwargs) if edited else None
+            new, edited = state.apply("resid.pre", i, kwargs["hidden_states"])
+            return (args, {**kwargs, "hidden_states": new}) if edited else None
+
+        return fn
+
+    def _post(self, i: int):
+        state = self.state
+
+        def fn(_mod, _inp, out):
+            current = getattr(_current, "block", None)
+            _current.block = None
+            if (current is not None and not current[2] and self.attention[i]
+                    and state.wants(ATTENTION_SITES, i) and self.switched):
+                raise CaptureError(f"{type(self.model).__name__} does not route attention through transformers' "
+                                   f"AttentionInterface: hooks at {', '.join(ATTENTION_SITES)} need that seam")
+            h = _first(out)
+            h, edited = state.apply("block.out", i, h)
+            if state.recorder is not None:
+                state.recorder.add_hidden(i, h)
+            return _replace_first(out, h) if edited else None
+
+        return fn
+
+    def _attn_out(self, i: int):
+        state = self.state
+
+        def fn(_mod, _inp, out):
+            h, edited = state.apply("attn.out", i, _first(out))
+            return _replace_first(out, h) if edited else None
+
+        return fn
+
+    def refresh(self) -> None:
+        """Switch the attention implementation to the seam's exactly while it is needed.
+
+        Raises:
+            InputError: a hook at an attention site (or ``attn.out``) names a block without attention (the
+                SSM / Mamba blocks of a hybrid model).
+        """
+        for h in self.state.hooks:
+            if h.site in ATTENTION_SITES + ("attn.out",) and isinstance(h.layers, frozenset):
+                bad = sorted(i for i in h.layers if not self.attention[i])
+                if bad:
+                    raise InputError(f"hook at {h.site!r}: blocks {bad} of {type(self.model).__name__} have no "
+                                     "attention (SSM / Mamba blocks of a hybrid model)")
+        need = self.state.needs_attention
+        if need and not self.switched:
+            _register()
+            self.previous = self.model.config._attn_implementation
+            self.model.set_attn_implementation(ATTN_NAME)
+            self.switched = True
+        elif not need and self.switched:
+            self.model.set_attn_implementation(self.previous)
+            self.switched = False
+        set_capture_active(self.state.recorder is not None)
+
+    def remove(self) -> None:
+        """Remove every module hook and restore the attention implementation."""
+        _current.block = None
+        set_capture_active(False)
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if self.switched:
+            self.model.set_attn_implementation(self.previous)
+            self.switched = False
+
+
+@contextlib.contextmanager
+def hf_hooks(model: nn.Module, hooks=(), *, recorder: BatchRecorder | None = None,
+             collector: str = "eager") -> Iterator[HookSet]:
+    """Context manager: ``hooks`` (:class:`~sinklab.capture.sites.Hook`) and ``recorder`` attached to the
+    ``transformers`` model ``model`` (see :class:`HFSeam`); everything removed on exit, also on errors.
+    ``collector``: the recorder's attention collector (:data:`~sinklab.capture.COLLECTORS`; layers whose
+    weights are hooked use ``eager``).
+
+    Raises:
+        InputError: bad hooks. CaptureError: no block list found; a second recorder.
+    """
+    with attached(model, model.config.num_hidden_layers, "hf", hooks, lambda state: HFSeam(model, state),
+                  recorder=recorder) as state:
+        if recorder is not None:
+            state.collector = collector
+        yield state
+
+
 @contextlib.contextmanager
 def capturing(
     model: nn.Module,
@@ -137,52 +304,19 @@ def capturing(
 
     ``edit`` (see :data:`AttentionEdit`) changes or inspects every layer's attention weights
     (the eager collector is then used); ``hidden_edit`` (see :data:`HiddenEdit`) may replace
-    each block's output before it is recorded and passed on. The model is restored exactly
-    (attention implementation, hooks) on exit.
+    each block's output before it is recorded and passed on. Both run as hooks
+    (:func:`~sinklab.capture.sites.legacy_hooks`), after any hooks already attached to the model. The model is restored
+    exactly (attention implementation, hooks) on exit.
 
     Raises:
         UnknownNameError: unknown collector name.
     """
     COLLECTORS.get(collector)
-    _register()
-    layers = find_layers(model)
-    previous = model.config._attn_implementation
-    handles = []
-
-    def pre_hook(idx: int):
-        def fn(_mod, _inp):
-            recorder.current_block = idx
-
-        return fn
-
-    def hook(idx: int):
-        def fn(_mod, _inp, out):
-            h = out[0] if isinstance(out, (tuple, list)) else out
-            new = hidden_edit(idx, h) if hidden_edit is not None else None
-            if new is not None:
-                h = new
-                out = (new, *out[1:]) if isinstance(out, tuple) else new
-            recorder.add_hidden(idx, h)
-            return out if new is not None else None
-
-        return fn
-
-    try:
-        model.set_attn_implementation(ATTN_NAME)
-        for i, layer in enumerate(layers):
-            handles.append(layer.register_forward_pre_hook(pre_hook(i)))
-            handles.append(layer.register_forward_hook(hook(i)))
-            if not has_attention(layer):
-                recorder.block_types[i] = type(layer).__name__
-        set_capture_active(True)
-        _state.active = (recorder, collector, edit)
+    for i, layer in enumerate(find_layers(model)):
+        if not has_attention(layer):
+            recorder.block_types[i] = type(layer).__name__
+    with hf_hooks(model, legacy_hooks(edit, hidden_edit), recorder=recorder, collector=collector):
         yield recorder
-    finally:
-        _state.active = None
-        set_capture_active(False)
-        for h in handles:
-            h.remove()
-        model.set_attn_implementation(previous)
 
 
 def forward_hf(
@@ -231,22 +365,15 @@ def forward_hf(
         "falling back to eager output_attentions (every layer's T x T attention at once)",
         stacklevel=2,
     )
-    layers = find_layers(model)
-    handles = [
-        layer.register_forward_hook(lambda _m, _i, o, i=i: recorder.add_hidden(i, o[0] if isinstance(o, tuple) else o))
-        for i, layer in enumerate(layers)
-    ]
     previous = model.config._attn_implementation
     try:
         try:
             model.set_attn_implementation("eager")
         except (ValueError, ImportError):
             pass
-        with torch.no_grad():
+        with hf_hooks(model, [Hook("block.out", lambda h, ctx: recorder.add_hidden(ctx.layer, h))]), torch.no_grad():
             out = model(input_ids=input_ids, output_attentions=True, use_cache=False)
     finally:
-        for h in handles:
-            h.remove()
         model.set_attn_implementation(previous)
     attns = getattr(out, "attentions", None)
     if not attns or any(a is None for a in attns):

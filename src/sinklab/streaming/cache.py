@@ -205,7 +205,7 @@ class PaddedRows:
         self.batch = batch
         self.lead: list[int] = [0] * batch  # leading padding tokens of each row (so far: all its tokens if not started)
         self._seen = 0  # stream length (padding included) the lead counts refer to
-        self._step: tuple[int, int, Tensor] | None = None  # (seen, q, valid (B, q) bool) of the coming call
+        self._step: tuple[int, int, list[int]] | None = None  # (seen, q, first real new token per row) of the coming call
         self._memos = [_StepMemo() for _ in range(batch)]
         self.last_position: list[int | None] = [None] * batch  # position id of each row's latest real token
 
@@ -229,10 +229,12 @@ class PaddedRows:
                 raise InputError(f"attention_mask row {r} disagrees with the earlier calls' masks on the tokens "
                                  "already in the cache (a padded batch's mask must only grow at the end)")
         self.lead, self._seen = lead, seen + q
-        self._step = (seen, q, mask[:, seen:])
+        firsts = [min(q, max(0, n - seen)) for n in lead]  # each row's first real new token (q: none)
+        self._step = (seen, q, firsts)
 
-    def step_valid(self, seen: int, q: int, batch: int) -> Tensor:
-        """(B, q) bool: the real tokens among a call's ``q`` new ones.
+    def step_firsts(self, seen: int, q: int, batch: int) -> list[int]:
+        """Per row, the index in 0..q of its first real token among a call's ``q`` new ones (q: none),
+        from the mask :meth:`note` took (host integers, computed once per call for every layer).
 
         Raises:
             InputError: the cache did not see this call's attention mask (a call of a module other than
@@ -381,7 +383,7 @@ class SinkCacheLayer(CacheLayerMixin):
                 within a row's real tokens.
         """
         B, _, q, _ = key_states.shape
-        valid = padded.step_valid(self.seen, q, B)  # (B, q) bool, 0*1* per row
+        firsts = padded.step_firsts(self.seen, q, B)  # index of each row's first real new token (q: none)
         if self.rows is None:
             self.rows = [self.empty_like() for _ in range(B)]
             for r, sub in enumerate(self.rows):
@@ -391,7 +393,6 @@ class SinkCacheLayer(CacheLayerMixin):
         if pos is None or pos.shape[-1] != q:
             pos = torch.arange(self.seen, self.seen + q, device=key_states.device)
         pos = pos.reshape(-1, q).expand(B, q)
-        firsts = (q - valid.sum(-1)).tolist()  # index of each row's first real new token (q: none)
         K = self.kept
         out_k = key_states.new_zeros(key_states.shape[:2] + (K + q, key_states.shape[-1]))
         out_v = value_states.new_zeros(value_states.shape[:2] + (K + q, value_states.shape[-1]))
@@ -534,7 +535,8 @@ class SinkCacheLayer(CacheLayerMixin):
                                  f"({q} queries on {K + q} keys)")
             for r, (sub, (Kr, qr)) in enumerate(zip(self.rows, call)):
                 if sub.awaiting:
-                    cols = torch.cat((torch.arange(K - Kr, K), torch.arange(K + q - qr, K + q))).to(weights.device)
+                    dev = weights.device
+                    cols = torch.cat((torch.arange(K - Kr, K, device=dev), torch.arange(K + q - qr, K + q, device=dev)))
                     sub.observe(weights[r : r + 1, :, q - qr :].index_select(-1, cols))
             self.awaiting = 0
             return

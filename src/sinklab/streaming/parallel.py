@@ -64,7 +64,9 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
         block: query rows per step.
 
     Returns:
-        (B, H, T, d) attention outputs, softmax in float32 (float64 for a float64 model).
+        (B, H, T, d) attention outputs in ``v``'s dtype; scores, softmax and the weighted sum computed in
+        float32 whatever the dtype (float64 for a float64 model), as SDPA accumulates a bfloat16 /
+        float16 model's attention in float32, one block of ``block`` queries at a time.
     """
     B, H, T, d = q.shape
     if k.shape[1] != H:
@@ -85,15 +87,15 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
         lo = max(s, a - W)
         j = pos[a:b, None]  # (bq, 1)
         i = pos[None, lo:b]  # (1, nk)
-        sc = (q[:, :, a:b] @ k[:, :, lo:b].transpose(-1, -2)).to(acc) * scaling  # (B, H, bq, nk)
+        sc = (q[:, :, a:b].to(acc) @ k[:, :, lo:b].to(acc).transpose(-1, -2)) * scaling  # (B, H, bq, nk)
         sc = sc.masked_fill(~((i <= j) & (i >= j - W)), float("-inf"))
         vv = v[:, :, lo:b]
         if s:
-            ss = (qs[:, :, a:b] @ k[:, :, :s].transpose(-1, -2)).to(acc) * scaling  # (B, H, bq, s)
+            ss = (qs[:, :, a:b].to(acc) @ k[:, :, :s].to(acc).transpose(-1, -2)) * scaling  # (B, H, bq, s)
             ss = ss.masked_fill(~(pos[None, :s] <= j), float("-inf"))
             sc = torch.cat((ss, sc), dim=-1)
             vv = torch.cat((v[:, :, :s], vv), dim=-2)
-        out[:, :, a:b] = torch.softmax(sc, dim=-1).to(v.dtype) @ vv
+        out[:, :, a:b] = (torch.softmax(sc, dim=-1) @ vv.to(acc)).to(v.dtype)
     return out
 
 

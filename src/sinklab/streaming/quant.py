@@ -24,6 +24,11 @@ Memory is counted honestly (:attr:`QuantKV.nbytes`): the packed codes (``b`` bit
 full-precision residual and the lossless copies. ``kv_bits = 16`` keeps the model's tensors as
 they are (:class:`DenseKV`), bit-identical to an unquantised cache whatever the model's dtype.
 
+Device and dtype: codes, scales, zeros and copies live on the keys' device; scales and zeros and
+the lossless copies in the keys' dtype. The quantiser's min / max / scale / codes and the
+dequantisation are computed in float32 (float64 for a float64 model) whatever the keys' dtype
+(:func:`quantize_minmax`, :func:`dequantize`): bfloat16 arithmetic there would misplace codes.
+
 Slots are addressed by arrival index (``order``: the 0-based index of a token in the stream the
 cache has seen), not by its RoPE position, which may be a cache position that repeats.
 """
@@ -62,8 +67,30 @@ def parse_sinks_full_precision(value) -> int | str:
     raise InputError(f"sinks_full_precision must be an integer >= 0 or {DETECTED!r}, got {value!r}")
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the quantiser computes in: float32, or float64 for float64 tensors."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _codes_for(xw: Tensor, zero: Tensor, scale: Tensor, bits: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Codes of ``xw`` (wide) for a group's ``zero`` and ``scale`` (wide, broadcasting): both are rounded
+    to the storage ``dtype`` first and the codes computed against the rounded values, so that
+    ``codes * scale + zero`` read back from storage is the nearest grid point to ``x`` that storage holds."""
+    levels = 2**bits - 1
+    zero_s, scale_s = zero.to(dtype), scale.to(dtype)
+    zw, sw = zero_s.to(xw.dtype), scale_s.to(xw.dtype)
+    safe = torch.where(sw > 0, sw, torch.ones_like(sw))
+    codes = torch.round((xw - zw) / safe).clamp_(0, levels).to(torch.uint8)
+    return codes, scale_s, zero_s
+
+
 def quantize_minmax(x: Tensor, bits: int, dim: int = -1) -> tuple[Tensor, Tensor, Tensor]:
     """Asymmetric min-max quantisation of groups along ``dim`` (KIVI, Liu et al. 2024, Eq. 1).
+
+    The min, max, scale and codes are computed in float32 whatever ``x``'s dtype (float64 for float64):
+    in bfloat16 / float16 ``(max - min) / (2^b - 1)`` and ``(x - zero) / scale`` would round to 8 / 11
+    bits and put codes on the wrong level. Scale and zero are then stored in ``x``'s dtype, rounded
+    before the codes are computed, so that the codes are those of the stored scale and zero.
 
     Args:
         x: (..., g, ...) float; each slice along ``dim`` is one group of g entries.
@@ -72,25 +99,26 @@ def quantize_minmax(x: Tensor, bits: int, dim: int = -1) -> tuple[Tensor, Tensor
 
     Returns:
         codes: uint8, shape of ``x``, in [0, 2^b - 1]: ``round((x - zero) / scale)`` (round half to
-        even), 0 where scale is 0; scale, zero: ``x``'s dtype, shape of ``x`` with ``dim`` of size 1:
-        ``(max - min) / (2^b - 1)`` and ``min`` of each group.
+        even), 0 where scale is 0; scale, zero: ``x``'s dtype and device, shape of ``x`` with ``dim`` of
+        size 1: ``(max - min) / (2^b - 1)`` and ``min`` of each group.
 
     Raises:
         InputError: ``bits`` outside 1..8.
     """
     if not 1 <= bits <= 8:
         raise InputError(f"quantisation needs 1..8 bits, got {bits}")
-    levels = 2**bits - 1
-    zero = x.amin(dim, keepdim=True)
-    scale = (x.amax(dim, keepdim=True) - zero) / levels
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    codes = torch.round((x - zero) / safe).clamp_(0, levels).to(torch.uint8)
-    return codes, scale, zero
+    xw = x.to(_wide(x.dtype))
+    zero = xw.amin(dim, keepdim=True)
+    scale = (xw.amax(dim, keepdim=True) - zero) / (2**bits - 1)
+    return _codes_for(xw, zero, scale, bits, x.dtype)
 
 
 def dequantize(codes: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
-    """``codes * scale + zero`` in the dtype of ``scale`` (shapes broadcast as from :func:`quantize_minmax`)."""
-    return codes.to(scale.dtype) * scale + zero
+    """``codes * scale + zero`` computed in float32 (float64 for float64 scales) and returned in the dtype
+    of ``scale`` (one rounding, not two, in bfloat16 / float16; shapes broadcast as from
+    :func:`quantize_minmax`)."""
+    wide = _wide(scale.dtype)
+    return (codes.to(wide) * scale.to(wide) + zero.to(wide)).to(scale.dtype)
 
 
 def _chunk(bits: int) -> tuple[int, int]:
@@ -367,16 +395,14 @@ class QuantKV:
             arrivals = torch.arange(start, start + G, device=o.device)
             alive = (o[:, :, None] == arrivals[None, None, :]).any(1) & (arrivals >= self._first_quantised)[None]  # (B, G)
             m = alive[:, None, :, None]
-            big = torch.finfo(res.dtype).max
-            mn = torch.where(m, res, big).amin(2, keepdim=True)  # (B, H, 1, d)
-            mx = torch.where(m, res, -big).amax(2, keepdim=True)
+            rw = res.to(_wide(res.dtype))  # min / max / scale in float32 (see quantize_minmax)
+            big = torch.finfo(rw.dtype).max
+            mn = torch.where(m, rw, big).amin(2, keepdim=True)  # (B, H, 1, d)
+            mx = torch.where(m, rw, -big).amax(2, keepdim=True)
             none = ~alive.any(1)  # rows with no quantised member: any finite scale will do
             mn = torch.where(none[:, None, None, None], torch.zeros_like(mn), mn)
             mx = torch.where(none[:, None, None, None], torch.zeros_like(mx), mx)
-            levels = 2**self.bits - 1
-            scale = (mx - mn) / levels
-            safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-            codes = torch.round((res - mn) / safe).clamp_(0, levels).to(torch.uint8)  # (B, H, G, d)
+            codes, scale, mn = _codes_for(rw, mn, (mx - mn) / (2**self.bits - 1), self.bits, res.dtype)  # (B, H, G, d)
             packed = pack_codes(codes, self.bits)  # (B, H, G, nb)
             member = (o >= start) & (o < start + G)  # (B, K)
             if bool(member.any()):
@@ -385,7 +411,7 @@ class QuantKV:
             if bool(alive.any()):
                 self.tab_scale = torch.cat((self.tab_scale, scale), dim=2)
                 self.tab_zero = torch.cat((self.tab_zero, mn), dim=2)
-                self.tab_block = torch.cat((self.tab_block, torch.tensor([start // G], device=o.device)))
+                self.tab_block = torch.cat((self.tab_block, self.tab_block.new_full((1,), start // G)))
             self.res_k = self.res_k[..., G:, :]
             self.res_start = start + G
 

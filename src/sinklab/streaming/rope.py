@@ -46,12 +46,17 @@ class KeyRotation:
             (scaled RoPE variants such as LLaMA 3's already folded in; a YaRN attention factor is
             not applied here: it multiplies both the old and the new rotation, so moving a key
             needs the pure rotation only).
+
+    The angles ``delta * inv_freq`` are computed in float64 on the keys' device (float32 where the
+    device has no float64, e.g. Apple's MPS), then cos / sin are cast to the keys' dtype: no copy
+    to the host on the decode path.
     """
 
     def __init__(self, inv_freq: Tensor, rope_module: nn.Module | None = None) -> None:
-        self.inv_freq = inv_freq.detach().float().cpu()
+        self.inv_freq = inv_freq.detach().clone()
         self.rope_module = rope_module
         self.rotary_dim = 2 * self.inv_freq.numel()
+        self._inv: dict[torch.device, Tensor] = {}  # inv_freq in float64 per device
         self._memo: tuple[Tensor, torch.device, torch.dtype, Tensor, Tensor, Tensor] | None = None
         self._scalar_memo: tuple[int, torch.device, torch.dtype, Tensor, Tensor] | None = None
 
@@ -62,11 +67,20 @@ class KeyRotation:
         if m is not None and m[1] == device and m[2] == dtype and (m[5] is delta or (
                 m[0].shape == delta.shape and torch.equal(m[0], delta))):
             return m[3], m[4]
-        freqs = delta.detach().to("cpu", torch.float64)[..., None] * self.inv_freq.double()  # (..., n, r/2)
+        inv = self._inv_on(delta.device)
+        freqs = delta.detach().to(inv.dtype)[..., None] * inv  # (..., n, r/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
         self._memo = (delta.detach().clone(), device, dtype, cos, sin, delta)
         return cos, sin
+
+    def _inv_on(self, device: torch.device) -> Tensor:
+        """``inv_freq`` (r/2,) on ``device`` in float64 (float32 on MPS, which has no float64), kept."""
+        inv = self._inv.get(device)
+        if inv is None:
+            wide = torch.float32 if device.type == "mps" else torch.float64
+            inv = self._inv[device] = self.inv_freq.to(device=device, dtype=wide)
+        return inv
 
     def last_position_ids(self) -> Tensor | None:
         """The ``position_ids`` (B, q) the model's rotary module saw in its latest call, or None
@@ -99,7 +113,7 @@ class KeyRotation:
         if m is not None and m[0] == delta and m[1] == keys.device and m[2] == keys.dtype:
             cos, sin = m[3], m[4]
         else:
-            freqs = torch.tensor(float(delta), dtype=torch.float64) * self.inv_freq.double()  # (r/2,)
+            freqs = float(delta) * self._inv_on(keys.device)  # (r/2,), float64 on the keys' device
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos().to(keys.device, keys.dtype), emb.sin().to(keys.device, keys.dtype)
             self._scalar_memo = (delta, keys.device, keys.dtype, cos, sin)
