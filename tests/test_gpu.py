@@ -154,7 +154,7 @@ def test_sink_cache_decode_on_cuda_equals_cpu():
         assert worst < 1e-3, (spec.name, worst, what)
 
 
-@pytest.mark.parametrize("kind", ["massive", "keybias", "intervene", "repeat", "attention", "depth", "overmix"])
+@pytest.mark.parametrize("kind", ["massive", "keybias", "intervene", "repeat", "attention", "depth", "overmix", "frames"])
 def test_every_analysis_on_cuda_equals_the_cpu(kind, tiny_model_dir, text_corpus_dir):
     """The same folder and probe through the Subject on the CPU and on CUDA (float32): the same summary to float32
     noise (sink rates equal, every other number within 1e-4 relative); bfloat16 on CUDA within the documented
@@ -166,7 +166,7 @@ def test_every_analysis_on_cuda_equals_the_cpu(kind, tiny_model_dir, text_corpus
     kw.update({"keybias": dict(long_seq_len=None), "intervene": dict(allow_non_sink=True, position=0),
                "repeat": dict(prompt_len=3, counts=[4]), "attention": dict(layers=[0], heads=[0]),
                "overmix": dict(sources=[8], directions=1)}.get(kind, {}))
-    if kind == "attention":
+    if kind in ("attention", "frames"):
         kw.pop("eps")
     cpu = ANALYSES.get(kind)(str(tiny_model_dir), device="cpu", **kw).summary
     gpu = ANALYSES.get(kind)(str(tiny_model_dir), device="cuda", dtype="float32", **kw).summary

@@ -124,6 +124,7 @@ KWARGS = {
     "repeat": dict(eps=0.05, prompt_len=3, counts=[4], token=11),
     "attention": dict(layers=[0, 1], heads=[1]),
     "depth": dict(eps=0.05),
+    "frames": dict(),
 }
 
 
@@ -169,6 +170,10 @@ def test_every_analysis_in_bfloat16_agrees_with_float32(kind):
             assert close(v, sb["attention_entropy_per_layer"][k])
         wa, wb = a.tables["mass"]["attention_mass"], b.tables["mass"]["attention_mass"]
         assert (wa - wb).abs().max() <= ABS
+    elif kind == "frames":
+        assert sa["kind"] == sb["kind"] and sa["layers_by_kind"] == sb["layers_by_kind"]
+        _agree(sa, sb, ["top1_share_mean", "kl_relative_reduction_mean"])
+        assert abs(sa["kl_reduction_mean"] - sb["kl_reduction_mean"]) <= ABS
     elif kind == "depth":
         assert sa["min_entropy_layer"] == sb["min_entropy_layer"] and sa["max_norm_ratio_layer"] == sb["max_norm_ratio_layer"]
         assert all(abs(x - y) <= RATE_POINTS for x, y in zip(sa["sink_rate_first_by_layer"], sb["sink_rate_first_by_layer"]))
