@@ -207,7 +207,7 @@ def test_hub_id_without_a_hub_fails_fast_in_one_line(monkeypatch, text_corpus_di
 # ---------------------------------------------------------------------------------------------------------------
 # Issue 21, item 1: every output location is checked before any model or data work (exit 2, one line, at once)
 
-ANALYZE_KINDS = ["massive", "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth"]
+ANALYZE_KINDS = ["massive", "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth", "frames"]
 UNWRITABLE_AT = "{bad}"
 
 #: commands run with an output location that cannot be written; the default model needs fetching and loading
