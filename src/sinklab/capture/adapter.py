@@ -45,9 +45,9 @@ class ModelAdapter:
     # ---------------------------------------------------------------- loading
     @staticmethod
     def load(name_or_path: str, **kwargs):
-        """:func:`sinklab.zoo.models.load_model` (same arguments and errors), returning
-        ``(adapter, loaded)`` where ``loaded`` is the :class:`~sinklab.zoo.models.LoadedModel`."""
-        from sinklab.zoo.models import load_model
+        """:func:`sinklab.models.load_model` (same arguments and errors), returning
+        ``(adapter, loaded)`` where ``loaded`` is the :class:`~sinklab.models.LoadedModel`."""
+        from sinklab.models import load_model
 
         loaded = load_model(name_or_path, **kwargs)
         return adapt(loaded.model), loaded
@@ -194,7 +194,7 @@ class HFAdapter(ModelAdapter):
 
     @property
     def max_context(self) -> int | None:
-        from sinklab.zoo.models import max_context_of
+        from sinklab.models import max_context_of
 
         return max_context_of(self.config)
 
