@@ -568,3 +568,24 @@ def test_seeds_from_two_cpus_are_not_mixed_code_but_two_fingerprints_on_one_cpu_
             {"label": "resumed", "expect": "", "sink1_seeds": "20;21", "n_seeds": 2, "metric": "sink1",
              "code_fingerprint": "mixed:aaaa+cccc", "commits": "c1", "code_mixed": False}]
     assert [r["code_mixed"] for r in add_verdicts(rows, 10.0)] == [False, True]
+
+
+def test_point_folder_keeps_runs_under_a_new_label(tmp_path):
+    """``folder`` names a point's run folder, so a relabelled point keeps its runs; the report picks up
+    the new label and shows a point added to the study file since the sweep as not started."""
+    from sinklab.sweep.report import refresh_study_json
+
+    s = parse_study({"base": "emergence-cpu", "points": [
+        {"label": "elu+1 kernel (no norm)", "folder": "elu_1_no_norm", "set": {"model.attention": "elu1"}}]})
+    assert s.points[0].slug == "elu_1_no_norm"
+    for bad in ("a/b", "", "x y"):
+        with pytest.raises(ConfigError, match="folder"):
+            parse_study({"base": "emergence-cpu", "points": [{"label": "x", "folder": bad}]})
+    sw = tmp_path / "sw"
+    sw.mkdir()
+    (tmp_path / "s.toml").write_text('name = "s"\nbase = "emergence-cpu"\n[[points]]\nlabel = "new name"\n'
+                                     'folder = "old_name"\n[[points]]\nlabel = "added"\n')
+    (sw / "study.json").write_text(json.dumps({"name": "s", "base": "emergence-cpu", "path": "../s.toml", "points": [
+        {"label": "old name", "slug": "old_name", "overrides": {}, "x": None, "paper": None, "expect": ""}]}))
+    study = refresh_study_json(sw)
+    assert [(p["label"], p["slug"]) for p in study["points"]] == [("new name", "old_name"), ("added", "added")]

@@ -199,3 +199,30 @@ def test_add_verdicts_columns_holm_and_co_endpoint():
     assert by["y"]["mass1_effect"] == pytest.approx(sum([0.2, 0.3, 0.25, 0.22, 0.28, 0.21]) / 6 - 0.425, abs=1e-4)
     assert by["y"]["mass1_verdict"] == "disagrees" and by["x"]["mass1_verdict"] == "inconclusive"
     assert by["y"]["p_method"] == "exact" and by["ref"]["p_method"] == "exact"
+
+
+def test_power_matches_a_simulated_t_test_and_respects_the_exact_minimum():
+    """power() against a simulation of the t-test it approximates (normal seeds, 20000 studies); 0
+    where the exact test cannot reach the level; seeds_for_power is the first n reaching 80%."""
+    import numpy as np
+
+    from sinklab.sweep.verdict import power, seeds_for_power
+
+    rng = np.random.default_rng(1)
+    n, d, sd, sd_ref = 8, 10.0, 9.0, 8.0
+    x = rng.normal(d, sd, (20000, n))
+    y = rng.normal(0.0, sd_ref, (20000, n))
+    sim = np.mean(stats.ttest_ind(x, y, axis=1).pvalue < 0.01)
+    assert power("two_sample", d, sd, n, sd_ref=sd_ref, alpha=0.01) == pytest.approx(sim, abs=0.02)
+    z = rng.normal(-6.0, 7.0, (20000, 10))
+    sim1 = np.mean(stats.ttest_1samp(z, 0.0, axis=1).pvalue < 0.05)
+    assert power("one_sample", -6.0, 7.0, 10) == pytest.approx(sim1, abs=0.02)
+    assert power("one_sample", -6.0, 7.0, 5) == 0.0  # 2/2^5 > 0.05: the exact test cannot decide
+    n80 = seeds_for_power("two_sample", d, sd, sd_ref=sd_ref)
+    assert power("two_sample", d, sd, n80, sd_ref=sd_ref) >= 0.8 > power("two_sample", d, sd, n80 - 1, sd_ref=sd_ref)
+    assert seeds_for_power("two_sample", 0.0, sd, sd_ref=sd_ref, max_n=30) is None
+    # equivalence: a true difference of 0 within a margin of 10 with small spreads is easy, at 20 hard
+    assert power("equivalence", 0.0, 3.0, 6, sd_ref=3.0) > 0.9
+    assert power("equivalence", 20.0, 3.0, 6, sd_ref=3.0) < 0.01
+    with pytest.raises(ValueError, match="kind"):
+        power("paired", 1.0, 1.0, 5)

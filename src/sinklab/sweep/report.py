@@ -234,9 +234,9 @@ def study_file(sw: Path, study: dict[str, Any]) -> Path | None:
 
 
 def refresh_study_json(sw: Path) -> dict[str, Any]:
-    """Re-read the sweep's study file when it still exists, so a note, a paper value or an
+    """Re-read the sweep's study file when it still exists, so a note, a label, a paper value or an
     expectation edited after the runs shows up in the report (points are matched by folder name;
-    runs are not affected). Returns the (updated) study dict, also written to ``study.json``."""
+    runs are not affected), and a point added to the study file since shows as not started. Returns the (updated) study dict, also written to ``study.json``."""
     from sinklab.errors import SinklabError
     from sinklab.sweep.spec import load_study
 
@@ -253,7 +253,13 @@ def refresh_study_json(sw: Path) -> dict[str, Any]:
     for p in study["points"]:
         if p["slug"] in by_slug:
             q = by_slug[p["slug"]]
-            p["paper"], p["expect"], p["table"], p["by"] = q.paper, q.expect, q.table, q.by
+            p["paper"], p["expect"], p["table"], p["by"], p["label"] = q.paper, q.expect, q.table, q.by, q.label
+    known = {p["slug"] for p in study["points"]}
+    for q in new.points:  # a point added to the study file after the sweep ran: a "not started" row
+        if q.slug not in known:
+            study["points"].append({"label": q.label, "slug": q.slug, "overrides": q.overrides, "x": q.x,
+                                    "paper": q.paper, "expect": q.expect, "table": q.table, "by": q.by,
+                                    "position": q.position})
     (sw / "study.json").write_text(json.dumps(study, indent=1, default=str))
     return study
 

@@ -357,3 +357,49 @@ def verdict(expect: str, values: list[float] | None, *, ref_values: list[float] 
             _, lo, hi = t_interval(values)
             exc = excludes_paper(lo, hi, paper_effects(paper, None, None))
     return decide(p, supports, status, exc)
+
+
+def power(kind: str, effect: float, sd: float, n: int, *, sd_ref: float | None = None, alpha: float = ALPHA,
+          margin: float = SIMILAR_MARGIN) -> float:
+    """Approximate power of a row's test with ``n`` seeds (and ``n`` in the reference row) when the
+    true effect is ``effect`` and the per-seed spreads are ``sd`` (``sd_ref``): the noncentral-t power
+    of the t-test that the exact permutation test approximates (a planning number, not a verdict).
+
+    ``kind``: "one_sample" (``effect`` = true mean - level, two-sided, df n-1), "two_sample"
+    (``effect`` = true difference, two-sided, Welch-like se with df 2n-2), "equivalence" (TOST within
+    ``margin``: ``P(both one-sided tests reject)`` >= ``P1 + P2 - 1``, the bound used here). Values
+    and spreads in one unit (points). Returns 0 when the exact test's smallest attainable p
+    (:func:`min_p`) is not below ``alpha`` at this ``n``.
+
+    Raises:
+        ValueError: unknown ``kind``, ``n < 2`` or a spread that is not positive.
+    """
+    if kind not in ("one_sample", "two_sample", "equivalence"):
+        raise ValueError(f"unknown kind {kind!r}")
+    if n < 2 or not sd > 0 or (kind != "one_sample" and not (sd_ref or 0) > 0):
+        raise ValueError(f"power needs n >= 2 and positive spreads, got n={n}, sd={sd}, sd_ref={sd_ref}")
+    expect = {"one_sample": "sink", "two_sample": "higher", "equivalence": "similar"}[kind]
+    if min_p(expect, n, n) >= alpha:
+        return 0.0
+    if kind == "one_sample":
+        se, df = sd / math.sqrt(n), n - 1
+    else:
+        se, df = math.sqrt((sd**2 + sd_ref**2) / n), 2 * n - 2
+    if kind == "equivalence":
+        tc = float(_st.t.ppf(1 - alpha, df))
+        p1 = float(_st.nct.sf(tc, df, (effect + margin) / se))  # H1: d > -margin
+        p2 = float(_st.nct.cdf(-tc, df, (effect - margin) / se))  # H1: d < margin
+        return max(0.0, p1 + p2 - 1.0)
+    tc = float(_st.t.ppf(1 - alpha / 2, df))
+    ncp = effect / se
+    return float(_st.nct.sf(tc, df, ncp) + _st.nct.cdf(-tc, df, ncp))
+
+
+def seeds_for_power(kind: str, effect: float, sd: float, *, sd_ref: float | None = None, alpha: float = ALPHA,
+                    target: float = 0.8, margin: float = SIMILAR_MARGIN, max_n: int = 500) -> int | None:
+    """The smallest number of seeds per row (reference included) whose :func:`power` reaches
+    ``target``; None when ``max_n`` seeds do not (e.g. an effect of 0)."""
+    for n in range(2, max_n + 1):
+        if power(kind, effect, sd, n, sd_ref=sd_ref, alpha=alpha, margin=margin) >= target:
+            return n
+    return None
