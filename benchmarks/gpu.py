@@ -1,4 +1,7 @@
-"""The device script: everything sinklab checks and measures on one GPU, in at most 9 minutes on an H200.
+"""The device script: everything sinklab checks and measures on one GPU.
+
+The first four steps take about 9 minutes on an H200, ``analyze`` and ``stream`` at most 5 more: a
+15-minute device draw runs a subset (``--only analyze stream``).
 
     bash benchmarks/gpu.sh                      # = python benchmarks/gpu.py --out "$OUT"
     SINKLAB_GPU_SMOKE=1 bash benchmarks/gpu.sh  # the same steps on the CPU at tiny sizes (no GPU needed)
@@ -25,6 +28,13 @@ run, and the script exits 1):
    when 16 x the 32k time would not fit the step's time left.
 4. ``decode``: SinkCache (4 sinks + 1020 recent tokens) decode latency per token at 4k and 64k
    tokens into a stream, against recomputing the window (one forward over its 1024 + 1 tokens).
+5. ``analyze``: ``sinklab analyze massive``, ``depth`` and ``intervene`` through the library entry points, as
+   ``--device cuda --dtype bfloat16`` runs them, on a model of LLaMA-3.2-1B's shape (1.24 B parameters, random
+   weights: no hub here; :data:`LLAMA32_1B_SHAPE`) saved as a Hugging Face folder: seconds, peak CUDA memory
+   and the headline numbers of each.
+6. ``stream``: ``sinklab stream`` on the same model and device / dtype: full + 4 sinks (parallel mode), two
+   policies at one budget (sinks, tova), a 4-bit quantised sink cache, and the pass key task: seconds and
+   peak CUDA memory of each.
 
 SmolLM2-135M is the cached model when ``$SINKLAB_HOME`` holds it, else a model of its shape with
 random weights (``tests/gpu_models.py``; time and memory do not depend on the weights): the JSON
@@ -53,11 +63,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT / "tests"), str(ROOT / "src")]
 
-STEPS = ("cuda_tests", "train", "measure", "decode")
-#: seconds per step on the GPU (sum 520 s: the 9 minutes of the script, start-up included)
-LIMITS_S = {"cuda_tests": 150, "train": 200, "measure": 110, "decode": 60}
+STEPS = ("cuda_tests", "train", "measure", "decode", "analyze", "stream")
+#: seconds per step on the GPU (sum 820 s; ``--only`` picks steps when a draw has less time)
+LIMITS_S = {"cuda_tests": 150, "train": 200, "measure": 110, "decode": 60, "analyze": 120, "stream": 180}
 #: seconds per step in the smoke run (a CPU, tiny sizes: no time promise)
-SMOKE_LIMITS_S = {"cuda_tests": 300, "train": 900, "measure": 300, "decode": 300}
+SMOKE_LIMITS_S = {"cuda_tests": 300, "train": 900, "measure": 300, "decode": 300, "analyze": 300, "stream": 300}
+#: LLaMA-3.2-1B's shape (its config.json: 16 layers, d 2048, 32 query / 8 key-value heads of 64, FFN 8192,
+#: vocabulary 128256, tied embeddings, RoPE 5e5): 1.24 B parameters
+LLAMA32_1B_SHAPE = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                        num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}, tie_word_embeddings=True,
+                        max_position_embeddings=131072, bos_token_id=1, eos_token_id=2)
 #: dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name()
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
                     "L40S": 362.0, "L4": 121.0, "A10G": 125.0, "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0}
@@ -310,7 +326,102 @@ def step_decode(out: Path, limit_s: float) -> dict:
             "speedup_over_recompute": {str(r["at_tokens"]): round(rec / r["ms_per_token"], 2) for r in rows[:-1]}}
 
 
-STEP_FUNCS = {"cuda_tests": step_cuda_tests, "train": step_train, "measure": step_measure, "decode": step_decode}
+def subject_model(out: Path) -> tuple[Path, Path, str, int]:
+    """A Hugging Face folder of a LLaMA of LLaMA-3.2-1B's shape with seeded random weights (smoke: 2 layers of
+    width 64) saved in bfloat16, with the tests' word-level tokenizer, and a folder of text documents drawn from
+    its words: (model folder, corpus folder, what, parameters). Time and memory do not depend on the weights."""
+    import torch
+    from conftest import WORDS, make_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder, corpus = out / "work" / "llama-1b-shape", out / "work" / "corpus"
+    tok = make_tokenizer()
+    shape = dict(LLAMA32_1B_SHAPE)
+    if smoke():
+        shape.update(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**shape)).to(torch.bfloat16)
+    n = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    del model
+    corpus.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(1)
+    for i in range(8):
+        idx = torch.randint(0, len(WORDS), (3000,), generator=g).tolist()
+        (corpus / f"doc{i}.txt").write_text(" ".join(WORDS[j] for j in idx))
+    what = "random weights, LLaMA-3.2-1B shape" if not smoke() else "random weights, tiny LLaMA (smoke)"
+    return folder, corpus, what, n
+
+
+def _timed(fn):
+    """(result, seconds, peak CUDA GiB or None) of ``fn()``."""
+    reset_peak()
+    sync()
+    t0 = time.perf_counter()
+    res = fn()
+    sync()
+    return res, round(time.perf_counter() - t0, 2), peak_gib()
+
+
+def step_analyze(out: Path, limit_s: float) -> dict:
+    """``sinklab analyze massive | depth | intervene`` in bfloat16 on the device (see the module docstring)."""
+    from sinklab.analyze import ANALYSES
+
+    folder, corpus, what, n = subject_model(out)
+    dev = "cpu" if smoke() else "cuda"
+    N, T = (2, 32) if smoke() else (8, 512)
+    runs = {"massive": dict(num_samples=N, seq_len=T),
+            "depth": dict(num_samples=N, seq_len=T),
+            "intervene": dict(num_samples=N, seq_len=T // 2, only=["remove-sink", "massive-zero", "drop-first"],
+                              allow_non_sink=True)}
+    rows = []
+    for kind, kw in runs.items():
+        res, sec, peak = _timed(lambda: ANALYSES.get(kind)(str(folder), corpus=str(corpus), device=dev,
+                                                            dtype="bfloat16", **kw))
+        head = {k: v for k, v in res.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        rows.append({"analysis": kind, "num_samples": N, "seq_len": kw["seq_len"], "seconds": sec, "peak_gib": peak,
+                     "dtype": res.model.get("dtype"), "device": res.model.get("device"), "summary": head})
+        print(json.dumps(rows[-1]), flush=True)
+        save_so_far(rows=rows)
+    return {"model": what, "parameters": n, "dtype": "bfloat16", "rows": rows,
+            "note": "seconds include loading the model from its folder (each analysis loads it, as the CLI does)"}
+
+
+def step_stream(out: Path, limit_s: float) -> dict:
+    """``sinklab stream`` in bfloat16 on the device: sinks, two policies, a 4-bit cache, the pass key task."""
+    from sinklab.streaming import stream
+
+    folder, corpus, what, n = subject_model(out)
+    dev = "cpu" if smoke() else "cuda"
+    tokens, window = (100, 16) if smoke() else (1024, 252)
+    common = dict(device=dev, dtype="bfloat16", progress=False)
+    runs = {
+        "sinks": dict(tokens=4 * tokens if not smoke() else tokens, window=window, sinks=[4], recompute=False),
+        "policies": dict(tokens=tokens, window=window, policies=["sinks", "tova"], budgets=[window + 4], n_sink=4,
+                         full=False, recompute=False),
+        "quantised": dict(tokens=tokens, window=window, policies=["sinks"], budgets=[window + 4], n_sink=4,
+                          kv_bits=[4], full=False, recompute=False),
+        "passkey": dict(task="passkey", tokens=tokens, window=window, sinks=[4], passkey_keys=2,
+                        passkey_depths=(0.0, 0.5, 1.0), passkey_batch=6, passkey_chunk=1 if smoke() else 16),
+    }
+    rows = []
+    for name, kw in runs.items():
+        res, sec, peak = _timed(lambda: stream(str(folder), str(corpus), out=out / "work" / f"stream-{name}",
+                                               **common, **kw))
+        configs = [{k: c.get(k) for k in ("name", "ppl", "accuracy", "latency_ms_per_token", "cache_bytes")
+                    if c.get(k) is not None} for c in res["configs"]]
+        rows.append({"run": name, "tokens": kw["tokens"], "seconds": sec, "peak_gib": peak,
+                     "dtype": res["model_info"].get("dtype"), "configs": configs})
+        print(json.dumps(rows[-1]), flush=True)
+        save_so_far(rows=rows)
+    return {"model": what, "parameters": n, "dtype": "bfloat16", "rows": rows,
+            "note": "seconds include loading the model from its folder"}
+
+
+STEP_FUNCS = {"cuda_tests": step_cuda_tests, "train": step_train, "measure": step_measure, "decode": step_decode,
+              "analyze": step_analyze, "stream": step_stream}
 #: the running step's result so far (its finished rows): kept when the step fails or is killed
 RESULT_SO_FAR: dict = {}
 #: ``out/steps/<step>.partial.json``, where :func:`save_so_far` writes RESULT_SO_FAR (set by run_step)
@@ -409,6 +520,11 @@ def summary_lines(res: dict) -> list[str]:
                 lines.append(f"  {r['cache']:<10} {at}: {r['ms_per_token']:.2f} ms/token")
             for at, x in st.get("speedup_over_recompute", {}).items():
                 lines.append(f"  sink cache at {at} tokens: {x:.1f}x faster than recomputing the window")
+        if name in ("analyze", "stream"):
+            for r in st.get("rows", []):
+                mem = "n/a (CPU)" if r.get("peak_gib") is None else f"{r['peak_gib']:.2f} GiB"
+                lines.append(f"  {r.get('analysis') or r.get('run'):<10} {r.get('dtype')}: {r['seconds']:.2f} s, "
+                             f"peak {mem}")
     failed = [n for n in res["steps_run"] if res["steps"][n]["status"] == "failed"]
     lines.append("FAILED: " + ", ".join(failed) if failed else "every step ran (skips are listed above)")
     return lines

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device script: everything sinklab checks and measures on one GPU, at most 9 minutes on an H200
+# The device script: everything sinklab checks and measures on one GPU (the first four steps about 9 minutes on an H200, analyze + stream at most 5 more; --only STEP ... picks)
 # (see benchmarks/gpu.py for the steps). One command; writes gpu.json, summary.txt, logs/ and
 # cuda_tests.xml under $OUT (default benchmarks/results/gpu, the smoke run benchmarks/results/gpu-smoke);
 # exits 1 when any step failed.

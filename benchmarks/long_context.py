@@ -81,7 +81,7 @@ def worker(mode: str, seq_len: int, block_size: int | None, threads: int | None 
 
     from sinklab.capture import collect
     from sinklab.capture.blockwise import blockwise_options
-    from sinklab.zoo.models import load_model
+    from sinklab.models import load_model
 
     loaded = load_model("smollm2-135m", attn_implementation="sdpa")
     model = loaded.model.eval()

@@ -54,7 +54,7 @@ def main() -> None:
     from sinklab.streaming import SinkCache, token_stream
     from sinklab.streaming.harness import _cache_nbytes
     from sinklab.zoo.corpora import load_corpus
-    from sinklab.zoo.models import load_model
+    from sinklab.models import load_model
 
     loaded = load_model(args.model, attn_implementation="sdpa")
     model, ctx = loaded.model, loaded.info.max_context

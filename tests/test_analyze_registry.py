@@ -149,7 +149,7 @@ def test_every_analysis_is_registered_with_a_help_line_for_each_of_its_own_optio
     import inspect
 
     assert ANALYSES.names() == ["massive", "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth", "frames"]
-    common = {"model", "corpus", "num_samples", "seq_len", "seed", "eps", "batch_size"}
+    common = {"model", "corpus", "num_samples", "seq_len", "seed", "eps", "batch_size", "device", "dtype", "device_map"}
     for name in ANALYSES:
         fn = ANALYSES.get(name)
         own = set(inspect.signature(fn).parameters) - common
@@ -166,7 +166,7 @@ def test_each_subcommand_has_only_its_own_options(capsys):
 
         flags[kind] = set(inspect.signature(fn).parameters)
     common = {"model", "corpus", "num_samples", "seq_len", "seed", "eps", "batch_size", "out", "device", "dtype",
-              "threads"}
+              "device_map", "threads"}
     assert all(common <= f for f in flags.values())
     assert flags["massive"] - common == {"top_k", "massive_ratio"}
     assert flags["denoise"] - common == {"steps", "prompt_len", "temperature", "mask_id", "sink_level"}

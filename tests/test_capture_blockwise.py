@@ -319,7 +319,7 @@ def test_unknown_model_falls_back_with_warning(monkeypatch):
 def test_smollm2_blockwise_equals_eager_at_512(real_home):
     """The issue's exactness check on the real model: SmolLM2-135M, SOTU text, T = 512."""
     from sinklab.zoo.corpora import load_corpus
-    from sinklab.zoo.models import load_model
+    from sinklab.models import load_model
 
     loaded = load_model("smollm2-135m", attn_implementation="sdpa")
     text = "\n\n".join(load_corpus("sotu").documents[:3])

@@ -178,7 +178,7 @@ def test_hub_id_without_a_hub_fails_fast_in_one_line(monkeypatch, text_corpus_di
     import huggingface_hub
     import huggingface_hub.constants as hub_constants
 
-    from sinklab.zoo import models
+    from sinklab.models import load as models
 
     def unreachable(repo_id, **kw):
         assert kw.get("timeout") is not None and kw["timeout"] <= 10
@@ -207,7 +207,7 @@ def test_hub_id_without_a_hub_fails_fast_in_one_line(monkeypatch, text_corpus_di
 # ---------------------------------------------------------------------------------------------------------------
 # Issue 21, item 1: every output location is checked before any model or data work (exit 2, one line, at once)
 
-ANALYZE_KINDS = ["massive", "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth"]
+ANALYZE_KINDS = ["massive", "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth", "frames"]
 UNWRITABLE_AT = "{bad}"
 
 #: commands run with an output location that cannot be written; the default model needs fetching and loading
@@ -270,12 +270,13 @@ def _root_read_only_folder() -> str:
 def no_work(monkeypatch):
     """Loading a model or corpus, fetching, or training fails the test: the output check comes first."""
     from sinklab.train import loop
+    import sinklab.models as loading
     from sinklab.zoo import corpora, models
 
     def refuse(*a, **k):
         raise AssertionError("model or data work started before the output locations were checked")
 
-    for mod, name in [(models, "load_model"), (models, "fetch_model"), (corpora, "load_corpus"),
+    for mod, name in [(loading, "load_model"), (models, "fetch_model"), (corpora, "load_corpus"),
                       (corpora, "fetch_corpus"), (loop, "train")]:
         monkeypatch.setattr(mod, name, refuse)
 

@@ -82,6 +82,8 @@ def test_model_commands_take_device_dtype_threads():
     for command in [*MODEL_COMMANDS, *analyses]:
         flags = {o for p in _options(commands[command]) for o in p.opts}
         assert {"--device", "--dtype", "--threads"} <= flags, command
+        if command in ("measure", "stream") or command.startswith("analyze "):  # the Subject's placement, as measure's
+            assert "--device-map" in flags, command
 
 
 def test_list_options_are_comma_lists():
@@ -140,8 +142,9 @@ def test_stream_comma_lists(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,msg", [
-    (["--dtype", "bfloat16"], "--dtype bfloat16: sinklab stream runs in float32 only"),
-    (["--device", "cuda"], "--device cuda: sinklab stream runs on the CPU only"),
+    (["--dtype", "float8"], "--dtype must be one of float32, bfloat16, float16, got 'float8'"),
+    (["--device", "tpu"], "--device must be cpu, cuda, cuda:N or auto, got 'tpu'"),
+    (["--device-map", "balanced"], "--device-map must be auto"),
     (["-n", "40"], "No such option: -n"),
     (["--sinks", "0,two"], "--sinks takes comma-separated integers"),
 ])
@@ -153,8 +156,9 @@ def test_stream_bad_grammar_exits_2(tiny_model_dir, text_corpus_dir, tmp_path, c
 
 
 @pytest.mark.parametrize("extra,msg", [
-    (["--dtype", "bfloat16"], "--dtype bfloat16: sinklab analyze massive runs in float32 only"),
-    (["--device", "cuda:0"], "--device cuda:0: sinklab analyze massive runs on the CPU only"),
+    (["--dtype", "fp16"], "--dtype must be one of float32, bfloat16, float16, got 'fp16'"),
+    (["--device", "gpu"], "--device must be cpu, cuda, cuda:N or auto, got 'gpu'"),
+    (["--device-map", "balanced"], "--device-map must be auto"),
     (["--layers", "0,1"], "--layers does not apply to `analyze massive`"),  # an option of other analyses
     (["-t", "8,16"], "Invalid value for '--seq-len' / '-t'"),
 ])

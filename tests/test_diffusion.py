@@ -248,7 +248,7 @@ def planted_sink_model(position_token=BOS):
 
 
 def test_planted_sink_is_found_at_every_denoising_step():
-    from sinklab.analyze.common import Subject
+    from sinklab.subject import Subject
     from sinklab.analyze.denoise import denoise
 
     m = planted_sink_model()

@@ -15,7 +15,7 @@ DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 #: the pages the README links and issue 20 asks for
 REQUIRED = ["README.md", "install.md", "concepts.md", "measure.md", "train.md", "studies.md", "streaming.md",
-            "analyze.md", "diffusion.md", "scaling.md", "api.md", "cli.md"]
+            "analyze.md", "diffusion.md", "scaling.md", "api.md", "cli.md", "models.md"]
 
 
 def _root():
@@ -32,6 +32,13 @@ def test_cli_reference_is_the_generators_output():
 
     committed = (DOCS / "cli.md").read_text(encoding="utf-8")
     assert committed == render(), "docs/cli.md is stale: run `python -m sinklab.cli.docs > docs/cli.md`"
+
+
+def test_models_page_is_the_generators_output():
+    from sinklab.capture.families import render
+
+    committed = (DOCS / "models.md").read_text(encoding="utf-8")
+    assert committed == render(), "docs/models.md is stale: run `python -m sinklab.capture.families > docs/models.md`"
 
 
 def test_cli_reference_names_every_command_and_option():

@@ -179,7 +179,7 @@ def test_measure_writes_per_head_entropy_to_results_json(tiny_model_dir, text_co
     import pandas as pd
 
     from sinklab.measure import measure
-    from sinklab.zoo.models import load_model
+    from sinklab.models import load_model
 
     res = measure(model=str(tiny_model_dir), corpus=str(text_corpus_dir), num_samples=4, seq_len=12, progress=False,
                   out=tmp_path / "m")

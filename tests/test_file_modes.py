@@ -122,5 +122,7 @@ def test_cached_downloads_and_zoo_model_folders_are_readable_by_all(umask_022, t
     folder = models.fetch_model("fake")
     assert {"model.safetensors", "config.json", models.SOURCE_FILE} <= set(_modes(folder))
     _assert_plain_modes(folder)
-    loaded = models.load_model("fake")
+    from sinklab.models import load_model
+
+    loaded = load_model("fake")
     assert isinstance(loaded.model, torch.nn.Module)

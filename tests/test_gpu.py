@@ -6,6 +6,8 @@
   T = 2048 on the same ids, and at T = 32768 on CUDA its attention masses satisfy the identity
   ``sum_j alpha_j (T - j) = T`` (every causal row sums to 1);
 * SinkCache decoding on CUDA gives the CPU's next-token losses;
+* every analysis (``sinklab analyze KIND --device cuda``) and ``sinklab stream --device cuda`` give the CPU's
+  numbers in float32, and bfloat16 on CUDA the same conclusions within the documented tolerances;
 * ``model.attention_backend`` on CUDA: FlexAttention (its own backward kernel) and the compiled tile
   path give the reference backend's logits and gradients (float32);
 * (2+ GPUs) data parallel over NCCL: SGD parameters after 2 steps equal one process, DDP and FSDP2.
@@ -150,6 +152,59 @@ def test_sink_cache_decode_on_cuda_equals_cpu():
         assert sorted(out["cpu"]) == sorted(out["cuda"]) == list(range(299))
         worst = max(abs(out["cpu"][t] - out["cuda"][t]) for t in out["cpu"])
         assert worst < 1e-3, (spec.name, worst, what)
+
+
+@pytest.mark.parametrize("kind", ["massive", "keybias", "intervene", "repeat", "attention", "depth", "overmix", "frames"])
+def test_every_analysis_on_cuda_equals_the_cpu(kind, tiny_model_dir, text_corpus_dir):
+    """The same folder and probe through the Subject on the CPU and on CUDA (float32): the same summary to float32
+    noise (sink rates equal, every other number within 1e-4 relative); bfloat16 on CUDA within the documented
+    tolerance (sink position equal) except overmix, which refuses it."""
+    from sinklab.analyze import ANALYSES
+    from sinklab.errors import InputError
+
+    kw = dict(corpus=str(text_corpus_dir), num_samples=4, seq_len=32, eps=0.05)
+    kw.update({"keybias": dict(long_seq_len=None), "intervene": dict(allow_non_sink=True, position=0),
+               "repeat": dict(prompt_len=3, counts=[4]), "attention": dict(layers=[0], heads=[0]),
+               "overmix": dict(sources=[8], directions=1)}.get(kind, {}))
+    if kind in ("attention", "frames"):
+        kw.pop("eps")
+    cpu = ANALYSES.get(kind)(str(tiny_model_dir), device="cpu", **kw).summary
+    gpu = ANALYSES.get(kind)(str(tiny_model_dir), device="cuda", dtype="float32", **kw).summary
+
+    def same(a, b, path=""):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), path
+            for k in a:
+                same(a[k], b[k], f"{path}.{k}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), path
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, f"{path}[{i}]")
+        elif isinstance(a, float) and math.isfinite(a):
+            assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), (path, a, b)
+        elif not isinstance(a, float):
+            assert a == b, (path, a, b)
+
+    same(cpu, gpu)
+    if kind == "overmix":
+        with pytest.raises(InputError, match="--dtype float32"):
+            ANALYSES.get(kind)(str(tiny_model_dir), device="cuda", dtype="bfloat16", **kw)
+    elif "sink_position" in cpu:
+        bf = ANALYSES.get(kind)(str(tiny_model_dir), device="cuda", dtype="bfloat16", **kw).summary
+        assert bf["sink_position"] == cpu["sink_position"]
+
+
+def test_stream_on_cuda_equals_the_cpu(tiny_model_dir, text_corpus_dir, tmp_path):
+    """sinklab stream (sinks, a policy, a 4-bit cache) on CUDA in float32: the CPU's perplexities (1e-4 relative)."""
+    from sinklab.streaming import stream
+
+    for kw in (dict(sinks=[0, 2], recompute_every=9), dict(policies=["sinks", "tova"], budgets=[16], n_sink=2,
+                                                           kv_bits=[16, 4], kv_group=8, recompute=False)):
+        res = [stream(str(tiny_model_dir), str(text_corpus_dir), tokens=60, window=16, progress=False, device=d,
+                      dtype="float32", out=tmp_path / f"{d}-{len(kw)}", **kw) for d in ("cpu", "cuda")]
+        a, b = ({c["name"]: c["ppl"] for c in r["configs"]} for r in res)
+        assert a.keys() == b.keys()
+        assert all(abs(a[k] - b[k]) <= 1e-4 * a[k] for k in a), (a, b)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

@@ -78,3 +78,26 @@ def test_a_step_killed_at_its_limit_keeps_its_finished_rows(tmp_path):
     assert "hanging until the time limit" in (tmp_path / "logs" / "decode.log").read_text()
     text = (tmp_path / "summary.txt").read_text()
     assert "at    256 tokens" in text and text.strip().splitlines()[-1] == "FAILED: decode"
+
+
+def test_smoke_run_of_the_analyze_and_stream_steps(tmp_path):
+    """The analyze (massive, depth, intervene) and stream (sinks, two policies, a 4-bit cache, pass key) steps at
+    tiny sizes on the CPU, in bfloat16 as on the GPU: every run has its seconds, the dtype the Subject loaded, and
+    the numbers it produced (finite perplexities, an accuracy in [0, 1])."""
+    p = run(tmp_path, "--only", "analyze", "stream")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    an, st = res["steps"]["analyze"], res["steps"]["stream"]
+    assert an["status"] == "ok" and [r["analysis"] for r in an["rows"]] == ["massive", "depth", "intervene"]
+    assert all(r["seconds"] > 0 and r["dtype"] == "bfloat16" and r["peak_gib"] is None for r in an["rows"])
+    assert 0 <= an["rows"][0]["summary"]["sink_rate"] <= 100
+    assert st["status"] == "ok" and [r["run"] for r in st["rows"]] == ["sinks", "policies", "quantised", "passkey"]
+    assert all(r["seconds"] > 0 and r["dtype"] == "bfloat16" for r in st["rows"])
+    names = {r["run"]: [c["name"] for c in r["configs"]] for r in st["rows"]}
+    assert names["policies"] == ["sinks@20", "tova@20"] and names["quantised"] == ["sinks@20:kv4-token-fp0"]
+    import math
+
+    assert all(math.isfinite(c["ppl"]) for r in st["rows"][:3] for c in r["configs"])
+    assert all(0 <= c["accuracy"] <= 1 for c in st["rows"][3]["configs"])
+    text = (tmp_path / "summary.txt").read_text()
+    assert "[analyze] OK" in text and "[stream] OK" in text and "passkey" in text

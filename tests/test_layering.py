@@ -5,11 +5,14 @@ sinklab.capture.
 The layers, lowest first (a module may import its own layer and the layers below it, never above)::
 
     core      errors, registry, paths, attention_masks (masks), provenance, fileio, progress, result
-    models    nn (SinkLM), zoo (model and corpus recipes, load_model)
+    models    nn (SinkLM), zoo (model and corpus recipes: what installs from the registries),
+              models (load_model: zoo name, HF folder or hub id, sinklab model or run folder)
     capture   metrics, capture (collectors, the HF and SinkLM seams, the model adapter), hooks (named hooks)
     data      data (tokenizers, token files, packing), probe (probe inputs, the window cutter),
               diffusion (the masked-diffusion objective's masking and sampler)
     runs      runs (RunConfig, Run)
+    subject   subject (Subject: model + tokenizer + adapter + device/dtype, and the ProbeSpec that builds its
+              probe; every feature loads its model here)
     train     train (the training loop, tracker, checkpoints)
     features  measure, analyze, streaming, sweep: each imports the layers below, never another feature
     cli       cli, __main__
@@ -99,10 +102,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("sinklab", "sinklab.errors", "sinklab.registry", "sinklab.paths", "sinklab.attention_masks",
               "sinklab.provenance", "sinklab.fileio", "sinklab.progress", "sinklab.result")),
-    ("models", ("sinklab.nn", "sinklab.zoo")),
+    ("models", ("sinklab.nn", "sinklab.zoo", "sinklab.models")),
     ("capture", ("sinklab.metrics", "sinklab.capture", "sinklab.hooks")),
     ("data", ("sinklab.data", "sinklab.probe", "sinklab.diffusion")),
     ("runs", ("sinklab.runs",)),
+    ("subject", ("sinklab.subject",)),
     ("train", ("sinklab.train",)),
     ("features", ("sinklab.measure", "sinklab.analyze", "sinklab.streaming", "sinklab.sweep")),
     ("cli", ("sinklab.cli", "sinklab.__main__")),
@@ -288,3 +292,19 @@ def test_results_hold_no_plot_scripts():
         pytest.skip("no results/ folder next to src/")
     assert sorted(str(p.relative_to(root)) for p in (root / "results").rglob("*.py")) == []
     assert "sinklab dynamics" in (root / "results" / "archive" / "README.md").read_text()
+
+
+def test_every_feature_loads_its_model_through_the_subject_layer():
+    """One builder of "model + tokenizer + adapter + device/dtype + probe": sinklab.subject. measure, analyze and
+    streaming import it; none of them calls the model loader (sinklab.models.load_model) or draws a probe
+    (sinklab.probe.make_probe) itself; the zoo holds no loader."""
+    graph = _graph()
+    for feature in ("sinklab.measure", "sinklab.analyze", "sinklab.streaming"):
+        mods = {m: deps for m, deps in graph.items() if m == feature or m.startswith(feature + ".")}
+        assert any(d == "sinklab.subject" or d.startswith("sinklab.subject.") for deps in mods.values() for d in deps), feature
+        for m, path in _modules().items():
+            if m in mods:
+                text = path.read_text(encoding="utf-8")
+                assert "import load_model" not in text and "make_probe(" not in text, m
+    zoo = "".join(p.read_text(encoding="utf-8") for m, p in _modules().items() if m.startswith("sinklab.zoo"))
+    assert "def load_model" not in zoo and "def is_run_folder" not in zoo

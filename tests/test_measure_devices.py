@@ -7,7 +7,7 @@ import torch
 from sinklab.capture import collect
 from sinklab.capture.collect import input_device
 from sinklab.errors import InputError
-from sinklab.zoo.models import load_model
+from sinklab.models import load_model
 
 
 def test_capture_with_layers_split_by_a_device_map_equals_one_device(tiny_model_dir):

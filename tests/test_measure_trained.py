@@ -116,7 +116,7 @@ def test_run_folder_without_final_says_where_final_is_expected(runs, capsys):
 
 def test_prefix_lm_run_is_measured_with_its_prefix(runs):
     from sinklab.capture import collect
-    from sinklab.zoo.models import load_model
+    from sinklab.models import load_model
 
     r = measure(model=str(runs["prefix"]), progress=False)
     assert r.model["prefix_len"] == 4

@@ -129,6 +129,8 @@ def _naive_row(name, op, s, qi, ctx):
         return torch.sigmoid(s) / (torch.sigmoid(s) ** p).sum() ** (1 / p), None
     if name == "relu":
         return torch.clamp(s, min=0), None
+    if name == "elu1_sim":  # the paper's similarity form elu(s) + 1, no normalisation
+        return torch.where(s > 0, s + 1.0, torch.exp(s)), None
     if name == "relu_norm":
         r = torch.clamp(s, min=0)
         return r / max(r.sum().item(), 1e-6), None
@@ -151,7 +153,7 @@ def _naive_row(name, op, s, qi, ctx):
 
 NAIVE_NAMES = {"softmax", "gated_headwise", "gated_elementwise", "softmax_scaled", "softmax_off_by_one", "sink_logit",
                "sink_token", "kv_bias", "k_bias", "v_bias", "softmax_pnorm", "sigmoid", "sigmoid_logn", "sigmoid_norm",
-               "sigmoid_pnorm", "relu", "relu_norm", "softpick", "elu1", "elu1_norm", "linear", "linear_relu",
+               "sigmoid_pnorm", "relu", "relu_norm", "softpick", "elu1_sim", "elu1", "elu1_norm", "linear", "linear_relu",
                "linear_relu_norm", "diff"}
 
 

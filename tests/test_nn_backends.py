@@ -21,7 +21,7 @@ from sinklab.nn.ops import ATTENTION
 
 FLEX_OPS = ["softmax", "softmax_scaled", "sink_token", "kv_bias", "k_bias", "v_bias", "sink_logit",
             "softmax_off_by_one", "gated_headwise", "gated_elementwise", "diff"]
-COMPILED_OPS = ["sigmoid", "sigmoid_logn", "sigmoid_norm", "sigmoid_pnorm", "relu", "relu_norm", "elu1", "elu1_norm",
+COMPILED_OPS = ["sigmoid", "sigmoid_logn", "sigmoid_norm", "sigmoid_pnorm", "relu", "relu_norm", "elu1_sim", "elu1", "elu1_norm",
                 "linear", "linear_relu", "linear_relu_norm", "softpick", "softmax_pnorm"]
 MASKS = {"causal": (None, 0), "prefix": (None, 5), "window": (4, 0), "prefix+window": (4, 5)}  # (sliding_window, prefix_len)
 

@@ -36,7 +36,7 @@ TOP_LEVEL = {
     "stream": ("sinklab.streaming.run", "stream"),
     "compare": ("sinklab.measure.compare", "compare"),
     "analyze": ("sinklab.analyze", None),
-    "load_model": ("sinklab.zoo.models", "load_model"),
+    "load_model": ("sinklab.models", "load_model"),
     "SinkCache": ("sinklab.streaming.cache", "SinkCache"),
     "Run": ("sinklab.runs.run", "Run"),
     "Result": ("sinklab.result", "Result"),

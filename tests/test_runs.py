@@ -72,11 +72,11 @@ def test_run_probe_is_the_tracker_probe_with_the_trackers_settings(trained):
 
 def test_analyze_takes_the_sequence_length_from_the_run(trained):
     """``sinklab analyze`` on a run trained with 16-token windows: T defaults to the run's, not 64."""
-    from sinklab.analyze.common import load_subject
+    from sinklab.analyze.common import resolve_subject
     from sinklab.runs import Run
 
     out, _ = trained
-    subj = load_subject(str(out), num_samples=8)
+    subj = resolve_subject(str(out), num_samples=8)
     want = Run.open(out).probe(8, 16, 0, "auto").input_ids
     assert subj.input_ids.shape == (8, 16) and torch.equal(subj.input_ids, want)
 

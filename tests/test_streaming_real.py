@@ -11,7 +11,7 @@ pytestmark = pytest.mark.network
 
 def test_smollm2_parallel_stream_equals_token_by_token_cache(real_home):
     from sinklab.zoo.corpora import load_corpus
-    from sinklab.zoo.models import load_model
+    from sinklab.models import load_model
 
     loaded = load_model("smollm2-135m", attn_implementation="sdpa")
     ids = token_stream(loaded.tokenizer, load_corpus("sotu").documents, 120)

@@ -79,32 +79,35 @@ def test_study_errors():
 
 
 def test_verdict_logic():
+    """Exact tests need 6 seeds for a one-sample claim (min p 2/2^6) and 3 + 3 cannot decide a
+    two-sample claim (min p 2/20); 4 + 4 can (2/70)."""
     lvl = 10.0
-    # absolute claims: mean +- 2 sem against the level
-    assert verdict("reference", [18.0, 20.0, 16.0], level=lvl) == "agrees"
-    assert verdict("sink", [2.0, 1.0, 3.0], level=lvl) == "disagrees"
-    assert verdict("sink", [4.0, 12.0, 14.0], level=lvl) == "inconclusive"  # mean 10, sem 3.06: straddles 10
-    assert verdict("no_sink", [0.0, 0.0, 0.0], level=lvl) == "agrees"
-    assert verdict("no_sink", [40.0, 35.0, 45.0], level=lvl) == "disagrees"
-    assert verdict("no_sink", [0.0, 0.0, 30.0], level=lvl) == "inconclusive"  # mean 10, one seed sinks
-    # the old point-estimate rule said "agrees" at a mean >= level; the interval must clear it now
-    assert verdict("sink", [0.0, 30.0, 0.0], level=lvl) == "inconclusive"
-    # relative claims: difference of seed means against its standard error
-    ref = dict(ref_values=[18.0, 20.0, 16.0], level=lvl)
-    assert verdict("higher", [41.0, 39.0, 43.0], **ref) == "agrees"
-    assert verdict("higher", [5.0, 6.0, 4.0], **ref) == "disagrees"
-    assert verdict("higher", [20.0, 30.0, 10.0], **ref) == "inconclusive"  # d = 2, se = 6.1
-    assert verdict("lower", [5.0, 6.0, 4.0], **ref) == "agrees"
-    assert verdict("lower", [29.5, 29.5, 29.5], ref_values=[100.0, 100.0, 100.0]) == "agrees"
+    # absolute claims: the sign-flip test of the seeds against the level
+    assert verdict("reference", [18.0, 20.0, 16.0, 17.0, 19.0, 21.0], level=lvl) == "agrees"
+    assert verdict("sink", [2.0, 1.0, 3.0, 0.0, 4.0, 2.5], level=lvl) == "disagrees"
+    assert verdict("sink", [4.0, 12.0, 14.0, 6.0, 11.0, 13.0], level=lvl) == "inconclusive"  # straddles 10
+    assert verdict("no_sink", [0.0] * 6, level=lvl) == "agrees"
+    assert verdict("no_sink", [0.0] * 5, level=lvl) == "inconclusive"  # 2/2^5 = 0.0625: n too small
+    assert verdict("no_sink", [40.0, 35.0, 45.0, 50.0, 38.0, 42.0], level=lvl) == "disagrees"
+    assert verdict("no_sink", [0.0, 0.0, 30.0, 0.0, 0.0, 30.0], level=lvl) == "inconclusive"  # mean 10
+    # relative claims: the two-sample permutation test against the reference's seeds
+    ref = dict(ref_values=[18.0, 20.0, 16.0, 17.0], level=lvl)
+    assert verdict("higher", [41.0, 39.0, 43.0, 40.0], **ref) == "agrees"
+    assert verdict("higher", [41.0, 39.0, 43.0], **ref) == "agrees"  # unequal sizes: 1/C(7,3) = 0.029
+    assert verdict("higher", [41.0, 39.0, 43.0], ref_values=[18.0, 20.0, 16.0]) == "inconclusive"  # 2/C(6,3)
+    assert verdict("higher", [5.0, 6.0, 4.0, 7.0], **ref) == "disagrees"
+    assert verdict("higher", [20.0, 30.0, 10.0, 15.0], **ref) == "inconclusive"
+    assert verdict("lower", [5.0, 6.0, 4.0, 7.0], **ref) == "agrees"
+    assert verdict("lower", [29.5] * 4, ref_values=[100.0] * 4) == "agrees"  # separated: 2/70
     # normalised sigmoid: the paper's claim is "higher than softmax"; 29.5 vs 100 is a reversal
-    assert verdict("higher", [29.5, 29.0, 30.0], ref_values=[100.0, 99.0, 100.0]) == "disagrees"
+    assert verdict("higher", [29.5, 29.0, 30.0, 29.0], ref_values=[100.0, 99.0, 100.0, 98.0]) == "disagrees"
     # similar: equivalence within 10 points
-    assert verdict("similar", [19.0, 18.0, 20.0], **ref) == "agrees"
-    assert verdict("similar", [50.0, 52.0, 48.0], **ref) == "disagrees"
-    assert verdict("similar", [10.0, 30.0, 20.0], **ref) == "inconclusive"
+    assert verdict("similar", [19.0, 18.0, 20.0, 17.0], **ref) == "agrees"
+    assert verdict("similar", [50.0, 52.0, 48.0, 49.0], **ref) == "disagrees"
+    assert verdict("similar", [10.0, 30.0, 20.0, 5.0], **ref) == "inconclusive"
     # identical seeds on both sides: no difference, no direction
-    assert verdict("higher", [0.0, 0.0, 0.0], ref_values=[0.0, 0.0, 0.0]) == "inconclusive"
-    # one seed: no standard error, no verdict
+    assert verdict("higher", [0.0] * 4, ref_values=[0.0] * 4) == "inconclusive"
+    # one seed: no test
     assert verdict("sink", [99.0], level=lvl) == "inconclusive"
     # degenerate runs get no verdict; a degenerate reference gives no direction
     assert verdict("no_sink", [0.0, 0.0, 0.0], degenerate=True) == "degenerate"
@@ -161,18 +164,24 @@ def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
     assert ref["sink1_std"] == pytest.approx(seed_stats([25, 25, 20])[1], abs=1e-5)
     assert ref["sink1_visible_mean"] == pytest.approx(70 / 3 + 1, abs=1e-5)
     assert ref["sink1_final_seeds"] == "30;26;22" and ref["sink1_move"] == 10
-    assert ref["verdict"] == "agrees"
-    assert wd["verdict"] == "agrees" and wd["code_mixed"] is True and ref["code_mixed"] is False
+    # 3 seeds: the sign-flip test's smallest p is 2/2^3, the two-sample test's 2/C(6, 3): no verdict possible
+    assert ref["verdict"] == "inconclusive" and ref["p_min"] == pytest.approx(0.25)
+    assert wd["verdict"] == "inconclusive" and wd["p_min"] == pytest.approx(0.1) and wd["p_holm_min"] >= 0.05
+    assert wd["code_mixed"] is True and ref["code_mixed"] is False
+    # the paper's effect of wd: 41 - 18 points, scaled to our reference level 70/3
+    assert wd["paper_effect"] == pytest.approx(23.0) and wd["paper_effect_scaled"] == pytest.approx(23 * 70 / 3 / 18, abs=1e-3)
+    assert wd["mass1_effect"] == pytest.approx(0.55 - 0.7 / 3, abs=1e-4)
     assert tiny["degenerate"] is True and tiny["verdict"] == "degenerate"
     with open(out / "summary.csv") as f:
         assert next(csv.reader(f)) == COLUMNS
     md = (out / "summary.md").read_text()
-    assert "23.3 ± 2.9" in md and "degenerate" in md
+    assert "23.3 ± 2.9" in md and "degenerate" in md and "inconclusive (n too small)" in md
     text = build_report(tmp_path, tmp_path / "REPORT.md", check=False)
     from sinklab.sweep.verdict import t_interval
 
     _, lo, hi = t_interval([50.0, 60.0, 55.0])  # 55 +- t(0.975, 2) 5 / sqrt(3)
-    assert f"| t | wd | 3 | 55.0 ± 5.0 [{lo:.1f}, {hi:.1f}] | 50.0, 60.0, 55.0 | 41 |" in text and "mixed code" in text
+    assert (f"| t | wd | 3 | 55.0 ± 5.0 [{lo:.1f}, {hi:.1f}] | 50.0, 60.0, 55.0 | – | 41; effect +23.0, scaled +29.8 |"
+            in text) and "mixed code" in text
     assert "higher (paper)" in text and "no_sink (ours)" in text
 
 
@@ -563,3 +572,24 @@ def test_seeds_from_two_cpus_are_not_mixed_code_but_two_fingerprints_on_one_cpu_
             {"label": "resumed", "expect": "", "sink1_seeds": "20;21", "n_seeds": 2, "metric": "sink1",
              "code_fingerprint": "mixed:aaaa+cccc", "commits": "c1", "code_mixed": False}]
     assert [r["code_mixed"] for r in add_verdicts(rows, 10.0)] == [False, True]
+
+
+def test_point_folder_keeps_runs_under_a_new_label(tmp_path):
+    """``folder`` names a point's run folder, so a relabelled point keeps its runs; the report picks up
+    the new label and shows a point added to the study file since the sweep as not started."""
+    from sinklab.sweep.report import refresh_study_json
+
+    s = parse_study({"base": "emergence-cpu", "points": [
+        {"label": "elu+1 kernel (no norm)", "folder": "elu_1_no_norm", "set": {"model.attention": "elu1"}}]})
+    assert s.points[0].slug == "elu_1_no_norm"
+    for bad in ("a/b", "", "x y"):
+        with pytest.raises(ConfigError, match="folder"):
+            parse_study({"base": "emergence-cpu", "points": [{"label": "x", "folder": bad}]})
+    sw = tmp_path / "sw"
+    sw.mkdir()
+    (tmp_path / "s.toml").write_text('name = "s"\nbase = "emergence-cpu"\n[[points]]\nlabel = "new name"\n'
+                                     'folder = "old_name"\n[[points]]\nlabel = "added"\n')
+    (sw / "study.json").write_text(json.dumps({"name": "s", "base": "emergence-cpu", "path": "../s.toml", "points": [
+        {"label": "old name", "slug": "old_name", "overrides": {}, "x": None, "paper": None, "expect": ""}]}))
+    study = refresh_study_json(sw)
+    assert [(p["label"], p["slug"]) for p in study["points"]] == [("new name", "old_name"), ("added", "added")]

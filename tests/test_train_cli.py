@@ -67,7 +67,7 @@ val_windows = 2
     assert saved["optim"]["lr"] == 0.002 and saved["train"]["steps"] == 4
     assert (out / "tb").is_dir() and any((out / "tb").iterdir())
     # final/ is what `sinklab measure --model DIR/final` loads
-    from sinklab.zoo.models import load_model
+    from sinklab.models import load_model
 
     loaded = load_model(str(out / "final"))
     ids = loaded.tokenizer("the of and", add_special_tokens=True).input_ids

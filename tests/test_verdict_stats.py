@@ -1,13 +1,17 @@
-"""Study statistics (sinklab.sweep.verdict): Student-t intervals, Welch differences, TOST, Holm, against
-hand-worked values and scipy's own tests."""
+"""Study statistics (sinklab.sweep.verdict): Student-t intervals, Welch differences, exact permutation
+tests (hand-worked and against an independent brute-force enumeration), TOST, Holm, the smallest
+attainable p, the paper's effect and the four outcomes."""
 
+import itertools
 import math
+from fractions import Fraction
 
 import pytest
 from scipy import stats
 
 from sinklab.sweep.summary import add_verdicts
-from sinklab.sweep.verdict import holm, hypothesis_test, one_sample_p, t_interval, verdict, welch
+from sinklab.sweep.verdict import (EXCLUDES, excludes_paper, holm, hypothesis_test, min_p, paper_effects,
+                                   permutation_p, sign_flip_p, t_interval, verdict, welch)
 
 
 def test_t_interval_hand_worked():
@@ -19,15 +23,138 @@ def test_t_interval_hand_worked():
     assert math.isnan(t_interval([5.0])[1])
 
 
-def test_one_sample_and_welch_match_scipy():
+def test_welch_interval_matches_scipy():
     a, b = [12.0, 15.5, 9.0, 20.0, 14.0], [30.0, 22.0, 41.0, 35.5, 28.0]
-    assert one_sample_p(a, 10.0) == pytest.approx(stats.ttest_1samp(a, 10.0).pvalue, rel=1e-9)
     d = welch(b, a)
-    ref = stats.ttest_ind(b, a, equal_var=False)
-    assert d.p() == pytest.approx(ref.pvalue, rel=1e-9)
-    ci = ref.confidence_interval(0.95)
+    ci = stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
     assert (d.lo, d.hi) == (pytest.approx(ci.low, rel=1e-9), pytest.approx(ci.high, rel=1e-9))
     assert d.d == pytest.approx(sum(b) / 5 - sum(a) / 5)
+
+
+def test_permutation_hand_worked():
+    # x = [3, 4] vs y = [1, 2]: the 6 splits of {1,2,3,4} into pairs give mean differences
+    # {3,4}: +2, {2,4}: +1, {2,3}: 0, {1,4}: 0, {1,3}: -1, {1,2}: -2; observed +2
+    assert permutation_p([3.0, 4.0], [1.0, 2.0]) == pytest.approx(2 / 6)  # |d| >= 2: {3,4}, {1,2}
+    assert permutation_p([3.0, 4.0], [1.0, 2.0], sided="greater") == pytest.approx(1 / 6)
+    assert permutation_p([3.0, 4.0], [1.0, 2.0], sided="less") == pytest.approx(1.0)
+    # shift model: d = 2 - delta; delta = 1 leaves x - 1 = [2, 3] vs [1, 2]: splits of {1,2,2,3}
+    # with |d| >= 1: {2,3} twice, {1,2} twice of 6
+    assert permutation_p([3.0, 4.0], [1.0, 2.0], delta=1.0) == pytest.approx(4 / 6)
+    # sign flip: deviations [1, 2, 3] from 0; the 8 signed sums 6, 4, 2, 0, 0, -2, -4, -6
+    assert sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)  # |sum| >= 6
+    assert sign_flip_p([11.0, 12.0, 13.0], 10.0, "greater") == pytest.approx(1 / 8)
+    assert sign_flip_p([9.0, 12.0, 13.0], 10.0) == pytest.approx(4 / 8)  # dev [-1, 2, 3]: |sum| >= 4
+    assert math.isnan(sign_flip_p([5.0])) and math.isnan(permutation_p([1.0], [1.0, 2.0]))
+    with pytest.raises(ValueError, match="sided"):
+        sign_flip_p([1.0, 2.0], sided="both")
+
+
+def _brute_two_sample(x, y, delta, sided):
+    """Independent enumeration in exact rational arithmetic: every assignment of group labels."""
+    xs = [Fraction(v) - Fraction(delta) for v in x]
+    pooled = xs + [Fraction(v) for v in y]
+    n = len(x)
+    obs = sum(xs) / n - sum(Fraction(v) for v in y) / len(y)
+    hits = total = 0
+    for labels in itertools.product([0, 1], repeat=len(pooled)):
+        if sum(labels) != n:
+            continue
+        g = [v for v, lab in zip(pooled, labels) if lab]
+        r = [v for v, lab in zip(pooled, labels) if not lab]
+        t = sum(g) / n - sum(r) / len(r)
+        total += 1
+        hits += abs(t) >= abs(obs) if sided == "two" else (t >= obs if sided == "greater" else t <= obs)
+    return hits / total
+
+
+def _brute_sign_flip(x, mu0, sided):
+    dev = [Fraction(v) - Fraction(mu0) for v in x]
+    obs = sum(dev)
+    hits = 0
+    for signs in itertools.product([1, -1], repeat=len(dev)):
+        t = sum(s * d for s, d in zip(signs, dev))
+        hits += abs(t) >= abs(obs) if sided == "two" else (t >= obs if sided == "greater" else t <= obs)
+    return hits / 2 ** len(dev)
+
+
+@pytest.mark.parametrize("x,y,delta", [
+    ([14.48, 6.25, 26.56, 18.8, 6.25], [31.03, 19.83, 18.84, 26.62, 7.266], 0.0),  # real softmax / sigmoid seeds
+    ([0.0, 0.0, 0.0, 0.0, 0.0], [6.25, 12.5, 0.0, 6.25, 25.0], 0.0),  # ties in one row
+    ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], 0.0),  # every value tied: p = 1
+    ([41.0, 39.0, 43.0, 45.5], [18.0, 20.0, 16.0], -10.0),
+    ([1.5, 2.25, 0.75, 3.0, 6.0, 2.0], [0.5, 1.0, 1.25], 0.5),
+])
+@pytest.mark.parametrize("sided", ["two", "greater", "less"])
+def test_permutation_equals_brute_force(x, y, delta, sided):
+    assert permutation_p(x, y, delta, sided) == pytest.approx(float(_brute_two_sample(x, y, delta, sided)), abs=1e-12)
+
+
+@pytest.mark.parametrize("x,mu0", [([0.0] * 5, 10.0), ([14.48, 6.25, 26.56, 18.8, 6.25], 10.0),
+                                   ([10.0, 12.0, 8.0, 10.0], 10.0), ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 3.5)])
+@pytest.mark.parametrize("sided", ["two", "greater", "less"])
+def test_sign_flip_equals_brute_force(x, mu0, sided):
+    assert sign_flip_p(x, mu0, sided) == pytest.approx(float(_brute_sign_flip(x, mu0, sided)), abs=1e-12)
+
+
+def test_zero_spread_is_no_longer_decisive():
+    """Every seed 0.0 against the 10% level: the exact test gives 2/2^5 = 1/16 (n = 5 cannot reach
+    0.05), 2/2^6 at n = 6; the old convention gave p = 0."""
+    assert sign_flip_p([0.0] * 5, 10.0) == pytest.approx(1 / 16)
+    assert min_p("no_sink", 5) == pytest.approx(1 / 16)
+    assert verdict("no_sink", [0.0] * 5) == "inconclusive"
+    assert sign_flip_p([0.0] * 6, 10.0) == pytest.approx(1 / 32)
+    assert verdict("no_sink", [0.0] * 6) == "agrees"
+    # two rows, both spreads 0, different values: 2 / C(10, 5) = 2/252 (the extreme split and its mirror)
+    assert permutation_p([0.0] * 5, [5.0] * 5) == pytest.approx(2 / 252)
+    assert min_p("lower", 5, 5) == pytest.approx(2 / 252) and min_p("similar", 5, 5) == pytest.approx(1 / 252)
+    assert math.isnan(min_p("sink", 1)) and math.isnan(min_p("", 5))
+    # unequal seed counts: only the one extreme split, no mirror
+    assert min_p("higher", 3, 4) == pytest.approx(1 / 35)
+    assert permutation_p([41.0, 39.0, 43.0], [18.0, 20.0, 16.0, 17.0]) == pytest.approx(1 / 35)
+
+
+def test_monte_carlo_beyond_the_exact_limit(monkeypatch):
+    """Above EXACT_LIMIT arrangements the p-value is the Monte Carlo (b + 1) / (M + 1); with the limit
+    lowered it stays within sampling error of the exact value and is never 0."""
+    from sinklab.sweep import verdict as vm
+
+    x, y = [5.0, 7.0, 9.0, 6.0, 8.0, 10.0], [1.0, 3.0, 2.0, 4.0, 6.0, 0.5]
+    exact = permutation_p(x, y)
+    monkeypatch.setattr(vm, "EXACT_LIMIT", 10)
+    monkeypatch.setattr(vm, "MC_DRAWS", 20000)
+    mc = vm.permutation_p(x, y)
+    assert mc == pytest.approx(exact, abs=4 * math.sqrt(exact * (1 - exact) / 20000) + 1e-4) and mc > 0
+    assert vm.p_method(6, 6) == "monte carlo"
+    assert vm.sign_flip_p([0.0] * 6, 10.0) >= 1 / 20001
+
+
+def test_tost_similar():
+    ref = [18.0, 20.0, 16.0, 19.0, 17.0]
+    x = [19.0, 18.0, 20.0, 17.0, 18.5]
+    p, supports, status = hypothesis_test("similar", x, ref_values=ref)
+    assert status is None and supports is True
+    assert p == pytest.approx(max(permutation_p(x, ref, -10.0, "greater"), permutation_p(x, ref, 10.0, "less")))
+    assert p == pytest.approx(1 / 252)  # shifted by 10 the rows separate completely, both ways
+    far = [50.0, 52.0, 48.0, 51.0, 49.0]
+    p, supports, _ = hypothesis_test("similar", far, ref_values=ref)
+    assert supports is False and p == pytest.approx(permutation_p(far, ref, 10.0, "greater"))
+    assert verdict("similar", far, ref_values=ref) == "disagrees"
+
+
+def test_paper_effect_and_exclusion():
+    # sigmoid (no norm) of the attention-operation study: paper 0.44 vs softmax 18.18; our softmax 14.46875
+    eff = paper_effects(0.44, 18.18, 14.46875)
+    assert eff == pytest.approx((-17.74, -17.74 * 14.46875 / 18.18))
+    assert excludes_paper(-6.66, 19.16, eff) is True
+    assert excludes_paper(-20.0, 19.16, eff) is False  # holds the points value
+    assert excludes_paper(-16.0, 19.16, eff) is False  # holds the scaled value (-14.1)
+    assert excludes_paper(3.0, 3.0, eff) is False  # zero width: no interval
+    assert excludes_paper(None, None, eff) is False and excludes_paper(-1.0, 1.0, ()) is False
+    assert paper_effects(0.8, None, None) == (0.8,) and paper_effects(None, 18.18, 10.0) == ()
+    soft = [14.48, 6.25, 26.56, 18.8, 6.25]
+    sig = [31.03, 19.83, 18.84, 26.62, 7.266]
+    assert verdict("no_sink", sig, ref_values=soft, paper=0.44, paper_ref=18.18) == EXCLUDES
+    assert verdict("no_sink", sig, ref_values=soft) == "inconclusive"  # no paper value: nothing to exclude
 
 
 def test_holm_hand_worked():
@@ -37,38 +164,65 @@ def test_holm_hand_worked():
     assert holm([0.9, 0.8]) == [1.0, 1.0]
 
 
-def test_tost_similar_and_zero_spread():
-    ref = [18.0, 20.0, 16.0, 19.0, 17.0]
-    p, supports, status = hypothesis_test("similar", [19.0, 18.0, 20.0, 17.0, 18.5], ref_values=ref)
-    assert status is None and supports is True and p < 0.05
-    d = welch([19.0, 18.0, 20.0, 17.0, 18.5], ref)
-    assert p == pytest.approx(max(d.p(-10.0, "greater"), d.p(10.0, "less")))
-    assert verdict("similar", [50.0, 52.0, 48.0, 51.0, 49.0], ref_values=ref) == "disagrees"
-    # every seed at 0: a zero spread decides (p = 0) when the null value is elsewhere
-    assert one_sample_p([0.0] * 5, 10.0) == 0.0
-    assert verdict("no_sink", [0.0] * 5) == "agrees"
-
-
-def test_holm_makes_a_marginal_row_inconclusive():
-    """One row alone would agree at p < 0.05; among five tested rows its Holm-adjusted p does not
-    (it is second largest: its p is doubled)."""
-    lvl = 10.0
-    marginal = [11.0, 13.0, 16.0, 10.5, 14.0]  # one-sample p about 0.045 against 10
-    p = one_sample_p(marginal, lvl)
-    assert 0.025 < p < 0.05
-    rows = [{"label": "ref", "expect": "reference", "sink1_seeds": "40;42;44;41;43"},
-            {"label": "m", "expect": "sink", "sink1_seeds": ";".join(map(str, marginal))},
-            {"label": "x", "expect": "no_sink", "sink1_seeds": "0;0;0;0;0"},
-            {"label": "y", "expect": "higher", "sink1_seeds": "80;82;84;81;83"},
-            {"label": "w", "expect": "sink", "sink1_seeds": "5;15;25;0;10"},  # p = 0.83: undecided
-            {"label": "z", "sink1_seeds": "30;31;29;30;30"}]
-    add_verdicts(rows, lvl)
+def test_add_verdicts_columns_holm_and_co_endpoint():
+    """Six seeds per row. Holm over the study's three tested rows; the smallest attainable adjusted
+    p (p_holm_min) is Holm of the rows' minimum p; the mass on token 1 gets its own family."""
+    rows = [{"label": "ref", "expect": "reference", "paper": 18.18, "expect_by": "paper", "n_seeds": 6,
+             "sink1_seeds": "40;42;44;41;43;45", "mass1_seeds": "0.4;0.42;0.44;0.41;0.43;0.45"},
+            {"label": "x", "expect": "no_sink", "paper": 0.0, "expect_by": "paper", "n_seeds": 6,
+             "sink1_seeds": "0;0;0;0;0;0", "mass1_seeds": "0.05;0.06;0.04;0.05;0.07;0.03"},
+            {"label": "y", "expect": "higher", "paper": 30.0, "expect_by": "paper", "n_seeds": 6,
+             "sink1_seeds": "20;22;24;21;23;25", "mass1_seeds": "0.2;0.3;0.25;0.22;0.28;0.21"},
+            {"label": "z", "n_seeds": 6, "sink1_seeds": "30;31;29;30;30;30", "mass1_seeds": "0.3;0.3;0.3;0.3;0.3;0.3"}]
+    add_verdicts(rows, 10.0)
     by = {r["label"]: r for r in rows}
-    assert verdict("sink", marginal, level=lvl) == "agrees"  # alone
-    assert by["m"]["verdict"] == "inconclusive" and by["m"]["p_holm"] == pytest.approx(2 * p, rel=1e-4)
-    assert by["w"]["verdict"] == "inconclusive"
-    assert by["ref"]["verdict"] == by["x"]["verdict"] == by["y"]["verdict"] == "agrees"
-    assert by["z"]["verdict"] == "" and by["z"]["effect"] == pytest.approx(30.0 - 42.0)
-    d = welch([80, 82, 84, 81, 83], [40, 42, 44, 41, 43])
-    assert (by["y"]["effect_lo"], by["y"]["effect_hi"]) == (pytest.approx(d.lo, abs=1e-4), pytest.approx(d.hi, abs=1e-4))
-    assert by["ref"]["effect"] is None
+    ref_v = [40, 42, 44, 41, 43, 45]
+    p_ref, p_x = sign_flip_p(ref_v, 10.0), sign_flip_p([0.0] * 6, 10.0)
+    p_y = permutation_p([20, 22, 24, 21, 23, 25], ref_v)
+    assert (p_ref, p_x, p_y) == pytest.approx((1 / 32, 1 / 32, 2 / 924))
+    adj = holm([p_ref, p_x, p_y])
+    assert [by[k]["p_holm"] for k in ("ref", "x", "y")] == pytest.approx(adj, abs=1e-6)
+    assert by["y"]["verdict"] == "disagrees"  # significant, below the reference
+    assert by["ref"]["verdict"] == "inconclusive" and by["x"]["verdict"] == "inconclusive"  # 3 * 1/32 > 0.05
+    assert by["x"]["p_holm_min"] == pytest.approx(holm([1 / 32, 1 / 32, 2 / 924])[1], abs=1e-6)
+    assert by["z"]["verdict"] == "" and by["z"]["effect"] == pytest.approx(30.0 - 42.5)
+    # y's paper effect +11.82, scaled by 42.5 / 18.18; our effect -20 [...] excludes both
+    assert by["y"]["paper_effect"] == pytest.approx(11.82) and by["y"]["excludes_paper"] is True
+    assert by["y"]["paper_effect_scaled"] == pytest.approx(11.82 * 42.5 / 18.18, abs=1e-3)
+    # x: every seed 0 and the reference spread > 0: the Welch interval is a real interval
+    d = welch([0.0] * 6, ref_v)
+    assert by["x"]["excludes_paper"] is (not (d.lo <= -18.18 <= d.hi) and not (d.lo <= -42.5 <= d.hi))
+    # the mass co-endpoint: level 0.10, its own Holm family
+    assert by["x"]["mass1_p_value"] == pytest.approx(sign_flip_p([0.05, 0.06, 0.04, 0.05, 0.07, 0.03], 0.1), abs=1e-6)
+    assert by["y"]["mass1_p_value"] == pytest.approx(
+        permutation_p([0.2, 0.3, 0.25, 0.22, 0.28, 0.21], [0.4, 0.42, 0.44, 0.41, 0.43, 0.45]), abs=1e-6)
+    assert by["y"]["mass1_effect"] == pytest.approx(sum([0.2, 0.3, 0.25, 0.22, 0.28, 0.21]) / 6 - 0.425, abs=1e-4)
+    assert by["y"]["mass1_verdict"] == "disagrees" and by["x"]["mass1_verdict"] == "inconclusive"
+    assert by["y"]["p_method"] == "exact" and by["ref"]["p_method"] == "exact"
+
+
+def test_power_matches_a_simulated_t_test_and_respects_the_exact_minimum():
+    """power() against a simulation of the t-test it approximates (normal seeds, 20000 studies); 0
+    where the exact test cannot reach the level; seeds_for_power is the first n reaching 80%."""
+    import numpy as np
+
+    from sinklab.sweep.verdict import power, seeds_for_power
+
+    rng = np.random.default_rng(1)
+    n, d, sd, sd_ref = 8, 10.0, 9.0, 8.0
+    x = rng.normal(d, sd, (20000, n))
+    y = rng.normal(0.0, sd_ref, (20000, n))
+    sim = np.mean(stats.ttest_ind(x, y, axis=1).pvalue < 0.01)
+    assert power("two_sample", d, sd, n, sd_ref=sd_ref, alpha=0.01) == pytest.approx(sim, abs=0.02)
+    z = rng.normal(-6.0, 7.0, (20000, 10))
+    sim1 = np.mean(stats.ttest_1samp(z, 0.0, axis=1).pvalue < 0.05)
+    assert power("one_sample", -6.0, 7.0, 10) == pytest.approx(sim1, abs=0.02)
+    assert power("one_sample", -6.0, 7.0, 5) == 0.0  # 2/2^5 > 0.05: the exact test cannot decide
+    n80 = seeds_for_power("two_sample", d, sd, sd_ref=sd_ref)
+    assert power("two_sample", d, sd, n80, sd_ref=sd_ref) >= 0.8 > power("two_sample", d, sd, n80 - 1, sd_ref=sd_ref)
+    assert seeds_for_power("two_sample", 0.0, sd, sd_ref=sd_ref, max_n=30) is None
+    # equivalence: a true difference of 0 within a margin of 10 with small spreads is easy, at 20 hard
+    assert power("equivalence", 0.0, 3.0, 6, sd_ref=3.0) > 0.9
+    assert power("equivalence", 20.0, 3.0, 6, sd_ref=3.0) < 0.01
+    with pytest.raises(ValueError, match="kind"):
+        power("paired", 1.0, 1.0, 5)

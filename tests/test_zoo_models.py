@@ -1,4 +1,4 @@
-"""sinklab.zoo.models: recipes, load_model on local folders, error messages; network: the real SmolLM2."""
+"""sinklab.zoo.models: recipes; sinklab.models.load_model on local folders, error messages; network: the real SmolLM2."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import torch
 from helpers import tiny_bert, tiny_llama
 from sinklab.errors import CaptureError, ChecksumError, FetchError, InputError, SinklabError, UnknownNameError
 from sinklab.zoo import fetch, models
-from sinklab.zoo.models import MODELS, ModelInfo, fetch_model, load_model
+from sinklab.models import ModelInfo, load_model
+from sinklab.models import load as loading
+from sinklab.zoo.models import MODELS, fetch_model
 
 
 
@@ -137,16 +139,16 @@ def test_local_bert_folder_is_an_encoder(tmp_path, tokenizer):
 def test_encoder_detection_by_config():
     from transformers import BertConfig, GPT2Config, LlamaConfig
 
-    assert models.is_encoder_config(BertConfig())
-    assert not models.is_encoder_config(BertConfig(is_decoder=True))
-    assert not models.is_encoder_config(LlamaConfig())
-    assert not models.is_encoder_config(GPT2Config())
-    assert models.max_context_of(GPT2Config(n_positions=77)) == 77
-    assert models.max_context_of(LlamaConfig(max_position_embeddings=99)) == 99
+    assert loading.is_encoder_config(BertConfig())
+    assert not loading.is_encoder_config(BertConfig(is_decoder=True))
+    assert not loading.is_encoder_config(LlamaConfig())
+    assert not loading.is_encoder_config(GPT2Config())
+    assert loading.max_context_of(GPT2Config(n_positions=77)) == 77
+    assert loading.max_context_of(LlamaConfig(max_position_embeddings=99)) == 99
 
 
 def test_native_marker_uses_the_hook(tiny_model_dir, monkeypatch):
-    (tiny_model_dir / models.NATIVE_MARKER).write_text("{}")
+    (tiny_model_dir / loading.NATIVE_MARKER).write_text("{}")
     import sys
 
     monkeypatch.setitem(sys.modules, "sinklab.nn", None)  # simulate sinklab.nn missing

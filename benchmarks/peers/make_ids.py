@@ -24,7 +24,8 @@ def main() -> None:
     a = ap.parse_args()
     from sinklab.streaming import token_stream
     from sinklab.zoo.corpora import load_corpus
-    from sinklab.zoo.models import fetch_model, load_model
+    from sinklab.models import load_model
+    from sinklab.zoo.models import fetch_model
 
     folder = fetch_model(a.model)  # already fetched: returns the cached folder
     loaded = load_model(a.model, attn_implementation="sdpa")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from sinklab.analyze import denoise, intervene, load_subject
+from sinklab.analyze import denoise, intervene, resolve_subject
 from sinklab.analyze.common import position_norm_ratio, run_model
 from sinklab.metrics import sink_rate
 from sinklab.provenance import code_version
@@ -45,7 +45,7 @@ def analyse(run: Path, n: int, out: Path) -> dict:
     cfg = tomllib.loads((run / "config.toml").read_text())
     s = json.loads((run / "summary.json").read_text())
     objective = cfg["train"].get("objective", "causal")
-    subj = load_subject(str(run), num_samples=n, seq_len=cfg["track"]["probe_len"], seed=0)
+    subj = resolve_subject(str(run), num_samples=n, seq_len=cfg["track"]["probe_len"], seed=0)
     st = run_model(subj.model, subj.input_ids).stats
     rate = sink_rate(st.mass, 0.3)
     top = int(rate.argmax())

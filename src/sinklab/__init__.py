@@ -8,7 +8,7 @@ The public API, importable from the package itself (``from sinklab import measur
     stream       sinklab.streaming.run.stream       perplexity / pass key through cache policies
     compare      sinklab.measure.compare.compare    compare measured models
     analyze      sinklab.analyze                    the analyses, one function each (analyze.keybias, ...)
-    load_model   sinklab.zoo.models.load_model      a zoo name, a Hugging Face folder or a sinklab run
+    load_model   sinklab.models.load_model           a zoo name, a Hugging Face folder or a sinklab run
     SinkCache    sinklab.streaming.cache.SinkCache  StreamingLLM's cache (transformers Cache)
     Run          sinklab.runs.run.Run               a training run's folder
     Result       sinklab.result.Result              the base of every feature's result
@@ -42,7 +42,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "stream": ("sinklab.streaming.run", "stream"),
     "compare": ("sinklab.measure.compare", "compare"),
     "analyze": ("sinklab.analyze", None),
-    "load_model": ("sinklab.zoo.models", "load_model"),
+    "load_model": ("sinklab.models", "load_model"),
     "SinkCache": ("sinklab.streaming.cache", "SinkCache"),
     "Run": ("sinklab.runs.run", "Run"),
     "Result": ("sinklab.result", "Result"),

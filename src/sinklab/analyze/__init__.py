@@ -27,7 +27,8 @@ interventions are its optional attention / block-output edits.
 """
 
 # imported in the order ``sinklab analyze --help`` lists them (registration order)
-from sinklab.analyze.common import ANALYSES, AnalysisResult, Subject, load_subject
+from sinklab.analyze.common import ANALYSES, AnalysisResult, resolve_subject
+from sinklab.subject import ProbeSpec, Subject
 from sinklab.analyze.massive import massive
 from sinklab.analyze.keybias import keybias  # noqa: I001
 from sinklab.analyze.intervene import intervene
@@ -39,5 +40,5 @@ from sinklab.analyze.depth import depth
 from sinklab.analyze.frames import frames
 from sinklab.analyze.interventions import INTERVENTIONS, Intervention
 
-__all__ = ["ANALYSES", "INTERVENTIONS", "AnalysisResult", "Intervention", "Subject", "load_subject", "massive",
+__all__ = ["ANALYSES", "INTERVENTIONS", "AnalysisResult", "Intervention", "Subject", "ProbeSpec", "resolve_subject", "massive",
            "keybias", "intervene", "overmix", "repeat", "denoise", "attention", "depth", "frames"]

@@ -68,6 +68,9 @@ def attention(
     num_samples: int = 1,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     sample: int = 0,
     layers: list[int] | None = None,
@@ -87,6 +90,8 @@ def attention(
     ``A[i, j]`` (query, key). Plot ``attention``: the matrices (T <= ``max_matrix_len``), else the mass per key.
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         sample: 0-based index of the window among the ``num_samples``.
         layers: 0-based layers shown (default: first, middle, last). heads: 0-based heads shown (default all).
         max_matrix_len: longest T shown as full matrices; longer windows show the mass per key
@@ -100,7 +105,8 @@ def attention(
         raise InputError(f"{param('sample', sample)} is outside the {num_samples} probe windows (0-based); raise {param('num_samples')}")
     if max_matrix_len < 1:
         raise InputError(f"max_matrix_len must be >= 1, got {max_matrix_len}")
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     m = subj.model
     if not 0 <= sample < subj.input_ids.shape[0]:
         raise InputError(f"sample {sample} is outside the subject's {subj.input_ids.shape[0]} windows")

@@ -1,5 +1,5 @@
-"""What every analysis shares: the subject (model + probe), batched forward passes through the
-capture seam, the sink position, the result object and its files.
+"""What every analysis shares: the subject (model + probe: :class:`sinklab.subject.Subject`), batched
+forward passes through the capture seam, the sink position, the result object and its files.
 
 Positions are 0-based everywhere (position 0 is the paper's token 1); layers and heads 0-based.
 """
@@ -22,6 +22,7 @@ from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
 from sinklab.registry import Registry
 from sinklab.result import Result
+from sinklab.subject import ProbeSpec, Subject
 
 #: every analysis by name (``sinklab analyze KIND``): its one entry point, ``fn(model, **settings) ->
 #: AnalysisResult``; the CLI makes one subcommand per entry, with one option per keyword of ``fn``
@@ -43,111 +44,13 @@ def analysis(name: str, *, help: dict[str, str] | None = None):
 
 
 @dataclass
-class Subject:
-    """A model and the probe it is analysed on.
-
-    Attributes:
-        model: a ``transformers`` model or a :class:`sinklab.nn.SinkLM`, eval mode.
-        input_ids: (N, T) int64 probe token ids (position 0 first).
-        tokenizer: its tokenizer, or None (a model built in a test).
-        model_info: provenance of the model (JSON-serialisable).
-        corpus_info: provenance of the text, or None.
-        is_encoder: bidirectional encoder (no LM head, no loss readout).
-        seed: seed of the probe draw and of every random choice of the analysis.
-        documents: the corpus' documents (for analyses that draw more text), or None.
-    """
-
-    model: nn.Module
-    input_ids: Tensor
-    tokenizer: Any = None
-    model_info: dict = field(default_factory=dict)
-    corpus_info: dict | None = None
-    is_encoder: bool = False
-    seed: int = 0
-    documents: list | None = None
-    source: str | None = None  # the name/path it was loaded from (None: a model object given in Python)
-
-    @property
-    def num_layers(self) -> int:
-        return adapt(self.model).n_layers
-
-
-def load_subject(
-    model: str, *, corpus: str | None = None, num_samples: int = 32, seq_len: int | None = None, seed: int = 0,
-    bos: str = "auto"
-) -> Subject:
-    """Load a model (zoo name, Hugging Face folder, sinklab run or model folder) and draw ``num_samples``
-    windows of ``seq_len`` tokens of natural text from ``corpus`` (the probe of ``sinklab measure``;
-    default ``sotu``). For a ``sinklab train`` run folder and ``corpus=None`` the probe is the run's own
-    held-out data in its packing (:meth:`sinklab.runs.Run.probe`).
-
-    ``seq_len`` None: for a ``sinklab train`` run the tracker's probe length (``track.probe_len``, as
-    ``sinklab measure --model RUN``: :meth:`sinklab.runs.Run.probe_len`), else
-    :data:`DEFAULT_SEQ_LEN` (64).
-
-    Raises:
-        InputError / UnknownNameError / FetchError: as :func:`sinklab.measure.measure`.
-    """
-    from sinklab.zoo.corpora import load_corpus
-    from sinklab.zoo.models import check_model_spec, load_model
-
-    if num_samples < 1:
-        raise InputError(f"{param('num_samples')} must be >= 1, got {num_samples}")
-    if seq_len is not None and seq_len < 4:
-        raise InputError(f"{param('seq_len')} must be >= 4, got {seq_len}")
-    from dataclasses import asdict
-
-    from sinklab.runs import Run
-
-    run = Run.find(model)
-    if seq_len is None:
-        seq_len = run.probe_len(bos) if run is not None else DEFAULT_SEQ_LEN
-    if run is None:
-        check_model_spec(model)
-    if run is not None and corpus is None:  # a training run: its own held-out data in its packing
-        loaded = run.load(dtype=torch.float32, attn_implementation="sdpa")
-        probe = run.probe(num_samples, seq_len, seed, "auto", loaded.tokenizer)
-        info = {**asdict(loaded.info), "run": str(run.folder)}
-        return Subject(loaded.model, probe.input_ids, loaded.tokenizer, info, {"name": "run", **probe.details},
-                       False, seed, source=model)
-    corpus = corpus or "sotu"
-    text = load_corpus(corpus)
-    loaded = load_model(model, dtype=torch.float32, attn_implementation="sdpa")
-
-    subj = Subject(loaded.model, torch.zeros(0, 0, dtype=torch.int64), loaded.tokenizer, asdict(loaded.info),
-                   {"name": text.name, **text.source}, bool(loaded.info.is_encoder), seed, text.documents,
-                   source=model)
-    subj.input_ids = natural_ids(subj, num_samples, seq_len, bos=bos)
-    return subj
-
-
-def natural_ids(subj: Subject, num_samples: int, seq_len: int, *, bos: str = "auto") -> Tensor:
-    """(num_samples, seq_len) windows of the subject's corpus (:func:`sinklab.probe.make_probe`, natural,
-    seeded with ``subj.seed``).
-
-    Raises:
-        InputError: the subject has no tokenizer or corpus, T past the model's context, too few windows.
-    """
-    from sinklab.probe import make_probe
-    from sinklab.probe.cache import tokenize_documents
-
-    docs = subj.documents
-    if subj.tokenizer is None or docs is None:
-        raise InputError("this analysis needs natural text: give a model name or folder and a corpus")
-    limit = subj.model_info.get("max_context")
-    if limit is not None and seq_len > limit:
-        raise InputError(f"{param('seq_len', seq_len)} is past {subj.model_info.get('name')}'s context of {limit} tokens")
-    probe = make_probe("natural", subj.tokenizer, documents=docs, num_samples=num_samples, seq_len=seq_len,
-                       bos=bos, seed=subj.seed, token_docs=tokenize_documents(subj.tokenizer, docs))
-    return probe.input_ids
-
-
-@dataclass
 class Pass:
     """The outcome of :func:`run_model` on N sequences of T tokens.
 
     stats: :class:`ProbeStats` of the (possibly edited) pass. hidden: (N, L, T, d) float32 block
     outputs, or None. nll: (N, T - 1) float64, ``nll[n, t] = -log p(x[t + 1] | x[:t + 1])``, or None.
+    All on the CPU and in float32 / float64 whatever the model's device and dtype (the capture seam reduces
+    each batch on the model's device, upcast first, and keeps only these).
     """
 
     stats: ProbeStats
@@ -172,7 +75,8 @@ def run_model(
     the observer of :mod:`sinklab.capture.native` for sinklab models), with optional interventions.
 
     ``transformers`` models always use the eager collector here, so a pass with a no-op ``edit``
-    is bit-identical to one without.
+    is bit-identical to one without. ``input_ids`` (on any device) are moved to the model's embedding device;
+    the log-softmax of the loss readout is taken in float64.
 
     Args:
         model: the model. input_ids: (N, T) int64.
@@ -195,12 +99,13 @@ def run_model(
         raise InputError(f"{type(model).__name__} has no language-modelling head: no loss readout")
     parts, hids, nlls = [], [], []
     emb = adapter.embeddings
+    device = emb.weight.device  # the inputs go where the model's embeddings are (with a device map: its first module)
     for s in range(0, input_ids.shape[0], batch_size):
-        ids = input_ids[s : s + batch_size]
+        ids = input_ids[s : s + batch_size].to(device)
         handle = None
         if embed_delta is not None:
             delta = embed_delta[s : s + batch_size]
-            handle = emb.register_forward_hook(lambda _m, _i, o, d=delta: o + d.to(o.dtype))
+            handle = emb.register_forward_hook(lambda _m, _i, o, d=delta: o + d.to(o.device, o.dtype))
         try:
             kw = dict(edit=edit, hidden_edit=hidden_edit, logits=nll, keep_hidden=hidden, entropy=entropy)
             rec = adapter.capture(ids, collector="eager", **kw)
@@ -212,10 +117,10 @@ def run_model(
             hids.append(torch.stack(rec.full_hidden, dim=1))  # (B, L, T, d)
         if nll and targets is not None:  # same-position readout (masked diffusion)
             logp = torch.log_softmax(rec.logits.double(), dim=-1)  # (B, T, V)
-            nlls.append(-logp.gather(-1, targets[s : s + batch_size, :, None].to(logp.device)).squeeze(-1))  # (B, T)
+            nlls.append(-logp.gather(-1, targets[s : s + batch_size, :, None].to(logp.device)).squeeze(-1).cpu())  # (B, T)
         elif nll:
             logp = torch.log_softmax(rec.logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
-            nlls.append(-logp.gather(-1, ids[:, 1:, None]).squeeze(-1))  # (B, T-1)
+            nlls.append(-logp.gather(-1, ids[:, 1:, None]).squeeze(-1).cpu())  # (B, T-1)
     return Pass(ProbeStats.concat(parts), torch.cat(hids) if hidden else None, torch.cat(nlls) if nll else None)
 
 
@@ -439,6 +344,27 @@ def command_line(kind: str, settings: dict, subj: Subject | None = None) -> str:
     return python_call(f"sinklab.analyze.{kind}", model, **{k: v for k, v in settings.items() if k != "model"})
 
 
-def resolve_subject(model: "str | Subject", **probe) -> Subject:
-    """``model`` as a :class:`Subject`: a given Subject is used as is, a name/path is loaded with the probe settings."""
-    return model if isinstance(model, Subject) else load_subject(model, **probe)
+def resolve_subject(model: "str | Subject", *, corpus: str | None = None, num_samples: int = 32,
+                    seq_len: int | None = None, seed: int = 0, bos: str = "auto", device: str = "cpu",
+                    dtype: str | None = None, device_map: str | None = None) -> Subject:
+    """``model`` as a :class:`Subject` with its probe: a given Subject is used as is; a name, folder or run is
+    loaded by :meth:`Subject.load` (on ``device`` in ``dtype``, or spread by ``device_map``) and probed with
+    ``num_samples`` windows of ``seq_len`` tokens (:meth:`Subject.with_probe`): natural text from ``corpus``
+    (default ``sotu``), or for a ``sinklab train`` run folder and ``corpus=None`` the run's own held-out data
+    in its packing (:meth:`sinklab.runs.Run.probe`). ``seq_len`` None: a run's probe length, else
+    :data:`DEFAULT_SEQ_LEN` (64).
+
+    Raises:
+        InputError: ``num_samples < 1``, ``seq_len < 4``, and as :meth:`Subject.load` / :meth:`Subject.with_probe`
+            (a bad device or dtype, CUDA asked for but not available, T past the model's context...).
+        UnknownNameError / FetchError: as :func:`sinklab.models.load_model`.
+    """
+    if isinstance(model, Subject):
+        return model
+    if num_samples < 1:
+        raise InputError(f"{param('num_samples')} must be >= 1, got {num_samples}")
+    if seq_len is not None and seq_len < 4:
+        raise InputError(f"{param('seq_len')} must be >= 4, got {seq_len}")
+    spec = ProbeSpec(input="auto", corpus=corpus, num_samples=num_samples, seq_len=seq_len, bos=bos, seed=seed)
+    subj = Subject.load(model, device=device, dtype=dtype, device_map=device_map)
+    return subj.with_probe(spec, seq_len=DEFAULT_SEQ_LEN)

@@ -116,6 +116,9 @@ def denoise(
     num_samples: int = 32,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     steps: int = 16,
     prompt_len: int = 16,
@@ -127,6 +130,8 @@ def denoise(
     """Sinks of a masked diffusion LM across the denoising steps of generation.
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         model: a masked diffusion run (folder or its ``final/``), or a :class:`Subject` with a
             bidirectional SinkLM. corpus, num_samples, seq_len, seed: the probe (default: the run's own
             held-out windows); the first ``prompt_len`` tokens of each window are the prompt.
@@ -155,7 +160,8 @@ def denoise(
 
     from sinklab.diffusion.sampler import sample
 
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     m = subj.model
     if not adapt(m).masked_diffusion:
         raise InputError("analyze denoise needs a masked diffusion model (a sinklab run trained with "
@@ -172,7 +178,7 @@ def denoise(
 
     for s, state in enumerate(progress(trace.states, desc="denoise steps", unit="step")):
         st = run_model(m, state, batch_size=batch_size).stats
-        kinds = token_kinds(state, prompt_len=prompt_len, mask_id=mask_id, bos_id=bos_id, eos_id=eos_id)  # (N, T)
+        kinds = token_kinds(state.cpu(), prompt_len=prompt_len, mask_id=mask_id, bos_id=bos_id, eos_id=eos_id)  # (N, T), as the stats
         row, masses = step_row(st, kinds, eps, prompt_len, sink_level)
         rows.append({"step": s, **row})
         mass_rows += [{"step": s, **r} for r in masses]

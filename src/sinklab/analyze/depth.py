@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from sinklab.analyze.common import AnalysisResult, Subject, analysis, command_line, load_subject, run_model
+from sinklab.analyze.common import AnalysisResult, Subject, analysis, command_line, resolve_subject, run_model
 from sinklab.errors import InputError, param
 from sinklab.metrics import matrix_entropy, norm_ratio_per_layer
 from sinklab.metrics.summary import rankable_positions
@@ -65,7 +65,7 @@ def run_checkpoints(folder: str | Path) -> list[Checkpoint]:
     from sinklab.fileio import read_json
     from sinklab.train.checkpoint import load_run_checkpoint
     from sinklab.runs.config import from_dict, load_config
-    from sinklab.zoo.models import NATIVE_MARKER, is_run_folder
+    from sinklab.models import NATIVE_MARKER, is_run_folder
 
     folder = Path(folder).expanduser().resolve()
     if not is_run_folder(folder):
@@ -162,6 +162,9 @@ def depth(
     num_samples: int = 8,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     top_k: int = 3,
     alpha: float = 1.0,
@@ -176,6 +179,8 @@ def depth(
     heat maps layer x step of Sink_1, the first token's norm ratio and the entropy (a run).
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         model: a model (zoo name, folder) or a ``sinklab train`` run folder (all its checkpoints, on the
             run's own held-out data unless ``corpus`` is given), or a :class:`Subject`.
         top_k: non-first sink positions per layer. alpha: order of the matrix entropy (1 = von Neumann).
@@ -192,17 +197,22 @@ def depth(
     ckpts = None
     if isinstance(model, (str, Path)) and _is_run(model):
         ckpts = run_checkpoints(model)
-        subj = _run_subject(Path(model), ckpts, corpus, num_samples, seq_len, seed)
+        subj = _run_subject(Path(model), ckpts, corpus, num_samples, seq_len, seed, device, dtype)
     elif isinstance(model, Subject):
         subj = model
     else:
-        subj = load_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+        subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                               device=device, dtype=dtype, device_map=device_map)
     ids = subj.input_ids
     tokens = None
     if subj.tokenizer is not None:
         tokens = [subj.tokenizer.convert_ids_to_tokens(r) for r in ids.tolist()]
     rows = []
-    states = [(c.step, c.source, c.load) for c in ckpts] if ckpts else [(-1, "model", lambda: subj.model)]
+    if ckpts:  # every checkpoint on the final model's device and dtype
+        states = [(c.step, c.source, lambda c=c: Subject.load(c.load(), device=device, dtype=dtype or subj.dtype).model)
+                  for c in ckpts]
+    else:
+        states = [(-1, "model", lambda: subj.model)]
     for step, source, load in states:
         m = load()
         res = run_model(m, ids, hidden=True, batch_size=batch_size)
@@ -298,19 +308,20 @@ def _plot(path, *, df, steps_df, last, eps: float, alpha: float, title: str, siz
 
 
 def _is_run(model: "str | Path") -> bool:
-    from sinklab.zoo.models import is_run_folder
+    from sinklab.models import is_run_folder
 
     p = Path(model).expanduser()
     return p.is_dir() and is_run_folder(p.resolve())
 
 
 def _run_subject(folder: Path, ckpts: list[Checkpoint], corpus, num_samples: int, seq_len: int | None,
-                 seed: int) -> Subject:
-    """The probe of a run's checkpoints: with ``final/``, :func:`load_subject` (the run's held-out data, or
+                 seed: int, device: str, dtype: str | None) -> Subject:
+    """The probe of a run's checkpoints: with ``final/``, :func:`resolve_subject` (the run's held-out data, or
     ``corpus``); without it, the run's held-out data prepared from its config (no tokenizer strings).
     ``seq_len`` None: the run's probe length (:meth:`sinklab.runs.Run.probe_len`)."""
     if any(c.source == "final" for c in ckpts):
-        return load_subject(str(folder), corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+        return resolve_subject(str(folder), corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                               device=device, dtype=dtype)
     if corpus is not None:
         raise InputError(f"{folder} has no final/ (no saved tokenizer): only its own held-out data can be used, drop {param('corpus')}")
     from sinklab.runs import Run, load_config
@@ -318,8 +329,8 @@ def _run_subject(folder: Path, ckpts: list[Checkpoint], corpus, num_samples: int
     run = Run(load_config(folder / "config.toml"), folder.resolve())
     probe = run.probe(num_samples, run.probe_len("auto") if seq_len is None else seq_len, seed, "auto")
     info = {"name": str(folder.resolve()), "run": str(folder.resolve()), "architecture": f"sinklab:{run.config.model.attention}"}
-    return Subject(ckpts[-1].load(), probe.input_ids, None, info, {"name": "run", **probe.details}, False, seed,
-                   source=str(folder))
+    return Subject(Subject.load(ckpts[-1].load(), device=device, dtype=dtype).model, probe.input_ids, None, info,
+                   {"name": "run", **probe.details}, False, seed, source=str(folder))
 
 
 def _corr(a, b) -> float:

@@ -177,6 +177,9 @@ def frames(
     num_samples: int = 16,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     excess: float = 0.1,
     dominance: float = 0.5,
     batch_size: int = 8,
@@ -195,6 +198,8 @@ def frames(
     the KL reduction per layer.
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         excess: what makes a key a reference point (:func:`reference_points`). dominance: the first
             position's share of the reference mass that makes a layer centralized.
 
@@ -205,7 +210,8 @@ def frames(
     for name, v in (("excess", excess), ("dominance", dominance)):
         if not 0.0 < v <= 1.0:
             raise InputError(f"{name} must lie in (0, 1], got {v}")
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     ids = subj.input_ids
     N, T = ids.shape
     H = num_heads(subj.model)

@@ -106,6 +106,9 @@ def intervene(
     num_samples: int = 32,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     position: int | None = None,
     layers: list[int] | None = None,
@@ -129,6 +132,8 @@ def intervene(
     1..T-1.
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe
             (seq_len None: the run's probe length for a ``sinklab train`` run, else 64).
         position: the sink position p (default the top one; :func:`~sinklab.analyze.common.sink_position`).
@@ -160,7 +165,8 @@ def intervene(
     """
     for x in only or ():  # unknown names refused before any work
         INTERVENTIONS.get(x)
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape
     L, lm = subj.num_layers, not subj.is_encoder

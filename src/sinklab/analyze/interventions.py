@@ -251,7 +251,7 @@ class MassiveAblation(Intervention):
         t = self.target
         if layer != t.massive_layer:
             return None
-        idx = torch.tensor(t.dims)
+        idx = torch.tensor(t.dims, device=h.device)
         h = h.clone()
         h[:, t.position, idx] = self.value(h, idx)
         return h
@@ -268,7 +268,7 @@ class MassiveZero(MassiveAblation):
     what = "0"
 
     def value(self, h, idx):
-        return torch.zeros((), dtype=h.dtype)
+        return torch.zeros((), dtype=h.dtype, device=h.device)
 
 
 @register("massive-mean")
@@ -278,7 +278,7 @@ class MassiveMean(MassiveAblation):
     what = "their mean over the other tokens of the sample"
 
     def value(self, h, idx):
-        others = torch.ones(h.shape[1], dtype=torch.bool)
+        others = torch.ones(h.shape[1], dtype=torch.bool, device=h.device)
         others[self.target.position] = False
         return h[:, others][:, :, idx].mean(dim=1)
 
@@ -291,7 +291,7 @@ class MassiveSampleMean(MassiveAblation):
     what = "the sink token's own mean value over the samples"
 
     def value(self, h, idx):
-        return self.target.sample_mean.to(h.dtype)
+        return self.target.sample_mean.to(h.device, h.dtype)
 
 
 @register("drop-first")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, natural_ids, resolve_subject, run_model,
+from sinklab.analyze.common import (AnalysisResult, Subject, analysis, command_line, resolve_subject, run_model,
                                     sink_position)
 from sinklab.errors import InputError, param
 from sinklab.metrics import sink_rate_per_sample
@@ -57,7 +57,7 @@ def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, 
         "attention_share": w[..., rows, position].mean(dim=-1),
         "output_share": share[..., rows].mean(dim=-1),
         "value_norm_share": nshare[..., rows].mean(dim=-1),
-        "cos_sink": cos[..., others, position].mean(dim=-1) if others.any() else torch.full((B, H), float("nan")),
+        "cos_sink": cos[..., others, position].mean(dim=-1) if others.any() else torch.full((B, H), float("nan"), device=w.device),
         "cos_other": (cos * other_pairs).sum(dim=(-1, -2)) / other_pairs.sum().clamp_min(1),
     }
 
@@ -88,7 +88,8 @@ def _layer_stats(subj: Subject, position: int, batch_size: int):
     per_layer: list[list[dict]] = [[] for _ in range(L)]
 
     def inspect(layer, w, *, query, key, value):
-        per_layer[layer].append(head_statistics(w, query, key, value, position, causal=not subj.is_encoder))
+        st = head_statistics(w, query, key, value, position, causal=not subj.is_encoder)  # float64, on the model's device
+        per_layer[layer].append({k: v.cpu() for k, v in st.items()})  # (B, H) each: the reduced statistics only
         return None
 
     res = run_model(subj.model, subj.input_ids, edit=inspect, batch_size=batch_size)
@@ -127,6 +128,9 @@ def keybias(
     num_samples: int = 32,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     position: int | None = None,
     min_rate: float = 10.0,
@@ -146,6 +150,10 @@ def keybias(
     least ``min_rate`` percent; precision and recall at k = 1, 2, 4 (:func:`detection`), at ``seq_len``
     and at ``long_seq_len`` (None: skipped; needs a corpus).
 
+    Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
+
     Raises:
         InputError: ``position`` outside the sequence or never a sink (names the top sink position).
     """
@@ -153,7 +161,8 @@ def keybias(
 
     if not 0.0 < min_rate <= 100.0:
         raise InputError(f"{param('min_rate')} must lie in (0, 100], got {min_rate}")
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     base = run_model(subj.model, subj.input_ids, batch_size=batch_size)
     pos, rate = sink_position(base.stats, eps, position)
     res, st = _layer_stats(subj, pos, batch_size)
@@ -164,7 +173,7 @@ def keybias(
     det = _detection_rows(base.stats, eps, min_rate, T)
     long_note = None
     if long_seq_len is not None and subj.documents is not None and long_seq_len != T:
-        long_ids = natural_ids(subj, long_num_samples, long_seq_len)
+        long_ids = subj.windows(long_num_samples, long_seq_len)
         det += _detection_rows(run_model(subj.model, long_ids, batch_size=max(1, batch_size // 4)).stats, eps,
                                min_rate, long_seq_len)
     elif long_seq_len is not None:

@@ -48,6 +48,9 @@ def massive(
     num_samples: int = 32,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     top_k: int = 3,
     massive_ratio: float = 100.0,
@@ -59,6 +62,8 @@ def massive(
     dimensions recur in the top entries across layers and samples.
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe.
         eps: sink threshold for finding the sink position. top_k: entries per (sample, layer).
         massive_ratio: an entry counts as massive when its magnitude exceeds this multiple of the
@@ -74,7 +79,8 @@ def massive(
     """
     import pandas as pd
 
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     res = run_model(subj.model, subj.input_ids, hidden=True, batch_size=batch_size)
     sink, sink_rate_pct = sink_position(res.stats, eps)
     top = top_activations(res.hidden, top_k)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sinklab.analyze.common import (DEFAULT_SEQ_LEN, AnalysisResult, Subject, analysis, check_heads, check_layers,
-                                    command_line, natural_ids, num_heads, resolve_subject, run_model)
+                                    command_line, num_heads, resolve_subject, run_model)
 from sinklab.errors import InputError, param
 from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
@@ -60,14 +60,15 @@ def self_attention_statistics(weights: Tensor, query: Tensor, key: Tensor, *, st
     B, H, T, _ = weights.shape
     if not 0 <= start < T:
         raise InputError(f"start {start} is outside [0, T={T})")
-    rows = torch.arange(start, T)
+    dev = weights.device
+    rows = torch.arange(start, T, device=dev)
     diag = weights.double().diagonal(dim1=-2, dim2=-1)[..., start:]  # (B, H, T - start)
-    n_vis = (rows + 1).double() if causal else torch.full((T - start,), float(T), dtype=torch.float64)
+    n_vis = (rows + 1).double() if causal else torch.full((T - start,), float(T), dtype=torch.float64, device=dev)
     cos = torch.matmul(F.normalize(query.double(), dim=-1), F.normalize(key.double(), dim=-1).transpose(-1, -2))
-    vis = torch.ones(T, T, dtype=torch.bool)
+    vis = torch.ones(T, T, dtype=torch.bool, device=dev)
     if causal:
         vis = vis.tril()
-    vis[torch.arange(T), torch.arange(T)] = False  # the other keys
+    vis[torch.arange(T, device=dev), torch.arange(T, device=dev)] = False  # the other keys
     vis[:start] = False
     return {
         "self_share": diag.mean(dim=-1),
@@ -131,6 +132,9 @@ def repeat(
     num_samples: int = 32,
     seq_len: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     eps: float = 0.3,
     prompt_len: int = 8,
     counts: list[int] | None = None,
@@ -170,6 +174,8 @@ def repeat(
     repeated-token probe; position 0 then holds the repeated token too).
 
     Args:
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`Subject.load`;
+            ``cuda`` / ``bfloat16`` / ``auto`` as ``sinklab measure``); statistics are reduced in float32/float64.
         model: zoo name / folder / run, or a :class:`Subject`. corpus, num_samples, seq_len, seed: the probe
             (seq_len None: the run's probe length for a ``sinklab train`` run, else 64).
         token: the repeated token id (default: one per sample, drawn from the non-special vocabulary, seeded).
@@ -183,7 +189,8 @@ def repeat(
     """
     if not 0 <= prompt_len < (seq_len or DEFAULT_SEQ_LEN):
         raise InputError(f"{param('prompt_len')} must lie in [0, {param('seq_len')}={seq_len or DEFAULT_SEQ_LEN}), got {prompt_len}")
-    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed)
+    subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
+                           device=device, dtype=dtype, device_map=device_map)
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape
     if not isinstance(model, Subject) and not prompt_len < T:  # T taken from a training run
@@ -196,7 +203,7 @@ def repeat(
     mech, base = _mechanism(subj, batch_size, not subj.is_encoder)  # (N, L', H) statistics, the unedited pass
     toks = _repeated_tokens(subj, token)
     longest = prompt_len + max(counts)  # control: natural text of the same total lengths
-    control = natural_ids(subj, N, longest) if longest > T and subj.documents is not None else ids
+    control = subj.windows(N, longest) if longest > T and subj.documents is not None else ids
     cos_df, sink_df = _repeats(m, ids, toks, counts, prompt_len, control, eps, batch_size)
     mech_df = _mechanism_table(mech, base.stats.block_ids, H)
     first = inject_layers[0]

@@ -21,6 +21,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from sinklab.capture.families import check_measurable
 from sinklab.capture.hf import forward_hf, hf_hooks
 from sinklab.capture.native import forward_native, native_hooks
 from sinklab.capture.recorder import BatchRecorder
@@ -44,9 +45,9 @@ class ModelAdapter:
     # ---------------------------------------------------------------- loading
     @staticmethod
     def load(name_or_path: str, **kwargs):
-        """:func:`sinklab.zoo.models.load_model` (same arguments and errors), returning
-        ``(adapter, loaded)`` where ``loaded`` is the :class:`~sinklab.zoo.models.LoadedModel`."""
-        from sinklab.zoo.models import load_model
+        """:func:`sinklab.models.load_model` (same arguments and errors), returning
+        ``(adapter, loaded)`` where ``loaded`` is the :class:`~sinklab.models.LoadedModel`."""
+        from sinklab.models import load_model
 
         loaded = load_model(name_or_path, **kwargs)
         return adapt(loaded.model), loaded
@@ -193,13 +194,14 @@ class HFAdapter(ModelAdapter):
 
     @property
     def max_context(self) -> int | None:
-        from sinklab.zoo.models import max_context_of
+        from sinklab.models import max_context_of
 
         return max_context_of(self.config)
 
     def capture(self, input_ids: Tensor, *, collector: str = "eager", prefix_len: int = 0, edit=None,
                 hidden_edit=None, logits: bool = False, keep_hidden: bool = False,
                 entropy: bool = False, renormalise: bool = True) -> BatchRecorder:
+        check_measurable(self.config)  # a type the architecture matrix found not exact: refused in one line
         return forward_hf(self.model, input_ids, collector, edit=edit, hidden_edit=hidden_edit, logits=logits,
                           keep_hidden=keep_hidden, entropy=entropy)
 

@@ -95,6 +95,7 @@ def capture_mask(
     device = kwargs.get("device", "cpu")
     if (
         local_size is not None
+        and int(local_size) >= 1  # a window of 0 (Qwen2-MoE without sliding window) is no window: built as given
         and allow_is_causal_skip
         and capture_active()
         and isinstance(q_offset, int)

@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from sinklab.cli.common import (THREADS, check_outputs, cpu_float32_only, device_option, dtype_option,
+from sinklab.cli.common import (THREADS, check_outputs, device_map_option, device_option, dtype_option,
                                 invoked_command, list_option, model_option, num_samples_option, out_option,
                                 seq_len_option, split_list, use_threads)
 from sinklab.cli.main import cli
@@ -41,16 +41,18 @@ COMMON = {
     "eps": typer.Option(None, help="sink threshold on attention mass (default 0.3)"),
     "batch_size": typer.Option(None, "--batch-size", help="sequences per forward pass (default 16)"),
     "out": out_option(None, "output folder (default runs/analyze/KIND)"),
-    "device": device_option(help="cpu (the analyses run the model on the CPU; others are refused)"),
-    "dtype": dtype_option(help="float32 (the analyses run in float32; others are refused)"),
+    "device": device_option(),
+    "dtype": dtype_option(),
+    "device_map": device_map_option(),
     "threads": THREADS,
 }
 _COMMON_TYPES = {"model": Optional[str], "corpus": Optional[str], "num_samples": Optional[int],
                  "seq_len": Optional[int], "seed": Optional[int], "eps": Optional[float],
                  "batch_size": Optional[int], "out": Optional[Path], "device": str, "dtype": Optional[str],
+                 "device_map": Optional[str],
                  "threads": Optional[int]}
 #: keywords of an entry point the CLI does not give it (the probe's, taken by COMMON)
-_PROBE = ("corpus", "num_samples", "seq_len", "seed", "eps", "batch_size")
+_PROBE = ("corpus", "num_samples", "seq_len", "seed", "eps", "batch_size", "device", "dtype", "device_map")
 
 
 def _option_type(hint) -> tuple[type, object]:
@@ -195,7 +197,6 @@ def _run(kind: str, given: dict, parsers: dict) -> None:
 
     out = given.pop("out") or Path("runs/analyze") / kind
     check_outputs([("--out", out)])
-    cpu_float32_only(f"analyze {kind}", given.pop("device"), given.pop("dtype"))
     use_threads(given.pop("threads"))
     model = given.pop("model")
     kwargs = {}

@@ -7,7 +7,8 @@ The grammar every command follows:
   (:func:`list_option` + :func:`split_list`; repeating the flag adds to the list);
 * the same short option means the same thing everywhere: ``-n`` = ``--num-samples``,
   ``-t`` = ``--seq-len``, ``-k`` = ``--positions``, ``-w`` = ``--window``, ``-j`` = ``--jobs``;
-* every command that runs a model takes ``--device``, ``--dtype`` and ``--threads``;
+* every command that runs a model takes ``--device``, ``--dtype``, ``--device-map`` and ``--threads``
+  (checked by :func:`sinklab.subject.resolve_device`: ``--device cuda`` without CUDA is one line, exit 2);
 * ``--out`` is always a folder;
 * library messages name Python parameters (:func:`sinklab.errors.param`); the CLI writes them as its
   options (:func:`cli_text`: ``num_samples`` -> ``--num-samples``, a config key ``data.max_epochs``
@@ -31,8 +32,8 @@ import typer
 
 from sinklab.zoo.models import DEFAULT_MODEL
 
-#: dtype names of ``--dtype`` (``sinklab.measure.run.DTYPES`` maps them to torch dtypes)
-DTYPE_NAMES = ("float32", "bfloat16")
+#: dtype names of ``--dtype`` (``sinklab.subject.DTYPES`` maps them to torch dtypes)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 def split_list(values: str | Sequence[str] | None, cast: Callable[[str], Any] = str, flag: str = "") -> list | None:
@@ -96,9 +97,15 @@ def device_option(default: str = "cpu",
     return typer.Option(default, "--device", help=help)
 
 
-def dtype_option(help: str = "float32 | bfloat16 (default: bfloat16 on CUDA, float32 otherwise)") -> Any:
+def dtype_option(help: str = "float32 | bfloat16 | float16 (default: bfloat16 on CUDA, float32 otherwise)") -> Any:
     """``--dtype``: the model's parameter dtype (None: the command's default)."""
     return typer.Option(None, "--dtype", help=help)
+
+
+def device_map_option(help: str = "auto: spread the model over the GPUs, CPU and disk with accelerate (models that "
+                                  "do not fit one device)") -> Any:
+    """``--device-map``: ``auto`` (accelerate's placement) or not given (one device, ``--device``)."""
+    return typer.Option(None, "--device-map", help=help)
 
 
 def threads_option(help: str = "torch CPU threads (default: torch's own choice, about one per core)") -> Any:
@@ -121,26 +128,6 @@ def use_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
-
-
-def cpu_float32_only(command: str, device: str, dtype: Optional[str]) -> None:
-    """``--device`` / ``--dtype`` of a command whose library code places the model on the CPU in float32
-    (``sinklab stream``, ``sinklab analyze KIND``): only ``cpu`` and ``float32`` (or no ``--dtype``) are taken,
-    so the grammar is the same on every command that runs a model and a value it cannot honour is refused.
-
-    Args:
-        command: the command's name for the message (``"stream"``, ``"analyze massive"``).
-        device: the ``--device`` value. dtype: the ``--dtype`` value or None.
-
-    Raises:
-        InputError: any other device or dtype, in one line (exit 2).
-    """
-    from sinklab.errors import InputError
-
-    if device != "cpu":
-        raise InputError(f"--device {device}: sinklab {command} runs on the CPU only (use --device cpu)")
-    if dtype not in (None, "float32"):
-        raise InputError(f"--dtype {dtype}: sinklab {command} runs in float32 only (use --dtype float32)")
 
 
 #: library parameters whose option is not ``--`` + the name in kebab case (``sinklab stream --policy`` fills
@@ -222,5 +209,5 @@ def invoked_command() -> str:
 
 __all__ = ["DEFAULT_MODEL", "DTYPE_NAMES", "THREADS", "split_list", "list_option", "model_option",
            "num_samples_option", "seq_len_option", "device_option", "dtype_option", "threads_option", "out_option",
-           "use_threads", "cpu_float32_only", "check_outputs",
+           "device_map_option", "use_threads", "check_outputs",
            "invoked_command"]

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from sinklab.cli.common import (DEFAULT_MODEL, THREADS, check_outputs, device_option, dtype_option, invoked_command,
+from sinklab.cli.common import (DEFAULT_MODEL, THREADS, check_outputs, device_map_option, device_option, dtype_option,
+                                invoked_command,
                                 list_option, num_samples_option, out_option, seq_len_option, split_list, use_threads)
 from sinklab.cli.main import cli
 
@@ -28,8 +29,7 @@ def measure_cmd(
     seed: Optional[int] = typer.Option(None, help="seed of the probe draw and the bootstrap (default 0, or the run tracker's)"),
     dtype: Optional[str] = dtype_option(),
     device: str = device_option(),
-    device_map: Optional[str] = typer.Option(None, "--device-map", help="auto: spread the model over the GPUs, CPU and "
-                                             "disk with accelerate (models that do not fit one device)"),
+    device_map: Optional[str] = device_map_option(),
     out: Path = out_option(Path("runs/measure")),
     batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
     collector: str = typer.Option("auto", help="attention collector: auto | eager | blockwise"),

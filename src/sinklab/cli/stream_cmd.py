@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sinklab.cli.common import (THREADS, check_outputs, cpu_float32_only, device_option, dtype_option,
+from sinklab.cli.common import (THREADS, check_outputs, device_map_option, device_option, dtype_option,
                                 invoked_command, list_option, model_option, split_list)
 from sinklab.cli.main import cli
 
@@ -55,8 +55,9 @@ def stream_cmd(
     passkey_chunk: int = typer.Option(1, "--passkey-chunk", help="tokens per call while feeding a stream (1 = "
                                       "streaming; more: the chunk attends to the cache and itself, then it is cut)"),
     passkey_seed: int = typer.Option(0, "--passkey-seed", help="seed of the random keys"),
-    device: str = device_option(help="cpu (the streaming harness runs the model on the CPU; others are refused)"),
-    dtype: Optional[str] = dtype_option(help="float32 (the streaming harness runs in float32; others are refused)"),
+    device: str = device_option(),
+    dtype: Optional[str] = dtype_option(),
+    device_map: Optional[str] = device_map_option(),
     threads: Optional[int] = THREADS,
 ) -> None:
     """StreamingLLM on one long stream: perplexity, decode latency and cache memory for the full cache,
@@ -66,7 +67,6 @@ def stream_cmd(
     from sinklab.streaming import stream
     from sinklab.streaming.passkey import DEFAULT_DEPTHS
 
-    cpu_float32_only("stream", device, dtype)
     res = stream(model, corpus, tokens=tokens, window=window, sinks=split_list(sinks, int, "--sinks"), out=out,
                  chunk=chunk, recompute_every=recompute_every, mode=mode, full=not no_full, recompute=not no_recompute,
                  threads=threads, policies=split_list(policy, str, "--policy"),
@@ -77,7 +77,7 @@ def stream_cmd(
                  passkey_keys=passkey_keys,
                  passkey_depths=split_list(passkey_depths, float, "--passkey-depths") or DEFAULT_DEPTHS,
                  passkey_batch=passkey_batch, passkey_chunk=passkey_chunk, passkey_seed=passkey_seed,
-                 command=invoked_command())
+                 device=device, dtype=dtype, device_map=device_map, command=invoked_command())
     typer.echo(f"{res['title']}")
     if task == "passkey":
         depths = sorted(res["configs"][0]["accuracy_by_depth"], key=float) if res["configs"] else []

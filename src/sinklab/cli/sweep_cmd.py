@@ -128,7 +128,8 @@ def report_cmd(
     root: Path = typer.Argument(Path("results"), help="folder holding the sweep folders"),
     out: Optional[Path] = out_option(None, f"folder of the Markdown report {REPORT_NAME} (default ROOT)"),
     check: bool = typer.Option(False, "--check", help="exit 1 when any reported row was trained by code whose "
-                               "training-code fingerprint differs from the current code's"),
+                               "training-code fingerprint differs from the current code's; write each row's "
+                               "check to ROOT/fingerprint_check.csv"),
 ) -> None:
     """Gather finished sweeps into one Markdown report: tables, plots, paper values and verdicts. Every row's
     training-code fingerprint is compared with the current code's (one short canonical training per row and
@@ -137,10 +138,12 @@ def report_cmd(
 
     out = output_in_folder(root if out is None else out, REPORT_NAME)
     check_outputs([("--out", out.parent)])  # the fingerprint cache is in SINKLAB_HOME
-    from sinklab.sweep.report import build_report, stale_rows
+    from sinklab.sweep.report import build_report, stale_rows, write_fingerprint_log
 
     build_report(root, out)
     typer.echo(f"report: {out}")
+    if check:
+        typer.echo(f"fingerprint checks: {write_fingerprint_log(root)}")
     stale = stale_rows(root)
     for s in stale:
         typer.secho(f"stale: {s}", fg=typer.colors.YELLOW, err=True)

@@ -191,6 +191,11 @@ def summary_lines(result: _Result) -> list[str]:
                      f"model's own mask ({how}, T = {s['seq_len']}) hides keys from some queries; the mask-aware rate "
                      f"averages each key's mass over the queries that may see it, the plain one (Gu et al. 2025, Eq. 2) "
                      f"over every later query, counting the hidden ones as 0")
+    if s.get("extra_mass") is not None:  # learned sink logits / sink token / key bias: DESIGN "virtual sink"
+        mass = [v for row in s["extra_mass"] for v in row]
+        lines.append(f"virtual sink (a key outside the sequence: sink logits, sink token or key bias): mean attention "
+                     f"mass {sum(mass) / len(mass):.3f}, Sink* {s['sink_rate_virtual']:.1f}% of (sample, layer, head) "
+                     f"triples above eps = {eps}, beside Sink_1 {s['sink_rate'][0]:.1f}% on token 1")
     lines.append(f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
                  f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}")
     if _no_interval(s):

@@ -14,20 +14,16 @@ import torch
 
 from sinklab.capture import collect
 from sinklab.capture.stats import ProbeStats
-from sinklab.errors import InputError, UnknownNameError, param
+from sinklab.errors import InputError, param
 from sinklab.fileio import check_writable, read_json
 from sinklab.measure.report import write_outputs
 from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
-from sinklab.probe import INPUTS, Probe, make_probe
-from sinklab.probe.cache import tokenize_documents
+from sinklab.probe import INPUTS, Probe
 from sinklab.result import Result, percents, versions
+from sinklab.subject import ProbeSpec, Subject, check_device, resolve_device
+from sinklab.subject.core import DEFAULT_CORPUS, DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 from sinklab.zoo.models import DEFAULT_MODEL
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-#: ``input`` values besides the probe generators of :data:`sinklab.probe.INPUTS`
-AUTO_INPUTS = ("auto", "run")
-DEFAULT_CORPUS, DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN, DEFAULT_SEED = "sotu", 100, 64, 0
 
 
 @dataclass
@@ -37,7 +33,7 @@ class MeasureConfig:
     ``None`` and ``auto`` are resolved by :func:`measure` (the result holds the resolved values):
     for a model trained by ``sinklab train`` (``model`` is its run folder or ``final/``),
     ``input="auto"`` is ``run`` (the run's own held-out data in its packing, see
-    :mod:`sinklab.measure.trained`), ``num_samples``/``seq_len``/``seed`` default to the run
+    :meth:`sinklab.subject.ProbeSpec.resolve` and :meth:`sinklab.runs.Run.probe`), ``num_samples``/``seq_len``/``seed`` default to the run
     tracker's probe and ``bos="auto"`` to the run's packing; for any other model ``input="auto"``
     is ``natural`` on ``corpus`` (default ``sotu``), N = 100, T = 64, seed 0.
 
@@ -69,39 +65,24 @@ class MeasureConfig:
 
     def __post_init__(self) -> None:
         from sinklab.capture import COLLECTORS
-        from sinklab.probe.inputs import BOS_POLICIES
 
         if not 0.0 < self.eps < 1.0:
             raise InputError(f"{param('eps')} must lie in (0, 1), got {self.eps}")
-        if self.num_samples is not None and self.num_samples < 1:
-            raise InputError(f"{param('num_samples')} must be >= 1, got {self.num_samples}")
-        if self.seq_len is not None and self.seq_len < 2:
-            raise InputError(f"{param('seq_len')} must be >= 2, got {self.seq_len}")
+        self.probe_spec()  # the probe's settings: N, T, seed, token, BOS policy, input kind
         if self.positions < 1:
             raise InputError(f"{param('positions')} must be >= 1, got {self.positions}")
         if self.batch_size < 1:
             raise InputError(f"{param('batch_size')} must be >= 1, got {self.batch_size}")
-        if self.seed is not None and self.seed < 0:
-            raise InputError(f"{param('seed')} must be >= 0, got {self.seed}")
         if self.cloze < 0:
             raise InputError(f"{param('cloze')} must be >= 0 (items of the cloze task; 0 = off), got {self.cloze}")
-        if self.token is not None and self.token < 0:
-            raise InputError(f"{param('token')} must be a token id >= 0, got {self.token}")
-        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
-            raise InputError(f"{param('device')} must be cpu, cuda, cuda:N or auto, got {self.device!r}")
-        if self.device_map not in (None, "auto"):
-            raise InputError(f"{param('device_map')} must be auto (accelerate's placement), got {self.device_map!r}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise InputError(f"{param('dtype')} must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.bos not in BOS_POLICIES:
-            raise InputError(f"{param('bos')} must be one of {', '.join(BOS_POLICIES)}, got {self.bos!r}")
+        check_device(self.device, self.device_map, self.dtype)
         if self.collector != "auto" and self.collector not in COLLECTORS:
             raise InputError(f"{param('collector')} must be auto or one of {', '.join(COLLECTORS)}, got {self.collector!r}")
-        if self.input not in AUTO_INPUTS:
-            try:
-                INPUTS.get(self.input)
-            except UnknownNameError as e:
-                raise UnknownNameError(f"{e.marked}; or {' / '.join(AUTO_INPUTS)}") from None
+
+    def probe_spec(self) -> ProbeSpec:
+        """The probe settings as a :class:`~sinklab.subject.ProbeSpec` (checked there)."""
+        return ProbeSpec(input=self.input, corpus=self.corpus, num_samples=self.num_samples, seq_len=self.seq_len,
+                         bos=self.bos, seed=self.seed, token=self.token, text=self.text)
 
     def command(self) -> str:
         """The ``sinklab measure`` command line that reproduces this measurement."""
@@ -321,10 +302,9 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
         FetchError / ChecksumError: a package could not be fetched or verified.
         CaptureError: the model exposes no attention weights.
     """
-    from sinklab.measure.trained import check_input
+    from sinklab.models import check_model_spec
     from sinklab.runs import Run
     from sinklab.zoo.corpora import load_corpus
-    from sinklab.zoo.models import check_model_spec, load_model
 
     cfg = config or MeasureConfig()
     if overrides:
@@ -335,48 +315,29 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     if run is None:
         check_model_spec(cfg.model)  # a bad --model fails before any corpus or weights are fetched
     cfg = resolve_config(cfg, run)
-    corpus = None
-    if run is not None:
-        check_input(run, cfg.input, cfg.corpus)
-    elif cfg.input == "run":
-        raise InputError(f"{param('input', 'run')} needs a model trained by `sinklab train` (its run folder or final/), not {cfg.model!r}")
-    if cfg.input == "natural":  # corpus problems surface before the model is loaded
-        corpus = load_corpus(cfg.corpus)
-    loaded = load_model(str(run.final) if run is not None else cfg.model, dtype=DTYPES[cfg.dtype],
-                        attn_implementation="sdpa", accept_license=cfg.accept_license, device=cfg.device,
-                        device_map=cfg.device_map)
-    limit = loaded.info.max_context
-    if limit is not None and cfg.seq_len > limit and not cfg.allow_long_context:
-        raise InputError(
-            f"{param('seq_len', cfg.seq_len)} is past {cfg.model}'s context of {limit} tokens; "
-            f"pass {param('allow_long_context', True)} to try anyway (only meaningful for RoPE models)"
-        )
-    probe = _build_probe(cfg, run, corpus, loaded)
+    corpus = load_corpus(cfg.corpus) if cfg.input == "natural" else None  # corpus problems before the model loads
+    subj = Subject.load(run if run is not None else cfg.model, device=cfg.device, dtype=cfg.dtype,
+                        device_map=cfg.device_map, accept_license=cfg.accept_license)
+    subj = subj.with_probe(cfg.probe_spec(), allow_long_context=cfg.allow_long_context)
+    probe = subj.probe
     t0 = time.perf_counter()
     extra = {"prefix_len": run.config.train.prefix_len} if run is not None and run.config.train.prefix_len else {}
-    stats = collect(loaded.model, probe.input_ids, batch_size=cfg.batch_size, collector=cfg.collector,
+    stats = collect(subj.model, probe.input_ids, batch_size=cfg.batch_size, collector=cfg.collector,
                     progress=progress, entropy=True, **extra)
     summary = summarize(stats, cfg.eps, cfg.positions, seed=cfg.seed)
-    top = _top_sinks(stats, probe, loaded.tokenizer, cfg.eps)
+    top = _top_sinks(stats, probe, subj.tokenizer, cfg.eps)
     wall = time.perf_counter() - t0
     t1 = time.perf_counter()
-    downstream = (_downstream(cfg, loaded, probe, run, corpus, progress) if cfg.cloze else None)
+    downstream = (_downstream(cfg, subj, probe, run, corpus, progress) if cfg.cloze else None)
     if downstream is not None:
         downstream["wall_time_s"] = round(time.perf_counter() - t1, 3)  # not part of wall_time_s (the probe)
-    corpus_info = None
-    if corpus is not None:
-        corpus_info = {"name": corpus.name, **corpus.source}
-    model_info = asdict(loaded.info)
-    if run is not None:
-        model_info["run"] = str(run.folder)
-        model_info["prefix_len"] = run.config.train.prefix_len
     result = MeasureResult(
         config=cfg,
         summary=summary,
         probe=probe,
         stats=stats,
-        model=model_info,
-        corpus=corpus_info,
+        model=dict(subj.model_info),
+        corpus=subj.corpus_info if probe.kind == "natural" else None,
         top_sinks=top,
         command=command or cfg.command(),
         wall_time_s=wall,
@@ -387,43 +348,12 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     return result
 
 
-def _build_probe(cfg: MeasureConfig, run, corpus, loaded) -> Probe:
-    """The probe of a resolved ``cfg``: the run's held-out data (``--input run``) or a generator of
-    :data:`sinklab.probe.INPUTS` on the model's tokenizer (natural text tokenized through the cache).
-
-    Raises:
-        InputError: a tokenizer that cannot encode the text, ids past the model's embeddings, and as
-            the generators (too few windows...).
-    """
-    from sinklab.capture.adapter import adapt
-    from sinklab.measure.trained import tokenizer_error
-
-    kwargs: dict[str, Any] = dict(num_samples=cfg.num_samples, seq_len=cfg.seq_len, bos=cfg.bos, seed=cfg.seed,
-                                  token=cfg.token, text=cfg.text)
-    try:
-        if cfg.input == "run":
-            probe = run.probe(cfg.num_samples, cfg.seq_len, cfg.seed, cfg.bos, loaded.tokenizer)
-        else:
-            if corpus is not None:
-                kwargs["documents"] = corpus.documents
-                kwargs["token_docs"] = tokenize_documents(loaded.tokenizer, corpus.documents)
-            probe = make_probe(cfg.input, loaded.tokenizer, **kwargs)
-    except Exception as e:
-        if type(e) is Exception:  # what the `tokenizers` library raises, e.g. a word missing from a WordLevel vocabulary
-            raise tokenizer_error(e, run) from None
-        raise
-    vocab = adapt(loaded.model).embeddings.num_embeddings
-    if int(probe.input_ids.max()) >= vocab:
-        raise InputError(f"the tokenizer produced id {int(probe.input_ids.max())} past the model's {vocab} embeddings")
-    return probe
-
-
-def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress: bool) -> dict[str, Any]:
+def _downstream(cfg: MeasureConfig, loaded: Subject, probe: Probe, run, corpus, progress: bool) -> dict[str, Any]:
     """``--cloze N``: the cloze task (:mod:`sinklab.measure.downstream`) on held-out text, and the
     held-out loss on the probe windows (natural text or the run's own data only)."""
     from sinklab.measure.downstream import heldout_loss, score_cloze, text_cloze_items, token_cloze_items
 
-    device = next(loaded.model.parameters()).device
+    device = loaded.device
     if run is not None:
         docs = run.validation_documents()
         if run.synthetic:
@@ -451,41 +381,20 @@ def _downstream(cfg: MeasureConfig, loaded, probe: Probe, run, corpus, progress:
 
 
 def resolve_config(cfg: MeasureConfig, run) -> MeasureConfig:
-    """Fill the ``None``/``auto`` fields of ``cfg`` (see :class:`MeasureConfig`); ``run`` is the
-    :class:`~sinklab.runs.Run` behind ``cfg.model``, or None."""
-    cfg = replace(cfg, **resolve_device(cfg.device, cfg.device_map, cfg.dtype))
-    if run is None:
-        return replace(
-            cfg, input="natural" if cfg.input == "auto" else cfg.input, corpus=cfg.corpus or DEFAULT_CORPUS,
-            num_samples=cfg.num_samples or DEFAULT_NUM_SAMPLES, seq_len=cfg.seq_len or DEFAULT_SEQ_LEN,
-            seed=DEFAULT_SEED if cfg.seed is None else cfg.seed,
-        )
-    t = run.config.track
-    inp = cfg.input if cfg.input != "auto" else ("run" if cfg.corpus is None else "natural")
-    return replace(
-        cfg, input=inp, corpus=cfg.corpus or (DEFAULT_CORPUS if inp == "natural" else None),
-        num_samples=cfg.num_samples or t.n_probe,
-        seq_len=cfg.seq_len or (run.probe_len(cfg.bos) if inp == "run" else t.probe_len),
-        seed=t.seed if cfg.seed is None else cfg.seed,
-        # the run's own probe applies its packing itself; other inputs follow the run's BOS policy
-        bos=cfg.bos if cfg.bos != "auto" or inp == "run" else run.bos_policy,
-    )
-
-
-def resolve_device(device: str, device_map: str | None, dtype: str | None) -> dict[str, str]:
-    """``device`` "auto" -> "cuda" when available else "cpu"; ``dtype`` None -> "bfloat16" when the
-    model will run on CUDA (a CUDA device, or a device map with a GPU present), else "float32".
+    """Fill the ``None``/``auto`` fields of ``cfg`` (see :class:`MeasureConfig`; the probe's by
+    :meth:`sinklab.subject.ProbeSpec.resolve`, the device's by :func:`sinklab.subject.resolve_device`);
+    ``run`` is the :class:`~sinklab.runs.Run` behind ``cfg.model``, or None.
 
     Raises:
-        InputError: CUDA asked for but not available.
+        InputError: CUDA asked for but not available; ``--input run`` without a run; natural text for a run
+            trained on a synthetic task.
     """
-    cuda = torch.cuda.is_available()
-    if device == "auto":
-        device = "cuda" if cuda else "cpu"
-    if device.startswith("cuda") and not cuda:
-        raise InputError(f"{param('device', device)} but CUDA is not available here; use {param('device')} cpu or auto")
-    on_gpu = device.startswith("cuda") or (device_map is not None and cuda)
-    return {"device": device, "dtype": dtype or ("bfloat16" if on_gpu else "float32")}
+    cfg = replace(cfg, **resolve_device(cfg.device, cfg.device_map, cfg.dtype))
+    if run is None and cfg.input == "run":
+        raise InputError(f"{param('input', 'run')} needs a model trained by `sinklab train` (its run folder or final/), not {cfg.model!r}")
+    p = cfg.probe_spec().resolve(run, num_samples=DEFAULT_NUM_SAMPLES, seq_len=DEFAULT_SEQ_LEN)
+    return replace(cfg, input=p.input, corpus=p.corpus, num_samples=p.num_samples, seq_len=p.seq_len, seed=p.seed,
+                   bos=p.bos)
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

@@ -38,7 +38,8 @@ Names (``sinklab list attention``)::
     sigmoid_pnorm        sigmoid(s) / (sum sigmoid(s)^p)^(1/p) (option p, default 2)
     relu                 relu(s), no normalisation
     relu_norm            relu(s) / max(sum relu(s), 1e-6)
-    elu1                 (elu(q)+1).(elu(k)+1) / sqrt(d_h), no normalisation
+    elu1_sim             elu(s)+1, no normalisation (the similarity form of Gu et al.'s code)
+    elu1                 (elu(q)+1).(elu(k)+1) / sqrt(d_h), no normalisation (the kernel form)
     elu1_norm            the same / max(row sum, 1e-6) (Katharopoulos et al. 2020 linear attention)
     linear               q.k / sqrt(d_h) (identity kernel), no normalisation
     linear_relu          relu(q).relu(k) / sqrt(d_h), no normalisation
@@ -536,6 +537,25 @@ class ReLUNorm(_Elementwise):
 
     def similarity_grad(self, g, mask):
         return (g > 0).to(g.dtype)  # g = relu(s) > 0 iff s > 0
+
+
+@register("elu1_sim")
+class Elu1Sim(_Elementwise):
+    """elu+1 similarity elu(s)+1 of the logit s = q.k/sqrt(d_h), no normalisation (Gu et al. Table 6's 0.80*).
+
+    The similarity form of the paper's code (``model_attn_sim.py``: ``elu(q k^T * scale) + 1``, masked
+    keys 0), not the kernel form :class:`Elu1` ``(elu(q)+1).(elu(k)+1)/sqrt(d_h)``, which the paper
+    reports as failing to train without normalisation. Weights are positive, rows do not sum to 1.
+    """
+
+    def similarity(self, logits):
+        return F.elu(logits) + 1.0
+
+    def similarity_(self, scores):
+        return F.elu(scores, inplace=True).add_(1.0)  # elu(-inf) + 1 = 0 on masked logits
+
+    def similarity_grad(self, g, mask):
+        return g.clamp(max=1.0)  # d/ds = 1 for s > 0 (g > 1), exp(s) = g for s <= 0; 0 where masked
 
 
 # ===================================================== feature-map kernels

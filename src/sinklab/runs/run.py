@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from sinklab.data.packing import Packer, PackingContext
     from sinklab.data.tokens import TokenizedCorpus
     from sinklab.probe import Probe
-    from sinklab.zoo.models import LoadedModel
+    from sinklab.models import LoadedModel
 
 
 def prepare_data(cfg: RunConfig, out: Path) -> "TokenizedCorpus":
@@ -113,7 +113,7 @@ class Run:
             InputError: a run folder without ``final/`` (says where it is expected).
             ConfigError: the run's ``config.toml`` is invalid.
         """
-        from sinklab.zoo.models import NATIVE_MARKER, is_run_folder, run_final_folder
+        from sinklab.models import NATIVE_MARKER, is_run_folder, run_final_folder
 
         p = Path(model).expanduser()
         if not p.is_dir():
@@ -254,7 +254,7 @@ class Run:
             saved.pop(MASK_TOKEN, None)
         if saved is not None and tc.tokenizer.get_vocab() != saved:
             raise InputError(f"the data of {self.folder} prepared now has another vocabulary than the tokenizer in "
-                             f"{self.final}; measure it with {param('input')} natural, random or repeated instead")
+                             f"{self.final}; measure it with {param('input', 'natural')}, random or repeated instead")
         packing = self.packing_for(bos)
         try:
             ids = probe_set(tc.val, self.packer(packing), num_samples, seq_len, seed=seed, settings=RUN_WORDING)
@@ -291,13 +291,13 @@ class Run:
     # ------------------------------------------------------------------ model
     def load(self, *, dtype: torch.dtype | None = None, attn_implementation: str | None = "sdpa",
              device: str = "cpu") -> "LoadedModel":
-        """The finished model and tokenizer of ``final/`` (:func:`sinklab.zoo.models.load_model`), eval
+        """The finished model and tokenizer of ``final/`` (:func:`sinklab.models.load_model`), eval
         mode.
 
         Raises:
             InputError: the run has no ``final/``. CaptureError: sinklab.nn cannot load it.
         """
-        from sinklab.zoo.models import load_model
+        from sinklab.models import load_model
 
         return load_model(str(self.final), dtype=dtype, attn_implementation=attn_implementation, device=device)
 

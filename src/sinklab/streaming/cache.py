@@ -886,6 +886,8 @@ class SinkCache(Cache):
                 (right padding or a hole), padding that first shows after the first call, a padded
                 batch's call without its mask, or a mask that disagrees with the earlier ones.
         """
+        if isinstance(mask, dict):  # masks a multimodal wrapper prepared per layer type for its language model:
+            return  # the wrapper's own call handed over the 2D mask they were built from
         padded = self._memo.padded
         seen = self.get_seq_length()
         if mask is None:

@@ -359,18 +359,23 @@ def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | Non
     """
     n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
     x = ids.view(1, -1).to(_device(model))
-    out: dict[int, float] = {}
+    nll = torch.empty(max(n - 1, 0), dtype=torch.float64, device=x.device)  # on the device: no sync per token
     timed = min(latency_steps, n - 1)
     elapsed = 0.0
     with attention_for(model, spec) as attn:
         cache = _new_cache(model, spec, max_context)
         for t in show_progress(range(n - 1), desc=spec.name, unit="token", enabled=progress):
             pos = t if spec.kind == "full" else cache.kept_length()
+            clock = t >= n - 1 - timed
+            if clock:
+                _sync(x.device)
             t0 = time.perf_counter()
             logits = _step(model, x[:, t : t + 1], cache, pos)
-            if t >= n - 1 - timed:
+            if clock:
+                _sync(x.device)  # CUDA runs asynchronously: the step's time is its kernels' time
                 elapsed += time.perf_counter() - t0
-            out[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
+            nll[t] = _next_token_nll(logits, x[0, t + 1 : t + 2])[0]
+    out = dict(enumerate(nll.tolist()))
     ms = 1000.0 * elapsed / timed if timed else float("nan")
     state = cache.state_nbytes if isinstance(cache, SinkCache) else 0
     return out, ms, _cache_nbytes(cache), state, attn
@@ -399,11 +404,12 @@ def decode_stacked(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: 
         caches = [_new_cache(model, s, None) for s in specs]
         cache = StackedCache(caches)
         desc = f"{len(specs)} caches @{specs[0].budget}"
+        nll = torch.empty(max(n - 1, 0), R, dtype=torch.float64, device=x.device)  # no sync per token
         for t in show_progress(range(n - 1), desc=desc, unit="token", enabled=progress):
             logits = step_batch(model, x[:, t : t + 1], cache, cache.kept_length())[:, 0]  # (R, V)
-            nll = _next_token_nll(logits, x[:, t + 1]).tolist()
-            for s, v in zip(specs, nll):
-                out[s.name][t] = v
+            nll[t] = _next_token_nll(logits, x[:, t + 1])
+        for r, s in enumerate(specs):
+            out[s.name] = dict(enumerate(nll[:, r].tolist()))
     return {s.name: (out[s.name], c.nbytes, c.state_nbytes) for s, c in zip(specs, caches)}
 
 

@@ -8,9 +8,11 @@ positions *inside the cache*; :class:`KeyRotation` is what lets a cache do that 
 
 Supported: the rotate-half convention of LLaMA and its relatives (``q' = q cos + rotate_half(q) sin``
 on the first ``rotary_dim`` dimensions; partial rotary models rotate only those, the rest pass
-through), including models with one frequency table per layer type (Gemma 3). Learned absolute
-positions (GPT-2, OPT), ALiBi (BLOOM, MPT) and models whose RoPE interleaves pairs are refused
-with :class:`~sinklab.errors.InputError` naming what is missing.
+through), including models with one frequency table per layer type (Gemma 3). Layers a config
+marks as without RoPE (SmolLM3's ``no_rope_layers``) are left unrotated. Learned absolute positions
+(GPT-2, OPT), ALiBi (BLOOM, MPT) and models whose RoPE interleaves pairs (GLM-4, Helium) are refused
+with :class:`~sinklab.errors.InputError` naming what is missing. ``tests/test_sink_cache_families.py``
+checks every listed type against a fresh forward over the kept tokens.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from sinklab.nn.positional import rotate_half  # the LLaMA/NeoX convention, shar
 ROTATE_HALF_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
     "gemma3_text", "phi", "phi3", "stablelm", "olmo", "olmo2", "granite", "smollm3", "starcoder2", "gpt_neox",
-    "helium", "glm4",
 })
+#: model_type values whose RoPE rotates interleaved pairs (dims 2i, 2i+1: GLM-4, Helium): refused
+INTERLEAVED_MODEL_TYPES = frozenset({"glm", "glm4", "helium"})
 _LEARNED = ("learned absolute position embeddings, which are baked into the hidden states, so positions cannot be "
             "reassigned inside the cache")
 _ALIBI = ("ALiBi, a distance bias inside attention; StreamingLLM gives ALiBi models contiguous biases over the cache, "
@@ -145,8 +148,9 @@ def _rotary_module(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation]:
-    """One :class:`KeyRotation` per decoder layer of a ``transformers`` causal LM.
+def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation | None]:
+    """One :class:`KeyRotation` per decoder layer of a ``transformers`` causal LM (None for a layer the config
+    marks as without RoPE, ``no_rope_layers``: its keys have no position to move).
 
     Args:
         model: a ``transformers`` model (``PreTrainedModel``).
@@ -161,6 +165,9 @@ def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation]
     mt = getattr(cfg, "model_type", "?")
     if mt in NO_ROPE_MODEL_TYPES:
         raise InputError(f"SinkCache needs a RoPE model: {mt} uses {NO_ROPE_MODEL_TYPES[mt]}")
+    if mt in INTERLEAVED_MODEL_TYPES:
+        raise InputError(f"SinkCache does not support model type {mt!r}: its RoPE interleaves pairs of dimensions "
+                         "(2i, 2i+1), which the cache's re-rotation (rotate-half) would move wrongly")
     if mt not in ROTATE_HALF_MODEL_TYPES:
         raise InputError(f"SinkCache does not know the RoPE convention of model type {mt!r}: it supports the "
                          f"rotate-half RoPE of {', '.join(sorted(ROTATE_HALF_MODEL_TYPES))}")
@@ -174,7 +181,11 @@ def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation]
     out: list[KeyRotation] = []
     shared = KeyRotation(rope.inv_freq, rope) if isinstance(getattr(rope, "inv_freq", None), Tensor) else None
     per_type: dict[str, KeyRotation] = {}
-    for lt in layer_types:
+    uses_rope = getattr(cfg, "no_rope_layers", None)  # SmolLM3 / LLaMA 4: 1 = RoPE, 0 = NoPE, per layer
+    for i, lt in enumerate(layer_types):
+        if isinstance(uses_rope, (list, tuple)) and i < len(uses_rope) and not uses_rope[i]:
+            out.append(None)  # NoPE layer: its keys carry no position, nothing to move
+            continue
         if shared is not None:
             out.append(shared)
             continue

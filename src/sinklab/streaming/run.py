@@ -66,6 +66,9 @@ def stream(
     passkey_batch: int = 20,
     passkey_chunk: int = 1,
     passkey_seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    device_map: str | None = None,
     command: str | None = None,
 ) -> "StreamResult":
     """Evaluate full / window / sinks_k / recompute caches of ``model`` on one stream of ``corpus``,
@@ -97,6 +100,10 @@ def stream(
             of ``tokens`` tokens, ``passkey_batch`` streams at a time fed ``passkey_chunk`` tokens per
             call; ``passkey.json``; no recompute).
 
+        device, dtype, device_map: where and in which dtype the model runs (:meth:`sinklab.subject.Subject.load`:
+            ``cpu`` | ``cuda`` | ``cuda:N`` | ``auto``; ``float32`` | ``bfloat16`` | ``float16``, default bfloat16
+            on CUDA and float32 otherwise; ``device_map="auto"`` spreads a transformers model with accelerate).
+            Caches and quantised codes live on the model's device; NLLs are reduced in float64.
         command: the command recorded (the CLI gives the command as typed); None: a ``sinklab stream``
             command line of these arguments.
 
@@ -109,7 +116,8 @@ def stream(
             model's context, a corpus with fewer than ``tokens`` tokens, a model without RoPE, an
             ``out`` that cannot be written, budget or quantisation options without ``policies``,
             ``sinks`` with ``policies``, bad policy or quantisation options, an unknown task.
-        UnknownNameError / FetchError: as :func:`sinklab.zoo.models.load_model`; an unknown policy.
+        InputError: a bad device or dtype, or CUDA asked for but not available here.
+        UnknownNameError / FetchError: as :func:`sinklab.models.load_model`; an unknown policy.
     """
     specs = _specs(tokens=tokens, out=out, mode=mode, task=task, policies=policies, sinks=sinks, budgets=budgets,
                    n_sink=n_sink, kv_bits=kv_bits, key_quant=key_quant, sinks_full_precision=sinks_full_precision,
@@ -118,12 +126,13 @@ def stream(
     every = recompute_every or max(1, math.ceil(tokens / 128))
     if threads:
         torch.set_num_threads(threads)
-    loaded, native, ctx = _load_checked(model, corpus, specs, task)
+    loaded, native, ctx = _load_checked(model, corpus, specs, task, device=device, dtype=dtype, device_map=device_map)
     cmd = dict(model=model, corpus=corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,
                recompute_every=recompute_every, mode=mode, policies=policies, budgets=budgets, n_sink=n_sink,
                kv_bits=kv_bits, kv_group=kv_group, key_quant=key_quant, sinks_full_precision=sinks_full_precision,
                task=task, passkey_keys=passkey_keys, passkey_depths=passkey_depths, passkey_batch=passkey_batch,
-               passkey_chunk=passkey_chunk, passkey_seed=passkey_seed, full=full)
+               passkey_chunk=passkey_chunk, passkey_seed=passkey_seed, full=full, device=device, dtype=dtype,
+               device_map=device_map)
     if task == "passkey":
         return _passkey(loaded, corpus, specs, tokens=tokens, out=Path(out), ctx=ctx, keys=passkey_keys,
                         depths=passkey_depths, batch=passkey_batch, chunk=passkey_chunk, seed=passkey_seed,
@@ -180,21 +189,21 @@ def _specs(*, tokens, out, mode, task, policies, sinks, budgets, n_sink, kv_bits
                        recompute=recompute and task == "ppl")
 
 
-def _load_checked(model: str, corpus: str, specs, task: str) -> tuple:
-    """(loaded model, whether it is a sinklab model, its context or None), refused as :func:`stream` says."""
-    from sinklab.zoo.models import load_model
+def _load_checked(model: str, corpus: str, specs, task: str, *, device: str = "cpu", dtype: str | None = None,
+                  device_map: str | None = None) -> tuple:
+    """(the loaded :class:`~sinklab.subject.Subject`, whether it is a sinklab model, its context or None),
+    refused as :func:`stream` says."""
+    from sinklab.subject import Subject
 
-    from sinklab.capture.adapter import adapt
-
-    loaded = load_model(model, attn_implementation="sdpa")
-    native = adapt(loaded.model).kind == "sinklab"
-    if loaded.info.is_encoder or not (native or hasattr(loaded.model, "set_attn_implementation")):
+    loaded = Subject.load(model, device=device, dtype=dtype, device_map=device_map)
+    native = loaded.adapter.kind == "sinklab"
+    if loaded.is_encoder or not (native or hasattr(loaded.model, "set_attn_implementation")):
         raise InputError(f"sinklab stream needs a causal LM with relative positions; {model} is "
-                         + ("an encoder" if loaded.info.is_encoder else f"a {loaded.info.architecture} model"))
+                         + ("an encoder" if loaded.is_encoder else f"a {loaded.info['architecture']} model"))
     if corpus == "run" and not native:
         raise InputError(f"{param('corpus', 'run')} needs a model trained with sinklab train (its held-out data)")
     SinkCache(loaded.model, 0, 1, max_context=None)  # refuses a model without supported positions, naming why
-    ctx = loaded.info.max_context
+    ctx = loaded.info.get("max_context")
     for s in specs:  # check every configuration before the first long run
         if s.kind == "sink" and ctx is not None and s.n_sink + s.window > ctx:
             raise InputError(f"n_sink + window = {s.n_sink + s.window} exceeds the model's context of {ctx} tokens")
@@ -221,8 +230,8 @@ def _stream_tokens(loaded, model: str, corpus: str, tokens: int) -> tuple[torch.
 def _key(loaded, corp, ids: torch.Tensor, *, tokens: int, window: int, chunk: int, every: int, n_sink: int, kv_group: int,
          policies) -> dict:
     """The settings a resumed ``stream.json`` must share (:func:`_resumable`)."""
-    key = {"model": loaded.info.name, "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
-           "recompute_every": every, "stream_sha": _sha(ids)}
+    key = {"model": loaded.info["name"], "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
+           "recompute_every": every, "stream_sha": _sha(ids), "dtype": loaded.info.get("dtype")}
     if policies:
         key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
     return key
@@ -236,8 +245,8 @@ def _meta(command: str, key: dict, loaded, corp, *, ctx, native: bool, mode: str
 
     return {
         "command": command, **key, "max_context": ctx,
-        "title": f"{loaded.info.name} · {corp.name} · {tokens} tokens · window {window}",
-        "model_info": loaded.info.to_dict(), "corpus_source": corp.source, "versions": versions(),
+        "title": f"{loaded.info['name']} · {corp.name} · {tokens} tokens · window {window}",
+        "model_info": loaded.info, "corpus_source": corp.source, "versions": versions(),
         "mode": "decode" if native else mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
         "load_average_at_start": _load(),
         "definitions": {
@@ -276,7 +285,7 @@ def _comma(values) -> str:
 
 def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets, n_sink,
              kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths, passkey_batch,
-             passkey_chunk, passkey_seed, full, recompute=True) -> str:
+             passkey_chunk, passkey_seed, full, recompute=True, device="cpu", dtype=None, device_map=None) -> str:
     """A ``sinklab stream`` command line that reproduces the call (lists comma-separated, as the CLI takes them)."""
     cmd = ["sinklab", "stream", "--model", model, "--corpus", corpus, "--tokens", str(tokens), "--window", str(window)]
     if policies:
@@ -307,6 +316,12 @@ def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, 
                 "--passkey-batch", str(passkey_batch), "--passkey-chunk", str(passkey_chunk)]
         if passkey_seed:
             cmd += ["--passkey-seed", str(passkey_seed)]
+    if device != "cpu":
+        cmd += ["--device", device]
+    if dtype is not None:
+        cmd += ["--dtype", dtype]
+    if device_map is not None:
+        cmd += ["--device-map", device_map]
     return " ".join(shlex.quote(c) for c in cmd)
 
 
@@ -326,8 +341,9 @@ def _passkey(loaded, corpus: str, specs, *, tokens: int, out: Path, ctx, keys: i
     import hashlib
 
     sha = hashlib.sha256(torch.stack([s.ids for s in samples]).numpy().tobytes()).hexdigest()[:16]
-    key = {"task": "passkey", "model": loaded.info.name, "corpus": corp.name, "tokens": tokens, "keys": keys,
-           "depths": [float(d) for d in depths], "seed": seed, "chunk_tokens": chunk, "samples_sha": sha}
+    key = {"task": "passkey", "model": loaded.info["name"], "corpus": corp.name, "tokens": tokens, "keys": keys,
+           "depths": [float(d) for d in depths], "seed": seed, "chunk_tokens": chunk, "samples_sha": sha,
+           "dtype": loaded.info.get("dtype")}
     done, prev = {}, {}
     path = out / "passkey.json"
     if path.exists():
@@ -340,8 +356,8 @@ def _passkey(loaded, corpus: str, specs, *, tokens: int, out: Path, ctx, keys: i
         else:
             prev = {}
     meta = {"command": command, **key, "max_context": ctx,
-            "title": f"{loaded.info.name} · pass key in {corp.name} · {tokens} tokens · {keys} keys x {len(depths)} depths",
-            "needle": NEEDLE, "question": QUESTION, "model_info": loaded.info.to_dict(), "corpus_source": corp.source,
+            "title": f"{loaded.info['name']} · pass key in {corp.name} · {tokens} tokens · {keys} keys x {len(depths)} depths",
+            "needle": NEEDLE, "question": QUESTION, "model_info": loaded.info, "corpus_source": corp.source,
             "versions": versions(), "code": code_version(), "torch_threads": torch.get_num_threads(),
             "load_average_at_start": _load(),
             "definitions": {

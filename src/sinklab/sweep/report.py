@@ -68,13 +68,20 @@ _INTRO = [
     "and the effect size: the difference from the study's reference row in percentage points with its "
     "Welch 95% interval. *Sink_1 visible* is the mask-aware variant (mean over the queries the training "
     "mask lets see token 1); *Sink** is the share of heads whose attention to a virtual key exceeds eps. "
-    "Verdicts (`sinklab.sweep.verdict`): one test per row (one-sample t against the 10% level for "
-    "sink / no sink, Welch's t for higher / lower, TOST within 10 points for similar), p-values "
-    "Holm-adjusted over the study's rows; *agrees* / *disagrees* when the adjusted p is below 0.05 with "
-    "the estimate on / against the claim's side, *inconclusive* otherwise; a row whose validation loss "
-    "is above the unigram baseline is *degenerate* and gets no test. *expected (by)* says whose "
-    "expectation it is: the paper's (with its table, `../shared/paper_tables.md`) or ours (a "
-    "hypothesis). Every row's training-code fingerprint is checked against the current code's; a "
+    "Verdicts (`sinklab.sweep.verdict`, rules in `docs/studies.md`): one exact permutation test per row "
+    "(sign-flip test of the seeds against the 10% level for sink / no sink, two-sample permutation test "
+    "against the reference row for higher / lower, two one-sided permutation tests within 10 points for "
+    "similar), p-values Holm-adjusted over the study's rows; *agrees* / *disagrees* when the adjusted p is "
+    "below 0.05 with the estimate on / against the claim's side; *excludes the paper's effect* when not "
+    "significant but the 95% interval of our effect excludes the paper's effect both in points and scaled to "
+    "our reference level; *inconclusive* otherwise. *(n too small)* marks a row whose seed counts cannot "
+    "reach an adjusted p below 0.05 whatever the data (the smallest attainable adjusted p is beside each p). "
+    "A row whose validation loss is above the unigram baseline is *degenerate* and gets no test. The "
+    "attention mass on token 1 is a co-endpoint with the same statistics (tested against 0.10 of the mass; "
+    "no paper values). *Sink heads* is the final Sink_1 times L·H / 100 per seed: Sink_1 at 4 x 4 heads "
+    "moves in steps of 6.25 points. *expected (by)* says whose expectation it is: the paper's (its values "
+    "and their sources in `experiments/paper_values.toml`) or ours (a hypothesis). Every row's "
+    "training-code fingerprint is checked against the current code's (`fingerprint_check.csv`); a "
     "row trained by other numerics is marked **stale**.\n",
 ]
 
@@ -158,32 +165,62 @@ def _sweep_section(sw: Path, base: Path, *, resummarize: bool, check: bool) -> t
 
 def _headline(headline: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The report's headline table: one line per ``(study title, row)`` of a row with an expectation."""
+    from sinklab.sweep.summary import _interval, _p_text, paper_text, verdict_text
+
     lines: list[str] = []
     lines.append("## Headline\n")
-    lines.append("| study | setting | seeds | ours: Sink (%) mean ± std [95% CI] | per seed | paper (%) (table) "
-                 "| effect vs ref. (points) [95% CI] | expected (by) | p (Holm) | verdict |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("| study | setting | seeds | ours: Sink (%) mean ± std [95% CI] | per seed | sink heads per seed "
+                 "| paper (%) (table; effect, scaled) | effect vs ref. (points) [95% CI] | expected (by) "
+                 "| p (Holm) (≥ min attainable) | verdict | mass on token 1 [95% CI] | mass verdict |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for title, r in headline:
-        pv = "–" if r["paper"] in (None, "") else f"{float(r['paper']):g}"
-        if r.get("table"):
-            pv += f" ({r['table']})"
         key = "sink1_visible" if r.get("metric") == "sink1_visible" else "sink1"
         seeds = ", ".join(f"{v:.1f}" for v in seed_values(r, key))
+        heads = ("–" if r.get("sink_heads_seeds") in (None, "") else
+                 ", ".join(f"{v:g}" for v in seed_values(r, "sink_heads")) + f" (of {r['heads_total']})")
         ci = "" if r.get("ci_lo") in (None, "") else f" [{float(r['ci_lo']):.1f}, {float(r['ci_hi']):.1f}]"
         ours = mean_std(r, key) + ci + (" ¹" if key == "sink1_visible" else "")
         sp = r.get("sink_position")
         label = r["label"] + (f" (Sink_{sp})" if sp not in (None, "", 1, "1") else "")
-        eff = ("–" if r.get("effect") in (None, "") else f"{float(r['effect']):+.1f}"
-               + ("" if r.get("effect_lo") in (None, "") else f" [{float(r['effect_lo']):+.1f}, {float(r['effect_hi']):+.1f}]"))
-        pa = "–" if r.get("p_holm") in (None, "") else f"{float(r['p_holm']):.3g}"
-        v = (r.get("verdict") or "–") + (" (mixed code)" if r.get("code_mixed") in (True, "True") else "")
+        eff = _interval(r, "effect", "effect_lo", "effect_hi", sign=True)
+        v = verdict_text(r)
         if mark := stale_mark(r):
-            v += f" **({mark.split(':')[0]})**"
-        lines.append(f"| {title} | {label} | {r['n_seeds']} | {ours} | {seeds} | {pv} | {eff} "
-                     f"| {r['expect']} ({r.get('expect_by') or '–'}) | {pa} | {v} |")
-    lines.append("\n¹ verdict on the mask-aware Sink_1.\n")
+            v = v.replace(f" **({mark})**", f" **({mark.split(':')[0]})**")
+        mkey = "mass1_visible_mean" if key == "sink1_visible" else "mass1_mean"
+        mass = _interval(r, mkey, "mass1_ci_lo", "mass1_ci_hi", nd=3)
+        lines.append(f"| {title} | {label} | {r['n_seeds']} | {ours} | {seeds} | {heads} | {paper_text(r)} | {eff} "
+                     f"| {r['expect']} ({r.get('expect_by') or '–'}) | {_p_text(r)} | {v} | {mass} "
+                     f"| {verdict_text(r, 'mass1_')} |")
+    lines.append("\n¹ verdict on the mask-aware Sink_1 (and the mask-aware mass).\n")
     lines.append("")
     return lines
+
+
+#: the file ``sinklab report --check`` writes into the results root: each row's fingerprint check
+FINGERPRINT_LOG = "fingerprint_check.csv"
+
+
+def write_fingerprint_log(root: str | Path) -> Path:
+    """Write ``ROOT/fingerprint_check.csv``: one line per reported row with finished seeds (study, label,
+    seeds, the seeds' training-code fingerprints and CPUs, ``fingerprint_current`` and how
+    ``report`` decided it, :func:`sinklab.sweep.summary.check_fingerprints`), read from the summaries
+    :func:`build_report` just wrote. Returns the file."""
+    import csv
+
+    root = Path(root)
+    path = root / FINGERPRINT_LOG
+    cols = ["study", "label", "n_seeds", "seeds", "code_fingerprint", "cpu_model", "torch_version", "threads",
+            "commits", "fingerprint_current", "fingerprint_check"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for sw in find_sweeps(root):
+            if not (sw / "summary.csv").exists():
+                continue
+            for r in _read_rows(sw):
+                if int(r.get("n_seeds") or 0):
+                    w.writerow({**r, "study": sw.name})
+    return path
 
 
 def study_file(sw: Path, study: dict[str, Any]) -> Path | None:
@@ -197,9 +234,9 @@ def study_file(sw: Path, study: dict[str, Any]) -> Path | None:
 
 
 def refresh_study_json(sw: Path) -> dict[str, Any]:
-    """Re-read the sweep's study file when it still exists, so a note, a paper value or an
+    """Re-read the sweep's study file when it still exists, so a note, a label, a paper value or an
     expectation edited after the runs shows up in the report (points are matched by folder name;
-    runs are not affected). Returns the (updated) study dict, also written to ``study.json``."""
+    runs are not affected), and a point added to the study file since shows as not started. Returns the (updated) study dict, also written to ``study.json``."""
     from sinklab.errors import SinklabError
     from sinklab.sweep.spec import load_study
 
@@ -216,7 +253,13 @@ def refresh_study_json(sw: Path) -> dict[str, Any]:
     for p in study["points"]:
         if p["slug"] in by_slug:
             q = by_slug[p["slug"]]
-            p["paper"], p["expect"], p["table"], p["by"] = q.paper, q.expect, q.table, q.by
+            p["paper"], p["expect"], p["table"], p["by"], p["label"] = q.paper, q.expect, q.table, q.by, q.label
+    known = {p["slug"] for p in study["points"]}
+    for q in new.points:  # a point added to the study file after the sweep ran: a "not started" row
+        if q.slug not in known:
+            study["points"].append({"label": q.label, "slug": q.slug, "overrides": q.overrides, "x": q.x,
+                                    "paper": q.paper, "expect": q.expect, "table": q.table, "by": q.by,
+                                    "position": q.position})
     (sw / "study.json").write_text(json.dumps(study, indent=1, default=str))
     return study
 
@@ -240,5 +283,5 @@ def _read_rows(sw: Path) -> list[dict[str, Any]]:
             return v
 
     with open(sw / "summary.csv") as f:
-        return [{k: (v if k in ("label", "status", "expect", "verdict", "metric", "commits") or k.endswith("_seeds")
+        return [{k: (v if k in ("label", "status", "expect", "verdict", "mass1_verdict", "metric", "commits", "seeds", "p_method") or k.endswith("_seeds")
                      else conv(v)) for k, v in r.items()} for r in csv.DictReader(f)]

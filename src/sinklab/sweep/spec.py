@@ -22,11 +22,13 @@ A study file::
     [paper."0.1"]
     sink = 18.18                           # the paper's Sink_1 (percent) for this setting
     expect = "reference"                   # reference | sink | no_sink | higher | lower | similar
-    table = "Table 2"                      # where in the paper (../shared/paper_tables.md)
+    table = "Table 2"                      # where in the paper (experiments/paper_values.toml)
 
     # or explicit points (several keys changed at once)
     [[points]]
     label = "k_bias (v = 0)"
+    folder = "k_bias_v_0"                  # run folder (optional; default: the label made file-safe),
+                                           # so a point can be relabelled without losing its runs
     set = { "model.attention" = "k_bias" }
     paper = 0.04
     expect = "no_sink"
@@ -72,7 +74,7 @@ class Point:
     x: Any = None  # the swept value (grid with one key), for the plot's x axis
     paper: float | None = None
     expect: str = ""
-    table: str = ""  # where the paper value comes from (e.g. "Table 6"; ../shared/paper_tables.md)
+    table: str = ""  # where the paper value comes from (e.g. "Table 6"; experiments/paper_values.toml)
     by: str = ""  # "paper" for a direction the paper states without a number (needs ``table``)
     position: int = 1  # 1-based key whose sink rate the row reports and tests (a fixed token at p: p)
 
@@ -202,9 +204,9 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
                 raise ConfigError(f"{where}: paper entry for {lab!r} matches no grid point (labels: {', '.join(sorted(labels))})")
     for i, pr in enumerate(raw.get("points", [])):
         for k in pr:
-            if k not in ("label", "set", "paper", "expect", "x", "table", "by", "position"):
+            if k not in ("label", "set", "paper", "expect", "x", "table", "by", "position", "folder"):
                 raise ConfigError(f"{where}: points[{i}] has unknown key {k!r} (valid: label, set, paper, expect, x, "
-                                  "table, by, position)")
+                                  "table, by, position, folder)")
         pos = pr.get("position", 1)
         if isinstance(pos, bool) or not isinstance(pos, int) or pos < 1:
             raise ConfigError(f"{where}: points[{i}]: position (1-based key whose sink rate the row tests) must be an "
@@ -215,7 +217,11 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
             raise ConfigError(f"{where}: points[{i}] has no label")
         pv, ex, tb = _paper_entry({"sink": pr.get("paper"), "expect": pr.get("expect", ""), "table": pr.get("table")},
                                   f"{where}: points[{i}]")
-        points.append(Point(label=pr["label"], slug=slugify(pr["label"]), overrides={**common, **pr.get("set", {})},
+        folder = pr.get("folder", slugify(pr["label"]))
+        if not isinstance(folder, str) or not folder or slugify(folder) != folder:
+            raise ConfigError(f"{where}: points[{i}]: folder must be a file-safe name (letters, digits, '.', '-', '_'), "
+                              f"got {folder!r}")
+        points.append(Point(label=pr["label"], slug=folder, overrides={**common, **pr.get("set", {})},
                             x=pr.get("x"), paper=pv, expect=ex, table=tb, by=pr.get("by", ""),
                             position=pos))
     if not points:

@@ -53,7 +53,9 @@ from typing import Any
 
 from sinklab.fileio import read_json
 from sinklab.sweep.dynamics import seed_runs
-from sinklab.sweep.verdict import decide, holm, hypothesis_test, seed_stats, t_interval, welch
+from sinklab.sweep.verdict import (SIMILAR_MARGIN, decide, excludes_paper, holm, hypothesis_test, min_p, p_method,
+                                   paper_effects, seed_stats, t_interval, welch)
+from sinklab.sweep.verdict import EXCLUDES
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
 SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "val_loss", "sink1_start",
@@ -61,10 +63,13 @@ SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "v
 COLUMNS = (["label", "status", "n_seeds", "seeds", "sink_position"]
            + [f"{q}_{k}" for q in SEEDED for k in ("mean", "std", "seeds")]
            + ["ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi",
-              "sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
+              "heads_total", "sink_heads_seeds", "sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
               "top_sink_position", "max_norm_ratio_mean", "emergence_steps", "diverged_steps", "steps", "tokens",
               "wall_s", "load_1min", "commits", "code_mixed", "code_fingerprint", "fingerprint_current", "fingerprint_check", "torch_version", "threads", "cpu_model", "paper", "table",
-              "expect", "expect_by", "metric", "p_value", "p_holm", "verdict"])
+              "expect", "expect_by", "metric", "p_method", "p_value", "p_holm", "p_min", "p_holm_min",
+              "paper_effect", "paper_effect_scaled", "excludes_paper", "verdict"]
+           + ["mass1_" + c for c in ("ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi", "p_value", "p_holm",
+                                    "p_min", "p_holm_min", "verdict")])
 #: share of training (at the end) whose tracker evaluations are averaged into a run's Sink_1
 LAST_FRACTION = 0.2
 
@@ -160,7 +165,21 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
         "torch_version": s.get("torch_version"),
         "threads": s.get("threads"),
         "cpu_model": s.get("cpu_model"),
+        "heads_total": _heads_total(run),
     }
+
+
+def _heads_total(run: Path) -> int | None:
+    """L * H (layers x query heads) of the run's model, from its ``config.toml`` (None without one)."""
+    cfg = run / "config.toml"
+    if not cfg.exists():
+        return None
+    from sinklab.fileio import read_toml
+
+    model = read_toml(cfg, "run config").get("model", {})
+    if "n_layers" not in model or "n_heads" not in model:
+        return None
+    return int(model["n_layers"]) * int(model["n_heads"])
 
 
 def fingerprints_mixed(per: list[dict[str, Any]]) -> bool:
@@ -240,6 +259,12 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
         row[f"{q}_std"] = None if math.isnan(sd) else round(sd, 6)
         row[f"{q}_seeds"] = _join([m[q] for m in per])
     row["sink1_final_seeds"] = _join([m["sink1_final"] for m in per])
+    heads = {m["heads_total"] for m in per}
+    if len(heads) == 1 and None not in heads:
+        # Sink_1 is a share of (sample, layer, head) triples: times L * H it is the number of sink
+        # heads (an average over the probe's samples: whole numbers when a head is a sink on all or none)
+        row["heads_total"] = heads.pop()
+        row["sink_heads_seeds"] = _join([round(m["sink1_final"] * row["heads_total"] / 100.0, 2) for m in per])
     row["sink1_move"] = round(max(m["sink1_move"] for m in per), 4)
     uni = [m["unigram_loss"] for m in per if m["unigram_loss"] is not None]
     row["unigram_loss"] = round(sum(uni) / len(uni), 6) if uni else None
@@ -275,31 +300,79 @@ def _r(v: float, nd: int = 4) -> float | None:
     return None if v is None or math.isnan(v) else round(v, nd)
 
 
-def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any]]:
-    """Fill the statistics columns (``ci_lo``, ``ci_hi``, ``effect*`` against the row whose expect is
-    ``reference``, ``p_value``, ``p_holm`` over the study's tested rows, ``verdict``; see
-    :mod:`sinklab.sweep.verdict`) and ``code_mixed`` (see the module docstring)."""
-    ref = next((r for r in rows if r.get("expect") == "reference"), None)
-    tests = []
+#: the statistics columns of one endpoint (prefix "" for the verdict's Sink_1, "mass1_" for the mass on token 1)
+STAT_COLUMNS = ("ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi", "p_value", "p_holm", "p_min", "p_holm_min",
+                "verdict")
+
+
+def _endpoint(rows: list[dict[str, Any]], ref: dict[str, Any] | None, key: str, prefix: str, level: float,
+              margin: float, paper: bool) -> None:
+    """Fill the statistics columns ``prefix + STAT_COLUMNS`` of every row for the per-seed values of
+    ``key`` (:mod:`sinklab.sweep.verdict`: t-interval, Welch effect against ``ref``, the row's exact
+    test, Holm over the study's tested rows, the smallest attainable p and adjusted p, the verdict);
+    with ``paper``, also ``paper_effect``, ``paper_effect_scaled`` and ``excludes_paper``."""
+    tests, mins, excl = [], [], []
+    ref_vals = [] if ref is None else seed_values(ref, key)
+    ref_mean = sum(ref_vals) / len(ref_vals) if ref_vals else None
     for r in rows:
-        for c in ("ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi"):
-            r.setdefault(c, None)
-        key = r.get("metric") or "sink1"
+        for c in STAT_COLUMNS:
+            r[prefix + c] = None
         vals = seed_values(r, key)
-        ref_vals = [] if ref is None else seed_values(ref, key)
+        lo = hi = None
         if vals:
             _, lo, hi = t_interval(vals)
-            r["ci_lo"], r["ci_hi"] = _r(lo), _r(hi)
+            r[prefix + "ci_lo"], r[prefix + "ci_hi"] = _r(lo), _r(hi)
         if vals and ref_vals and r is not ref:
             d = welch(vals, ref_vals)
-            r["effect"], r["effect_lo"], r["effect_hi"] = _r(d.d), _r(d.lo), _r(d.hi)
-        tests.append(hypothesis_test(r.get("expect", ""), vals, ref_values=ref_vals or None, level=level,
-                                     degenerate=bool(r.get("degenerate")),
-                                     ref_degenerate=bool(ref and ref.get("degenerate"))))
+            r[prefix + "effect"], r[prefix + "effect_lo"], r[prefix + "effect_hi"] = _r(d.d), _r(d.lo), _r(d.hi)
+            lo, hi = d.lo, d.hi
+        expect = r.get("expect", "")
+        test = hypothesis_test(expect, vals, ref_values=ref_vals or None, level=level, margin=margin,
+                               degenerate=bool(r.get("degenerate")), ref_degenerate=bool(ref and ref.get("degenerate")))
+        tests.append(test)
+        mins.append(min_p(expect, len(vals), len(ref_vals)) if test[2] is None else math.nan)
+        exc = False
+        if paper:
+            has_paper = r.get("paper") not in (None, "") and r is not ref and r.get("expect_by") == "paper"
+            ref_paper = None if ref is None or ref.get("paper") in (None, "") else float(ref["paper"])
+            relative = ref_paper is not None and r.get(prefix + "effect") is not None
+            effects = (paper_effects(float(r["paper"]), ref_paper if relative else None, ref_mean)
+                       if has_paper else ())
+            if effects and not relative:  # no paper reference: the row's own interval against the paper value
+                lo, hi = r.get(prefix + "ci_lo"), r.get(prefix + "ci_hi")
+            r["paper_effect"] = _r(effects[0]) if effects and relative else None
+            r["paper_effect_scaled"] = _r(effects[1]) if len(effects) > 1 else None
+            exc = excludes_paper(lo, hi, effects)
+            r["excludes_paper"] = exc if effects and vals else None
+        excl.append(exc)
     adjusted = holm([p if status is None else math.nan for p, _, status in tests])
-    for r, (p, supports, status), pa in zip(rows, tests, adjusted):
-        r["p_value"], r["p_holm"] = _r(p, 6), _r(pa, 6)
-        r["verdict"] = decide(pa, supports, status)
+    best = holm(mins)
+    for r, (p, supports, status), pa, pm, pb, exc in zip(rows, tests, adjusted, mins, best, excl):
+        r[prefix + "p_value"], r[prefix + "p_holm"] = _r(p, 6), _r(pa, 6)
+        r[prefix + "p_min"], r[prefix + "p_holm_min"] = _r(pm, 6), _r(pb, 6)
+        r[prefix + "verdict"] = decide(pa, supports, status, exc)
+    if paper:
+        for r in rows:
+            r["p_method"] = (p_method(int(r["n_seeds"]), None if r.get("expect") in ("reference", "sink", "no_sink")
+                                      else len(ref_vals)) if r.get("n_seeds") and r.get("p_value") is not None else None)
+
+
+def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any]]:
+    """Fill the statistics columns of both endpoints and ``code_mixed`` (see the module docstring).
+
+    Sink_1 (the study's metric): ``ci_lo``, ``ci_hi``, ``effect*`` against the row whose expect is
+    ``reference``, ``p_value`` (the row's exact test, ``p_method``), ``p_holm`` over the study's tested
+    rows, ``p_min`` / ``p_holm_min`` (the smallest p and adjusted p the row's seed counts allow),
+    ``paper_effect`` / ``paper_effect_scaled`` / ``excludes_paper`` and ``verdict``; the co-endpoint
+    attention mass on token 1 (``mass1``, or ``mass1_visible`` for a mask-aware study) the same columns
+    prefixed ``mass1_``, tested against ``level / 100`` of the mass (the mass is a fraction) with the
+    similarity margin ``SIMILAR_MARGIN / 100``, and without paper values (the paper reports none).
+    """
+    ref = next((r for r in rows if r.get("expect") == "reference"), None)
+    metric = next((r.get("metric") for r in rows if r.get("metric")), "sink1")
+    _endpoint(rows, ref, metric, "", level, SIMILAR_MARGIN, paper=True)
+    _endpoint(rows, ref, "mass1_visible" if metric == "sink1_visible" else "mass1", "mass1_", level / 100.0,
+              SIMILAR_MARGIN / 100.0, paper=False)
     counts = Counter(c for r in rows for c in (r.get("commits") or "").split(";") if c)
     main = counts.most_common(1)[0][0] if counts else None
     for r in rows:
@@ -469,17 +542,71 @@ def mean_std(row: dict[str, Any], key: str, nd: int = 1) -> str:
     return f"{float(m):.{nd}f}" if s in (None, "") else f"{float(m):.{nd}f} ± {float(s):.{nd}f}"
 
 
+def verdict_text(row: dict[str, Any], prefix: str = "") -> str:
+    """The verdict of a summary row as the tables print it: the verdict, "(n too small)" when the row's
+    seed counts cannot reach an adjusted p below 0.05 whatever the data (``p_holm_min``), "(mixed
+    code)" and the stale mark (:func:`stale_mark`)."""
+    from sinklab.sweep.verdict import ALPHA, INCONCLUSIVE
+
+    v = row.get(prefix + "verdict") or "–"
+    pm = row.get(prefix + "p_holm_min")
+    if v in (INCONCLUSIVE, EXCLUDES) and pm not in (None, "") and float(pm) >= ALPHA:
+        v += " (n too small)"
+    if prefix:
+        return v
+    v += " (mixed code)" if row.get("code_mixed") in (True, "True") else ""
+    if mark := stale_mark(row):
+        v += f" **({mark})**"
+    return v
+
+
+def _interval(row: dict[str, Any], mean: str, lo: str, hi: str, nd: int = 1, sign: bool = False) -> str:
+    if row.get(mean) in (None, ""):
+        return "–"
+    f = f"{{:{'+' if sign else ''}.{nd}f}}"
+    out = f.format(float(row[mean]))
+    if row.get(lo) not in (None, ""):
+        out += f" [{f.format(float(row[lo]))}, {f.format(float(row[hi]))}]"
+    return out
+
+
+def _p_text(row: dict[str, Any], prefix: str = "") -> str:
+    pv = row.get(prefix + "p_holm")
+    if pv in (None, ""):
+        return "–"
+    pm = row.get(prefix + "p_holm_min")
+    return f"{float(pv):.3g}" + ("" if pm in (None, "") else f" (≥ {float(pm):.2g})")
+
+
+def paper_text(row: dict[str, Any]) -> str:
+    """The paper's value with its table and the paper's effect (points; scaled to our reference)."""
+    if row.get("paper") in (None, ""):
+        return "–"
+    out = f"{float(row['paper']):g}" + (f" ({row['table']})" if row.get("table") else "")
+    if row.get("paper_effect") not in (None, ""):
+        out += f"; effect {float(row['paper_effect']):+.1f}"
+        if row.get("paper_effect_scaled") not in (None, ""):
+            out += f", scaled {float(row['paper_effect_scaled']):+.1f}"
+    return out
+
+
 def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
-    """The summary rows as a Markdown table: mean ± std over seeds of Sink_1 (last 20% of training),
-    the mask-aware Sink_1, Sink* on a virtual key, the first-token mass and the validation loss, with
-    the unigram baseline, the paper's value and the verdict. ``per seed`` lists the seeds' Sink_1."""
-    head = ("| setting | seeds | Sink_1 (%) mean ± std [95% CI] | per seed | raw Sink_1 (%) | Sink_1 visible (%) "
-            "| Sink* virtual (%) | mass on token 1 | val loss (unigram) | top sink pos. | effect vs ref. (points) [95% CI] "
-            "| paper Sink_1 (%) | expected (by) | p (Holm) | verdict |")
-    lines = [head, "|" + "---|" * 15]
+    """The summary rows as a Markdown table: mean ± std over seeds of Sink_1 (last 20% of training)
+    with its 95% interval, the per-seed values and sink heads (final Sink_1 x L*H / 100 per seed, of
+    ``heads_total``), the mask-aware Sink_1, Sink* on a virtual key, the validation loss with the
+    unigram baseline, the effect against the reference, the paper's value and effect, the Holm-adjusted
+    p with the smallest attainable one, the verdict; then the same statistics for the co-endpoint
+    attention mass on token 1."""
+    head = ("| setting | seeds | Sink_1 (%) mean ± std [95% CI] | per seed | sink heads per seed (of L·H) "
+            "| raw Sink_1 (%) | Sink_1 visible (%) | Sink* virtual (%) | val loss (unigram) | top sink pos. "
+            "| effect vs ref. (points) [95% CI] | paper Sink_1 (%) (table; effect, scaled) | expected (by) "
+            "| p (Holm) (≥ min attainable) | verdict | mass on token 1 [95% CI] | mass effect [95% CI] "
+            "| mass p (Holm) | mass verdict |")
+    n_col = head.count("|") - 1
+    lines = [head, "|" + "---|" * n_col]
     for r in rows:
         if not r.get("n_seeds"):
-            lines.append(f"| {r['label']} | 0 | {r['status']} |" + " – |" * 12)
+            lines.append(f"| {r['label']} | 0 | {r['status']} |" + " – |" * (n_col - 3))
             continue
         loss = f"{mean_std(r, 'val_loss', 3)} ({_f(r['unigram_loss'], 2)})"
         if r.get("degenerate") in (True, "True"):
@@ -487,26 +614,26 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
         pos = r.get("top_sink_position")
         pos_s = "–" if pos in (None, "") else (str(pos) if int(pos) == 1 else f"**{pos}**")
         seeds = ", ".join(f"{v:.0f}" for v in seed_values(r, "sink1"))
-        verdict_s = (r.get("verdict") or "–") + (" (mixed code)" if r.get("code_mixed") in (True, "True") else "")
-        if mark := stale_mark(r):
-            verdict_s += f" **({mark})**"
+        heads = ("–" if r.get("sink_heads_seeds") in (None, "") else
+                 ", ".join(f"{v:g}" for v in seed_values(r, "sink_heads")) + f" (of {r['heads_total']})")
         metric_mark = " ¹" if r.get("metric") == "sink1_visible" else ""
         ci = "" if r.get("ci_lo") in (None, "") else f" [{float(r['ci_lo']):.1f}, {float(r['ci_hi']):.1f}]"
-        eff = ("–" if r.get("effect") in (None, "") else f"{float(r['effect']):+.1f}" +
-               ("" if r.get("effect_lo") in (None, "") else f" [{float(r['effect_lo']):+.1f}, {float(r['effect_hi']):+.1f}]"))
-        paper = _f(r['paper'], 2) + (f" ({r['table']})" if r.get("table") and r.get("paper") not in (None, "") else "")
+        eff = _interval(r, "effect", "effect_lo", "effect_hi", sign=True)
         exp = f"{r['expect']} ({r['expect_by']})" if r.get("expect") else "–"
-        pv = "–" if r.get("p_holm") in (None, "") else f"{float(r['p_holm']):.3g}"
         status = "" if str(r.get("status", "")).startswith("done") and "diverged" not in str(r.get("status")) else f" ({r['status']})"
         sp = r.get("sink_position")
         status += f" (Sink_{sp})" if sp not in (None, "", 1, "1") else ""
-        lines.append(f"| {r['label']}{status} | {r['n_seeds']} | {mean_std(r, 'sink1')}{ci} | {seeds} | "
+        mkey = "mass1_visible_mean" if r.get("metric") == "sink1_visible" else "mass1_mean"
+        mass = _interval(r, mkey, "mass1_ci_lo", "mass1_ci_hi", nd=3)
+        meff = _interval(r, "mass1_effect", "mass1_effect_lo", "mass1_effect_hi", nd=3, sign=True)
+        lines.append(f"| {r['label']}{status} | {r['n_seeds']} | {mean_std(r, 'sink1')}{ci} | {seeds} | {heads} | "
                      f"{_f(r.get('sink1_raw_mean'))} | {mean_std(r, 'sink1_visible')}{metric_mark} | "
-                     f"{mean_std(r, 'sink_virtual')} | {mean_std(r, 'mass1', 3)} | {loss} | {pos_s} | {eff} | "
-                     f"{paper} | {exp} | {pv} | {verdict_s} |")
+                     f"{mean_std(r, 'sink_virtual')} | {loss} | {pos_s} | {eff} | "
+                     f"{paper_text(r)} | {exp} | {_p_text(r)} | {verdict_text(r)} | {mass} | {meff} | "
+                     f"{_p_text(r, 'mass1_')} | {verdict_text(r, 'mass1_')} |")
     if any(r.get("metric") == "sink1_visible" for r in rows):
         lines.append("\n¹ the verdicts of this study use the mask-aware Sink_1 (the paper's formula divides by queries "
-                     "that cannot see token 1 under this mask).")
+                     "that cannot see token 1 under this mask), and the mass verdicts the mask-aware mass.")
     return "\n".join(lines)
 
 

