@@ -235,7 +235,7 @@ def test_every_command_that_runs_a_model_has_the_one_threads_option():
 
     for fn in (measure_cmd.measure_cmd, *analyze_cmd.commands().values(), stream_cmd.stream_cmd, train_cmd.train_cmd):
         assert inspect.signature(fn).parameters["threads"].default is THREADS, fn.__name__
-    assert len(analyze_cmd.commands()) == 8  # one `sinklab analyze KIND` per registered analysis
+    assert len(analyze_cmd.commands()) == 9  # one `sinklab analyze KIND` per registered analysis
 
 
 @pytest.mark.parametrize("command", ["measure", "analyze"])
