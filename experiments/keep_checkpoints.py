@@ -7,9 +7,9 @@ segment; the last segment finishes the run (final/, summary.json). The run is th
 compare OUT/summary.json with the run you copied the config from.
 
     python experiments/keep_checkpoints.py CONFIG OUT STEP[,STEP...] [--threads N]
-e.g.
+e.g. (after sinklab.sweep.store.unpack('results/attention_operation', 'runs/ao'))
     python experiments/keep_checkpoints.py \
-        /work/main/results/attention_operation/runs/softmax/seed100/config.toml runs/softmax_seed100_kept \
+        runs/ao/softmax/seed100/config.toml runs/softmax_seed100_kept \
         50,100,150,200,300,400,600,800,1000 --threads 1
 then
     sinklab analyze depth --model runs/softmax_seed100_kept --num-samples 32 --out results/analyze_learned/depth

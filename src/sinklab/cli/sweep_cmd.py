@@ -26,6 +26,9 @@ def sweep_cmd(
     seeds: Optional[int] = typer.Option(None, "--seeds", help="training seeds per point, train.seed = first_seed.. (default: the study's)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the points and their train commands, run nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress display"),
+    pack: bool = typer.Option(False, "--pack", help="after the summary, keep the runs as one table "
+                              "(runs.jsonl.gz: every run's lines with point / seed columns) instead of run folders; "
+                              "a later sweep unpacks it first"),
     launcher: str = typer.Option("local", "--launcher", help="local (child processes of this command), slurm (one "
                                  "Slurm job per point and seed, through submitit) or submitit-local (the same jobs "
                                  "through submitit's local executor, all at once)"),
@@ -89,6 +92,10 @@ def sweep_cmd(
     rows = summarize_sweep(out)
     typer.echo(markdown_table(rows))
     typer.echo(f"summary: {out / 'summary.md'}, {out / 'summary.csv'}, {out / 'sink_rate.png'}")
+    if pack and not failed:
+        from sinklab.sweep.store import pack as pack_runs
+
+        typer.echo(f"runs packed into {pack_runs(out)}")
     for k, v in failed.items():
         typer.secho(f"{k}: {v}", fg=typer.colors.RED, err=True)
     if failed:

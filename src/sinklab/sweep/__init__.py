@@ -6,6 +6,7 @@
 * :mod:`sinklab.sweep.verdict` -- agrees / disagrees / inconclusive against the paper's direction.
 * :mod:`sinklab.sweep.report` -- one Markdown report over every finished sweep.
 * :mod:`sinklab.sweep.dynamics` -- Sink_1, first-token mass and validation loss against step.
+* :mod:`sinklab.sweep.store` -- a study's runs as one table (``runs.jsonl.gz``) instead of run folders.
 
 The names in ``__all__`` are importable from the package itself (``from sinklab.sweep import ...``).
 """

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sinklab.errors import InputError
 from sinklab.fileio import output_file, read_jsonl
+from sinklab.sweep.store import runs_dir
 
 
 def seed_runs(point_folder: Path) -> list[Path]:
@@ -157,7 +158,7 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
     rows: list[dict] = []
     for p in study["points"]:
         k = int(p.get("position") or 1) - 1
-        for run in seed_runs(out / "runs" / p["slug"]):
+        for run in seed_runs(runs_dir(out) / p["slug"]):
             try:
                 recs = tracker_records(run)
             except InputError:
@@ -221,7 +222,7 @@ def study_stability(out: str | Path, study: dict) -> Path | None:
     for i, p in enumerate(study["points"]):
         color = plt.cm.tab20(i % 20)
         curves = []
-        for run in seed_runs(out / "runs" / p["slug"]):
+        for run in seed_runs(runs_dir(out) / p["slug"]):
             path = run / "metrics.jsonl"
             if not path.exists():
                 continue

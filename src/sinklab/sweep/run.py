@@ -252,6 +252,9 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int | None = 1, cores: int
             raise InputError(f"{param('seeds')} must be >= 1, got {seeds}")
         study.seeds = seeds
     out = Path(out)
+    from sinklab.sweep.store import unpack_in_place
+
+    unpack_in_place(out)  # a packed (published) study: its finished runs are skipped, not trained again
     write_study_json(study, out)
     points = select_points(study, only)
     # torch threads of a training whose config leaves train.threads unset: the local jobs share the

@@ -56,6 +56,7 @@ from sinklab.sweep.dynamics import seed_runs
 from sinklab.sweep.verdict import (SIMILAR_MARGIN, decide, excludes_paper, holm, hypothesis_test, min_p, p_method,
                                    paper_effects, seed_stats, t_interval, welch)
 from sinklab.sweep.verdict import EXCLUDES
+from sinklab.sweep.store import runs_dir
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
 SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "val_loss", "sink1_start",
@@ -468,8 +469,8 @@ def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> No
     for r, p in zip(rows, study["points"]):
         if not r.get("n_seeds"):
             continue
-        cur = current_fingerprint(out / "runs" / p["slug"])
-        runs = [d for d in seed_runs(out / "runs" / p["slug"]) if (d / "summary.json").exists()]
+        cur = current_fingerprint(runs_dir(out) / p["slug"])
+        runs = [d for d in seed_runs(runs_dir(out) / p["slug"]) if (d / "summary.json").exists()]
         if cur is None or not runs:
             r["fingerprint_current"] = False
             continue
@@ -499,7 +500,7 @@ def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) 
     study = read_json(sj, "study record")
     level = _emerge_level(out, study)
     metric = study.get("metric", "paper")
-    rows = [point_row(out / "runs" / p["slug"], p, metric) for p in study["points"]]
+    rows = [point_row(runs_dir(out) / p["slug"], p, metric) for p in study["points"]]
     add_verdicts(rows, level)
     if check:
         check_fingerprints(rows, out, study)
@@ -519,7 +520,7 @@ def summarize_sweep(out: str | Path, *, plot: bool = True, check: bool = False) 
 
 def _emerge_level(out: Path, study: dict) -> float:
     for p in study["points"]:
-        for r in seed_runs(out / "runs" / p["slug"]):
+        for r in seed_runs(runs_dir(out) / p["slug"]):
             s = r / "summary.json"
             if s.exists():
                 return float(read_json(s, "run summary").get("emerge_level", 10.0))

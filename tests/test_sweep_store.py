@@ -1,0 +1,71 @@
+"""A study's runs as one table (sinklab.sweep.store): the table restores every run file byte for byte, a
+packed study summarises to the same summary.csv as its folders, and a sweep over a packed study trains
+nothing again."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sinklab.errors import InputError
+from sinklab.sweep.store import TABLE, pack, runs_dir, unpack, unpack_in_place
+
+STUDY = Path(__file__).resolve().parents[1] / "results" / "norm_position"  # a small committed study (folders)
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    dst = tmp_path / "norm_position"
+    shutil.copytree(STUDY, dst)
+    return dst
+
+
+def _files(runs: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(runs)): p.read_bytes() for p in sorted(runs.rglob("*")) if p.is_file()}
+
+
+def test_pack_restores_every_file_byte_for_byte(study, tmp_path):
+    before = _files(study / "runs")
+    table = pack(study)
+    assert not (study / "runs").exists() and table == study / TABLE
+    assert _files(unpack(study, tmp_path / "back")) == before
+    # one table of every run's lines: metrics.jsonl line by line, with point / seed columns
+    rows = [json.loads(x) for x in gzip.decompress(table.read_bytes()).decode().splitlines()]
+    metrics = [r for r in rows if r["file"] == "metrics.jsonl" and r["point"] == "pre" and r["seed"] == 100]
+    assert "".join(r["text"] for r in metrics) == before["pre/seed100/metrics.jsonl"].decode()
+    assert [r["line"] for r in metrics] == list(range(len(metrics)))
+
+
+def test_packed_study_summarises_as_its_folders(study):
+    from sinklab.sweep.summary import summarize_sweep
+
+    summarize_sweep(study, plot=False)
+    folders = (study / "summary.csv").read_text()
+    pack(study)
+    (study / "summary.csv").unlink()
+    summarize_sweep(study, plot=False)
+    assert (study / "summary.csv").read_text() == folders
+    assert runs_dir(study).name != "runs" and (runs_dir(study) / ".complete").exists()
+
+
+def test_unpack_in_place_before_training(study):
+    before = _files(study / "runs")
+    pack(study)
+    assert unpack_in_place(study) and not (study / TABLE).exists()
+    assert _files(study / "runs") == before
+    assert not unpack_in_place(study)  # folders there: nothing to do
+
+
+def test_pack_refuses_to_lose_files(study):
+    extra = next((study / "runs").glob("*/seed*")) / "notes.txt"
+    extra.write_text("keep me")
+    with pytest.raises(InputError, match="would lose"):
+        pack(study)
+    assert extra.exists() and not (study / TABLE).exists()
+    with pytest.raises(InputError, match="no run folders"):
+        pack(study / "runs" / "pre")
