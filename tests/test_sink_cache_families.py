@@ -14,7 +14,7 @@ import torch
 from sinklab.errors import InputError
 from sinklab.streaming import SinkCache
 from sinklab.streaming.rope import INTERLEAVED_MODEL_TYPES, ROTATE_HALF_MODEL_TYPES, KeyRotation
-from test_architecture_matrix import shrink_kwargs
+from tiny_models import shrink_kwargs
 
 N_SINK, WINDOW, STEPS = 2, 5, 20
 #: mixture-of-experts types: their expert kernels (grouped matmul) take no float64; compared in float32

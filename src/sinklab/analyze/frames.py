@@ -138,17 +138,19 @@ def kl_to_uniform(weights: Tensor, visible: Tensor, drop: list[int] | None = Non
     return torch.where(ok, terms.sum(-1), torch.zeros_like(z.squeeze(-1))), ok
 
 
-def kl_reduction(weights: Tensor, visible: Tensor, sinks: list[int]) -> dict[str, float]:
+def kl_reduction(weights: Tensor, visible: Tensor, sinks: list[int],
+                 original: tuple[Tensor, Tensor] | None = None) -> dict[str, float]:
     """``KL(original) - KL(without sinks)`` over the rows defined in both (module docstring).
 
     Args:
         weights: (N, H, T, T) one layer's attention weights. visible: (T, T) bool. sinks: 0-based keys.
+        original: ``kl_to_uniform(weights, visible)`` when already computed (it does not depend on the sinks).
 
     Returns:
         {"kl": mean KL to uniform, "kl_without_sinks": mean after removing the sinks, "kl_reduction": their
         difference, "kl_relative_reduction": difference / kl (0 when kl is 0), "rows": rows used}.
     """
-    kl, ok = kl_to_uniform(weights, visible)
+    kl, ok = original if original is not None else kl_to_uniform(weights, visible)
     kl2, ok2 = kl_to_uniform(weights, visible, sinks)
     use = ok & ok2
     n = int(use.sum())
@@ -245,8 +247,9 @@ def frames(
         kind = classify_layer(refs, mass, causal, dominance=dominance)
         kinds.append(kind)
         order = sorted(range(k_rank), key=lambda j: -float(mass[j]))
-        kl = kl_reduction(w, visible, refs or [0])
-        kl_first = kl_reduction(w, visible, [0])
+        original = kl_to_uniform(w, visible)  # the same for both sink sets
+        kl = kl_reduction(w, visible, refs or [0], original)
+        kl_first = kl if (refs or [0]) == [0] else kl_reduction(w, visible, [0], original)
         rows.append({"layer": layer, "kind": kind, "reference_points": json.dumps(refs),
                      "n_reference_points": len(refs), "strength_first": float(reference_strength(mass, causal)[0]),
                      "mass_first": float(mass[0]), "mass_last": float(mass[-1]),
