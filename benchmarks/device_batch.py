@@ -3,8 +3,10 @@
 A random-weight LLaMA model of LLaMA-3.2-1B's shape (hidden 2048, 16 layers, 32 query / 8 KV heads of
 64, intermediate 8192, vocabulary 128256, tied embeddings: 1.24 B parameters; ``--layers`` fewer to fit
 the time), built directly in the dtype measured (so that float32 weights never exist in a bfloat16
-run). Each of the four cells (dtype x batch) runs in its own Python process, so that its peak memory is
-its own:
+run). Each cell (dtype x batch x cache) runs in its own Python process, so that its peak memory is
+its own. Besides the four SinkCache cells, four reference cells run the same decode with transformers'
+``DynamicCache`` (no eviction: the model's own forward), so the JSON separates how the model's
+forward scales with the batch on this CPU from what the sink cache adds (``--no-reference`` skips them):
 
 * a batch of ``B`` streams: B = 1 one prompt of ``--prompt`` tokens; B = 8 eight prompts of different
   lengths (``--prompt`` / 2 .. ``--prompt``), left-padded, with the attention mask and the position ids
@@ -73,7 +75,12 @@ def _child(args: argparse.Namespace) -> dict:
         ids[b, P - n :] = torch.randint(1, cfg.vocab_size, (n,), generator=g)
         mask[b, P - n :] = 1
     pos = (mask.cumsum(-1) - 1).clamp_min(0)  # generate's position ids: each row's real tokens from 0
-    cache = SinkCache(model, n_sink=4, window=args.window)
+    if args.cache == "dynamic":  # the reference: the model's own forward with transformers' full cache
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+    else:
+        cache = SinkCache(model, n_sink=4, window=args.window)
     times = []
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -91,11 +98,15 @@ def _child(args: argparse.Namespace) -> dict:
             if step >= args.warmup:
                 times.append(time.perf_counter() - t0)
     step_s = sum(times) / len(times)
-    kept = [cache.layers[0].rows[b].kept for b in range(B)] if cache.padded else [cache.kept_length()] * B
-    return dict(dtype=args.dtype, batch=B, lengths=lengths, layers=args.layers, params=n_params,
+    if args.cache == "dynamic":
+        kept, padded = [cache.get_seq_length()] * B, False
+    else:
+        padded = cache.padded
+        kept = [cache.layers[0].rows[b].kept for b in range(B)] if padded else [cache.kept_length()] * B
+    return dict(cache=args.cache, dtype=args.dtype, batch=B, lengths=lengths, layers=args.layers, params=n_params,
                 param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()), build_s=build_s,
                 prefill_s=prefill_s, ms_per_step=1000 * step_s, ms_per_token=1000 * step_s / B,
-                tokens_per_s=B / step_s, kept_per_row=kept, padded_cache=cache.padded,
+                tokens_per_s=B / step_s, kept_per_row=kept, padded_cache=padded,
                 peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, threads=torch.get_num_threads())
 
 
@@ -112,6 +123,9 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--cache", default="sink", help=argparse.SUPPRESS)
+    ap.add_argument("--no-reference", action="store_true",
+                    help="skip the reference cells (transformers' DynamicCache: the model's own batch scaling)")
     args = ap.parse_args()
     q = args.quick
     args.layers = args.layers or (2 if q else 16)
@@ -125,21 +139,22 @@ def main() -> None:
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     cells = []
-    for dtype in DTYPES:
-        for batch in BATCHES:
-            cmd = [sys.executable, __file__, "--child", "--dtype", dtype, "--batch", str(batch), "--layers",
-                   str(args.layers), "--prompt", str(args.prompt), "--window", str(args.window), "--steps",
-                   str(args.steps), "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
-            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if res.returncode:
-                sys.exit(f"cell {dtype} batch {batch} failed:\n{res.stderr[-3000:]}")
-            cell = json.loads(res.stdout.strip().splitlines()[-1])
-            cells.append(cell)
-            print(f"{dtype:>9} batch {batch}: {cell['ms_per_step']:8.1f} ms/step {cell['ms_per_token']:8.1f} ms/token "
-                  f"{cell['tokens_per_s']:7.2f} tok/s  peak RSS {cell['peak_rss_mib']:8.0f} MiB  "
-                  f"(prefill {cell['prefill_s']:.1f} s, build {cell['build_s']:.1f} s)", flush=True)
+    caches = ("sink",) if args.no_reference else ("sink", "dynamic")
+    for cache_kind, dtype, batch in [(c, d, b) for d in DTYPES for c in caches for b in BATCHES]:
+        cmd = [sys.executable, __file__, "--child", "--cache", cache_kind, "--dtype", dtype, "--batch", str(batch), "--layers",
+               str(args.layers), "--prompt", str(args.prompt), "--window", str(args.window), "--steps",
+               str(args.steps), "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode:
+            sys.exit(f"cell {dtype} batch {batch} failed:\n{res.stderr[-3000:]}")
+        cell = json.loads(res.stdout.strip().splitlines()[-1])
+        cells.append(cell)
+        print(f"{cache_kind:>7} {dtype:>9} batch {batch}: {cell['ms_per_step']:8.1f} ms/step {cell['ms_per_token']:8.1f} ms/token "
+              f"{cell['tokens_per_s']:7.2f} tok/s  peak RSS {cell['peak_rss_mib']:8.0f} MiB  "
+              f"(prefill {cell['prefill_s']:.1f} s, build {cell['build_s']:.1f} s)", flush=True)
     load_after = os.getloadavg()
-    by = {(c["dtype"], c["batch"]): c for c in cells}
+    by = {(c["dtype"], c["batch"]): c for c in cells if c["cache"] == "sink"}
+    ref = {(c["dtype"], c["batch"]): c for c in cells if c["cache"] == "dynamic"}
     ratios = {
         f"peak_rss_bf16_over_fp32_batch{b}": by[("bfloat16", b)]["peak_rss_mib"] / by[("float32", b)]["peak_rss_mib"]
         for b in BATCHES
@@ -148,6 +163,12 @@ def main() -> None:
     } | {
         f"ms_per_token_bf16_over_fp32_batch{b}": by[("bfloat16", b)]["ms_per_token"] / by[("float32", b)]["ms_per_token"]
         for b in BATCHES
+    } | {
+        f"reference_dynamic_tokens_per_s_batch8_over_batch1_{d}": ref[(d, 8)]["tokens_per_s"] / ref[(d, 1)]["tokens_per_s"]
+        for d in DTYPES if (d, 8) in ref and (d, 1) in ref
+    } | {
+        f"sink_over_dynamic_ms_per_step_{d}_batch{b}": by[(d, b)]["ms_per_step"] / ref[(d, b)]["ms_per_step"]
+        for d in DTYPES for b in BATCHES if (d, b) in ref
     }
     print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in load_after)}, on {os.cpu_count()} CPUs")

@@ -14,7 +14,7 @@ import pytest
 from sinklab.errors import InputError
 from sinklab.sweep.store import TABLE, pack, runs_dir, unpack, unpack_in_place
 
-STUDY = Path(__file__).resolve().parents[1] / "results" / "norm_position"  # a small committed study (folders)
+STUDY = Path(__file__).resolve().parents[1] / "results" / "norm_position"  # a small committed study
 
 
 @pytest.fixture
@@ -22,6 +22,8 @@ def study(tmp_path, monkeypatch):
     monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
     dst = tmp_path / "norm_position"
     shutil.copytree(STUDY, dst)
+    unpack_in_place(dst)  # the committed study may be packed already: start from its run folders
+    assert (dst / "runs" / "pre" / "seed100" / "metrics.jsonl").is_file()
     return dst
 
 
@@ -69,3 +71,21 @@ def test_pack_refuses_to_lose_files(study):
     assert extra.exists() and not (study / TABLE).exists()
     with pytest.raises(InputError, match="no run folders"):
         pack(study / "runs" / "pre")
+
+
+def test_one_run_point_folders_round_trip(tmp_path):
+    """Sweeps made before seed folders (results/archive: runs/<point>/ holds one run's files) pack too,
+    and unpack to the same layout byte for byte."""
+    out = tmp_path / "old_sweep"
+    files = {"a/metrics.jsonl": '{"step": 0, "loss": 3.5}\n{"step": 10, "loss": 2.25}\n',
+             "a/config.toml": "[model]\nlayers = 2\n", "b.c/metrics.jsonl": '{"step": 0}\n',
+             "b.c/summary.json": '{"sink1": 0.5}'}
+    for rel, text in files.items():
+        (out / "runs" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / "runs" / rel).write_text(text, encoding="utf-8")
+    pack(out)
+    assert not (out / "runs").exists()
+    rows = [json.loads(x) for x in gzip.decompress((out / TABLE).read_bytes()).decode().splitlines()]
+    assert {(r["point"], r["seed"]) for r in rows} == {("a", ""), ("b.c", "")}
+    back = unpack(out, tmp_path / "back")
+    assert {k: v.decode() for k, v in _files(back).items()} == files

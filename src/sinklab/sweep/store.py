@@ -33,7 +33,16 @@ PACKED_FILES = ("config.toml", "metrics.jsonl", "summary.json", "sweep.json", "f
 
 
 def _run_folders(runs: Path) -> list[Path]:
-    return sorted(d for d in runs.glob("*/seed*") if d.is_dir())
+    """``runs/<point>/seed<k>/``; or, in sweeps made before seed folders (``results/archive``), the
+    one-run ``runs/<point>/`` folders (their table rows have seed ``""``)."""
+    seeded = sorted(d for d in runs.glob("*/seed*") if d.is_dir())
+    return seeded or sorted(d for d in runs.glob("*") if d.is_dir() and (d / "metrics.jsonl").is_file())
+
+
+def _point_seed(runs: Path, d: Path) -> tuple[str, int | str]:
+    if d.parent == runs:  # a one-run point folder (no seed folders)
+        return d.name, ""
+    return d.parent.name, int(d.name[4:]) if d.name[4:].isdigit() else d.name
 
 
 def pack(out: str | Path, *, remove: bool = True) -> Path:
@@ -62,7 +71,7 @@ def pack(out: str | Path, *, remove: bool = True) -> Path:
         raise InputError(f"packing {out} would lose {', '.join(lost[:5])}{' ...' if len(lost) > 5 else ''}")
     lines = []
     for d in folders:
-        point, seed = d.parent.name, int(d.name[4:]) if d.name[4:].isdigit() else d.name
+        point, seed = _point_seed(runs, d)
         for name in PACKED_FILES:
             p = d / name
             if not p.exists():
@@ -91,7 +100,8 @@ def pack(out: str | Path, *, remove: bool = True) -> Path:
 
 
 def unpack(out: str | Path, dest: str | Path) -> Path:
-    """Recreate the run folders of ``out``'s table under ``dest`` (``dest/<point>/seed<k>/<file>``).
+    """Recreate the run folders of ``out``'s table under ``dest`` (``dest/<point>/seed<k>/<file>``; a table
+    of one-run point folders, seed ``""``: ``dest/<point>/<file>``).
 
     Raises:
         CorruptFileError: the table is unreadable or holds a line that is not a run record.
