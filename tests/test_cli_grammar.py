@@ -293,3 +293,16 @@ def test_streams_own_command_line_is_in_the_one_grammar():
                      kv_group=32, key_quant=None, sinks_full_precision=None, task="ppl", passkey_keys=20,
                      passkey_depths=[0.0], passkey_batch=20, passkey_chunk=1, passkey_seed=0, full=True)
     assert "--sinks 0,1,2,4,8 " in plain
+
+
+def test_sweep_and_report_default_to_runs_not_results(tmp_path, capsys, monkeypatch):
+    """sweep writes into runs/NAME unless --out says results/NAME; report reads runs/ by default (issue 38)."""
+    from test_sweep import _study
+
+    study = _study(tmp_path, THREE_POINTS)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli_captured(["sweep", str(study), "--dry-run", "--only", "0"], capsys)
+    assert code == 0, err
+    assert "--out runs/tiny/runs/0/seed" in out and "results/" not in out, out
+    code, _, err = run_cli_captured(["report"], capsys)
+    assert code == 2 and "runs" in err and "results" not in err, err

@@ -19,7 +19,7 @@ def sweep_cmd(
     study: Path = typer.Argument(..., help="a study file, e.g. experiments/weight_decay.toml"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="trainings at once (default 1); each gets cores // J "
                                        "torch threads. With --launcher slurm: the most jobs running at once (default: no cap)"),
-    out: Optional[Path] = out_option(None, "sweep folder (default results/NAME)"),
+    out: Optional[Path] = out_option(None, "sweep folder (default runs/NAME; a published study: --out results/NAME)"),
     cores: Optional[int] = typer.Option(None, "--cores", help="cores to share between the jobs (default: all)"),
     only: Optional[list[str]] = list_option("--only", "run only these points: folder names or labels, "
                                             "comma-separated (a label that holds a comma is taken whole)"),
@@ -73,7 +73,7 @@ def sweep_cmd(
         if seeds < 1:
             raise InputError(f"--seeds must be >= 1, got {seeds}")
         s.seeds = seeds
-    out = out or Path("results") / s.name
+    out = out or Path("runs") / s.name  # results/ only when asked (--out)
     if not dry_run:  # a dry run writes nothing
         check_outputs([("--out", out)])
     if dry_run:
@@ -132,7 +132,7 @@ REPORT_NAME = "REPORT.md"
 
 @cli.command("report")
 def report_cmd(
-    root: Path = typer.Argument(Path("results"), help="folder holding the sweep folders"),
+    root: Path = typer.Argument(Path("runs"), help="folder holding the sweep folders (default runs; the published studies: results)"),
     out: Optional[Path] = out_option(None, f"folder of the Markdown report {REPORT_NAME} (default ROOT)"),
     check: bool = typer.Option(False, "--check", help="exit 1 when any reported row was trained by code whose "
                                "training-code fingerprint differs from the current code's; write each row's "
