@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from sinklab.capture import collect
 from sinklab.capture.stats import ProbeStats
@@ -307,17 +308,44 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     from sinklab.zoo.corpora import load_corpus
 
     cfg = config or MeasureConfig()
+    tokenizer = overrides.pop("tokenizer", None)
+    held = overrides.pop("model", None)
+    if isinstance(held, Run):
+        held = str(held.folder)
+    if isinstance(held, (str, Path)):
+        overrides["model"], held = str(held), None
+    elif held is not None and not isinstance(held, (nn.Module, Subject)):
+        raise InputError(f"{param('model')} must be a name, a path, a Run, a Subject or an nn.Module, "
+                         f"not {type(held).__name__}")
+    placed = {}
+    if held is not None:  # a model object or a Subject: it stays where it is unless told otherwise
+        placed = {k: overrides.pop(k) for k in ("device", "dtype", "device_map") if k in overrides}
+        if isinstance(held, Subject) and placed:
+            raise InputError(f"{param('device')} / {param('dtype')} place a model object; this Subject is already "
+                             "placed")
+        overrides["model"] = f"<{type(held.model if isinstance(held, Subject) else held).__name__} in memory>"
     if overrides:
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
     if out is not None:  # before any model or corpus work
         check_writable(out, param("out"))
-    run = Run.find(cfg.model)
-    if run is None:
-        check_model_spec(cfg.model)  # a bad --model fails before any corpus or weights are fetched
-    cfg = resolve_config(cfg, run)
+    if held is not None:
+        subj = held if isinstance(held, Subject) else Subject.load(held, tokenizer=tokenizer, **placed)
+        run = subj.run
+        dev = str(subj.device)
+        cfg = replace(cfg, device="cpu", dtype=str(subj.dtype).removeprefix("torch."), device_map=None)
+        cfg = replace(resolve_config(cfg, run), device=dev)
+        if command is None:
+            command = (f"sinklab.measure(model=<{type(subj.model).__name__} object>, ...) in Python: no CLI command "
+                       "reproduces a model held in memory (save it, then sinklab measure FOLDER)")
+    else:
+        run = Run.find(cfg.model)
+        if run is None:
+            check_model_spec(cfg.model)  # a bad --model fails before any corpus or weights are fetched
+        cfg = resolve_config(cfg, run)
     corpus = load_corpus(cfg.corpus) if cfg.input == "natural" else None  # corpus problems before the model loads
-    subj = Subject.load(run if run is not None else cfg.model, device=cfg.device, dtype=cfg.dtype,
-                        device_map=cfg.device_map, accept_license=cfg.accept_license)
+    if held is None:
+        subj = Subject.load(run if run is not None else cfg.model, device=cfg.device, dtype=cfg.dtype,
+                            device_map=cfg.device_map, accept_license=cfg.accept_license)
     subj = subj.with_probe(cfg.probe_spec(), allow_long_context=cfg.allow_long_context)
     probe = subj.probe
     t0 = time.perf_counter()

@@ -293,7 +293,8 @@ class Subject:
         corpus = load_corpus(spec.corpus) if spec.input == "natural" else None
         self._check_len(spec.seq_len, allow_long_context)
         if self.tokenizer is None:
-            raise InputError(f"a {spec.input} probe needs the model's tokenizer: give Subject.load(model, tokenizer=...)")
+            raise InputError(f"a {spec.input} probe needs the model's tokenizer: pass tokenizer= with a model object "
+                             "(sinklab.measure, Subject.load)")
         try:
             if spec.input == "run":
                 probe = self.run.probe(spec.num_samples, spec.seq_len, spec.seed, spec.bos, self.tokenizer)
