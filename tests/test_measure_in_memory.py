@@ -41,3 +41,18 @@ def test_in_memory_model_refusals():
         sinklab.measure(model=Subject.load(model, tokenizer=tok), device="cpu", progress=False)
     with pytest.raises(InputError, match="tokenizer"):
         sinklab.measure(model=model, input="random", num_samples=2, seq_len=8, progress=False)
+
+
+def test_compare_takes_results_in_memory(tmp_path, text_corpus_dir):
+    """compare([measure(...), measure(...)]) equals compare over the saved folders and writes nothing."""
+    tok = make_tokenizer()
+    kw = dict(corpus=str(text_corpus_dir), num_samples=4, seq_len=16, seed=0, progress=False)
+    a = sinklab.measure(model=tiny_llama(vocab_size=len(tok)), tokenizer=tok, **kw)
+    b = sinklab.measure(model=tiny_llama(vocab_size=len(tok), rope_theta=100.0), tokenizer=tok, **kw)
+    mem = sinklab.compare([a, b])
+    a.save(tmp_path / "a")
+    b.save(tmp_path / "b")
+    disk = sinklab.compare([tmp_path / "a", tmp_path / "b"])
+    cols = ["sink_rate_1", "attention_mass_first", "n_layers", "num_samples", "seq_len", "eps"]
+    assert mem.models[cols].equals(disk.models[cols])
+    assert list(mem.models["folder"]) == ["<in memory: LlamaForCausalLM>"] * 2

@@ -24,7 +24,9 @@ from sinklab.fileio import atomic_write_text, read_json
 from sinklab.result import Result, versions
 
 
-def _load(folder: str | Path) -> dict[str, Any]:
+def _load(folder: "str | Path | Any") -> dict[str, Any]:
+    if hasattr(folder, "to_dict") and hasattr(folder, "summary"):  # a MeasureResult in memory
+        return json.loads(json.dumps(folder.to_dict()))  # exactly what its results.json holds
     p = Path(folder)
     f = p / "results.json" if p.is_dir() else p
     if not f.exists():
@@ -53,7 +55,7 @@ def comparison_tables(folders: Sequence[str | Path]):
 
     if len(folders) < 2:
         raise InputError(f"sinklab compare needs at least two result folders, got {len(folders)}")
-    results = [(_load(f), str(f)) for f in folders]
+    results = [(_load(f), _label(f)) for f in folders]
     eps = sorted({r["eps"] for r, _ in results})
     if len(eps) > 1:
         raise InputError(f"the results were measured with different eps ({', '.join(map(str, eps))}); "
@@ -218,15 +220,23 @@ class CompareResult(Result):
                    list(data.get("folders", [])), data.get("command"))
 
 
-def compare(folders: Sequence[str | Path], command: str | None = None) -> CompareResult:
+def compare(folders: "Sequence[str | Path | MeasureResult]", command: str | None = None) -> CompareResult:
     """The sink rates of the measured ``folders`` side by side (:func:`comparison_tables`); ``command``:
-    the command recorded (the CLI gives the command as typed).
+    the command recorded (the CLI gives the command as typed). An item may also be a
+    :class:`~sinklab.measure.run.MeasureResult` held in memory (its ``folder`` column: ``<in memory: MODEL>``),
+    so ``compare([measure(model=a), measure(model=b)])`` writes nothing.
 
     Raises:
         InputError: as :func:`comparison_tables`.
     """
     models, layers = comparison_tables(folders)
-    return CompareResult(models, layers, [str(f) for f in folders], command)
+    return CompareResult(models, layers, [_label(f) for f in folders], command)
+
+
+def _label(item: Any) -> str:
+    if hasattr(item, "to_dict") and hasattr(item, "summary"):
+        return f"<in memory: {item.model.get('name', '?')}>"
+    return str(item)
 
 
 def write_comparison(folders: Sequence[str | Path], out: str | Path, command: str | None = None):
