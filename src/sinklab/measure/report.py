@@ -28,6 +28,7 @@ def write_outputs(result: _Result, out: Path) -> Path:
     result.table().to_csv(out / "attention.csv", index=False)
     s = result.summary
     ci = s["sink_rate_ci"]
+    gated = {"sink_rate_gated": s["sink_rate_gated"]} if s.get("sink_rate_gated") is not None else {}
     pd.DataFrame({
         "position": range(len(s["sink_rate"])),
         "token_position": range(1, len(s["sink_rate"]) + 1),
@@ -36,6 +37,7 @@ def write_outputs(result: _Result, out: Path) -> Path:
         "ci_high": [c[1] for c in ci],
         "norm_ratio": s["norm_ratio"],
         "norm_ratio_median": s["norm_ratio_median"],
+        **gated,
     }).to_csv(out / "sink_rate.csv", index=False)
     plot_all(result, out)
     return out
@@ -196,6 +198,12 @@ def summary_lines(result: _Result) -> list[str]:
         lines.append(f"virtual sink (a key outside the sequence: sink logits, sink token or key bias): mean attention "
                      f"mass {sum(mass) / len(mass):.3f}, Sink* {s['sink_rate_virtual']:.1f}% of (sample, layer, head) "
                      f"triples above eps = {eps}, beside Sink_1 {s['sink_rate'][0]:.1f}% on token 1")
+    if s.get("sink_rate_gated") is not None:  # heads gated after attention: DESIGN "gate-weighted attention"
+        gm = [v for row in s["gate_mean"] for v in row]
+        lines.append(f"gate-weighted (each head's weights times its output gate's magnitude per query; mean gate "
+                     f"{sum(gm) / len(gm):.3f}): Sink_1 {s['sink_rate_gated'][0]:.1f}% and mean mass on token 1 "
+                     f"{s['attention_mass_first_gated']:.3f}, beside the raw Sink_1 {s['sink_rate'][0]:.1f}% and "
+                     f"{s['attention_mass_first']:.3f}")
     lines.append(f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
                  f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}")
     if _no_interval(s):
@@ -210,7 +218,8 @@ def summary_lines(result: _Result) -> list[str]:
 def print_summary(result: _Result, console=None) -> None:
     """A short console report: a title line, the sink rate at the first positions with CI and norm
     ratio (a table; for a model whose own mask hides keys, the mask-aware rate and its CI first, then
-    the plain one), then :func:`summary_lines`.
+    the plain one; for a gated model, the gate-weighted rate and its CI after the raw one), then
+    :func:`summary_lines`.
 
     Clean in a log file too: the title and the summary lines are printed as they are, never wrapped
     at the terminal width (80 columns when stdout is not a terminal), and without markup.
@@ -230,12 +239,19 @@ def print_summary(result: _Result, console=None) -> None:
         t.add_column("95% CI", justify="right")
     t.add_column("plain Sink_k (%)" if both else "Sink_k (%)", justify="right")
     t.add_column("95% CI", justify="right")
+    gated = s.get("sink_rate_gated") is not None
+    if gated:
+        t.add_column("gate-weighted Sink_k (%)", justify="right")
+        t.add_column("95% CI", justify="right")
     t.add_column("norm ratio Sink'_k", justify="right")
     for k, (r, ci, nr) in enumerate(zip(s["sink_rate"], s["sink_rate_ci"], s["norm_ratio"])):
         cells = [str(k + 1)]
         if both:
             cells += [f"{s['sink_rate_visible'][k]:.1f}", _ci_text(s["sink_rate_visible_ci"][k])]
-        t.add_row(*cells, f"{r:.1f}", _ci_text(ci), f"{nr:.2f}")
+        cells += [f"{r:.1f}", _ci_text(ci)]
+        if gated:
+            cells += [f"{s['sink_rate_gated'][k]:.1f}", _ci_text(s["sink_rate_gated_ci"][k])]
+        t.add_row(*cells, f"{nr:.2f}")
     console.print(t)
     for line in summary_lines(result):
         console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -95,7 +95,11 @@ def summarize(
         (L,) its mean over heads and ``attention_entropy_uniform`` the value of evenly spread attention
         under the probe's mask (:func:`~sinklab.metrics.entropy.uniform_attention_entropy`; a model that mixes
         sliding-window and global layers gets its windowed layers' value), when the
-        capture recorded entropies, plus ``eps``, ``positions``,
+        capture recorded entropies, for models whose heads are gated after attention (DESIGN "gate-weighted
+        attention", ``stats.gated_mass``) ``sink_rate_gated`` (K,) percent with ``sink_rate_gated_ci``,
+        ``sink_rate_gated_per_layer`` (L, K), ``sink_rate_gated_per_head`` (L, H, K), ``attention_mass_gated``
+        (L, H, K), ``attention_mass_first_gated`` (the same metrics on the gate-weighted attention mass) and
+        ``gate_mean`` (L, H) each head's mean gate magnitude over samples and queries, plus ``eps``, ``positions``,
         ``num_samples``, ``seq_len``, ``causal``, ``renormalised``, ``collector``.
 
     Raises:
@@ -144,6 +148,15 @@ def summarize(
     }
     _add_mask_aware(out, stats, eps, K, n_boot=n_boot, level=level, seed=seed)
     _add_captured_extras(out, stats, eps, K)
+    if stats.gated_mass is not None:  # DESIGN "gate-weighted attention"
+        g = stats.gated_mass
+        out["sink_rate_gated"] = _r(sink_rate(g, eps, K), 4)
+        out["sink_rate_gated_ci"] = _ci(bootstrap_sink_rate_ci(g, eps, K, n_boot=n_boot, level=level, seed=seed))
+        out["sink_rate_gated_per_layer"] = _r(sink_rate_per_layer(g, eps, K), 4)
+        out["sink_rate_gated_per_head"] = _r(sink_rate_per_head(g, eps, K), 2)
+        out["attention_mass_gated"] = _r(g[..., :K].mean(dim=0))
+        out["attention_mass_first_gated"] = round(float(g[..., 0].mean()), 6)
+        out["gate_mean"] = _r(stats.gate_mean.to(torch.float64).mean(dim=0), 4)
     return out
 
 
