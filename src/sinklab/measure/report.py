@@ -79,28 +79,9 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     plt.close(fig)
     paths.append(p)
 
-    # 2. Sink rate over positions (first K with CI, plus the full curve).
-    rate = np.array(s["sink_rate"])
-    ci = np.array(s["sink_rate_ci"], dtype=float)  # None (N = 1) -> nan
-    curve = np.array(s["sink_rate_curve"])
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    xs = np.arange(1, len(rate) + 1)
-    axes[0].bar(xs, rate, color="tab:blue")
-    if _no_interval(s):  # one sample: no interval to draw
-        axes[0].set_title("N = 1: no confidence interval", fontsize=8)
-    else:
-        axes[0].errorbar(xs, rate, yerr=[rate - ci[:, 0], ci[:, 1] - rate], fmt="none", ecolor="k", capsize=3)
-    axes[0].set_xlabel("token position k (1-based)")
-    axes[0].set_ylabel(f"sink rate Sink_k^{s['eps']} (%)")
-    axes[0].set_ylim(0, 100)
-    axes[0].set_xticks(xs)
-    axes[1].plot(np.arange(1, len(curve) + 1), curve, lw=1)
-    axes[1].set_xscale("log")
-    axes[1].set_xlabel("token position k (1-based, log)")
-    axes[1].set_ylabel("sink rate (%)")
-    axes[1].set_ylim(0, 100)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    # 2. Sink rate over positions (first K with CI, plus the full curve; the virtual sink and the gate-weighted
+    # rate beside them where the model has them).
+    fig = sink_rate_figure(s, title)
     p = out / "sink_rate_positions.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
@@ -124,6 +105,55 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     paths.append(p)
     del torch
     return paths
+
+
+def sink_rate_figure(s: dict, title: str = ""):
+    """The figure of ``sink_rate_positions.png`` from a measurement's summary ``s`` (a matplotlib Figure).
+
+    Left: bars of Sink_k at the first K token positions (1-based; labelled ``Sink_k``) with their 95%
+    intervals; for a model with a virtual sink (learned sink logits, sink token, key bias: DESIGN "virtual
+    sink") one more bar ``Sink* (virtual sink)`` at x = 0, left of token 1, with ``sink_rate_virtual``; for a
+    model whose heads are gated after attention, bars ``gate-weighted Sink_k`` beside each Sink_k with
+    ``sink_rate_gated`` (DESIGN "gate-weighted attention"). Right: the sink rate at every position (log x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rate = np.array(s["sink_rate"])
+    ci = np.array(s["sink_rate_ci"], dtype=float)  # None (N = 1) -> nan
+    curve = np.array(s["sink_rate_curve"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    xs = np.arange(1, len(rate) + 1)
+    gated = s.get("sink_rate_gated")
+    width = 0.4 if gated is not None else 0.8
+    axes[0].bar(xs, rate, width=width, color="tab:blue", label="Sink_k")
+    if _no_interval(s):  # one sample: no interval to draw
+        axes[0].set_title("N = 1: no confidence interval", fontsize=8)
+    else:
+        axes[0].errorbar(xs, rate, yerr=[rate - ci[:, 0], ci[:, 1] - rate], fmt="none", ecolor="k", capsize=3)
+    ticks, labels = list(xs), [str(x) for x in xs]
+    if gated is not None:
+        axes[0].bar(xs + width, gated, width=width, color="tab:green", hatch="..", label="gate-weighted Sink_k")
+    if s.get("sink_rate_virtual") is not None:
+        axes[0].bar([0], [s["sink_rate_virtual"]], width=width, color="tab:orange", hatch="//",
+                    label="Sink* (virtual sink)")
+        ticks, labels = [0] + ticks, ["*"] + labels
+    if gated is not None or s.get("sink_rate_virtual") is not None:
+        axes[0].legend(fontsize=7)
+    axes[0].set_xlabel("token position k (1-based)" + ("; *: the virtual sink" if labels[0] == "*" else ""))
+    axes[0].set_ylabel(f"sink rate Sink_k^{s['eps']} (%)")
+    axes[0].set_ylim(0, 100)
+    axes[0].set_xticks(ticks, labels)
+    axes[1].plot(np.arange(1, len(curve) + 1), curve, lw=1)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("token position k (1-based, log)")
+    axes[1].set_ylabel("sink rate (%)")
+    axes[1].set_ylim(0, 100)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def _no_interval(s: dict) -> bool:

@@ -84,7 +84,8 @@ def summarize(
         ``hidden_norm_sink`` / ``hidden_norm_others`` (L,) mean l2 norm of the top sink
         token vs the other tokens, ``massive_activation_ratio`` (L,) mean max/median
         ``|h|``, ``key_norm`` / ``value_norm`` (L, H_kv, K) when captured, ``extra_mass``
-        (L, H) when the model has a virtual sink key, the mask-aware ``sink_rate_visible`` (K,) with
+        (L, H) when the model has a virtual sink key, with ``sink_rate_virtual`` (Sink*, percent) and
+        ``sink_rate_virtual_per_layer`` (L,), the mask-aware ``sink_rate_visible`` (K,) with
         ``sink_rate_visible_ci``, ``sink_rate_visible_per_layer``, ``attention_mass_visible``,
         ``attention_mass_first_visible`` (the mass averaged over the queries the model's own mask lets
         see each key), ``mask`` and ``mask_aware_differs`` (True when some layer's mask hides keys
@@ -192,3 +193,5 @@ def _add_captured_extras(out: dict[str, Any], stats: _ProbeStats, eps: float, K:
     if stats.extra_mass is not None:
         out["extra_mass"] = _r(stats.extra_mass.mean(dim=0))
         out["sink_rate_virtual"] = round(sink_rate_virtual(stats.extra_mass, eps), 4)
+        out["sink_rate_virtual_per_layer"] = [round(sink_rate_virtual(stats.extra_mass[:, l : l + 1], eps), 4)
+                                              for l in range(stats.num_layers)]
