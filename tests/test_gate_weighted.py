@@ -24,6 +24,7 @@ from sinklab.capture import families
 from sinklab.capture.gates import GATES
 from sinklab.errors import InputError
 from sinklab.hooks import Hook, hooked
+from sinklab.measure import measure
 from sinklab.metrics import summarize
 from tiny_models import VOCAB, tiny_model
 
@@ -267,3 +268,28 @@ def test_measure_folder_reports_gate_weighted(tokenizer, text_corpus_dir, tmp_pa
                                                                    abs=2e-6)
     assert pd.read_csv(out / "sink_rate.csv")["sink_rate_gated"].tolist() == s["sink_rate_gated"]
     assert "gate-weighted" in stdout
+
+
+def test_measure_run_of_a_gated_operation(tmp_path):
+    """``measure`` on a run trained with ``attention = "gated_elementwise"`` (2 steps): results.json holds the
+    gate-weighted Sink_k, mass and gate means, equal to the metrics of the raw per-sample statistics."""
+    from helpers import synthetic_run_toml
+    from sinklab.metrics import sink_rate
+    from sinklab.runs.config import load_config
+    from sinklab.train import loop
+
+    f = tmp_path / "gated.toml"
+    f.write_text(synthetic_run_toml(steps=2).replace("n_heads = 2\n", 'n_heads = 2\nattention = "gated_elementwise"\n'))
+    run = tmp_path / "gated"
+    loop.train(load_config(f), run, progress=False)
+    res = measure(model=str(run), progress=False, out=tmp_path / "m")
+    s = json.loads((tmp_path / "m" / "results.json").read_text())
+    g = res.stats.gated_mass
+    assert g is not None and g.shape == res.stats.mass.shape
+    K = s["positions"]
+    assert s["sink_rate_gated"] == pytest.approx(sink_rate(g, s["eps"], K).tolist(), abs=1e-4)
+    torch.testing.assert_close(torch.tensor(s["attention_mass_gated"], dtype=torch.float64), g[..., :K].mean(dim=0),
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.tensor(s["gate_mean"], dtype=torch.float64), res.stats.gate_mean.mean(dim=0),
+                               atol=1e-4, rtol=0)
+    assert 0 < s["attention_mass_first_gated"] < s["attention_mass_first"]
