@@ -23,6 +23,7 @@ import torch
 
 from sinklab.capture import collect
 from sinklab.capture import families
+from sinklab.capture.gates import GATES
 from sinklab.errors import InputError
 from tiny_models import VOCAB, tiny_model
 
@@ -106,6 +107,8 @@ def test_type_is_exact_or_refused(model_type, monkeypatch):
     for layer, a in enumerate(ref):
         want = naive_mass(a, stats.causal)
         torch.testing.assert_close(stats.mass[:, layer], want, atol=1e-5, rtol=0)
+    # the gate-weighted attention is reported exactly for the gated types (tests/test_gate_weighted.py checks it)
+    assert (stats.gated_mass is not None) == (model_type in GATES)
     # a virtual sink (sink logits) is reported exactly when the type has one, and equals 1 - row sums
     assert (stats.extra_mass is not None) == (model_type in families.SINK_LOGIT_TYPES)
     if stats.extra_mass is not None:

@@ -18,8 +18,8 @@ from sinklab.hooks import SITES, Hook, active_hooks, hooked
 def test_the_site_names_are_public_api_and_documented():
     """A rename of a site fails here (and must be announced): the names and their order, and the table of
     docs/api.md's Hooks section lists every one."""
-    assert list(SITES) == ["resid.pre", "attn.query", "attn.key", "attn.value", "attn.weights", "attn.out",
-                           "block.out"]
+    assert list(SITES) == ["resid.pre", "attn.query", "attn.key", "attn.value", "attn.weights", "attn.gate",
+                           "attn.out", "block.out"]
     docs = _hooks_section()
     for name in SITES:
         assert f"`{name}`" in docs, name

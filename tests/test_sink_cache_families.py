@@ -1,16 +1,20 @@
 """SinkCache on every model type it re-rotates (issue 36 part 2): a tiny random one-layer model of each type
-in ``sinklab.streaming.rope.ROTATE_HALF_MODEL_TYPES``, decoded token by token past several evictions, equals
+whose SinkCache status is exact (``sinklab.capture.families.sink_cache_types``: the rotate-half RoPE types of
+``ROTATE_HALF_MODEL_TYPES`` and the multimodal wrappers around one, the exact rows of ``docs/models.md``), decoded token by token past several evictions, equals
 a fresh forward over exactly the kept tokens at positions 0..K (one layer: a kept token's key and value depend
 only on the token and its position), with cache positions and with the stream's own positions, and under
 ``generate``; a control cache that does not move the keys differs, so the check can fail. Variants the
 configs allow: layers without RoPE (SmolLM3's ``no_rope_layers``), partial rotary (phi, stablelm,
-gpt_neox, by default), a config with a sliding window (every layer then keeps its own window)."""
+gpt_neox, by default), a config with a sliding window (every layer then keeps its own window). Every other
+registered type is refused by SinkCache with the one-line message ``docs/models.md`` shows, or is not
+applicable (no attention, an encoder)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from sinklab.capture import families
 from sinklab.errors import InputError
 from sinklab.streaming import SinkCache
 from sinklab.streaming.rope import INTERLEAVED_MODEL_TYPES, ROTATE_HALF_MODEL_TYPES, KeyRotation
@@ -76,7 +80,7 @@ def fresh(m, ids):
         return torch.stack([m(ids[:, kept(t) + [t]]).logits[0, -1] for t in range(ids.shape[1])])
 
 
-TYPES = sorted(ROTATE_HALF_MODEL_TYPES)
+TYPES = sorted(families.sink_cache_types())
 
 
 @pytest.mark.parametrize("model_type", TYPES)
@@ -136,3 +140,39 @@ def test_a_config_with_a_sliding_window_keeps_the_models_window():
 def test_interleaved_rope_is_refused(model_type):
     with pytest.raises(InputError, match="interleaves"):
         SinkCache(one_layer(model_type), n_sink=N_SINK, window=WINDOW)
+
+
+def test_the_exact_types_are_the_rotate_half_ones_and_their_wrappers():
+    """The exact rows of docs/models.md are the types tested above: every rotate-half type transformers
+    registers, and wrappers only where their text config is one (their text type is what SinkCache reads)."""
+    registered = set(families.registered_types())
+    assert ROTATE_HALF_MODEL_TYPES <= registered
+    wrappers = set(TYPES) - ROTATE_HALF_MODEL_TYPES
+    assert wrappers == {"got_ocr2", "moss_transcribe_diarize"}
+    for t in wrappers:
+        from transformers import CONFIG_MAPPING
+
+        assert CONFIG_MAPPING[t]().get_text_config(decoder=True).model_type in ROTATE_HALF_MODEL_TYPES
+
+
+@pytest.mark.parametrize("model_type, kind", [("gpt2", "refused: learned positions"), ("bloom", "refused: ALiBi"),
+                                              ("glm4", "refused: interleaved RoPE"),
+                                              ("falcon", "refused: positions not checked"),
+                                              ("qwen3_next", "refused: positions not checked"),
+                                              ("mamba", "not applicable")])
+def test_other_types_are_refused_with_the_pages_message(model_type, kind):
+    """A tiny model of a type that is not exact: SinkCache raises exactly the message docs/models.md shows."""
+    import warnings
+
+    from tiny_models import tiny_model
+
+    warnings.filterwarnings("ignore")
+    status = families.registered_sink_cache_status(model_type)
+    assert families.sink_cache_kind(status) == kind
+    with pytest.raises(InputError) as err:
+        SinkCache(tiny_model(model_type), n_sink=N_SINK, window=WINDOW)
+    assert str(err.value) == status[1]
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")  # = render()
+    assert f"| `{model_type}` |" in page and f"| {status[0]}: {status[1]} |" in page

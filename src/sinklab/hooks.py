@@ -23,6 +23,7 @@ attn.query      (B, H, T_q, D) queries after RoPE / query norm                HF
 attn.key        (B, H_kv, T_k, D) keys after RoPE / key norm                  HF yes, SinkLM read
 attn.value      (B, H_kv, T_k, D) values                                      HF yes, SinkLM read
 attn.weights    (B, H, T_q, T_k) float32 weights after the softmax            yes (output recomputed)
+attn.gate       (B, H, T_q, G) output gate of a gated layer (G = 1 or D)      SinkLM yes, HF read
 attn.out        (B, T, d) attention sublayer output, before the residual add  yes
 block.out       (B, T, d) output of block l                                   yes
 ==============  ============================================================  =====================

@@ -12,6 +12,13 @@ encoders sinklab supports (:data:`ENCODERS`), has one status here:
   model adapter before every capture) raises :class:`~sinklab.errors.InputError` with it.
 
 A type in neither table (a newer ``transformers``) is measured through the generic seam, unchecked.
+
+The same page gives each type's **SinkCache** status (:func:`sink_cache_status`, the check
+:class:`sinklab.streaming.SinkCache` runs before it builds a cache): **exact** for the rotate-half RoPE
+types of :data:`ROTATE_HALF_MODEL_TYPES` (``tests/test_sink_cache_families.py`` decodes each past
+evictions against a fresh forward over the kept tokens), **refused** with the one-line message SinkCache
+raises (learned absolute positions, ALiBi, interleaved RoPE, a position encoding the matrix does not check),
+**not applicable** for types with no attention keys to cache and for encoders.
 :func:`attention_features` reads what a type's attention has (GQA, MLA, sliding window, chunked, sink
 logits, output gate, softcap, ALiBi, QK-norm) from its default config and the static sets below.
 ``python -m sinklab.capture.families > docs/models.md`` writes the page; ``tests/test_docs.py`` keeps it in
@@ -83,6 +90,21 @@ _UNBUILT_TYPES: dict[str, str] = {
 }
 REFUSED.update({t: _UNBUILT.format(why) for t, why in _UNBUILT_TYPES.items()})
 
+#: SinkCache (:mod:`sinklab.streaming`): model types whose attention applies RoPE with ``rotate_half`` to the
+#: first rotary_dim dims; each is checked by ``tests/test_sink_cache_families.py``
+ROTATE_HALF_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+    "gemma3_text", "phi", "phi3", "stablelm", "olmo", "olmo2", "granite", "smollm3", "starcoder2", "gpt_neox",
+})
+#: model types whose RoPE rotates interleaved pairs (dims 2i, 2i+1: GLM-4, Helium): SinkCache refuses them
+INTERLEAVED_MODEL_TYPES = frozenset({"glm", "glm4", "helium"})
+_LEARNED = ("learned absolute position embeddings, which are baked into the hidden states, so positions cannot be "
+            "reassigned inside the cache")
+_ALIBI = ("ALiBi, a distance bias inside attention; StreamingLLM gives ALiBi models contiguous biases over the cache, "
+          "which this cache does not implement")
+#: model types with learned absolute positions or ALiBi: keys carry no rotation a cache could move
+NO_ROPE_MODEL_TYPES = {"gpt2": _LEARNED, "opt": _LEARNED, "gpt_bigcode": _LEARNED, "bloom": _ALIBI, "mpt": _ALIBI}
+
 #: types whose attention adds learned per-head sink logits to the softmax denominator (a virtual sink)
 SINK_LOGIT_TYPES = frozenset({"gpt_oss", "granite_swa", "granitemoe_swa", "flint"})
 #: types whose softmax attention output is multiplied by a sigmoid gate (read from the modeling code)
@@ -112,6 +134,61 @@ def registered_types() -> list[str]:
     return causal + [t for t in ENCODERS if t not in causal]
 
 
+def sink_cache_status(model_type: str) -> tuple[str, str]:
+    """What :class:`sinklab.streaming.SinkCache` does with a model of ``model_type`` (the type of its text
+    config for a multimodal wrapper, as SinkCache reads it): ``("exact", "")`` for
+    :data:`ROTATE_HALF_MODEL_TYPES`; ``("not applicable", why)`` for a type with no softmax attention (nothing
+    to cache) or an encoder (:data:`ENCODERS`: nothing is decoded); ``("refused", message)`` otherwise, with
+    the one-line :class:`~sinklab.errors.InputError` message SinkCache raises (:func:`check_sink_cache`)."""
+    mt = model_type
+    if mt in ROTATE_HALF_MODEL_TYPES:
+        return "exact", ""
+    if REFUSED.get(mt) == _NO_ATTENTION:
+        return "not applicable", f"SinkCache does not apply to model type {mt!r}: it has no attention keys to cache"
+    if mt in ENCODERS:
+        return "not applicable", f"SinkCache does not apply to model type {mt!r}: an encoder, nothing is decoded"
+    if mt in NO_ROPE_MODEL_TYPES:
+        return "refused", f"SinkCache needs a RoPE model: {mt} uses {NO_ROPE_MODEL_TYPES[mt]}"
+    if mt in INTERLEAVED_MODEL_TYPES:
+        return "refused", (f"SinkCache does not support model type {mt!r}: its RoPE interleaves pairs of dimensions "
+                           "(2i, 2i+1), which the cache's re-rotation (rotate-half) would move wrongly")
+    return "refused", (f"SinkCache does not support model type {mt!r}: its position encoding is not one the "
+                       "sink-cache matrix checks (rotate-half RoPE), so moving its keys is not verified")
+
+
+def check_sink_cache(config) -> None:
+    """Raise unless :func:`sink_cache_status` of the model type of ``config``'s text config is exact.
+
+    Raises:
+        InputError: the type is refused or not applicable; the message is :func:`sink_cache_status`'s.
+    """
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    st, why = sink_cache_status(getattr(cfg, "model_type", "?"))
+    if st != "exact":
+        raise InputError(why)
+
+
+def _text_type(model_type: str, config) -> str:
+    """The model type SinkCache reads for a registered type: its default config's text config's type."""
+    try:
+        return config.get_text_config(decoder=True).model_type
+    except Exception:  # noqa: BLE001 - no config, or a wrapper without one text config
+        return model_type
+
+
+def registered_sink_cache_status(model_type: str, config=None) -> tuple[str, str]:
+    """:func:`sink_cache_status` of a registered type as SinkCache meets it: of the type of its text config
+    (``config``, default the type's default config), so a multimodal wrapper around a rotate-half language model
+    (Gemma 3, GOT-OCR2 around Qwen2) is exact."""
+    return sink_cache_status(_text_type(model_type, config if config is not None else _default_config(model_type)))
+
+
+def sink_cache_types() -> list[str]:
+    """The registered types whose SinkCache status is exact (:func:`registered_sink_cache_status`): the types
+    ``tests/test_sink_cache_families.py`` decodes past evictions, and the exact rows of ``docs/models.md``."""
+    return [t for t in registered_types() if registered_sink_cache_status(t)[0] == "exact"]
+
+
 def check_measurable(config) -> None:
     """Raise if sinklab refuses to measure models of ``config.model_type``.
 
@@ -123,18 +200,23 @@ def check_measurable(config) -> None:
         raise InputError(f"sinklab does not measure {model_type!r} models: {REFUSED[model_type]}")
 
 
+def _default_config(model_type: str):
+    """The type's default config, or None when it cannot be built without arguments."""
+    try:
+        from transformers import CONFIG_MAPPING
+
+        return CONFIG_MAPPING[model_type]()
+    except Exception:  # noqa: BLE001 - a config that needs arguments
+        return None
+
+
 def attention_features(model_type: str, config=None) -> list[str]:
     """What the attention of ``model_type`` has, read from ``config`` (default: the type's default
     config) and the static sets above: ``GQA`` / ``MQA`` (fewer key/value heads than query heads),
     ``MLA`` (low-rank compressed keys/values), ``sliding window``, ``chunked``, ``sink logits``, ``gate``,
     ``softcap``, ``ALiBi``, ``QK-norm``. A config that cannot be built gives only the static features."""
     if config is None:
-        try:
-            from transformers import CONFIG_MAPPING
-
-            config = CONFIG_MAPPING[model_type]()
-        except Exception:  # noqa: BLE001 - a config that needs arguments: static features only
-            config = None
+        config = _default_config(model_type)  # None: static features only
     out: list[str] = []
     try:
         cfg = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
@@ -175,13 +257,50 @@ def attention_features(model_type: str, config=None) -> list[str]:
     return out
 
 
+def refusal_kind(reason: str) -> str:
+    """The kind of a :data:`REFUSED` reason, for the counts on the page: ``no attention``, ``multimodal
+    wrapper``, ``not buildable offline`` or ``capture not exact`` (a seam failure the matrix found)."""
+    if reason == _NO_ATTENTION:
+        return "no attention"
+    if reason == _MULTIMODAL:
+        return "multimodal wrapper"
+    if reason.startswith(_UNBUILT.split("(")[0]):
+        return "not buildable offline"
+    return "capture not exact"
+
+
+def sink_cache_kind(status_reason: tuple[str, str]) -> str:
+    """The kind of a :func:`sink_cache_status`, for the counts on the page: ``exact``, ``not applicable``, or
+    ``refused: learned positions`` / ``ALiBi`` / ``interleaved RoPE`` / ``positions not checked``."""
+    st, why = status_reason
+    if st != "refused":
+        return st
+    if "learned absolute" in why:
+        return "refused: learned positions"
+    if "ALiBi" in why:
+        return "refused: ALiBi"
+    if "interleaves" in why:
+        return "refused: interleaved RoPE"
+    return "refused: positions not checked"
+
+
+def _counts(kinds: list[str]) -> str:
+    order = list(dict.fromkeys(sorted(kinds)))
+    return ", ".join(f"{k} {kinds.count(k)}" for k in order)
+
+
 def render() -> str:
-    """The Markdown page ``docs/models.md``: every type of :func:`registered_types` with its status, its
-    attention's features and, for a refused type, the reason."""
+    """The Markdown page ``docs/models.md``: every type of :func:`registered_types` with its measure status,
+    its attention's features, the reason for a refused type, and its SinkCache status
+    (:func:`sink_cache_status` of the type SinkCache reads: a wrapper's text config type), with the counts by
+    kind of reason."""
     import transformers
 
     types = registered_types()
     refused = [t for t in types if t in REFUSED]
+    configs = {t: _default_config(t) for t in types}
+    cache = {t: registered_sink_cache_status(t, configs[t]) for t in types}
+    cache_kinds = [sink_cache_kind(cache[t]) for t in types]
     lines = [
         "# Model types",
         "",
@@ -196,20 +315,37 @@ def render() -> str:
         "sliding window, chunked, softcap, ALiBi, QK-norm where the config says so) and from what its modeling "
         "code does (sink logits in the softmax denominator, a sigmoid gate on the attention output, QK-norm "
         "without a config switch). Sink logits are reported as the virtual sink (`extra_mass`, "
-        "`sink_rate_virtual` in `results.json`).",
+        "`sink_rate_virtual` in `results.json`); the gated types sinklab reads the gate of "
+        f"({', '.join(f'`{t}`' for t in _gated_readers())}) also get the gate-weighted attention "
+        "(`attention_mass_gated`, `sink_rate_gated`).",
         "",
-        f"{len(types)} types: {len(types) - len(refused)} exact, {len(refused)} refused. The encoders sinklab "
+        "**SinkCache** (`sinklab.streaming.SinkCache`, the type SinkCache reads: a multimodal wrapper's text "
+        "config type): **exact**: `tests/test_sink_cache_families.py` decodes a one-layer model of the type past "
+        "several evictions and checks it against a fresh forward over exactly the kept tokens; **refused**: "
+        "SinkCache raises an `InputError` with the message given; **not applicable**: no attention keys to "
+        "cache, or an encoder.",
+        "",
+        f"{len(types)} types: {len(types) - len(refused)} exact, {len(refused)} refused "
+        f"({_counts([refusal_kind(REFUSED[t]) for t in refused])}). The encoders sinklab "
         f"supports ({', '.join(ENCODERS)}) are checked bidirectionally: through their causal-LM class where "
         "transformers registers one (without `is_decoder` it attends both ways), else through `AutoModel`.",
         "",
-        "| model type | status | attention | reason |",
-        "|---|---|---|---|",
+        f"SinkCache: {_counts(cache_kinds)}.",
+        "",
+        "| model type | status | attention | reason | SinkCache |",
+        "|---|---|---|---|---|",
     ]
     for t in types:
-        feats = ", ".join(attention_features(t)) or "-"
-        st = status(t)
-        lines.append(f"| `{t}` | {st} | {feats} | {REFUSED.get(t, '')} |")
+        feats = ", ".join(attention_features(t, configs[t])) or "-"
+        st, why = cache[t]
+        lines.append(f"| `{t}` | {status(t)} | {feats} | {REFUSED.get(t, '')} | {st + (': ' + why if why else '')} |")
     return "\n".join(lines) + "\n"
+
+
+def _gated_readers() -> list[str]:
+    from sinklab.capture.gates import GATES
+
+    return sorted(GATES.names())
 
 
 if __name__ == "__main__":

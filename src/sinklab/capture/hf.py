@@ -22,11 +22,13 @@ from torch import nn
 
 from sinklab.attention_masks import MaskSpec, repeat_kv
 from sinklab.capture.collectors import COLLECTORS
+from sinklab.capture.gates import gate_reader
 from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
 from sinklab.capture.sites import ATTENTION_SITES, Hook, HookSet, attached, legacy_hooks
 from sinklab.errors import CaptureError, InputError
 from sinklab.metrics.entropy import attention_entropy
+from sinklab.metrics.sink import gate_weighted_column_sums
 
 ATTN_NAME = "sinklab_capture"
 
@@ -75,11 +77,17 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     more = {}
-    if hooked_weights:  # the eager collector hands the weights to the hooks and recomputes the output
+    gate = recorder.gate_of(layer) if recorder is not None else None  # a gated layer: its gate, read before
+    gated: list = []
+    if hooked_weights or gate is not None:
+        # the eager collector hands the weights to the hooks (and recomputes the output from an edit) and to
+        # the gate weighting (DESIGN "gate-weighted attention")
         collector = COLLECTORS.get("eager")
 
         def edit(w, q=query, k=key, v=value):
             new, edited = state.apply("attn.weights", layer, w, query=q, key=k, value=v)
+            if gate is not None:
+                gated.append(gate_weighted_column_sums(new, gate))
             return new if edited else None
 
         more["edit"] = edit
@@ -113,7 +121,7 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         # virtual sink), so the mean weight on the sink over the T_q queries is 1 - sum(col) / T_q
         extra = (1.0 - col.sum(dim=-1) / query.shape[2]).unsqueeze(-1)  # (B, H, 1)
     recorder.add_attention(layer, col, MaskSpec(causal=bool(is_causal), window=window), key=key, value=value,
-                           extra=extra, entropy=ent[0] if ent else None)
+                           extra=extra, entropy=ent[0] if ent else None, gated_column_sums=gated[0] if gated else None)
     return out, None
 
 
@@ -182,6 +190,7 @@ class HFSeam:
         self.switched = False
         self.attention = [has_attention(b) for b in self.layers]
         self.handles = []
+        reader = gate_reader(model.config)  # a gated type (sinklab.capture.gates): its attention's output gate
         try:
             for i, block in enumerate(self.layers):
                 self.handles.append(block.register_forward_pre_hook(self._pre(i), with_kwargs=True))
@@ -189,6 +198,8 @@ class HFSeam:
                 attn = attention_module(block)
                 if attn is not None:
                     self.handles.append(attn.register_forward_hook(self._attn_out(i)))
+                    if reader is not None:
+                        self.handles.append(attn.register_forward_pre_hook(self._gate(i, reader), with_kwargs=True))
         except BaseException:
             self.remove()
             raise
@@ -225,6 +236,29 @@ class HFSeam:
             if state.recorder is not None:
                 state.recorder.add_hidden(i, h)
             return _replace_first(out, h) if edited else None
+
+        return fn
+
+    def _gate(self, i: int, reader):
+        """The ``attn.gate`` site of a gated type (:mod:`sinklab.capture.gates`): before block i's attention
+        module runs, its gate (B, H, T, G) is read from the module's input; hooks see it (read-only) and the
+        recorder gets it (:meth:`BatchRecorder.add_gate`)."""
+        state = self.state
+
+        def fn(mod, args, kwargs):
+            if state.recorder is None and not state.at("attn.gate", i):
+                return None
+            x = args[0] if args else kwargs["hidden_states"]
+            with torch.no_grad():
+                g = reader(mod, x)
+            if g is None:  # this module has no gate (switched off in its config)
+                return None
+            if state.apply("attn.gate", i, g)[1]:
+                raise InputError(f"a hook edited 'attn.gate' of {type(self.model).__name__}: the gate of a "
+                                 "transformers model is read-only (the model computes its own; edit attn.out instead)")
+            if state.recorder is not None:
+                state.recorder.add_gate(i, g)
+            return None
 
         return fn
 

@@ -21,6 +21,7 @@ from sinklab.capture.recorder import BatchRecorder
 from sinklab.capture.sites import ATTENTION_SITES, HookSet, attached, legacy_hooks
 from sinklab.errors import InputError
 from sinklab.metrics.entropy import attention_entropy
+from sinklab.metrics.sink import gate_weighted_column_sums
 
 
 class SinkLMSeam:
@@ -40,6 +41,8 @@ class SinkLMSeam:
                 self.handles.append(block.register_forward_pre_hook(self._pre(i)))
                 self.handles.append(block.register_forward_hook(self._post(i)))
                 self.handles.append(block.attn.register_forward_hook(self._attn_out(i)))
+                if getattr(block.attn, "gate_act", None) is not None:  # a gated operation: the gate's sigmoid
+                    self.handles.append(block.attn.gate_act.register_forward_hook(self._gate(i, block.attn.n_heads)))
         except BaseException:
             self.remove()
             raise
@@ -84,6 +87,23 @@ class SinkLMSeam:
 
         return fn
 
+    def _gate(self, i: int, n_heads: int):
+        """The ``attn.gate`` site: the gate (B, T, H G) the attention computes before attending, seen as
+        (B, H, T, G); hooks may replace it, the recorder gets the result (:meth:`BatchRecorder.add_gate`)."""
+        state = self.state
+
+        def fn(_mod, _inp, out):
+            if state.recorder is None and not state.at("attn.gate", i):
+                return None
+            B, T, _ = out.shape
+            g = out.view(B, T, n_heads, -1).transpose(1, 2)  # (B, H, T, G)
+            g, edited = state.apply("attn.gate", i, g)
+            if state.recorder is not None:
+                state.recorder.add_gate(i, g)
+            return g.transpose(1, 2).reshape(B, T, -1) if edited else None
+
+        return fn
+
     def _observer(self):
         state, rec, spec, prefix_len = self.state, self.state.recorder, self.spec, self.prefix_len
 
@@ -107,6 +127,8 @@ class SinkLMSeam:
                     extra=extra,
                     renormalised=renormalised,
                     entropy=attention_entropy(weights, extra) if rec.wants_entropy else None,
+                    gated_column_sums=(None if (gate := rec.gate_of(layer)) is None
+                                       else gate_weighted_column_sums(weights, gate)),
                 )
             return weights if edited else None
 

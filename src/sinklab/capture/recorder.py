@@ -15,6 +15,7 @@ from sinklab.capture.stats import ProbeStats
 from sinklab.errors import CaptureError, InputError
 from sinklab.metrics.sink import (
     attention_mass_from_column_sums,
+    gate_magnitude,
     attention_mass_visible_from_column_sums,
     visible_key_counts,
 )
@@ -77,6 +78,11 @@ class BatchRecorder:
         self.masked = False  # some layer's mask differs from plain causal / bidirectional
         self.mask: dict = CAUSAL.to_dict()  # MaskSpec.to_dict() of the last masked layer, if any
         self.extra: list[Tensor | None] = [None] * num_layers
+        #: gated layers: the gate magnitude (B, H, T_q) float64 handed over by :meth:`add_gate` before the layer's
+        #: attention, the gate-weighted attention mass (B, H, T) and the mean gate magnitude over queries (B, H)
+        self.gate: list[Tensor | None] = [None] * num_layers
+        self.gated_mass: list[Tensor | None] = [None] * num_layers
+        self.gate_mean: list[Tensor | None] = [None] * num_layers
         self.key_norms: list[Tensor | None] = [None] * num_layers
         self.value_norms: list[Tensor | None] = [None] * num_layers
         self.hidden: list[tuple[Tensor, ...] | None] = [None] * num_layers
@@ -99,6 +105,20 @@ class BatchRecorder:
             raise CaptureError(f"attention was called {idx + 1} times for a model with {self.num_layers} layers")
         return idx
 
+    def add_gate(self, layer: int, gate: Tensor) -> None:
+        """Record the output gate of gated layer ``layer`` (0-based): ``gate`` (B, H, T_q, G), the factor each
+        head's output is multiplied by (G = 1 head-wise, G = D element-wise). The seams call it before the
+        layer's attention, which then passes :meth:`add_attention` the gate-weighted column sums
+        (:func:`~sinklab.metrics.gate_weighted_column_sums` with :meth:`gate_of`)."""
+        m = gate_magnitude(gate)  # (B, H, T_q)
+        self.gate[layer] = m
+        self.gate_mean[layer] = m.mean(dim=-1).cpu()
+
+    def gate_of(self, layer: int) -> Tensor | None:
+        """The gate magnitude (B, H, T_q) float64 of ``layer`` (:func:`~sinklab.metrics.gate_magnitude`), or None
+        for a layer without a gate."""
+        return self.gate[layer] if 0 <= layer < self.num_layers else None
+
     def add_attention(
         self,
         layer: int,
@@ -111,6 +131,7 @@ class BatchRecorder:
         renormalised: bool = False,
         causal_column_sums: Tensor | None = None,
         entropy: Tensor | None = None,
+        gated_column_sums: Tensor | None = None,
     ) -> None:
         """Record a layer's attention.
 
@@ -132,6 +153,12 @@ class BatchRecorder:
             renormalised: rows were renormalised to sum to 1 before the column sums.
             entropy: (B, H, T_q) each query's attention entropy in nats, or None; its mean over
                 the T_q queries is kept, (B, H).
+            gated_column_sums: (B, H, T) for a gated layer, ``sum_i A[b, h, i, j] * m[b, h, i]`` with ``m`` the
+                gate magnitude of :meth:`gate_of`; its mass (the paper's denominator) is the gate-weighted
+                attention mass.
+
+        Raises:
+            CaptureError: gate-weighted column sums for a layer whose gate was not recorded.
         """
         causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
         self.causal = causal
@@ -150,6 +177,11 @@ class BatchRecorder:
             self.mass_visible[layer] = self.mass[layer]
         if extra is not None:
             self.extra[layer] = extra.to(torch.float64).mean(dim=-1).cpu()
+        if gated_column_sums is not None:
+            if self.gate[layer] is None:
+                raise CaptureError(f"gate-weighted attention of layer {layer} without its gate")
+            self.gated_mass[layer] = attention_mass_from_column_sums(gated_column_sums, causal=causal).cpu()
+            self.gate[layer] = None  # used: no (B, H, T_q) per layer outlives its attention call
         if entropy is not None:
             self.entropy[layer] = entropy.to(torch.float64).mean(dim=-1).cpu()
         if key is not None:
@@ -194,13 +226,20 @@ class BatchRecorder:
             raise CaptureError("hidden states of some layers were not captured")
         keep = [i for i, m in enumerate(self.mass) if m is not None]
         if len(keep) < self.num_layers:
-            for name in ("mass", "mass_visible", "extra", "key_norms", "value_norms", "hidden", "entropy"):
+            for name in ("mass", "mass_visible", "extra", "key_norms", "value_norms", "hidden", "entropy",
+                         "gated_mass", "gate_mean"):
                 setattr(self, name, [getattr(self, name)[i] for i in keep])
 
         def stack(items: list, dim: int = 1) -> Tensor | None:
             return None if any(x is None for x in items) else torch.stack(items, dim=dim)
 
         hid = list(zip(*self.hidden))  # 5 lists of per-layer tensors
+        gated_mass = gate_mean = None
+        if any(g is not None for g in self.gated_mass):
+            # a layer without a gate multiplies its heads' outputs by 1: its gate-weighted mass is its mass
+            gated_mass = torch.stack([m if g is None else g for m, g in zip(self.mass, self.gated_mass)], dim=1)
+            gate_mean = torch.stack([torch.ones(m.shape[:2], dtype=torch.float64) if g is None else g
+                                     for m, g in zip(self.mass, self.gate_mean)], dim=1)
         return ProbeStats(
             mass=torch.stack(self.mass, dim=1),  # (B, L, H, T)
             hidden_norms=torch.stack(hid[0], dim=1),  # (B, L, T)
@@ -212,6 +251,8 @@ class BatchRecorder:
             value_norms=stack(self.value_norms),
             extra_mass=stack(self.extra),
             attention_entropy=stack(self.entropy),
+            gated_mass=gated_mass,
+            gate_mean=gate_mean,
             causal=self.causal,
             renormalised=self.renormalised,
             collector=self.collector,

@@ -34,6 +34,10 @@ SITES: dict[str, str] = {
     "attn.value": "(B, H_kv, T_k, D) the values of layer l",
     "attn.weights": "(B, H, T_q, T_k) float32 attention weights of layer l after normalisation (softmax); an "
                     "edit replaces them and the layer's output is recomputed from the new weights",
+    "attn.gate": "(B, H, T_q, G) the output gate of layer l in gated models: the factor each head's attention "
+                 "output is multiplied by (after the sigmoid; G = 1 head-wise, G = D element-wise); sinklab's gated "
+                 "operations and the transformers types of sinklab.capture.gates (read-only there); never called "
+                 "in a layer without a gate",
     "attn.out": "(B, T, d) the output of block l's attention sublayer: after the output projection, before the "
                 "residual add (BERT's BertAttention module includes its residual add and LayerNorm)",
     "block.out": "(B, T, d) the output of block l (= output_hidden_states[l + 1], before any final norm)",

@@ -47,6 +47,13 @@ class ProbeStats:
             attention entropy ``-sum_j A[i, j] log A[i, j]`` in nats (a virtual key's weight counted
             as one more entry; rows taken as ``|w| / sum |w|``), when the capture computed it
             (``collect(..., entropy=True)``), else None.
+        gated_mass: (N, L, H, T) float64 gate-weighted attention mass for models whose heads are gated after
+            attention (DESIGN "gate-weighted attention"): ``mean over queries i >= j of A[i, j] * m[i]`` with
+            ``m`` the head's gate magnitude for query i (:func:`sinklab.metrics.gate_magnitude`: ``|g|``, or the
+            mean ``|g|`` over the head's channels for an element-wise gate), the paper's denominator as
+            ``mass``; a layer without a gate counts as gate 1 (its ``mass``). None for a model without gates.
+        gate_mean: (N, L, H) float64 mean over queries of each head's gate magnitude (1 for a layer without a
+            gate), with ``gated_mass``; else None.
     """
 
     mass: Tensor
@@ -67,6 +74,8 @@ class ProbeStats:
     layer_ids: list[int] | None = None
     other_layers: dict[int, str] = field(default_factory=dict)
     attention_entropy: Tensor | None = None
+    gated_mass: Tensor | None = None
+    gate_mean: Tensor | None = None
 
     @property
     def block_ids(self) -> list[int]:
@@ -120,6 +129,8 @@ class ProbeStats:
             layer_ids=None if first.layer_ids is None else list(first.layer_ids),
             other_layers=dict(first.other_layers),
             attention_entropy=None if any(p.attention_entropy is None for p in parts) else cat("attention_entropy"),
+            gated_mass=None if any(p.gated_mass is None for p in parts) else cat("gated_mass"),
+            gate_mean=None if any(p.gate_mean is None for p in parts) else cat("gate_mean"),
         )
 
     @property

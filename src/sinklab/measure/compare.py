@@ -4,11 +4,13 @@ Reads the ``results.json`` that ``sinklab measure`` wrote into each folder (noth
 and puts, per model, Sink_1 (the sink rate at token 1, 0-based position 0, percent) next to the
 sink rate per layer at token 1 against the layer's relative depth ``l / (L - 1)`` in [0, 1]
 (0-based layer l of L; 0 for a one-layer model), so models of different depths share one axis --
-the comparison of model families and sizes in Gu et al. 2025 (Sec. 3 and Fig. 2).
+the comparison of model families and sizes in Gu et al. 2025 (Sec. 3 and Fig. 2). Beside Sink_1, a model
+with a virtual sink (learned sink logits, DESIGN "virtual sink") gets its Sink*, and a model whose heads are
+gated after attention its gate-weighted Sink_1 (DESIGN "gate-weighted attention").
 
 Outputs (:func:`write_comparison`): ``compare.csv`` (one row per model), ``compare_layers.csv``
-(one row per model and layer), ``compare.png`` (Sink_1 bars with their 95% intervals; per-layer
-curves over depth) and ``compare.json`` (the folders, the command, versions, and the warnings of
+(one row per model and layer), ``compare.png`` (Sink_1 bars with their 95% intervals, Sink* and
+gate-weighted Sink_1 bars beside them where a model has them; per-layer curves over depth) and ``compare.json`` (the folders, the command, versions, and the warnings of
 :func:`comparison_warnings`: sample sizes, lengths or probe kinds that differ).
 """
 
@@ -40,12 +42,19 @@ def comparison_tables(folders: Sequence[str | Path]):
     ``models`` columns: ``model``, ``folder``, ``sink_rate_1`` (percent), ``ci_low`` / ``ci_high`` (its
     95% bootstrap interval from ``sink_rate_ci``; empty for N = 1 or a file without one),
     ``attention_mass_first``, ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``, ``probe``
-    (the probe kind measured: natural, run, random, repeated, text), and from ``measure --cloze``
+    (the probe kind measured: natural, run, random, repeated, text), for a model with a virtual sink (learned
+    sink logits as in gpt-oss, sinklab's sink token / key bias / sink logit / softmax-off-by-one; empty
+    otherwise) ``sink_rate_virtual`` (Sink*: percent of (sample, layer, head) triples whose attention on the
+    virtual key exceeds eps) and ``virtual_mass`` (its mean attention mass), for a model whose heads are gated
+    after attention (empty otherwise) ``sink_rate_gated_1`` (the gate-weighted Sink_1, percent) and
+    ``attention_mass_first_gated``, and from ``measure --cloze``
     (empty otherwise): ``cloze_accuracy`` (percent, length-normalised), ``cloze_ci_lo`` /
     ``cloze_ci_hi`` (Wilson 95%), ``cloze_items``, ``cloze_source``, ``heldout_loss`` (nats/token on
     the probe windows).
     ``layers`` columns: ``model``, ``layer`` (0-based), ``depth`` (l / (L - 1)), ``sink_rate_1``
-    (percent of heads x samples of that layer with mass on token 1 above eps).
+    (percent of heads x samples of that layer with mass on token 1 above eps), ``sink_rate_virtual`` (the
+    layer's Sink*; empty without a virtual sink or in a results.json written before it was kept per layer) and
+    ``sink_rate_gated_1`` (the layer's gate-weighted Sink_1; empty for an ungated model).
 
     Raises:
         InputError: fewer than two folders, a folder without results.json, or results measured
@@ -69,14 +78,24 @@ def comparison_tables(folders: Sequence[str | Path]):
         per_layer = [row[0] for row in r["sink_rate_per_layer"]]  # (L,) token 1
         L = len(per_layer)
         ci = (r.get("sink_rate_ci") or [[None, None]])[0]
+        virtual = r.get("extra_mass")  # (L, H) mean mass on the virtual sink, DESIGN "virtual sink"
+        virtual_layers = r.get("sink_rate_virtual_per_layer") or [None] * L
+        gated = r.get("sink_rate_gated")
+        gated_layers = [row[0] for row in r["sink_rate_gated_per_layer"]] if gated is not None else [None] * L
         models.append({"model": name, "folder": f, "sink_rate_1": r["sink_rate"][0],
                        "ci_low": ci[0], "ci_high": ci[1],
+                       "sink_rate_virtual": r.get("sink_rate_virtual"),
+                       "virtual_mass": (None if virtual is None
+                                        else round(sum(v for row in virtual for v in row) / sum(map(len, virtual)), 6)),
+                       "sink_rate_gated_1": None if gated is None else gated[0],
+                       "attention_mass_first_gated": r.get("attention_mass_first_gated"),
                        "attention_mass_first": r.get("attention_mass_first"), "n_layers": L,
                        "num_samples": r["probe"]["num_samples"], "seq_len": r["probe"]["seq_len"],
                        "eps": r["eps"], "input": r.get("input"), "probe": r["probe"].get("kind", r.get("input")),
                        **_downstream_columns(r.get("downstream"))})
         for l, v in enumerate(per_layer):
-            layers.append({"model": name, "layer": l, "depth": l / (L - 1) if L > 1 else 0.0, "sink_rate_1": v})
+            layers.append({"model": name, "layer": l, "depth": l / (L - 1) if L > 1 else 0.0, "sink_rate_1": v,
+                           "sink_rate_virtual": virtual_layers[l], "sink_rate_gated_1": gated_layers[l]})
     return pd.DataFrame(models), pd.DataFrame(layers)
 
 
@@ -108,10 +127,23 @@ def comparison_warnings(models) -> list[str]:
 
 
 def plot_comparison(models, layers, path: Path) -> Path:
-    """Two panels: Sink_1 per model (bars, with the 95% interval where there is one; each bar labelled
-    with its N, T and probe kind, and the title says when they differ), sink rate at token 1 per layer
-    over relative depth (lines); a third, cloze accuracy against Sink_1 (Gu et al. 2025 Fig. 10's
-    HellaSwag view, with 95% intervals), when two or more models were measured with ``--cloze``."""
+    """Save :func:`comparison_figure` to ``path`` (PNG); returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = comparison_figure(models, layers)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def comparison_figure(models, layers):
+    """The figure of ``compare.png`` (a matplotlib Figure). Two panels: Sink_1 per model (bars labelled
+    ``Sink_1``, with the 95% interval where there is one; each bar labelled with its N, T and probe kind, and
+    the title says when they differ) and beside it, for the models that have one, Sink* of the virtual sink
+    (bars labelled ``Sink* (virtual sink)``, learned sink logits) and the gate-weighted Sink_1 (bars labelled
+    ``gate-weighted Sink_1``, gated heads); sink rate at token 1 per layer over relative depth (lines, with
+    dashed ``Sink*`` lines for models with a virtual sink); a third, cloze accuracy against Sink_1 (Gu et al.
+    2025 Fig. 10's HellaSwag view, with 95% intervals), when two or more models were measured with ``--cloze``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,28 +165,39 @@ def plot_comparison(models, layers, path: Path) -> Path:
     xs = np.arange(len(models))
     rate = models["sink_rate_1"].to_numpy(dtype=float)
     lo, hi = models["ci_low"].to_numpy(dtype=float), models["ci_high"].to_numpy(dtype=float)  # None -> nan
-    a.bar(xs, rate)
+    extra = [(col, label, hatch) for col, label, hatch in
+             (("sink_rate_virtual", "Sink* (virtual sink)", "//"), ("sink_rate_gated_1", "gate-weighted Sink_1", ".."))
+             if col in models and models[col].notna().any()]
+    width = 0.8 / (1 + len(extra))
+    a.bar(xs, rate, width=width, label="Sink_1")
     has = ~np.isnan(lo)
     if has.any():
         a.errorbar(xs[has], rate[has], yerr=[rate[has] - lo[has], hi[has] - rate[has]], fmt="none", ecolor="k", capsize=3)
+    for n, (col, label, hatch) in enumerate(extra, start=1):
+        vals = models[col].to_numpy(dtype=float)  # nan (no bar) for models without one
+        ok = ~np.isnan(vals)
+        a.bar(xs[ok] + n * width, vals[ok], width=width, label=label, hatch=hatch, color=f"C{n}")
+    if extra:
+        a.legend(fontsize=7)
     a.set_xticks(xs, [f"{m}\nN={n} T={t} {k}" + ("" if h else " (no CI)") for m, n, t, k, h in
                       zip(models["model"], models["num_samples"], models["seq_len"], models["probe"], has)],
                  rotation=30, ha="right", fontsize=8)
-    a.set_ylabel("Sink_1 (%) with 95% CI")
+    a.set_ylabel("Sink_1 (%) with 95% CI" + (" and " + ", ".join(lbl for _, lbl, _ in extra) if extra else ""))
     unlike = [w.split(" (")[0] for w in comparison_warnings(models) if w.startswith("different")]
     a.set_title(f"sink rate at token 1 (eps = {models['eps'].iloc[0]})"
                 + (f"\nwarning: {'; '.join(unlike)}" if unlike else ""), fontsize=9, color="C3" if unlike else "k")
-    for name, g in layers.groupby("model", sort=False):
-        b.plot(g["depth"], g["sink_rate_1"], marker="o", label=name)
+    for i, (name, g) in enumerate(layers.groupby("model", sort=False)):
+        b.plot(g["depth"], g["sink_rate_1"], marker="o", label=name, color=f"C{i}")
+        if "sink_rate_virtual" in g and g["sink_rate_virtual"].notna().all():
+            b.plot(g["depth"], g["sink_rate_virtual"], marker="x", ls="--", color=f"C{i}", label=f"{name}: Sink*")
     b.set_xlabel("relative layer depth l / (L - 1)")
     b.set_ylabel("sink rate at token 1 (%)")
     b.set_xlim(-0.02, 1.02)
     b.legend(fontsize=8)
-    b.set_title("per layer")
+    b.set_title("per layer (dashed: Sink* of the virtual sink)" if "Sink*" in " ".join(
+        b.get_legend_handles_labels()[1]) else "per layer")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
 @dataclass(repr=False)  # Result's short repr

@@ -28,6 +28,7 @@ def write_outputs(result: _Result, out: Path) -> Path:
     result.table().to_csv(out / "attention.csv", index=False)
     s = result.summary
     ci = s["sink_rate_ci"]
+    gated = {"sink_rate_gated": s["sink_rate_gated"]} if s.get("sink_rate_gated") is not None else {}
     pd.DataFrame({
         "position": range(len(s["sink_rate"])),
         "token_position": range(1, len(s["sink_rate"]) + 1),
@@ -36,6 +37,7 @@ def write_outputs(result: _Result, out: Path) -> Path:
         "ci_high": [c[1] for c in ci],
         "norm_ratio": s["norm_ratio"],
         "norm_ratio_median": s["norm_ratio_median"],
+        **gated,
     }).to_csv(out / "sink_rate.csv", index=False)
     plot_all(result, out)
     return out
@@ -77,28 +79,9 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     plt.close(fig)
     paths.append(p)
 
-    # 2. Sink rate over positions (first K with CI, plus the full curve).
-    rate = np.array(s["sink_rate"])
-    ci = np.array(s["sink_rate_ci"], dtype=float)  # None (N = 1) -> nan
-    curve = np.array(s["sink_rate_curve"])
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    xs = np.arange(1, len(rate) + 1)
-    axes[0].bar(xs, rate, color="tab:blue")
-    if _no_interval(s):  # one sample: no interval to draw
-        axes[0].set_title("N = 1: no confidence interval", fontsize=8)
-    else:
-        axes[0].errorbar(xs, rate, yerr=[rate - ci[:, 0], ci[:, 1] - rate], fmt="none", ecolor="k", capsize=3)
-    axes[0].set_xlabel("token position k (1-based)")
-    axes[0].set_ylabel(f"sink rate Sink_k^{s['eps']} (%)")
-    axes[0].set_ylim(0, 100)
-    axes[0].set_xticks(xs)
-    axes[1].plot(np.arange(1, len(curve) + 1), curve, lw=1)
-    axes[1].set_xscale("log")
-    axes[1].set_xlabel("token position k (1-based, log)")
-    axes[1].set_ylabel("sink rate (%)")
-    axes[1].set_ylim(0, 100)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    # 2. Sink rate over positions (first K with CI, plus the full curve; the virtual sink and the gate-weighted
+    # rate beside them where the model has them).
+    fig = sink_rate_figure(s, title)
     p = out / "sink_rate_positions.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
@@ -122,6 +105,55 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     paths.append(p)
     del torch
     return paths
+
+
+def sink_rate_figure(s: dict, title: str = ""):
+    """The figure of ``sink_rate_positions.png`` from a measurement's summary ``s`` (a matplotlib Figure).
+
+    Left: bars of Sink_k at the first K token positions (1-based; labelled ``Sink_k``) with their 95%
+    intervals; for a model with a virtual sink (learned sink logits, sink token, key bias: DESIGN "virtual
+    sink") one more bar ``Sink* (virtual sink)`` at x = 0, left of token 1, with ``sink_rate_virtual``; for a
+    model whose heads are gated after attention, bars ``gate-weighted Sink_k`` beside each Sink_k with
+    ``sink_rate_gated`` (DESIGN "gate-weighted attention"). Right: the sink rate at every position (log x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rate = np.array(s["sink_rate"])
+    ci = np.array(s["sink_rate_ci"], dtype=float)  # None (N = 1) -> nan
+    curve = np.array(s["sink_rate_curve"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    xs = np.arange(1, len(rate) + 1)
+    gated = s.get("sink_rate_gated")
+    width = 0.4 if gated is not None else 0.8
+    axes[0].bar(xs, rate, width=width, color="tab:blue", label="Sink_k")
+    if _no_interval(s):  # one sample: no interval to draw
+        axes[0].set_title("N = 1: no confidence interval", fontsize=8)
+    else:
+        axes[0].errorbar(xs, rate, yerr=[rate - ci[:, 0], ci[:, 1] - rate], fmt="none", ecolor="k", capsize=3)
+    ticks, labels = list(xs), [str(x) for x in xs]
+    if gated is not None:
+        axes[0].bar(xs + width, gated, width=width, color="tab:green", hatch="..", label="gate-weighted Sink_k")
+    if s.get("sink_rate_virtual") is not None:
+        axes[0].bar([0], [s["sink_rate_virtual"]], width=width, color="tab:orange", hatch="//",
+                    label="Sink* (virtual sink)")
+        ticks, labels = [0] + ticks, ["*"] + labels
+    if gated is not None or s.get("sink_rate_virtual") is not None:
+        axes[0].legend(fontsize=7)
+    axes[0].set_xlabel("token position k (1-based)" + ("; *: the virtual sink" if labels[0] == "*" else ""))
+    axes[0].set_ylabel(f"sink rate Sink_k^{s['eps']} (%)")
+    axes[0].set_ylim(0, 100)
+    axes[0].set_xticks(ticks, labels)
+    axes[1].plot(np.arange(1, len(curve) + 1), curve, lw=1)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("token position k (1-based, log)")
+    axes[1].set_ylabel("sink rate (%)")
+    axes[1].set_ylim(0, 100)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def _no_interval(s: dict) -> bool:
@@ -196,6 +228,12 @@ def summary_lines(result: _Result) -> list[str]:
         lines.append(f"virtual sink (a key outside the sequence: sink logits, sink token or key bias): mean attention "
                      f"mass {sum(mass) / len(mass):.3f}, Sink* {s['sink_rate_virtual']:.1f}% of (sample, layer, head) "
                      f"triples above eps = {eps}, beside Sink_1 {s['sink_rate'][0]:.1f}% on token 1")
+    if s.get("sink_rate_gated") is not None:  # heads gated after attention: DESIGN "gate-weighted attention"
+        gm = [v for row in s["gate_mean"] for v in row]
+        lines.append(f"gate-weighted (each head's weights times its output gate's magnitude per query; mean gate "
+                     f"{sum(gm) / len(gm):.3f}): Sink_1 {s['sink_rate_gated'][0]:.1f}% and mean mass on token 1 "
+                     f"{s['attention_mass_first_gated']:.3f}, beside the raw Sink_1 {s['sink_rate'][0]:.1f}% and "
+                     f"{s['attention_mass_first']:.3f}")
     lines.append(f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
                  f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}")
     if _no_interval(s):
@@ -210,7 +248,8 @@ def summary_lines(result: _Result) -> list[str]:
 def print_summary(result: _Result, console=None) -> None:
     """A short console report: a title line, the sink rate at the first positions with CI and norm
     ratio (a table; for a model whose own mask hides keys, the mask-aware rate and its CI first, then
-    the plain one), then :func:`summary_lines`.
+    the plain one; for a gated model, the gate-weighted rate and its CI after the raw one), then
+    :func:`summary_lines`.
 
     Clean in a log file too: the title and the summary lines are printed as they are, never wrapped
     at the terminal width (80 columns when stdout is not a terminal), and without markup.
@@ -230,12 +269,19 @@ def print_summary(result: _Result, console=None) -> None:
         t.add_column("95% CI", justify="right")
     t.add_column("plain Sink_k (%)" if both else "Sink_k (%)", justify="right")
     t.add_column("95% CI", justify="right")
+    gated = s.get("sink_rate_gated") is not None
+    if gated:
+        t.add_column("gate-weighted Sink_k (%)", justify="right")
+        t.add_column("95% CI", justify="right")
     t.add_column("norm ratio Sink'_k", justify="right")
     for k, (r, ci, nr) in enumerate(zip(s["sink_rate"], s["sink_rate_ci"], s["norm_ratio"])):
         cells = [str(k + 1)]
         if both:
             cells += [f"{s['sink_rate_visible'][k]:.1f}", _ci_text(s["sink_rate_visible_ci"][k])]
-        t.add_row(*cells, f"{r:.1f}", _ci_text(ci), f"{nr:.2f}")
+        cells += [f"{r:.1f}", _ci_text(ci)]
+        if gated:
+            cells += [f"{s['sink_rate_gated'][k]:.1f}", _ci_text(s["sink_rate_gated_ci"][k])]
+        t.add_row(*cells, f"{nr:.2f}")
     console.print(t)
     for line in summary_lines(result):
         console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -217,7 +217,10 @@ class MeasureResult(Result):
         (1-based, the paper's k), ``attention_mass`` (mean over samples), ``sink_rate``
         (percent of samples with mass > eps), ``key_norm`` and ``value_norm`` (mean over
         samples, of the head's KV head), ``attention_entropy`` (the head's mean attention entropy in
-        nats over samples and queries, the same on every position's row), ``model``, ``input``.
+        nats over samples and queries, the same on every position's row), for models whose heads are gated
+        after attention (NaN otherwise; DESIGN "gate-weighted attention") ``attention_mass_gated`` and
+        ``sink_rate_gated`` (the same on the head's weights times its gate's magnitude per query) and
+        ``gate_mean`` (the head's mean gate magnitude, the same on every position's row), ``model``, ``input``.
         """
         import pandas as pd
 
@@ -226,6 +229,8 @@ class MeasureResult(Result):
         rate = s["sink_rate_per_head"]
         kn, vn = s.get("key_norm"), s.get("value_norm")
         ent = s.get("attention_entropy")
+        gmass, grate, gmean = s.get("attention_mass_gated"), s.get("sink_rate_gated_per_head"), s.get("gate_mean")
+        nan = float("nan")
         L, H, K = len(mass), len(mass[0]), len(mass[0][0])
         ids = s.get("layer_ids") or list(range(L))  # block index of each layer (a hybrid's attention blocks)
         H_kv = len(kn[0]) if kn else H
@@ -240,6 +245,9 @@ class MeasureResult(Result):
                         "key_norm": kn[l][g][k] if kn else float("nan"),
                         "value_norm": vn[l][g][k] if vn else float("nan"),
                         "attention_entropy": ent[l][h] if ent else float("nan"),
+                        "attention_mass_gated": gmass[l][h][k] if gmass else nan,
+                        "sink_rate_gated": grate[l][h][k] if grate else nan,
+                        "gate_mean": gmean[l][h] if gmean else nan,
                         "model": self.model.get("name"), "input": self.config.input,
                     })
         return pd.DataFrame(rows)

@@ -125,6 +125,48 @@ def sink_rate_virtual(extra_mass: Tensor, eps: float = 0.3) -> float:
     return float((extra_mass > eps).to(torch.float64).mean() * 100.0)
 
 
+def gate_magnitude(gate: Tensor) -> Tensor:
+    """Each head's gate magnitude per query: ``|g[b, h, i]|``, or for an element-wise gate the mean of
+    ``|g[b, h, i, c]|`` over the head's ``G`` channels (DESIGN "gate-weighted attention"; the head-wise and
+    element-wise output gates of Qiu et al. 2025, *Gated Attention for Large Language Models*).
+
+    Args:
+        gate: (B, H, T_q, G) the factor each head's output is multiplied by after attention (G = 1 head-wise,
+            G = the head width element-wise; query positions 0-based).
+
+    Returns:
+        (B, H, T_q) float64, >= 0.
+
+    Raises:
+        InputError: ``gate`` is not 4-D or has no channel.
+    """
+    if gate.dim() != 4 or gate.shape[-1] == 0:
+        raise InputError(f"gate must be (B, H, T_q, G) with G >= 1, got shape {tuple(gate.shape)}")
+    return gate.detach().to(torch.float64).abs().mean(dim=-1)
+
+
+def gate_weighted_column_sums(weights: Tensor, magnitude: Tensor) -> Tensor:
+    """Column sums of the gate-weighted attention ``sum_i A[b, h, i, j] * m[b, h, i]`` (DESIGN "gate-weighted
+    attention": a head's weights times its gate's magnitude for that query, :func:`gate_magnitude`), the
+    input of :func:`attention_mass_from_column_sums` for the gate-weighted attention mass.
+
+    Args:
+        weights: (B, H, T_q, T_k) attention weights (query i, key j, 0-based).
+        magnitude: (B, H, T_q) the gate magnitude of each head and query.
+
+    Returns:
+        (B, H, T_k) float64.
+
+    Raises:
+        InputError: shapes that do not match.
+    """
+    if weights.dim() != 4 or tuple(magnitude.shape) != tuple(weights.shape[:3]):
+        raise InputError(f"weights (B, H, T_q, T_k) and gate magnitude (B, H, T_q) do not match: "
+                         f"{tuple(weights.shape)} and {tuple(magnitude.shape)}")
+    m = magnitude.to(device=weights.device, dtype=torch.float64)
+    return torch.einsum("bhij,bhi->bhj", weights.to(torch.float64), m)
+
+
 def attention_mass_from_column_sums(column_sums: Tensor, *, causal: bool = True) -> Tensor:
     """Attention mass from the column sums ``sum_i A[..., i, j]``.
 

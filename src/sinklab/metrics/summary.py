@@ -84,7 +84,8 @@ def summarize(
         ``hidden_norm_sink`` / ``hidden_norm_others`` (L,) mean l2 norm of the top sink
         token vs the other tokens, ``massive_activation_ratio`` (L,) mean max/median
         ``|h|``, ``key_norm`` / ``value_norm`` (L, H_kv, K) when captured, ``extra_mass``
-        (L, H) when the model has a virtual sink key, the mask-aware ``sink_rate_visible`` (K,) with
+        (L, H) when the model has a virtual sink key, with ``sink_rate_virtual`` (Sink*, percent) and
+        ``sink_rate_virtual_per_layer`` (L,), the mask-aware ``sink_rate_visible`` (K,) with
         ``sink_rate_visible_ci``, ``sink_rate_visible_per_layer``, ``attention_mass_visible``,
         ``attention_mass_first_visible`` (the mass averaged over the queries the model's own mask lets
         see each key), ``mask`` and ``mask_aware_differs`` (True when some layer's mask hides keys
@@ -95,7 +96,11 @@ def summarize(
         (L,) its mean over heads and ``attention_entropy_uniform`` the value of evenly spread attention
         under the probe's mask (:func:`~sinklab.metrics.entropy.uniform_attention_entropy`; a model that mixes
         sliding-window and global layers gets its windowed layers' value), when the
-        capture recorded entropies, plus ``eps``, ``positions``,
+        capture recorded entropies, for models whose heads are gated after attention (DESIGN "gate-weighted
+        attention", ``stats.gated_mass``) ``sink_rate_gated`` (K,) percent with ``sink_rate_gated_ci``,
+        ``sink_rate_gated_per_layer`` (L, K), ``sink_rate_gated_per_head`` (L, H, K), ``attention_mass_gated``
+        (L, H, K), ``attention_mass_first_gated`` (the same metrics on the gate-weighted attention mass) and
+        ``gate_mean`` (L, H) each head's mean gate magnitude over samples and queries, plus ``eps``, ``positions``,
         ``num_samples``, ``seq_len``, ``causal``, ``renormalised``, ``collector``.
 
     Raises:
@@ -144,6 +149,15 @@ def summarize(
     }
     _add_mask_aware(out, stats, eps, K, n_boot=n_boot, level=level, seed=seed)
     _add_captured_extras(out, stats, eps, K)
+    if stats.gated_mass is not None:  # DESIGN "gate-weighted attention"
+        g = stats.gated_mass
+        out["sink_rate_gated"] = _r(sink_rate(g, eps, K), 4)
+        out["sink_rate_gated_ci"] = _ci(bootstrap_sink_rate_ci(g, eps, K, n_boot=n_boot, level=level, seed=seed))
+        out["sink_rate_gated_per_layer"] = _r(sink_rate_per_layer(g, eps, K), 4)
+        out["sink_rate_gated_per_head"] = _r(sink_rate_per_head(g, eps, K), 2)
+        out["attention_mass_gated"] = _r(g[..., :K].mean(dim=0))
+        out["attention_mass_first_gated"] = round(float(g[..., 0].mean()), 6)
+        out["gate_mean"] = _r(stats.gate_mean.to(torch.float64).mean(dim=0), 4)
     return out
 
 
@@ -179,3 +193,5 @@ def _add_captured_extras(out: dict[str, Any], stats: _ProbeStats, eps: float, K:
     if stats.extra_mass is not None:
         out["extra_mass"] = _r(stats.extra_mass.mean(dim=0))
         out["sink_rate_virtual"] = round(sink_rate_virtual(stats.extra_mass, eps), 4)
+        out["sink_rate_virtual_per_layer"] = [round(sink_rate_virtual(stats.extra_mass[:, l : l + 1], eps), 4)
+                                              for l in range(stats.num_layers)]

@@ -427,11 +427,14 @@ class Attention(nn.Module):
         self.op: AttentionOp = ATTENTION.get(config.attention)(config.op_context(), **config.attention_options)
         if self.op.differential:
             self.op.set_layer(layer_idx)
-        self.gate_proj = None
+        self.gate_proj = self.gate_act = None
         if self.op.gate == "headwise":
             self.gate_proj = nn.Linear(d, H, bias=False)
         elif self.op.gate == "elementwise":
             self.gate_proj = nn.Linear(d, H * dh, bias=False)
+        if self.gate_proj is not None:
+            # the gate's sigmoid as a module (no parameters): its output is the hook site ``attn.gate``
+            self.gate_act = nn.Sigmoid()
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Key and value of a single model-space vector x (d,) -> (H_kv, d_h) each, no position
@@ -442,9 +445,13 @@ class Attention(nn.Module):
         return k, self.v_proj(x).view(self.n_kv_heads, self.head_dim)
 
     def forward(self, x: Tensor, ctx: AttnContext, observer: Observer | None = None) -> Tensor:
-        """x (B, T, d) -> (B, T, d). With an observer, uses the reference path and reports weights."""
+        """x (B, T, d) -> (B, T, d). With an observer, uses the reference path and reports weights.
+
+        A gated operation's output gate ``sigmoid(x W_g)`` (B, T, H) or (B, T, H d_h) is computed before the
+        attention (it depends on x only), so that an observer of the attention already has it."""
         B, T, _ = x.shape
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
+        g = None if self.gate_proj is None else self.gate_act(self.gate_proj(x))  # (B, T, H) or (B, T, H*d_h)
         if self.options.fused_qkv:
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # ((H + 2 H_kv) d_h, d)
             b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
@@ -481,8 +488,7 @@ class Attention(nn.Module):
         if diff and observer is None:  # (the reference path combined the two maps itself)
             y = self.op.combine(y.view(B, 2, H, T, dh))
         # y: (B, H, T, d_h)
-        if self.gate_proj is not None:
-            g = torch.sigmoid(self.gate_proj(x))  # (B, T, H) or (B, T, H*d_h)
+        if g is not None:
             g = g.view(B, T, H, -1).transpose(1, 2)  # (B, H, T, 1 | d_h)
             y = y * g.to(y.dtype)
         y = y.transpose(1, 2).reshape(B, T, H * dh)  # (B, T, H*d_h)

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
+from sinklab.capture.families import check_sink_cache
 from sinklab.errors import InputError
 from sinklab.streaming.policies import POLICIES, CachePolicy, DetectedSinksPolicy, SinkMetric, make_policy
 from sinklab.streaming.quant import DETECTED, DenseKV, QuantKV, make_store, parse_sinks_full_precision
@@ -683,6 +684,7 @@ def _hf_layers(model, budget: int, max_context: int | None, make) -> list[SinkCa
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "num_hidden_layers"):
         raise InputError(f"SinkCache needs a transformers model with a config, got {type(model).__name__}")
+    check_sink_cache(config)  # the model type first (sinklab.capture.families.sink_cache_status, docs/models.md)
     if max_context == -1:
         max_context = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
     if max_context is not None and budget > max_context:

@@ -12,7 +12,8 @@ through), including models with one frequency table per layer type (Gemma 3). La
 marks as without RoPE (SmolLM3's ``no_rope_layers``) are left unrotated. Learned absolute positions
 (GPT-2, OPT), ALiBi (BLOOM, MPT) and models whose RoPE interleaves pairs (GLM-4, Helium) are refused
 with :class:`~sinklab.errors.InputError` naming what is missing. ``tests/test_sink_cache_families.py``
-checks every listed type against a fresh forward over the kept tokens.
+checks every listed type against a fresh forward over the kept tokens. The type tables and the check
+live with the other per-type statuses in :mod:`sinklab.capture.families` (``docs/models.md`` shows them).
 """
 
 from __future__ import annotations
@@ -20,25 +21,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+# the per-type tables (one owner: sinklab.capture.families, which docs/models.md is generated from)
+from sinklab.capture.families import (  # noqa: F401 - the tables are re-exported here
+    INTERLEAVED_MODEL_TYPES,
+    NO_ROPE_MODEL_TYPES,
+    ROTATE_HALF_MODEL_TYPES,
+    check_sink_cache,
+)
 from sinklab.errors import InputError
 from sinklab.nn.positional import rotate_half  # the LLaMA/NeoX convention, shared with SinkLM's RoPE
-
-#: model_type values whose attention applies RoPE with ``rotate_half`` to the first rotary_dim dims.
-ROTATE_HALF_MODEL_TYPES = frozenset({
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
-    "gemma3_text", "phi", "phi3", "stablelm", "olmo", "olmo2", "granite", "smollm3", "starcoder2", "gpt_neox",
-})
-#: model_type values whose RoPE rotates interleaved pairs (dims 2i, 2i+1: GLM-4, Helium): refused
-INTERLEAVED_MODEL_TYPES = frozenset({"glm", "glm4", "helium"})
-_LEARNED = ("learned absolute position embeddings, which are baked into the hidden states, so positions cannot be "
-            "reassigned inside the cache")
-_ALIBI = ("ALiBi, a distance bias inside attention; StreamingLLM gives ALiBi models contiguous biases over the cache, "
-          "which this cache does not implement")
-#: model types with learned absolute positions or ALiBi: keys carry no rotation a cache could move.
-NO_ROPE_MODEL_TYPES = {
-    "gpt2": _LEARNED, "opt": _LEARNED, "gpt_bigcode": _LEARNED, "bert": _LEARNED + " (and it is an encoder)",
-    "bloom": _ALIBI, "mpt": _ALIBI,
-}
 
 
 class KeyRotation:
@@ -158,19 +149,13 @@ def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation 
             one frequency table per layer type).
 
     Raises:
-        InputError: the model has no RoPE (learned absolute positions, ALiBi), an unknown RoPE
-            convention, or a dynamic RoPE scaling whose frequencies change with the length.
+        InputError: the model type is not exact for SinkCache (:func:`sinklab.capture.families.sink_cache_status`:
+            no RoPE (learned absolute positions, ALiBi), interleaved or unchecked RoPE conventions, no attention,
+            an encoder), or a dynamic RoPE scaling whose frequencies change with the length.
     """
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     mt = getattr(cfg, "model_type", "?")
-    if mt in NO_ROPE_MODEL_TYPES:
-        raise InputError(f"SinkCache needs a RoPE model: {mt} uses {NO_ROPE_MODEL_TYPES[mt]}")
-    if mt in INTERLEAVED_MODEL_TYPES:
-        raise InputError(f"SinkCache does not support model type {mt!r}: its RoPE interleaves pairs of dimensions "
-                         "(2i, 2i+1), which the cache's re-rotation (rotate-half) would move wrongly")
-    if mt not in ROTATE_HALF_MODEL_TYPES:
-        raise InputError(f"SinkCache does not know the RoPE convention of model type {mt!r}: it supports the "
-                         f"rotate-half RoPE of {', '.join(sorted(ROTATE_HALF_MODEL_TYPES))}")
+    check_sink_cache(cfg)  # the type's status (sinklab.capture.families.sink_cache_status): exact or refused
     rope = _rotary_module(model)
     if rope is None:
         raise InputError(f"SinkCache found no rotary embedding module (*RotaryEmbedding) in this {mt} model")
