@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sinklab.errors import InputError
-from sinklab.sweep.store import TABLE, pack, runs_dir, unpack, unpack_in_place
+from sinklab.sweep.store import PACKED_FILES, TABLE, pack, runs_dir, unpack, unpack_in_place
 
 STUDY = Path(__file__).resolve().parents[1] / "results" / "norm_position"  # a small committed study
 
@@ -89,3 +89,23 @@ def test_one_run_point_folders_round_trip(tmp_path):
     assert {(r["point"], r["seed"]) for r in rows} == {("a", ""), ("b.c", "")}
     back = unpack(out, tmp_path / "back")
     assert {k: v.decode() for k, v in _files(back).items()} == files
+
+
+def test_a_run_trained_now_packs_whole(tmp_path, monkeypatch):
+    """Every file a run folder of today's train() holds is packed or deliberately left out (weights): a study
+    swept at HEAD packs without refusing (train_result.json was once refused)."""
+    from sinklab.runs.config import load_config
+    from sinklab.train.loop import train
+    from test_sweep import TINY
+
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    (tmp_path / "tiny.toml").write_text(TINY)
+    out = tmp_path / "study"
+    run = out / "runs" / "p" / "seed0"
+    train(load_config(tmp_path / "tiny.toml"), run, progress=False)
+    names = {p.name for p in run.iterdir()}
+    assert names - set(PACKED_FILES) <= {"checkpoint.pt", "final"}, names
+    before = _files(out / "runs")
+    pack(out, remove=False)
+    back = _files(unpack(out, tmp_path / "back"))
+    assert {k: v for k, v in before.items() if k.split("/")[2] in PACKED_FILES} == back

@@ -29,7 +29,7 @@ from sinklab.fileio import atomic_write, reading
 TABLE = "runs.jsonl.gz"
 #: the files of a run folder that are packed (whatever else a run folder holds is left out)
 PACKED_FILES = ("config.toml", "metrics.jsonl", "summary.json", "sweep.json", "final_ci.json", "train.log",
-                "diverged.json")
+                "diverged.json", "train_result.json")
 
 
 def _run_folders(runs: Path) -> list[Path]:
