@@ -49,7 +49,7 @@ def main() -> None:
         print(f"step {step}: kept {kept / f'step_{step:06d}.pt'} ({time.perf_counter() - t0:.0f} s)", flush=True)
     s = json.loads((a.out / "summary.json").read_text())
     print(f"done: val loss {s['final']['val_loss']}, Sink_1 {s['final']['sink_rate'][0]}%, "
-          f"fingerprint {s['code_fingerprint']}, wall {time.perf_counter() - t0:.0f} s")
+          f"commit {s['code']['commit']}, wall {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Under pytest-xdist the workers already fill the cores (``-n auto``: one per core), so each gets its share
+# of them as torch / OpenMP threads, 1 on the 2-core machine; torch's default (a thread per core in every
+# worker) oversubscribes the cores, and OpenMP's spinning threads then run many times slower (SmolLM2,
+# one forward of 4 x 32 tokens at load 20: 2.4-2.8 s wall with 1 thread, 15-28 s with 2). Set before torch
+# is imported, so subprocesses the tests start inherit it; a value the caller set is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+if _WORKERS:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if _WORKERS:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from helpers import USER_HOME, WORDS, make_tokenizer, tiny_llama
 

@@ -3,7 +3,7 @@ per-step losses unchanged.
 
 Two 24-step runs (``tests/reference_losses.py``: a causal LM, and a prefix LM with a sliding window;
 2 layers, d 32, T 32, 2 micro-batches a step, AdamW with cosine schedule, clipping and weight decay,
-1 thread, fp32; about 4 s together with their fingerprints) are trained with the current code and
+1 thread, fp32; about 2 s) are trained with the current code and
 compared with ``tests/data/reference_losses.json``, which records their losses together with the CPU
 model, the torch version and the thread count they were computed with.
 

@@ -48,7 +48,9 @@ def test_thread_count_from_the_environment_cannot_change_a_run(tmp_path):
     assert len(a) == 60 and a == b
     s1, s2 = (json.loads((runs[n] / "summary.json").read_text()) for n in (1, 2))
     assert s1["threads"] == s2["threads"] == 1
-    assert s1["code_fingerprint"] == s2["code_fingerprint"] and len(s1["code_fingerprint"]) == 16
+    # a training records its environment and code; the fingerprint is the study tool's (sinklab.sweep.fingerprints)
+    assert s1["code"] == s2["code"] and s1["code_starts"] == [s1["code"]] and len(s1["code"]["source"]) == 64
+    assert "code_fingerprint" not in s1
     assert s1["torch_version"] and s1["cpu_model"]
     assert 'threads = 1' in (runs[1] / "config.toml").read_text()
 
@@ -111,6 +113,62 @@ def test_fingerprint_of_a_diverging_config_is_where_it_diverged(tiny, monkeypatc
     monkeypatch.setattr(objective.CausalObjective, "loss", lambda self, *a: real_loss(self, *a) * float("nan"))
     fp = loop.code_fingerprint(load_config(tiny))
     assert len(fp) == 16 and fp == loop.code_fingerprint(load_config(tiny))
+
+
+def test_train_records_its_code_and_runs_no_canonical_training(tiny, tmp_path, monkeypatch):
+    """train() records the environment and every start's code (commit, dirty flag, source digest); the
+    training-code fingerprint is the study tool's: a train() that ran a canonical training would fail here."""
+    from sinklab.provenance import code_version, source_digest
+
+    def no(*a, **k):
+        raise AssertionError("train() ran a canonical training")
+
+    monkeypatch.setattr(loop, "code_fingerprint", no)
+    out = tmp_path / "r"
+    loop.train(load_config(tiny), out, progress=False, stop_after=4)
+    loop.train(load_config(tiny), out, progress=False, resume=True)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["code"] == code_version() and s["code"]["source"] == source_digest()
+    assert s["code_starts"] == [s["code"], s["code"]]  # two starts
+    assert "code_fingerprint" not in s and "code_fingerprints" not in s
+    assert s["threads"] == 1 and s["torch_version"] and s["cpu_model"]
+
+
+def test_the_study_tool_fingerprints_once_per_config_shape_and_records_it(tiny, tmp_path, monkeypatch):
+    """sinklab.sweep.fingerprints: one canonical training per config shape and code (the seeds share it,
+    cached on disk under SINKLAB_HOME/fingerprints/), recorded per start in sweep.json and written into the
+    finished run's summary.json, equal to the fingerprint computed directly."""
+    from sinklab.sweep.fingerprints import annotate, current_fingerprint, record_start
+    from sinklab.sweep.summary import run_metrics
+
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    real, calls = loop.code_fingerprint, []
+    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: calls.append(cfg.train.seed) or real(cfg, out))
+    seeds = {k: load_config(tiny, [f"train.seed={k}"]) for k in (100, 101)}
+    entries = {k: record_start(tmp_path / f"seed{k}", c, 1) for k, c in seeds.items()}
+    assert len(calls) == 1 and entries[100] == entries[101]  # the seed is not part of the config's shape
+    fp = entries[100]["fingerprint"]
+    assert fp == real(seeds[100]) and entries[100]["cpu_model"] and "error" not in entries[100]
+    cached = list((tmp_path / "home" / "fingerprints").glob("*.json"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["fingerprint"] == fp
+    assert current_fingerprint(seeds[101], 1) == fp and len(calls) == 1  # read from the disk cache
+    other = record_start(tmp_path / "sig", load_config(tiny, ["model.attention=sigmoid"]), 1)
+    assert len(calls) == 2 and other["fingerprint"] != fp  # another shape: its own canonical training
+    # the finished run gets the fingerprint of each start through the start's source digest
+    d = tmp_path / "seed100"
+    assert not annotate(d)  # not finished
+    loop.train(seeds[100], d, progress=False)
+    assert annotate(d) and not annotate(d)  # written once
+    s = json.loads((d / "summary.json").read_text())
+    assert s["code_fingerprint"] == fp and s["code_fingerprints"] == [fp]
+    assert s["fingerprint_env"] == {"torch_version": s["torch_version"], "cpu_model": s["cpu_model"]}
+    assert run_metrics(d)["code_fingerprint"] == fp
+    # a start the sweep did not launch (other code, resumed by hand) has no fingerprint: the run is mixed
+    s["code_starts"] = [{"commit": None, "dirty": True, "source": "f" * 64}, s["code"]]
+    (d / "summary.json").write_text(json.dumps(s))
+    assert annotate(d)
+    assert json.loads((d / "summary.json").read_text())["code_fingerprints"] == ["none", fp]
+    assert run_metrics(d)["code_fingerprint"] == f"mixed:none+{fp}"
 
 
 def _tiny_study(tmp_path: Path, tiny: Path, seeds: int = 2) -> Path:
@@ -263,13 +321,22 @@ def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, t
     cfg = load_config(tiny)
     loop.train(cfg, run, progress=False)
     current = cached_fingerprint(load_config(run / "config.toml"), loop.code_fingerprint, run)
+    # trained outside a sweep: no fingerprint recorded, the source digest says it is the current code
+    assert seed_is_current(run, current) == (True, "same source")
+    # as the sweep records it (sinklab.sweep.fingerprints): the fingerprint, computed on this machine
+    from sinklab.sweep.fingerprints import annotate, record_start
+
+    record_start(run, cfg, None)
+    assert annotate(run)
     s_path = run / "summary.json"
     s = json.loads(s_path.read_text())
+    assert s["code_fingerprints"] == [current]
     assert seed_is_current(run, current) == (True, "same machine")
 
     def as_if(commit, dirty=False):
+        code = {"commit": commit, "dirty": dirty, "source": "0" * 64}  # as that commit's trainer records it
         s.update(cpu_model="Some Other CPU", code_fingerprint="0" * 16, code_fingerprints=["0" * 16],
-                 code={"commit": commit, "dirty": dirty})
+                 code=code, code_starts=[code], fingerprint_env={"cpu_model": "Some Other CPU"})
         s_path.write_text(json.dumps(s))
         return seed_is_current(run, current)
 
@@ -297,8 +364,9 @@ def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, t
     # A CPU that reports this machine's model name but rounded differently (the recorded fingerprint
     # is not this machine's): decided by re-running its commit, not declared stale by the name alone.
     def same_name(commit):
+        code = {"commit": commit, "dirty": False, "source": "0" * 64}
         s.update(cpu_model=here["cpu_model"], torch_version=here["torch_version"], code_fingerprint="0" * 16,
-                 code_fingerprints=["0" * 16], code={"commit": commit, "dirty": False})
+                 code_fingerprints=["0" * 16], code=code, code_starts=[code], fingerprint_env=here)
         s_path.write_text(json.dumps(s))
         return seed_is_current(run, current)
 

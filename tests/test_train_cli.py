@@ -182,9 +182,7 @@ def test_ctrl_c_says_which_checkpoint_is_kept_and_the_command_that_continues(tmp
     import shlex
 
     from helpers import synthetic_run_toml
-    from sinklab.train import loop
 
-    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)  # no canonical training
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(synthetic_run_toml(steps=6))  # a checkpoint every 2 steps
     out = tmp_path / "run"
@@ -195,7 +193,6 @@ def test_ctrl_c_says_which_checkpoint_is_kept_and_the_command_that_continues(tmp
     assert err[-1] == (f"interrupted at step 3 of 6; kept the checkpoint of step 2 in {out / 'checkpoint.pt'} "
                        f"(steps after it are trained again); continue with: {command}"), err
     monkeypatch.undo()
-    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)
     code, err = _train(shlex.split(command)[1:], capsys)
     assert code == 0 and f"resuming {out} from its checkpoint at step 2 (of 6)" in err, err
     code, _ = _train(["train", str(cfg), "--out", str(tmp_path / "whole"), "--steps", "6", "--no-progress"], capsys)
@@ -213,7 +210,6 @@ def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_kept(tmp_path, monk
     from helpers import synthetic_run_toml
     from sinklab.train import loop
 
-    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(synthetic_run_toml(steps=4))
     out = tmp_path / "run"

@@ -18,8 +18,7 @@ def _train(tmp_path, compiled: bool, precision: str, extra: tuple[str, ...] = ()
     cfg = load_config(cfg_file, [f'train.precision="{precision}"', f"train.compile={str(compiled).lower()}",
                                  'train.device="cpu"', "train.threads=1", *extra])
     out = tmp_path / f"run-{compiled}-{precision}"
-    # _canonical: one process and no fingerprint of its own (whose canonical training would compile a second time)
-    res = loop.train(cfg, out, progress=False, _canonical=True)
+    res = loop.train(cfg, out, progress=False)  # no canonical training of a fingerprint: one compile
     return res.losses, torch.load(out / "checkpoint.pt", weights_only=False)["model"]
 
 

@@ -85,8 +85,7 @@ def test_resume_without_checkpoint(corpus, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
-    # the failure is injected by call count: keep the canonical training of the fingerprint out of it
-    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)
+    # the failure is injected by call count (train runs no canonical training of a fingerprint)
     real = objective_mod.CausalObjective.loss
     calls = {"n": 0}
 
@@ -124,8 +123,7 @@ def test_full_disk_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_full_disk_during_training(corpus, tmp_path, monkeypatch):
-    # the failure is injected by call count: keep the canonical training of the fingerprint out of it
-    monkeypatch.setattr(loop, "code_fingerprint", lambda cfg, out=None: "0" * 16)
+    # the failure is injected by call count (train runs no canonical training of a fingerprint)
     real = ckmod._write
     n = {"calls": 0}
 

@@ -139,8 +139,8 @@ def report_cmd(
                                "check to ROOT/fingerprint_check.csv"),
 ) -> None:
     """Gather finished sweeps into one Markdown report: tables, plots, paper values and verdicts. Every row's
-    training-code fingerprint is compared with the current code's (one short canonical training per row and
-    code version, cached); rows that differ are marked stale."""
+    training-code fingerprint is compared with the current code's (one short canonical training per config
+    shape and code version, cached); rows that differ are marked stale."""
     from sinklab.fileio import output_in_folder
 
     out = output_in_folder(root if out is None else out, REPORT_NAME)

@@ -6,8 +6,11 @@ Layout of ``--out`` (default ``results/NAME``)::
     runs/<slug>/seed<k>/          one training run with ``train.seed = k`` (config.toml, metrics.jsonl,
                                   final/, summary.json), k = first_seed .. first_seed + S - 1
     runs/<slug>/seed<k>/train.log the run's stdout/stderr
-    runs/<slug>/seed<k>/sweep.json wall time accumulated over every (re)start, exit status, and the
-                                   last start's jobs, torch threads and load average at its end
+    runs/<slug>/seed<k>/sweep.json wall time accumulated over every (re)start, exit status, the
+                                   last start's jobs, torch threads and load average at its end, and
+                                   the training-code fingerprint of the code of each start
+                                   (:mod:`sinklab.sweep.fingerprints`; also written into
+                                   summary.json once the run has finished)
     summary.csv, summary.md one row per point (see :data:`COLUMNS`)
     sink_rate.png           Sink_1 (95% CI) against the swept value, paper values beside
 
@@ -44,6 +47,7 @@ from typing import Callable
 
 from sinklab.errors import InputError, param
 from sinklab.fileio import atomic_write_text, read_json, reading
+from sinklab.sweep.fingerprints import annotate, record_start
 from sinklab.sweep.spec import Point, Study, point_config
 
 SUMMARY_NAME = "summary.json"
@@ -148,14 +152,20 @@ def finished_runs_by_config(root: Path) -> dict[str, Path]:
 def same_numerics(src: Path, cfg, threads: int, fingerprint: Callable[[], str]) -> str:
     """Why the finished run ``src`` is *not* the run ``cfg`` would give here ("" when it is): its
     ``summary.json`` must record the current code's fingerprint (``fingerprint()``, called only
-    when needed), this torch version and ``threads`` torch threads."""
+    when needed), computed on the CPU that trained it (a fingerprint holds its CPU's rounding), this
+    torch version and ``threads`` torch threads."""
     import torch
+
+    from sinklab.sweep.fingerprints import fingerprint_env
 
     s = read_json(src / SUMMARY_NAME, "run summary")
     if s.get("torch_version") != torch.__version__:
         return f"torch {s.get('torch_version')} there, {torch.__version__} here"
     if s.get("threads") != threads:
         return f"{s.get('threads')} threads there, {threads} here"
+    fenv = fingerprint_env(s)
+    if (fenv.get("cpu_model"), fenv.get("torch_version")) != (s.get("cpu_model"), s.get("torch_version")):
+        return f"fingerprint computed on {fenv.get('cpu_model')}, the run trained on {s.get('cpu_model')}"
     fp = fingerprint()
     if s.get("code_fingerprint") != fp:
         return f"training-code fingerprint {s.get('code_fingerprint')} there, {fp} here"
@@ -304,13 +314,15 @@ def _plan_runs(study: Study, out: Path, points: list[Point], share: int, *, reus
             run_threads[p.slug] = cfg.train.threads or share
             if is_finished(d):
                 status[f"{p.slug}/seed{k}"] = "skipped"
+                annotate(d)  # a run finished while no sweep was watching: its recorded fingerprints
                 continue
             if reuse and not (d / "checkpoint.pt").exists():
                 src = finished.get(to_toml(cfg))
                 if src is not None and src.resolve() != d.resolve():
-                    from sinklab.train.loop import code_fingerprint
+                    from sinklab.sweep.fingerprints import current_fingerprint
 
-                    why = same_numerics(src, cfg, run_threads[p.slug], lambda: code_fingerprint(cfg, src))
+                    threads = run_threads[p.slug]
+                    why = same_numerics(src, cfg, threads, lambda: current_fingerprint(cfg, threads, src))
                     if not why:
                         copy_run(src, d)
                         status[f"{p.slug}/seed{k}"] = "copied"
@@ -349,6 +361,7 @@ def _run_local(study: Study, out: Path, todo: list[tuple[Point, int]], run_threa
                 _close_record(d, t0, rc, jobs, run_threads[p.slug])
                 del running[slug]
                 ok = rc == 0 and is_finished(d)
+                annotate(d)
                 status[slug] = _outcome(d, rc)
                 display.finish(slug, ok)
                 if on_event:
@@ -370,6 +383,7 @@ def _start_local(study: Study, out: Path, p: Point, k: int, threads: int) -> tup
     returns ``(process, point, start time, log file, seed)``."""
     d = run_dir(out, p, k)
     d.mkdir(parents=True, exist_ok=True)
+    record_start(d, point_config(study, p, k), threads)  # the code fingerprint: once per config shape and code (cached)
     cmd = train_command(study, p, d, k)
     log = open(d / "train.log", "a")
     log.write(f"\n$ {' '.join(cmd)}\n")
@@ -524,6 +538,8 @@ def _run_submitted(study: Study, out: Path, todo: list[tuple[Point, int]], run_t
         display.close()
         return
     executor = make_executor(launcher, out / "submitit", slurm, name=f"sinklab-{study.name}", jobs=jobs)
+    for p, k in todo:  # computed here, on the submitting machine (fingerprint_env says so), once per config shape
+        record_start(run_dir(out, p, k), point_config(study, p, k), run_threads[p.slug])
     submitted = []
     with executor.batch():
         for p, k in todo:
@@ -550,6 +566,7 @@ def _run_submitted(study: Study, out: Path, todo: list[tuple[Point, int]], run_t
                     rc = job.result()
                 except Exception as e:  # the job itself failed (killed, out of time after its requeues)
                     rc = f"job {job.job_id}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+                annotate(d)
                 status[key] = _outcome(d, rc)
                 display.finish(key, status[key] == "done")
                 if on_event:

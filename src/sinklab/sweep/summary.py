@@ -393,59 +393,63 @@ def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any
     return rows
 
 
-def current_fingerprint(point_folder: Path) -> str | None:
-    """The current code's training-code fingerprint of a point (from its first finished seed's
-    ``config.toml``; cached, see :func:`sinklab.train.fingerprint.cached_fingerprint`), or None when
-    no seed has a config."""
-    from sinklab.runs.config import load_config
-    from sinklab.train.fingerprint import cached_fingerprint
-    from sinklab.train.loop import code_fingerprint
-
-    for r in seed_runs(point_folder):
-        if (r / "config.toml").exists() and (r / "summary.json").exists():
-            return cached_fingerprint(load_config(r / "config.toml"), code_fingerprint, r)
-    return None
-
-
 def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
     """Whether one finished seed run was trained by code with the current numerics, and how that was
     decided.
 
-    * trained on this machine's CPU and torch: its recorded fingerprint equals ``current`` (the
-      current code's fingerprint of its config here);
-    * otherwise (another CPU or torch, whose rounding differs; or a CPU that reports the same model
-      name but rounds differently, e.g. two "AMD EPYC" generations): the code of the commit that
-      trained it is run here (:func:`sinklab.train.fingerprint.fingerprint_at_commit`) and must give
-      ``current``, i.e. that code and the current code compute the same numbers.
+    * its fingerprints (every start's, recorded by the study tool, :mod:`sinklab.sweep.fingerprints`)
+      differ from each other: no ("trained by code with different numerics");
+    * they were computed on this machine's CPU and torch and equal ``current`` (the current code's
+      fingerprint of its config here): yes ("same machine");
+    * no fingerprint recorded (a run trained outside a sweep) and every start ran the current source
+      itself (``code_starts``' source digests): yes ("same source");
+    * otherwise (another CPU or torch, whose rounding differs; a CPU that reports the same model name
+      but rounds differently, e.g. two "AMD EPYC" generations; or a run without a recorded fingerprint,
+      trained outside a sweep): the code of each commit that trained it is run here
+      (:func:`sinklab.train.fingerprint.fingerprint_at_commit`) and must give ``current``, i.e. that
+      code and the current code compute the same numbers.
 
     Returns:
-        (current?, how): ``how`` is "same machine", "commit <c> re-run here", or why it could not be
-        decided ("no fingerprint", "trained from a dirty tree", "commit <c> not found").
+        (current?, how): ``how`` is "same machine", "same source", "commit <c> re-run here" (per commit),
+        or why it could not be decided ("trained ... from a dirty tree", "commit <c> cannot compute a
+        fingerprint here").
     """
+    from sinklab.provenance import source_digest
     from sinklab.runs.config import load_config
+    from sinklab.sweep.fingerprints import fingerprint_env, with_threads
     from sinklab.train.fingerprint import environment, fingerprint_at_commit
 
     s = read_json(run / "summary.json", "run summary")
     fps = s.get("code_fingerprints") or ([s["code_fingerprint"]] if s.get("code_fingerprint") else [])
-    if not fps or len(set(fps)) > 1:
-        return False, "no fingerprint" if not fps else "trained by code with different numerics"
-    env = environment()
-    same_name = s.get("cpu_model") == env["cpu_model"] and s.get("torch_version") == env["torch_version"]
-    if same_name and fps[0] == current:
+    recorded = bool(fps) and "none" not in fps
+    if recorded and len(set(fps)) > 1:
+        return False, "trained by code with different numerics"
+    env, fenv = environment(), fingerprint_env(s)
+    same_name = fenv.get("cpu_model") == env["cpu_model"] and fenv.get("torch_version") == env["torch_version"]
+    if recorded and same_name and fps[0] == current:
         return True, "same machine"
-    code = s.get("code") or {}
-    if code.get("dirty") or not code.get("commit") or code.get("commit") == "unknown":
-        return False, "trained on another machine from a dirty tree (its code cannot be re-run)"
+    starts = [c for c in (s.get("code_starts") or ([s["code"]] if s.get("code") else [])) if isinstance(c, dict)]
+    # without a recorded fingerprint (a run trained outside a sweep) the source digest identifies the code;
+    # a recorded one is the stronger evidence (numbers) and is not overruled by it
+    if not recorded and starts and all(c.get("source") == source_digest() for c in starts):
+        return True, "same source"
+    where = "on another machine" if recorded else "without a recorded fingerprint"
+    if not starts or any(c.get("dirty") or not c.get("commit") or c.get("commit") == "unknown" for c in starts):
+        return False, f"trained {where} from a dirty tree (its code cannot be re-run)"
     cfg_file = run / "config.toml"
-    fp = fingerprint_at_commit(load_config(cfg_file), code["commit"], run, cfg_file.read_text(encoding="utf-8"))
-    if fp is None:
-        return False, f"commit {code['commit'][:12]} cannot compute a fingerprint here"
-    how = f"commit {code['commit'][:12]} re-run here"
-    return fp == current, how + (" (same CPU name, other rounding)" if same_name else "")
+    cfg = with_threads(load_config(cfg_file), s.get("threads"))
+    hows, ok = [], True
+    for commit in dict.fromkeys(c["commit"] for c in starts):
+        fp = fingerprint_at_commit(cfg, commit, run, cfg_file.read_text(encoding="utf-8"))
+        if fp is None:
+            return False, f"commit {commit[:12]} cannot compute a fingerprint here"
+        ok = ok and fp == current
+        hows.append(f"commit {commit[:12]} re-run here")
+    return ok, ", ".join(hows) + (" (same CPU name, other rounding)" if recorded and same_name else "")
 
 
 #: how :func:`seed_is_current` says that it compared the numerics (anything else: it could not decide)
-_DECIDED = ("same machine", "re-run here", "trained by code with different numerics")
+_DECIDED = ("same machine", "same source", "re-run here", "trained by code with different numerics")
 
 
 def stale_mark(row: dict[str, Any]) -> str:
@@ -466,15 +470,19 @@ def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> No
     recorded fingerprint, from another machine by re-running the training commit's code here), False
     when any was not or cannot be checked, None for a row without finished seeds; and
     ``fingerprint_check``: how it was decided."""
+    from sinklab.sweep.fingerprints import run_fingerprint
+
     for r, p in zip(rows, study["points"]):
         if not r.get("n_seeds"):
             continue
-        cur = current_fingerprint(runs_dir(out) / p["slug"])
-        runs = [d for d in seed_runs(runs_dir(out) / p["slug"]) if (d / "summary.json").exists()]
-        if cur is None or not runs:
+        runs = [d for d in seed_runs(runs_dir(out) / p["slug"])
+                if (d / "summary.json").exists() and (d / "config.toml").exists()]
+        if not runs:
             r["fingerprint_current"] = False
             continue
-        checks = [seed_is_current(d, cur) for d in runs]
+        # the current code's fingerprint of each seed's config and threads (one canonical training per
+        # config shape, threads and code version: the seeds of a row share it; cached)
+        checks = [seed_is_current(d, run_fingerprint(d)) for d in runs]
         r["fingerprint_current"] = all(ok for ok, _ in checks)
         r["fingerprint_check"] = "; ".join(dict.fromkeys(how for _, how in checks))
 

@@ -169,16 +169,6 @@ def main_first(d: Dist) -> Iterator[None]:
         dist.barrier()
 
 
-def from_main(d: Dist, obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (a picklable object; an object collective, over gloo on the CPU);
-    ``obj`` itself on one process."""
-    if not d.enabled:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def first_sample(d: Dist, step: int, micro: int, grad_accum: int, batch_size: int) -> int:
     """Global 0-based index of this rank's first sample in micro-batch ``micro`` of ``step``."""
     first = (step * grad_accum + micro) * batch_size

@@ -25,7 +25,11 @@ fingerprint depends on the config (a change to the sigmoid kernel flips the sigm
 leaves softmax's), on the torch build and on the CPU (summary.json records both beside it).
 
 Cost: one data preparation plus three optimizer steps and three tracker evaluations of the config
-(about 2-4 s for ``emergence-cpu`` on one core).
+(about 2-4 s for ``emergence-cpu`` on one core). Training does not compute it: a run records its
+environment and code (``summary.json`` ``code``, ``code_starts``, ``torch_version``, ``cpu_model``,
+``threads``), and the study tool (:mod:`sinklab.sweep.fingerprints`: ``sinklab sweep`` and ``sinklab
+report``) computes the fingerprint once per config shape and code version (:func:`cached_fingerprint`)
+and records it beside the runs it launches.
 """
 
 from __future__ import annotations
@@ -142,53 +146,53 @@ def environment() -> dict[str, str]:
     return {"torch_version": torch.__version__, "cpu_model": cpu_model()}
 
 
-def source_digest() -> str:
-    """SHA-256 of the sinklab package's source files (``*.py``, ``*.toml``): the key under which
-    :func:`cached_fingerprint` keeps a fingerprint (the same source text gives the same numbers on
-    one machine and torch build)."""
-    import sinklab
-
-    pkg = Path(sinklab.__file__).resolve().parent
-    h = hashlib.sha256()
-    for f in sorted(p for p in pkg.rglob("*") if p.suffix in (".py", ".toml") and "__pycache__" not in p.parts):
-        h.update(str(f.relative_to(pkg)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
-
-
 def cached_fingerprint(cfg: RunConfig, compute, out: Path | None = None) -> str:
-    """``compute(cfg, out)`` (the canonical training), cached in ``$SINKLAB_HOME/fingerprints.json`` under
-    the source digest, torch version, CPU model and the canonical config's text, so that a report
-    over many rows runs each canonical training once per code version."""
+    """``compute(cfg, out)`` (the canonical training, :func:`sinklab.train.loop.code_fingerprint`) of the
+    *current* code, cached in :func:`cache_path` under the code's source digest
+    (:func:`sinklab.provenance.source_digest`: the commit and its dirty diff, or a copy outside git),
+    this machine's torch and CPU and the canonical config's text (the config's shape: its seed and
+    starting weights are not part of it), so that a study computes each canonical training once per
+    config shape and code version. The cache file also records the commit and whether the tree was
+    dirty, for a reader. ``sinklab.sweep.fingerprints`` is the study tool that calls it; training
+    itself never does."""
+    from sinklab.provenance import code_version, source_digest
     from sinklab.runs.config import to_toml
 
-    key = hashlib.sha256(json.dumps([source_digest(), environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
-    fp = _cache_read().get(key)
+    canon = to_toml(canonical_config(cfg))
+    key = _key(["source", source_digest(), environment(), canon])
+    fp = _cache_read(key)
     if fp is None:
         fp = compute(cfg, out)
-        _cache_write(key, fp)
+        code = code_version()
+        _cache_write(key, fp, {"commit": code.get("commit"), "dirty": code.get("dirty")})
     return fp
 
 
-def _cache_read() -> dict[str, str]:
-    """``$SINKLAB_HOME/fingerprints.json`` as a dict ({} when missing, unreadable, not UTF-8 or not a
-    JSON object: a cache, computed again)."""
-    from sinklab.paths import home
+def _key(parts: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
-    path = home() / "fingerprints.json"
+
+def cache_path(key: str) -> Path:
+    """The cache file of one fingerprint: ``$SINKLAB_HOME/fingerprints/<key>.json`` (one file per key, so
+    trainings and reports that run at once never lose each other's entries)."""
+    from sinklab.paths import cache_dir
+
+    return cache_dir("fingerprints") / f"{key}.json"
+
+
+def _cache_read(key: str) -> str | None:
+    """The cached fingerprint under ``key`` (None when missing, unreadable, not UTF-8 or not a fingerprint:
+    a cache, computed again)."""
     try:
-        cache = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        rec = json.loads(cache_path(key).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        cache = {}
-    return cache if isinstance(cache, dict) else {}
+        return None
+    fp = rec.get("fingerprint") if isinstance(rec, dict) else None
+    return fp if isinstance(fp, str) and len(fp) == LENGTH else None
 
 
-def _cache_write(key: str, fp: str) -> None:
-    from sinklab.paths import home
-
-    cache = _cache_read()
-    cache[key] = fp
-    atomic_write_text(home() / "fingerprints.json", json.dumps(cache, indent=0))
+def _cache_write(key: str, fp: str, extra: dict[str, Any]) -> None:
+    atomic_write_text(cache_path(key), json.dumps({"fingerprint": fp, **environment(), **extra}, indent=1))
 
 
 #: the program a subprocess runs to compute a fingerprint with another commit's code (argv: config path)
@@ -202,8 +206,8 @@ _AT_COMMIT = ("import sys, sinklab\nassert sinklab.__file__.startswith(sys.argv[
 def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path, config_text: str | None = None) -> str | None:
     """The fingerprint that the training code of ``commit`` gives for ``cfg`` *on this machine*
     (its ``src/`` exported with ``git archive`` into a temporary folder and run in a subprocess),
-    cached in ``$SINKLAB_HOME/fingerprints.json`` under the commit, this machine's torch and CPU and
-    the canonical config.
+    cached in :func:`cache_path` under the commit, this machine's torch and CPU and the canonical
+    config.
 
     This is how a run trained on another CPU is checked: its own recorded fingerprint holds that
     CPU's rounding, so it cannot be compared with this machine's; but if the code that trained it and
@@ -226,8 +230,8 @@ def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path, config_text: 
 
     from sinklab.runs.config import to_toml
 
-    key = "commit:" + hashlib.sha256(json.dumps([commit, environment(), to_toml(canonical_config(cfg))]).encode()).hexdigest()
-    cached = _cache_read().get(key)
+    key = _key(["commit", commit, environment(), to_toml(canonical_config(cfg))])
+    cached = _cache_read(key)
     if cached is not None:
         return cached
     with tempfile.TemporaryDirectory(prefix="sinklab-fp-") as tmp:
@@ -258,5 +262,5 @@ def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path, config_text: 
         if proc.returncode != 0 or not lines or len(lines[-1]) != LENGTH:
             return None
         fp = lines[-1]
-    _cache_write(key, fp)
+    _cache_write(key, fp, {"commit": commit, "dirty": False})
     return fp

@@ -23,7 +23,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -101,7 +101,6 @@ class TrainResult(Result):
     wall_s: float = 0.0  # wall time of the run, all starts together (up to the checkpoint each resumed from)
     already_finished: bool = False  # resume of a run that had reached its steps: nothing was done
     note: str = ""  # what a resume changed (steps raised on a finished run: the schedule consequence)
-    code_fingerprint: str | None = None  # sinklab.train.fingerprint.code_fingerprint of the config, this start
     data_digest: str | None = None  # the canonical training's data hash (sinklab.train.fingerprint.data_digest)
     command: str = ""  # the command that made it (the CLI's; from Python: the call, sinklab.train.train(...))
     versions: dict[str, str] = field(default_factory=dict)  # sinklab.result.versions() of the run's last start
@@ -138,7 +137,8 @@ class TrainResult(Result):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "TrainResult":
-        d = dict(data)
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in data.items() if k in known}  # a file from older code may carry more (code_fingerprint)
         d["out"], d["losses"] = Path(d["out"]), {int(k): v for k, v in d.get("losses", {}).items()}
         return cls(**d)
 
@@ -273,14 +273,15 @@ def train(
             (the CLI passes the ``sinklab train ...`` line; default: this Python call,
             :func:`sinklab.result.python_call`).
         _canonical: internal: the short canonical training of :mod:`sinklab.train.fingerprint`
-            (one process, no fingerprint of its own, data digest recorded).
+            (one process, data digest recorded, no ``train_result.json``).
 
     ``train.threads`` (when set) is applied with ``torch.set_num_threads`` before any work and the
     previous setting restored on return, so the environment's ``OMP_NUM_THREADS`` cannot change
-    the losses. Every start computes the config's training-code fingerprint
-    (:func:`sinklab.train.fingerprint.code_fingerprint`, a few seconds) and ``summary.json``
-    records it (``code_fingerprint``; ``code_fingerprints``: every start's, in order) with the
-    threads, torch version and CPU model.
+    the losses. ``summary.json`` records the environment (threads, torch version, CPU model) and the
+    code of every start (``code``: the last start's :func:`sinklab.provenance.code_version`, commit,
+    dirty flag and source digest; ``code_starts``: every start's, in order). The training-code
+    fingerprint is not computed here: the study tool computes it once per config shape and code
+    version (:mod:`sinklab.sweep.fingerprints`).
 
     A resume of a finished run (its checkpoint at its last step) does nothing and returns a result
     with ``already_finished=True``, unless ``train.steps`` was raised: then it continues to the new
@@ -416,17 +417,13 @@ def _check_resume(cfg: RunConfig, out: Path, notify: Callable[[str], None] | Non
 def _train_in_group(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, *, t_start: float, progress: bool,
                     stop_after: int | None, notify: Callable[[str], None] | None, canonical: bool,
                     status: _Status, command: str = "") -> TrainResult:
-    """:func:`_run` on the configured device inside the process group (if any), with the code fingerprint."""
+    """:func:`_run` on the configured device inside the process group (if any)."""
     device = resolve_device(cfg.train.device)
     dd = distributed.Dist() if canonical else distributed.setup(cfg.train.parallel, device)
     try:
-        # rank 0 alone runs the canonical training (on its own device; W ranks at once would race
-        # for the token cache and all land on cuda:0) and hands the others its result
-        fingerprint = None if canonical or not dd.is_main else code_fingerprint(cfg, out)
-        fingerprint = distributed.from_main(dd, fingerprint)
         result = _run(cfg, out, ckpt, note, distributed.rank_device(dd, device), dd, t_start=t_start,
-                      progress=progress, stop_after=stop_after, notify=notify, fingerprint=fingerprint,
-                      canonical=canonical, status=status, command=command)
+                      progress=progress, stop_after=stop_after, notify=notify, canonical=canonical, status=status,
+                      command=command)
         distributed.barrier(dd)  # every rank done (rank 0 wrote final/ and summary.json) before the group goes
         return result
     finally:
@@ -435,13 +432,12 @@ def _train_in_group(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, *, 
 
 def _run(cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device, dd: distributed.Dist, *,
          t_start: float, progress: bool, stop_after: int | None, notify: Callable[[str], None] | None,
-         fingerprint: str | None = None, canonical: bool = False, status: _Status | None = None,
-         command: str = "") -> TrainResult:
+         canonical: bool = False, status: _Status | None = None, command: str = "") -> TrainResult:
     """The body of :func:`train` once the resume checks passed and the process group (if any) is up:
     set up (:class:`_Trainer`), train up to ``train.steps`` (or ``stop_after``), write ``final/`` and
     ``summary.json``."""
-    tr = _Trainer(cfg, out, ckpt, note, device, dd, t_start=t_start, notify=notify, fingerprint=fingerprint,
-                  canonical=canonical, status=status or _Status(), command=command)
+    tr = _Trainer(cfg, out, ckpt, note, device, dd, t_start=t_start, notify=notify, canonical=canonical,
+                  status=status or _Status(), command=command)
     if cfg.train.init_from and ckpt is None:
         # fine-tuning: the starting model measured on this run's data and probe (step 0), so that the
         # sink before and after fine-tuning are read on the same inputs
@@ -510,7 +506,7 @@ class _Trainer:
 
     def __init__(self, cfg: RunConfig, out: Path, ckpt: dict | None, note: str, device: torch.device,
                  dd: distributed.Dist, *, t_start: float, notify: Callable[[str], None] | None,
-                 fingerprint: str | None, canonical: bool, status: _Status, command: str = "") -> None:
+                 canonical: bool, status: _Status, command: str = "") -> None:
         self.cfg, self.out, self.device, self.dd, self.status, self.t_start = cfg, out, device, dd, status, t_start
         self.canonical = canonical
         self.ckpt_path = out / CHECKPOINT_NAME
@@ -518,19 +514,23 @@ class _Trainer:
         self._setup_model(ckpt)
         self.last_ckpt = self.start if ckpt is not None else None
         self.wall_before = float(ckpt.get("wall_s", 0.0)) if ckpt is not None else 0.0
+        from sinklab.provenance import code_version
         from sinklab.result import versions
 
         self.result = TrainResult(out=out, steps=cfg.train.steps, history=self.data.tracker.history, note=note,
-                                  code_fingerprint=fingerprint, command=command, versions=versions())
+                                  command=command, versions=versions())
         if canonical:
             from sinklab.train.fingerprint import data_digest
 
             t_cfg = cfg.train
             self.result.data_digest = data_digest(self.data.train_data, t_cfg.batch_size, t_cfg.grad_accum, t_cfg.steps,
                                                   prefix_len=t_cfg.prefix_len)
-        self.fingerprints = list(ckpt.get("code_fingerprints", [])) if ckpt is not None else []
-        if fingerprint is not None:
-            self.fingerprints.append(fingerprint)
+        # the code of every start (commit, dirty flag, source digest), in order: the study tool maps each
+        # to its training-code fingerprint (a checkpoint from older code has none: its starts are unknown)
+        self.code_starts = []
+        if ckpt is not None:  # a checkpoint from before code_starts: its earlier starts' code is unknown
+            self.code_starts = list(ckpt.get("code_starts", [{"commit": None, "dirty": None, "source": None}]))
+        self.code_starts.append(code_version())
         self.step_times: list[float] = []  # wall seconds of each optimizer step of this start
 
     def _setup_model(self, ckpt: dict | None) -> None:
@@ -699,7 +699,7 @@ class _Trainer:
             "config": self.cfg.to_dict(),
             "tracker": self.data.tracker.history,
             "wall_s": self.wall_before + time.perf_counter() - self.t_start,
-            "code_fingerprints": self.fingerprints,
+            "code_starts": self.code_starts,
         })
         self.status.checkpoint = step
         distributed.barrier(dd)  # no rank runs ahead of a checkpoint that is not on disk yet
@@ -759,8 +759,7 @@ class _Trainer:
             "code": code_version(),
             "command": result.command,
             "versions": result.versions,
-            "code_fingerprint": result.code_fingerprint,
-            "code_fingerprints": self.fingerprints,
+            "code_starts": self.code_starts,
             "init_from": t_cfg.init_from,
             "threads": torch.get_num_threads(),
             **environment(),
