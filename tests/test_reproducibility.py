@@ -356,11 +356,13 @@ def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, t
     assert as_if(same) == (True, f"commit {same[:12]} re-run here")
     monkeypatch.setattr(runs_config, "to_toml", real)
     # A packed study's runs are read from its table unpacked into $SINKLAB_HOME, outside any checkout: the
-    # commit is then found in the working directory's checkout (report --check runs from the repository).
+    # commit is then looked up in the checkout that holds the sweep folder (check_fingerprints passes it).
     outside = tmp_path / "home" / "unpacked" / "run"
     shutil.copytree(run, outside)
-    monkeypatch.chdir(repo)
-    assert seed_is_current(outside, current) == (True, f"commit {same[:12]} re-run here")
+    for f in (tmp_path / "home" / "fingerprints").glob("*.json"):  # forget the commits' cached fingerprints
+        f.unlink()
+    assert seed_is_current(outside, current)[1] == f"commit {same[:12]} cannot compute a fingerprint here"
+    assert seed_is_current(outside, current, repo=repo / "results") == (True, f"commit {same[:12]} re-run here")
     # A CPU that reports this machine's model name but rounded differently (the recorded fingerprint
     # is not this machine's): decided by re-running its commit, not declared stale by the name alone.
     def same_name(commit):

@@ -393,7 +393,7 @@ def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any
     return rows
 
 
-def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
+def seed_is_current(run: Path, current: str, repo: Path | None = None) -> tuple[bool, str]:
     """Whether one finished seed run was trained by code with the current numerics, and how that was
     decided.
 
@@ -408,6 +408,9 @@ def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
       trained outside a sweep): the code of each commit that trained it is run here
       (:func:`sinklab.train.fingerprint.fingerprint_at_commit`) and must give ``current``, i.e. that
       code and the current code compute the same numbers.
+
+    ``repo``: a folder inside the git checkout that holds the training commits (default ``run``; the sweep
+    folder for a packed study, whose run folders are unpacked outside any checkout).
 
     Returns:
         (current?, how): ``how`` is "same machine", "same source", "commit <c> re-run here" (per commit),
@@ -440,7 +443,7 @@ def seed_is_current(run: Path, current: str) -> tuple[bool, str]:
     cfg = with_threads(load_config(cfg_file), s.get("threads"))
     hows, ok = [], True
     for commit in dict.fromkeys(c["commit"] for c in starts):
-        fp = fingerprint_at_commit(cfg, commit, run, cfg_file.read_text(encoding="utf-8"))
+        fp = fingerprint_at_commit(cfg, commit, run if repo is None else repo, cfg_file.read_text(encoding="utf-8"))
         if fp is None:
             return False, f"commit {commit[:12]} cannot compute a fingerprint here"
         ok = ok and fp == current
@@ -482,7 +485,9 @@ def check_fingerprints(rows: list[dict[str, Any]], out: Path, study: dict) -> No
             continue
         # the current code's fingerprint of each seed's config and threads (one canonical training per
         # config shape, threads and code version: the seeds of a row share it; cached)
-        checks = [seed_is_current(d, run_fingerprint(d)) for d in runs]
+        # the commits are looked up in the checkout holding the sweep folder (a packed study's runs are read
+        # from its table unpacked into $SINKLAB_HOME, outside any checkout)
+        checks = [seed_is_current(d, run_fingerprint(d), repo=out) for d in runs]
         r["fingerprint_current"] = all(ok for ok, _ in checks)
         r["fingerprint_check"] = "; ".join(dict.fromkeys(how for _, how in checks))
 

@@ -236,16 +236,8 @@ def fingerprint_at_commit(cfg: RunConfig, commit: str, repo: Path, config_text: 
         return cached
     with tempfile.TemporaryDirectory(prefix="sinklab-fp-") as tmp:
         tmp = Path(tmp)
-        # the run folder may lie outside any checkout (a packed study is read from its table unpacked into
-        # $SINKLAB_HOME): then the checkout of the working directory, else the one this code runs from
-        for where in (Path(repo), Path.cwd(), Path(__file__).resolve().parent):
-            top = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"], capture_output=True,
-                                 text=True) if where.is_dir() else None
-            if top is not None and top.returncode == 0 and subprocess.run(
-                    ["git", "-C", top.stdout.strip(), "cat-file", "-e", commit + "^{commit}"],
-                    capture_output=True).returncode == 0:
-                break
-        else:
+        top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode != 0:
             return None
         archive = subprocess.run(["git", "-C", top.stdout.strip(), "archive", "--format=tar", commit, "src"],
                                  capture_output=True)
