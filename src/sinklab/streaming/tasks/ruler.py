@@ -119,7 +119,7 @@ def build_variable_tracking(src: TaskSource, length: int, depth: float, index: i
     if body_n < 1:
         raise too_short(name, length, length - body_n)
     body = (noise * math.ceil(body_n / len(noise)))[:body_n]
-    bounds = list(range(0, body_n, len(noise))) + [body_n]
+    bounds = list(range(0, body_n + 1, len(noise)))  # whole noise sentences before each statement
     first = snap_to(int(round(depth * body_n)), bounds, len(noise))
     later = sorted(rng.choice([b for b in bounds if b >= first]) for _ in range(hops))
     ids, starts = insert_needles(body, list(zip([first] + later, chain_ids)))
