@@ -11,7 +11,6 @@ sentence end within ``snap`` tokens so that no word is cut.
 
 from __future__ import annotations
 
-import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -265,10 +264,6 @@ def too_short(task: str, length: int, need: int) -> InputError:
     """The refusal of a length that cannot hold the task's fixed parts."""
     return InputError(f"{param('lengths', length)} is too short for task {task}: its needles, instructions and question "
                       f"take {need} tokens; give at least {need + 1}")
-
-
-def nan_to_none(depth: float | None) -> float | None:
-    return None if depth is None or (isinstance(depth, float) and math.isnan(depth)) else float(depth)
 
 
 __all__ = ["TaskItem", "Haystack", "item_rng", "check_grid", "word_pool", "insert_needles", "depth_position",
