@@ -86,11 +86,13 @@ def combine(folders: list[str], out: str, command: str) -> None:
             raise ValueError(f"the parts differ in {key}: {[m[key] for m in metas]}")
     if len({m["code"]["commit"] for m in metas}) > 1:
         raise ValueError(f"the parts ran different code: {[m['code'] for m in metas]}")
-    results = pd.concat([pd.read_csv(Path(f) / "items.csv", dtype={"answers": str, "output": str}) for f in folders], ignore_index=True)
+    results = pd.concat([pd.read_csv(Path(f) / "items.csv", dtype={"answers": str, "output": str}) for f in folders],
+                        ignore_index=True)
     m0 = metas[0]
     meta = {"command": command, **{k: m0[k] for k in ("model", "corpus", "tasks", "n", "seed", "query_aware",
                                                     "model_info", "corpus_source", "code")},
-            "lengths": sorted({t for m in metas for t in m["lengths"]}), "depths": m0["depths"],
+            "lengths": sorted({t for m in metas for t in m["lengths"]}),
+            "depths": sorted({d for m in metas for d in m["depths"]}),
             "title": m0["title"], "parts": [dict(m, folder=str(f)) for f, m in zip(folders, metas)]}
     write_task_outputs(out, results, meta)
 
