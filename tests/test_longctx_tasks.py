@@ -197,7 +197,7 @@ def test_wilson_interval_hand_worked():
     = 1.959964 x 0.326953 / 1.960365 = 0.326886; so (0.045587, 0.699359)."""
     lo, hi = wilson_interval(1, 4)
     assert (lo, hi) == pytest.approx((0.045587, 0.699359), abs=2e-6)
-    assert wilson_interval(0, 5)[0] == 0.0 and wilson_interval(5, 5)[1] == 1.0
+    assert wilson_interval(0, 3)[0] == 0.0 and wilson_interval(3, 3)[1] == 1.0  # exactly, not 5.6e-17 away
     assert wilson_interval(3, 3)[0] == pytest.approx(1 / (1 + 1.959964**2 / 3), abs=1e-6)  # n / (n + z^2) at k = n
     rows = pd.DataFrame({"config": ["full"] * 5, "task": ["needle"] * 5, "length": [100] * 4 + [200],
                          "depth": [0.5] * 4 + [float("nan")], "correct": [True, False, False, False, True],

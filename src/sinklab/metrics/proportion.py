@@ -21,7 +21,8 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
         z: the normal quantile (default 1.96: 95%).
 
     Returns:
-        (low, high) as fractions in [0, 1]; (nan, nan) when n = 0.
+        (low, high) as fractions in [0, 1] (low exactly 0 at k = 0, high exactly 1 at k = n); (nan, nan)
+        when n = 0.
     """
     if n == 0:
         return (math.nan, math.nan)
@@ -29,7 +30,9 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
+    lo = 0.0 if k == 0 else max(0.0, mid - half)  # exactly 0 and 1 at the ends (not a rounding away)
+    hi = 1.0 if k == n else min(1.0, mid + half)
+    return (lo, hi)
 
 
 __all__ = ["Z95", "wilson_interval"]
