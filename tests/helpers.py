@@ -32,6 +32,22 @@ def make_tokenizer(add_bos: bool = True):
     )
 
 
+def char_tokenizer():
+    """One token per character (printable ASCII and newline), <s> = 1 added in front, decoded by concatenation."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for c in "\n" + "".join(chr(i) for i in range(32, 127)):
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+
+
 def tiny_llama(vocab_size: int = 80, **kw):
     from transformers import LlamaConfig, LlamaForCausalLM
 

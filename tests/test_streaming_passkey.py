@@ -13,27 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import run_cli_captured
+from helpers import char_tokenizer, run_cli_captured
 from sinklab.errors import InputError
 from sinklab.streaming.harness import CacheSpec, policy_specs, token_stream
 from sinklab.streaming.passkey import NEEDLE, QUESTION, _answer, evaluate_passkey, passkey_samples
 from test_streaming_cache import llama
-
-
-def char_tokenizer():
-    """One token per character (printable ASCII and newline), <s> = 1 added in front, decoded by concatenation."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for c in "\n" + "".join(chr(i) for i in range(32, 127)):
-        vocab[c] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>")
 
 
 DOCS = ["the sink token is the first one.", "a second document, with more words in it than the first.",

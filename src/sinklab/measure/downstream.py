@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from sinklab.errors import InputError, param
+from sinklab.metrics.proportion import wilson_interval
 
 #: sentence boundary: '.', '!' or '?' (optionally closing quotes/brackets) followed by whitespace
 _SENTENCE = re.compile(r"(?<=[.!?][\"')\]])\s+|(?<=[.!?])\s+")
@@ -164,17 +165,6 @@ def ending_logprobs(model, context: list[int], ending: list[int], prefix: Sequen
     start = len(prefix) + len(context)
     lp = torch.log_softmax(logits[start - 1:len(ids) - 1], dim=-1)
     return lp.gather(1, torch.tensor(ending, device=device)[:, None])[:, 0].cpu().numpy()
-
-
-def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score 95% interval of a proportion k / n (as fractions in [0, 1])."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (mid - half, mid + half)
 
 
 def score_cloze(model, items: Sequence[ClozeItem], *, prefix: Sequence[int] = (), device="cpu",

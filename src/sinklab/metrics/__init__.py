@@ -25,6 +25,7 @@ from sinklab.metrics.sink import (
 )
 from sinklab.metrics.agreement import kl_to_full, top1_agreement
 from sinklab.metrics.entropy import attention_entropy, matrix_entropy
+from sinklab.metrics.proportion import wilson_interval
 from sinklab.metrics.summary import summarize
 
 __all__ = [
@@ -49,4 +50,5 @@ __all__ = [
     "sink_rate_virtual",
     "visible_key_counts",
     "attention_mass_visible_from_column_sums",
+    "wilson_interval",
 ]

