@@ -150,6 +150,7 @@ class SinkLM(nn.Module):
         targets: Tensor | None = None,
         target_weights: Tensor | None = None,
         cache=None,
+        document_ids: Tensor | None = None,
     ) -> LMOutput:
         """Logits for every position.
 
@@ -181,12 +182,21 @@ class SinkLM(nn.Module):
                 positions ``cache.kept_length() ..`` (StreamingLLM's positions inside the cache);
                 relative positional encodings only (RoPE, ALiBi, T5 buckets, none); no prefix,
                 observer or targets.
+            document_ids: (B, T) integer document ids of packed windows (intra-document masking,
+                :func:`sinklab.attention_masks.document_ids`): query i of row b then sees key j only
+                if ``document_ids[b, i] == document_ids[b, j]``, on top of the causal / prefix /
+                window rule, in every attention backend; virtual keys (sink token, biases, sink
+                logits) stay visible to every query. Positions are not restarted: a document's
+                tokens keep their window positions 0..T-1 (RoPE, ALiBi and T5 depend on j - i
+                only, so inside a document this changes nothing; learned / sinusoidal absolute
+                positions differ from the document run alone). None (default): no document mask.
 
         Returns:
             :class:`LMOutput`.
 
         Raises:
-            InputError: bad ids, shape, prefix length, or T past the positional table.
+            InputError: bad ids, shape, prefix length, or T past the positional table; document ids
+                that are not an integer (B, T) tensor, or given with a KV cache.
         """
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise InputError(f"input_ids must be an integer tensor (B, T), got {input_ids.dtype} {tuple(input_ids.shape)}")
@@ -195,6 +205,14 @@ class SinkLM(nn.Module):
             raise InputError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
         if not 0 <= prefix_len <= T:
             raise InputError(f"prefix_len must be in [0, T={T}], got {prefix_len}")
+        if document_ids is not None:
+            if (document_ids.shape != input_ids.shape or document_ids.dtype.is_floating_point
+                    or document_ids.dtype == torch.bool):
+                raise InputError(f"document_ids must be an integer tensor of the shape of input_ids {tuple(input_ids.shape)}, "
+                                 f"got {document_ids.dtype} {tuple(document_ids.shape)}")
+            if cache is not None:
+                raise InputError("document_ids cannot be combined with a KV cache (cache=): incremental decoding runs one stream")
+            document_ids = document_ids.to(input_ids.device)
         if cache is not None:
             return self._forward_cached(input_ids, cache)
         if not self.config.causal:
@@ -207,7 +225,7 @@ class SinkLM(nn.Module):
             x = x + absolute.to(x.dtype)  # (T, d) broadcast over B
         ctx = AttnContext(T=T, device=device, positional=self.positional,
                           mask=MaskSpec(prefix_len=prefix_len, window=self.config.sliding_window),
-                          pos_state=self.positional.prepare(T, device))
+                          pos_state=self.positional.prepare(T, device), documents=document_ids)
         hidden = [x] if output_hidden_states else None
         for block in self.layers:
             x = block(x, ctx, observer)
