@@ -110,12 +110,12 @@ def _grads(model, out):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _check(att, pos, backend, *, window=None, options=None, atol=1e-5):
+def _check(att, pos, backend, *, window=None, options=None, atol=1e-5, restart=False):
     ids, lengths = _packed()
     docs = document_ids(ids, EOS)
     assert docs.tolist()[0] == [0] * 5 + [1] * 7 + [2] * 4  # the EOS rule: a document ends with its EOS
     model = _model(att, pos, backend, window, options)
-    out = model(ids, document_ids=docs).logits
+    out = model(ids, document_ids=docs, restart_positions=restart).logits
     g = _grads(model, out)
     ref_model = _model(att, pos, "reference", window).double()
     ref = _naive(ref_model, ids, _block_diagonal(lengths, T, window))
@@ -152,6 +152,8 @@ CASES = {
     "flex sink_logit alibi": ("sink_logit", "alibi", "flex", None, AttentionOptions(flex_compiled=False)),
     "flex kv_bias t5 window": ("kv_bias", "t5", "flex", 6, AttentionOptions(flex_compiled=False)),
 }
+#: with restarted positions (RoPE: the same attention as window positions, so the same naive values)
+RESTART = {"sdpa softmax rope", "tile sigmoid alibi, 4 tiles", "flex softmax rope"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -162,6 +164,8 @@ def test_document_mask_equals_naive_float64(case):
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     att, pos, backend, window, options = CASES[case]
     _check(att, pos, backend, window=window, options=options)
+    if case in RESTART:
+        _check(att, pos, backend, window=window, options=options, restart=True)
 
 
 @pytest.mark.compile
@@ -175,25 +179,34 @@ def test_document_mask_compiled_backends(att, pos, backend):
     _check(att, pos, backend)
 
 
-@pytest.mark.parametrize("pos", ["rope", "alibi", "learned"])
-def test_each_document_as_if_alone(pos):
+@pytest.mark.parametrize("restart", [False, True])
+@pytest.mark.parametrize("pos", ["rope", "alibi", "t5", "learned", "sinusoidal"])
+def test_each_document_as_if_alone(pos, restart):
     """Two documents packed in one window (lengths 6 and 10): the first gives its logits alone
-    exactly as in the window (it sees nothing else, same positions); the second, run alone at
-    positions 0..9, gives the window's logits at 6..15 for relative positions (RoPE, ALiBi: they depend
-    on j - i only) within float rounding, and different logits for learned absolute positions (its
-    tokens keep window positions 6..15: positions are not restarted per document)."""
+    (it sees nothing else, same positions); the second, run alone at positions 0..9, gives the
+    window's logits at 6..15 within float rounding (1e-5) for relative positions (RoPE, ALiBi, T5:
+    they depend on j - i only) with or without restarted positions, and for absolute positions
+    (learned, sinusoidal) only with ``restart_positions`` (without it, its tokens keep window
+    positions 6..15 and its logits differ)."""
     torch.manual_seed(0)
     ids = torch.randint(0, EOS, (1, 16))
     ids[0, 5] = ids[0, 15] = EOS
     model = _model("softmax", pos)
     with torch.no_grad():
-        packed = model(ids, document_ids=document_ids(ids, EOS)).logits[0]
+        packed = model(ids, document_ids=document_ids(ids, EOS), restart_positions=restart).logits[0]
         first, second = model(ids[:, :6]).logits[0], model(ids[:, 6:]).logits[0]
     torch.testing.assert_close(packed[:6], first, rtol=1e-5, atol=1e-5)
-    if pos == "learned":
+    if pos in ("learned", "sinusoidal") and not restart:
         assert (packed[6:] - second).abs().max() > 1e-2
     else:
         torch.testing.assert_close(packed[6:], second, rtol=1e-5, atol=1e-5)
+
+
+def test_document_positions():
+    from sinklab.attention_masks import document_positions
+
+    docs = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 2, 2, 2, 2, 2, 2]])
+    assert document_positions(docs).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 0, 0, 1, 2, 3, 4, 5]]
 
 
 def test_document_ids_rule():
@@ -211,6 +224,8 @@ def test_forward_refuses_bad_document_ids():
         model(ids, document_ids=torch.zeros(1, 7, dtype=torch.long))
     with pytest.raises(InputError, match="document_ids must be an integer tensor"):
         model(ids, document_ids=torch.zeros(1, 8))
+    with pytest.raises(InputError, match="restart_positions=True needs document_ids"):
+        model(ids, restart_positions=True)
 
 
 def _cfg(*overrides):
@@ -228,6 +243,7 @@ def _cfg(*overrides):
     (['data.attention_mask="document"', 'data.packing="random_first"'],
      "data.attention_mask='document' cannot be combined with data.packing='random_first'"),
     (['data.attention_mask="documents"'], "data.attention_mask must be one of 'causal', 'document'"),
+    (["data.restart_positions=true"], "data.restart_positions=true needs data.attention_mask='document'"),
 ])
 def test_config_refuses_what_cannot_be_honoured(overrides, match):
     """One line naming both keys: a bidirectional prefix across documents, and packings whose inserted
@@ -252,8 +268,11 @@ def test_config_default_not_written():
 
     assert "attention_mask" not in to_toml(_cfg())
     cfg = _cfg('data.attention_mask="document"', 'data.packing="concat"')
-    assert 'attention_mask = "document"' in to_toml(cfg)
+    assert 'attention_mask = "document"' in to_toml(cfg) and "restart_positions" not in to_toml(cfg)
     assert cfg.data.document_mask
+    assert "attention_mask" not in to_toml(_cfg('data.attention_mask="causal"', "data.restart_positions=false"))
+    text = to_toml(_cfg('data.attention_mask="document"', "data.restart_positions=true"))
+    assert "restart_positions = true" in text
 
 
 def test_training_feeds_document_ids(monkeypatch):
@@ -261,11 +280,12 @@ def test_training_feeds_document_ids(monkeypatch):
     "document" (and none otherwise)."""
     from sinklab.train.objective import CausalObjective
 
-    seen = []
+    seen, restarts = [], []
 
     class M(torch.nn.Module):
-        def forward(self, x, prefix_len=0, targets=None, document_ids=None):
+        def forward(self, x, prefix_len=0, targets=None, document_ids=None, restart_positions=False):
             seen.append(document_ids)
+            restarts.append(restart_positions)
             return type("O", (), {"loss": torch.tensor(0.0), "logits": torch.zeros(*x.shape, V)})()
 
     ids, _ = _packed()
@@ -279,3 +299,6 @@ def test_training_feeds_document_ids(monkeypatch):
     objective.eval_sums(M(), ids, ids, 0)
     CausalObjective().loss(M(), ids, ids, 0)
     assert torch.equal(seen[0], document_ids(ids, EOS)) and torch.equal(seen[1], seen[0]) and seen[2] is None
+    assert restarts == [False, False, False]
+    make_objective(_cfg('data.attention_mask="document"', "data.restart_positions=true"), None, packer).loss(M(), ids, ids, 0)
+    assert restarts[-1] is True and torch.equal(seen[-1], seen[0])

@@ -31,7 +31,8 @@ from torch import Tensor
 
 from sinklab.errors import InputError
 
-__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "repeat_kv", "same_document", "document_ids"]
+__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "repeat_kv", "same_document", "document_ids",
+           "document_positions"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,15 @@ def document_ids(input_ids: Tensor, eos_id: int) -> Tensor:
     """
     is_eos = (input_ids == eos_id).to(torch.int64)  # (B, T)
     return torch.cumsum(is_eos, dim=1) - is_eos
+
+
+def document_positions(documents: Tensor) -> Tensor:
+    """0-based position of every token inside its own document: (B, T) int64 from document ids
+    ``documents`` (B, T), non-decreasing along each row (:func:`document_ids`); a window's first
+    (partial) document starts at 0 like the others."""
+    T = documents.shape[1]
+    first = torch.searchsorted(documents.contiguous(), documents.contiguous(), side="left")  # (B, T) start of each one's document
+    return torch.arange(T, device=documents.device)[None, :] - first
 
 
 def build_mask(t_q: int, t_k: int | None = None, mask: MaskSpec = CAUSAL, *, device=None,

@@ -58,12 +58,18 @@ class DataConfig:
             attends only to the earlier tokens of its own document; a document ends with its EOS,
             :func:`sinklab.attention_masks.document_ids`; training and validation batches, every
             attention backend). The tracker's probe windows are single documents and run without it.
-            Positions are not restarted per document (window positions 0..T-1): RoPE / ALiBi / T5 /
-            NoPE depend on j - i only, so a document gets the attention it would get alone;
-            learned / sinusoidal absolute positions do not. Only with the packings that mark every
+            Positions are not restarted per document (window positions 0..T-1) unless
+            ``restart_positions``: RoPE / ALiBi / T5 / NoPE depend on j - i only, so a document gets
+            the attention it would get alone either way; learned / sinusoidal absolute positions
+            only with the restart. Only with the packings that mark every
             document with EOS (``concat``, ``bos``), a causal objective and no prefix LM (ConfigError
             otherwise). Stored as None for "causal", which is not written to ``config.toml`` (configs
             written before this option read back byte-identical).
+        restart_positions: with ``attention_mask = "document"``: every document's tokens get
+            positions 0, 1, ... (absolute tables and RoPE; ALiBi / T5 need nothing), so each
+            document is computed exactly as if alone (``SinkLM.forward(restart_positions=True)``).
+            None / false (default, not written): window positions. ConfigError without the
+            document mask.
         max_train_tokens: keep only this many training tokens (0 = all) and repeat them.
         val_fraction: share of documents held out (validation loss and probe set).
         split_seed: seed of the document split.
@@ -95,6 +101,7 @@ class DataConfig:
     packing_position: int = 0
     packing_token: str = "<|bos|>"
     attention_mask: str | None = None
+    restart_positions: bool | None = None
     max_train_tokens: int = 0
     val_fraction: float = 0.05
     split_seed: int = 0
@@ -141,6 +148,12 @@ class DataConfig:
         if self.document_mask and not PACKING.get(self.packing).documents:
             raise ConfigError(f"data.attention_mask='document' cannot be combined with data.packing={self.packing!r}: "
                               "its inserted token belongs to no document (use packing 'concat' or 'bos')")
+
+        if self.restart_positions is False:
+            self.restart_positions = None  # the default, not written
+        if self.restart_positions and not self.document_mask:
+            raise ConfigError("data.restart_positions=true needs data.attention_mask='document' "
+                              "(positions restart at each document of a packed window)")
 
     @property
     def document_mask(self) -> bool:

@@ -31,12 +31,16 @@ class CausalObjective:
 
     name = "causal"
 
-    def __init__(self, prefix_len: int = 0, document_ids=None) -> None:
+    def __init__(self, prefix_len: int = 0, document_ids=None, restart_positions: bool = False) -> None:
         self.prefix_len = prefix_len
         self.document_ids = document_ids
+        self.restart_positions = restart_positions  # positions 0, 1, ... in every document (data.restart_positions)
 
     def _documents(self, x: Tensor) -> dict:
-        return {} if self.document_ids is None else {"document_ids": self.document_ids(x)}
+        if self.document_ids is None:
+            return {}
+        more = {"restart_positions": True} if self.restart_positions else {}
+        return {"document_ids": self.document_ids(x), **more}
 
     def loss(self, model: torch.nn.Module, x: Tensor, y: Tensor, first_sample: int) -> Tensor:
         """Mean next-token cross-entropy of ``model`` on inputs x (B, T) and targets y (B, T) (-100 = not
@@ -127,7 +131,8 @@ def make_objective(cfg, tc, packer) -> CausalObjective | MaskedDiffusionObjectiv
 
     if cfg.train.objective == "causal":
         return CausalObjective(cfg.train.prefix_len,
-                               document_ids=packer.document_ids if cfg.data.document_mask else None)
+                               document_ids=packer.document_ids if cfg.data.document_mask else None,
+                               restart_positions=bool(cfg.data.restart_positions))
     mask_id = tc.vocab_size
     if mask_id >= cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} has no row for the mask token (id {mask_id}); "
