@@ -9,6 +9,11 @@ Positions are 0-based. Under ``MaskSpec(causal, prefix_len=p, window=w)`` query 
   bidirectional (``causal=False``): every key;
 * and, with a sliding window ``w``: ``|i - j| < w`` (for a causal key ``j <= i``: ``j > i - w``).
 
+Document mask (packed training windows, :func:`document_ids`): with ``documents`` (B, T) int
+document ids, query ``i`` of row ``b`` additionally sees key ``j`` only if
+``documents[b, i] == documents[b, j]`` (intra-document attention). Masks with documents are
+(B, 1, C, Tk) instead of (C, Tk).
+
 When there are fewer queries than keys (``t_q < t_k``), the queries are the *last* ``t_q``
 positions: query row ``q`` is position ``q + offset`` with ``offset = t_k - t_q``.
 
@@ -26,7 +31,8 @@ from torch import Tensor
 
 from sinklab.errors import InputError
 
-__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "repeat_kv"]
+__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "repeat_kv", "same_document", "document_ids",
+           "document_positions"]
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,51 @@ def visible(qpos: Tensor, kpos: Tensor, mask: MaskSpec = CAUSAL) -> Tensor:
     return m
 
 
-def build_mask(t_q: int, t_k: int | None = None, mask: MaskSpec = CAUSAL, *, device=None) -> Tensor:
-    """(T_q, T_k) bool mask of :func:`visible`, True = may attend.
+def same_document(documents: Tensor, qpos: Tensor, kpos: Tensor) -> Tensor:
+    """Which keys are in the query's own document.
+
+    Args:
+        documents: (B, T) int document ids of the positions of a packed window (:func:`document_ids`).
+        qpos: (C,) 0-based query positions; kpos: (Tk,) 0-based key positions (both < T).
+
+    Returns:
+        (B, 1, C, Tk) bool, True where ``documents[b, i] == documents[b, j]`` (broadcasts over heads).
+    """
+    return (documents[:, qpos][:, :, None] == documents[:, kpos][:, None, :])[:, None]
+
+
+def document_ids(input_ids: Tensor, eos_id: int) -> Tensor:
+    """Document ids of packed windows whose documents end with EOS (``concat``: ``doc EOS doc EOS``;
+    ``bos``: ``BOS doc EOS BOS doc EOS``, :mod:`sinklab.data.packing`).
+
+    A document is the tokens after an EOS up to and including the next EOS (its EOS belongs to it,
+    a following BOS to the next document); a window that starts mid-document starts with document 0.
+
+    Args:
+        input_ids: (B, T) int token ids of the windows (model inputs).
+        eos_id: the EOS token id.
+
+    Returns:
+        (B, T) int64: ``documents[b, t]`` = the number of EOS tokens at positions ``0 .. t-1``
+        (0-based) of row b.
+    """
+    is_eos = (input_ids == eos_id).to(torch.int64)  # (B, T)
+    return torch.cumsum(is_eos, dim=1) - is_eos
+
+
+def document_positions(documents: Tensor) -> Tensor:
+    """0-based position of every token inside its own document: (B, T) int64 from document ids
+    ``documents`` (B, T), non-decreasing along each row (:func:`document_ids`); a window's first
+    (partial) document starts at 0 like the others."""
+    T = documents.shape[1]
+    first = torch.searchsorted(documents.contiguous(), documents.contiguous(), side="left")  # (B, T) start of each one's document
+    return torch.arange(T, device=documents.device)[None, :] - first
+
+
+def build_mask(t_q: int, t_k: int | None = None, mask: MaskSpec = CAUSAL, *, device=None,
+               documents: Tensor | None = None) -> Tensor:
+    """(T_q, T_k) bool mask of :func:`visible`, True = may attend; (B, 1, T_q, T_k) with ``documents``
+    (B, T_k) int ids (:func:`same_document` ANDed in).
 
     Keys are positions ``0..T_k-1`` (``T_k`` defaults to ``T_q``, and must be >= ``T_q``); the
     queries are the last ``T_q`` of them (query row ``q`` is position ``q + T_k - T_q``).
@@ -128,7 +177,10 @@ def build_mask(t_q: int, t_k: int | None = None, mask: MaskSpec = CAUSAL, *, dev
     t_k = t_q if t_k is None else t_k
     kpos = torch.arange(t_k, device=device)
     qpos = torch.arange(t_q, device=device) + (t_k - t_q)
-    return visible(qpos, kpos, mask)
+    m = visible(qpos, kpos, mask)
+    if documents is not None:
+        m = m & same_document(documents, qpos, kpos)
+    return m
 
 
 def key_range(q0: int, q1: int, t_k: int, mask: MaskSpec = CAUSAL, *, offset: int = 0) -> tuple[int, int]:

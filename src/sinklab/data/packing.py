@@ -52,6 +52,9 @@ class Packer:
     """Base class: build the token stream of a split and insert extra tokens into chunks."""
 
     name = "base"
+    #: every document of a window ends with EOS and nothing is inserted, so the document of every
+    #: position is known (:meth:`document_ids`; ``data.attention_mask = "document"`` needs it)
+    documents = True
     n_inserted = 0  # tokens added to each window that do not come from the stream
     n_probe_inserted = 0  # tokens :meth:`probe` adds to a text chunk
 
@@ -86,6 +89,16 @@ class Packer:
     def probe(self, chunk: np.ndarray, index: int) -> np.ndarray:
         """A probe window from natural text ``chunk`` taken inside one document, in the training format."""
         return self.insert(chunk, index)[0]
+
+    def document_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) int64 document ids of windows (B, T) of this packing: a document ends with its EOS
+        (:func:`sinklab.attention_masks.document_ids`). Raises InputError for a packing whose
+        inserted tokens belong to no document (``documents = False``)."""
+        if not self.documents:
+            raise InputError(f"packing {self.name!r} inserts a token that belongs to no document: no document ids")
+        from sinklab.attention_masks import document_ids
+
+        return document_ids(input_ids, self.ctx.eos_id)
 
 
 PACKING: Registry[type[Packer]] = Registry("packing strategy")
@@ -136,6 +149,7 @@ def _normal_ids(ctx: PackingContext) -> np.ndarray:
 @PACKING.register("random_first", description="a random non-special token at position 0 of every window")
 class RandomFirstPacker(Packer):
     name = "random_first"
+    documents = False
     n_inserted = 1
     n_probe_inserted = 1
 
@@ -176,6 +190,7 @@ class RandomFirstTwoPacker(RandomFirstPacker):
 @PACKING.register("fixed_token", description="a fixed token (default BOS) inserted at position p of every window")
 class FixedTokenPacker(Packer):
     name = "fixed_token"
+    documents = False
     n_inserted = 1
     n_probe_inserted = 1
 

@@ -22,7 +22,9 @@ Three paths compute the same thing (tests check they agree):
 
 Masks (0-based positions, :class:`sinklab.attention_masks.MaskSpec`, shared with the capture code):
 query i sees key j iff ``(j <= i or j < prefix_len)`` and, with a sliding window w, ``|i - j| < w``.
-The prefix is bidirectional (prefix LM).
+The prefix is bidirectional (prefix LM). With document ids (``SinkLM.forward(document_ids=)``,
+packed training windows) query i also sees key j only inside its own document (intra-document
+masking, every path); masks are then (B, 1, C, Tk) per window instead of (C, Tk).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sinklab.attention_masks import CAUSAL, MaskSpec, build_mask, key_range, repeat_kv, visible
+from sinklab.attention_masks import CAUSAL, MaskSpec, build_mask, key_range, repeat_kv, same_document, visible
 from sinklab.errors import ConfigError
 from sinklab.nn.backend import check_backend, resolve as resolve_backend
 from sinklab.nn.norm import NORM
@@ -121,7 +123,8 @@ class AttnContext:
     """What every layer of one forward pass shares: length, mask, positions.
 
     ``mask`` is the :class:`~sinklab.attention_masks.MaskSpec` of the pass (prefix, window);
-    ``bool_mask()`` its (T, T) tensor. ``sdpa_mask`` is None for plain causal attention (SDPA's
+    ``documents`` (B, T) int document ids or None (intra-document masking, ANDed with ``mask``);
+    ``bool_mask()`` its (T, T) tensor, (B, 1, T, T) with documents. ``sdpa_mask`` is None for plain causal attention (SDPA's
     ``is_causal``). ``full_bias()`` is the (H, T, T) positional logit bias, computed once and
     shared by all layers.
     """
@@ -133,6 +136,7 @@ class AttnContext:
     pos_state: Any = None
     kv_cache: Any = None  # incremental decoding: an object with ``layers[l].update(k, v, position_ids=)`` and ``.kept``
     position_ids: Tensor | None = None  # (1, T) positions of the new tokens when ``kv_cache`` is set
+    documents: Tensor | None = None  # (B, T) int document ids: each query sees only keys of its own document
     _mask: Tensor | None = field(default=None, repr=False)
     _bias: Tensor | None = field(default=None, repr=False)
     _sdpa_masks: dict = field(default_factory=dict, repr=False)
@@ -140,13 +144,14 @@ class AttnContext:
 
     @property
     def plain_causal(self) -> bool:
-        """True when the mask over the T positions is the plain lower triangle (:meth:`MaskSpec.plain_causal`)."""
-        return self.mask.plain_causal(self.T)
+        """True when the mask over the T positions is the plain lower triangle (:meth:`MaskSpec.plain_causal`)
+        and there are no document ids."""
+        return self.documents is None and self.mask.plain_causal(self.T)
 
     def bool_mask(self) -> Tensor:
-        """(T, T) bool visibility mask, True = may attend (built once)."""
+        """(T, T) bool visibility mask, True = may attend ((B, 1, T, T) with document ids; built once)."""
         if self._mask is None:
-            self._mask = build_mask(self.T, mask=self.mask, device=self.device)
+            self._mask = build_mask(self.T, mask=self.mask, device=self.device, documents=self.documents)
         return self._mask
 
     def sdpa_mask(self, *, virtual: bool, dtype: torch.dtype) -> Tensor | None:
@@ -154,7 +159,9 @@ class AttnContext:
 
         None for plain causal attention without bias or virtual key (use ``is_causal``);
         else (T, T) bool, or (1, H, T, T) float with the positional bias and -inf where
-        masked; with ``virtual`` a first column for the virtual key (visible, bias 0).
+        masked; with ``virtual`` a first column for the virtual key (visible, bias 0). With
+        document ids the leading 1 (or the missing batch axis of the bool mask) is B:
+        (B, 1, T, [1+]T) bool, (B, H, T, [1+]T) float.
         """
         key = (virtual, dtype)
         if key not in self._sdpa_masks:
@@ -162,13 +169,16 @@ class AttnContext:
             if bias is None and not virtual and self.plain_causal:
                 m = None
             elif bias is None:
-                m = self.bool_mask()  # (T, T) bool
+                m = self.bool_mask()  # (T, T) bool, (B, 1, T, T) with documents
                 if virtual:
-                    m = torch.cat([torch.ones(self.T, 1, dtype=torch.bool, device=self.device), m], dim=-1)
+                    m = torch.cat([torch.ones(*m.shape[:-1], 1, dtype=torch.bool, device=self.device), m], dim=-1)
             else:
-                m = bias.to(dtype).masked_fill(~self.bool_mask(), float("-inf"))[None]  # (1, H, T, T)
+                if self.documents is None:
+                    m = bias.to(dtype).masked_fill(~self.bool_mask(), float("-inf"))[None]  # (1, H, T, T)
+                else:
+                    m = bias.to(dtype)[None].masked_fill(~self.bool_mask(), float("-inf"))  # (B, H, T, T)
                 if virtual:
-                    m = torch.cat([m.new_zeros(1, m.shape[1], self.T, 1), m], dim=-1)  # (1, H, T, 1+T)
+                    m = torch.cat([m.new_zeros(*m.shape[:-1], 1), m], dim=-1)  # (1 | B, H, T, 1+T)
             self._sdpa_masks[key] = m
         return self._sdpa_masks[key]
 
@@ -200,7 +210,7 @@ def attend_block(
         op: the attention operation.
         q: (B, H, C, d_h) queries (after positions). k, v: (B, H, Tk, d_h), kv heads
             already repeated to H.
-        mask: (C, Tk) bool, True = visible.
+        mask: (C, Tk) bool, True = visible, or (B, 1, C, Tk) (a document mask per window).
         scale: logit scale (1 / sqrt(d_h)).
         bias: (H, C, Tk) positional logit bias or None.
         vk, vv: (1, H, 1, d_h) virtual key / value, or None.
@@ -238,6 +248,7 @@ def reference_attention(
     vk: Tensor | None = None,
     vv: Tensor | None = None,
     vlogit: Tensor | None = None,
+    documents: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Raw (not renormalised) attention of one operation over a whole sequence.
 
@@ -247,6 +258,8 @@ def reference_attention(
             (:class:`~sinklab.attention_masks.MaskSpec`, 0-based positions).
         bias: (H, T, T) positional logit bias. vk, vv: (H_kv, d_h) virtual key/value.
         vlogit: (H,) virtual logit with zero value.
+        documents: (B, T) int document ids: each query sees only keys of its own document (the
+            virtual key stays visible to every query); None = no document mask.
 
     Returns:
         out (B, H, T, d_h), weights (B, H, T, T) float32, virtual-key weight (B, H, T, 1) or None.
@@ -257,23 +270,27 @@ def reference_attention(
     if vk is not None:
         vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (H_kv, d_h) -> (1, H, 1, d_h)
         vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
-    return attend_block(op, q, k, v, build_mask(T, mask=mask, device=q.device), scale, bias=bias, vk=vk, vv=vv,
-                        vlogit=vlogit)
+    return attend_block(op, q, k, v, build_mask(T, mask=mask, device=q.device, documents=documents), scale, bias=bias,
+                        vk=vk, vv=vv, vlogit=vlogit)
 
 
 # ====================================================== tile autograd
 def _tile_scores(q: Tensor, k: Tensor, op: AttentionOp, mask: Tensor, bias: Tensor | None, scale: float) -> Tensor:
     """(B*H, C, Tk) float32 logits ``scale * q.k (+ bias)``, -inf where masked if ``op.mask_as_bias``.
 
-    q: (B, H, C, d_h), k: (B, H, Tk, d_h), mask (C, Tk) bool, bias (H, C, Tk) or None.
+    q: (B, H, C, d_h), k: (B, H, Tk, d_h), mask (C, Tk) or (B*H, C, Tk) bool (:func:`_tile_mask`),
+    bias (H, C, Tk) or None.
     """
     B, H, C, dh = q.shape
     add = None
     if op.mask_as_bias:
-        add = torch.zeros(mask.shape, device=q.device).masked_fill_(~mask, float("-inf"))  # (C, Tk)
+        add = torch.zeros(mask.shape, device=q.device).masked_fill_(~mask, float("-inf"))  # (C, Tk) | (B*H, C, Tk)
     if bias is not None:
-        add = bias.float() if add is None else bias.float() + add  # (H, C, Tk)
-        add = add.expand(B, H, C, add.shape[-1]).reshape(B * H, C, -1)
+        if add is not None and add.dim() == 3:  # a per-window (document) mask: bias per head, then flattened
+            add = (bias.float() + add.view(B, H, C, -1)).reshape(B * H, C, -1)
+        else:
+            add = bias.float() if add is None else bias.float() + add  # (H, C, Tk)
+            add = add.expand(B, H, C, add.shape[-1]).reshape(B * H, C, -1)
     q3 = q.reshape(B * H, C, dh).float()
     kT = k.reshape(B * H, -1, dh).float().transpose(1, 2)  # (B*H, d_h, Tk)
     if add is None:
@@ -281,12 +298,22 @@ def _tile_scores(q: Tensor, k: Tensor, op: AttentionOp, mask: Tensor, bias: Tens
     return torch.baddbmm(add, q3, kT, alpha=scale)
 
 
+def _tile_mask(mask: Tensor, B: int, H: int) -> Tensor:
+    """A tile's mask as the tile functions use it: (C, Tk) unchanged, a per-window (document) mask
+    (B, 1, C, Tk) expanded to the (B*H, C, Tk) of the flattened scores."""
+    if mask.dim() == 2:
+        return mask
+    return mask.expand(B, H, *mask.shape[-2:]).reshape(B * H, *mask.shape[-2:])
+
+
 def tile_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor | None, op: AttentionOp,
                  scale: float) -> Tensor:
-    """One tile's output: q (B, H, C, d_h), k (B, H, Tk, d_h), v (B, H, Tk, d_v), mask (C, Tk) bool,
+    """One tile's output: q (B, H, C, d_h), k (B, H, Tk, d_h), v (B, H, Tk, d_v), mask (C, Tk) bool
+    (or (B, 1, C, Tk): a document mask per window),
     bias (H, C, Tk) or None -> (B, H, C, d_v) in v's dtype (the weights ``op.tile_weights`` in float32).
     The function :mod:`sinklab.nn.compiled` compiles."""
     B, H, C, _ = q.shape
+    mask = _tile_mask(mask, B, H)
     s = _tile_scores(q, k, op, mask, bias, scale)  # (B*H, C, Tk)
     w, _ = op.tile_weights(s, mask)
     vc = v.reshape(B * H, v.shape[2], -1)
@@ -301,6 +328,7 @@ def tile_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, mask: Tensor, b
     (B, H, C, d_v). The function :mod:`sinklab.nn.compiled` compiles."""
     B, H, C, dh = q.shape
     Tk = k.shape[2]
+    mask = _tile_mask(mask, B, H)
     qc = q.reshape(B * H, C, dh).float()
     kc = k.reshape(B * H, Tk, dh).float()
     vc = v.reshape(B * H, Tk, -1).float()
@@ -329,7 +357,7 @@ class _TileAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, op, scale, chunk, spec, positional, compiled=False):
+    def forward(ctx, q, k, v, op, scale, chunk, spec, positional, compiled=False, documents=None):
         # q (B, H, T, d_h) after phi; k, v (B, H, T, d_h) after phi (k) and kv-head repetition
         B, H, T, dh = q.shape
         fwd = tile_forward
@@ -339,11 +367,11 @@ class _TileAttention(torch.autograd.Function):
             fwd = compiled_tile_functions(tile_forward, tile_backward)[0]
         out = torch.empty(B, H, T, v.shape[-1], dtype=v.dtype, device=v.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, spec, positional, q.device):
+            for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, spec, positional, q.device, documents):
                 out[:, :, i0:i1] = fwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], mask, bias, op, scale)
         ctx.save_for_backward(q, k, v)
         ctx.op, ctx.scale, ctx.chunk, ctx.spec, ctx.positional = op, scale, chunk, spec, positional
-        ctx.compiled = compiled
+        ctx.compiled, ctx.documents = compiled, documents
         return out
 
     @staticmethod
@@ -361,23 +389,27 @@ class _TileAttention(torch.autograd.Function):
         dk = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
         dv = torch.zeros(B, H, T, v.shape[-1], dtype=f32, device=q.device)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.spec, ctx.positional, q.device):
+            for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.spec, ctx.positional, q.device, ctx.documents):
                 dq_t, dk_t, dv_t = bwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], dout[:, :, i0:i1], mask, bias, op, scale)
                 dq[:, :, i0:i1] = dq_t
                 dk[:, :, j0:j1] += dk_t
                 dv[:, :, j0:j1] += dv_t
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
 
 
-def _tiles(T: int, chunk: int, mask: MaskSpec, positional: Positional, device):
+def _tiles(T: int, chunk: int, mask: MaskSpec, positional: Positional, device, documents: Tensor | None = None):
     """Query chunks [i0, i1) (0-based) with their key ranges [j0, j1), (C, Tk) bool masks under ``mask``
+    ((B, 1, C, Tk) with ``documents`` (B, T): :func:`~sinklab.attention_masks.same_document` ANDed in)
     and (H, C, Tk) biases (or None)."""
     for i0 in range(0, T, chunk):
         i1 = min(T, i0 + chunk)
         j0, j1 = key_range(i0, i1, T, mask)
         qpos = torch.arange(i0, i1, device=device)
         kpos = torch.arange(j0, j1, device=device)
-        yield i0, i1, j0, j1, visible(qpos, kpos, mask), positional.logit_bias(qpos, kpos)
+        m = visible(qpos, kpos, mask)
+        if documents is not None:
+            m = m & same_document(documents, qpos, kpos)
+        yield i0, i1, j0, j1, m, positional.logit_bias(qpos, kpos)
 
 
 # ============================================================ the module
@@ -588,7 +620,7 @@ class Attention(nn.Module):
         vk, vv, vlogit = self._virtual(q.dtype)
         return flex_attend(self.op, q, k, v, scale=self.scale, mask=ctx.mask,
                            positional=ctx.positional, vk=vk, vv=vv, vlogit=vlogit, cache=ctx._flex_masks,
-                           compiled=self.options.flex_compiled)
+                           compiled=self.options.flex_compiled, documents=ctx.documents)
 
     def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, compiled: bool = False) -> Tensor:
         """Memory-frugal path: query chunks, each under checkpointing. Shapes as in :meth:`_fast`.
@@ -602,7 +634,8 @@ class Attention(nn.Module):
                 and not (ctx.positional.learned_bias and torch.is_grad_enabled())):
             C = max(1, min(T, self.options.tile_elems // max(1, B * H * T)))
             phi = self.op.feature_map
-            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.mask, ctx.positional, compiled)
+            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.mask, ctx.positional, compiled,
+                                        ctx.documents)
         if compiled:
             raise ConfigError(f"attention_backend='compiled' needs the tile path: attention={type(self.op).__name__} "
                               f"with positional={type(ctx.positional).__name__} and AttentionOptions.tile_autograd="
@@ -613,12 +646,14 @@ class Attention(nn.Module):
         C = max(1, min(T, self.options.chunk_elems // max(1, B * H * T)))
         use_ckpt = self.options.checkpoint_chunks and torch.is_grad_enabled()
         op, scale, positional = self.op, self.scale, ctx.positional
-        spec = ctx.mask
+        spec, documents = ctx.mask, ctx.documents
 
         def block(qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
             qpos = torch.arange(i0, i0 + qc.shape[2], device=qc.device)
             kpos = torch.arange(j0, j0 + kc.shape[2], device=qc.device)
             mask = visible(qpos, kpos, spec)  # (C, Tk)
+            if documents is not None:
+                mask = mask & same_document(documents, qpos, kpos)  # (B, 1, C, Tk)
             bias = positional.logit_bias(qpos, kpos)  # (H, C, Tk) or None
             return attend_block(op, qc, kc, vc, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
 
@@ -649,7 +684,7 @@ class Attention(nn.Module):
         vk, vv, vlogit = self._virtual(q.dtype)
         out, w, w_extra = reference_attention(
             self.op, q, k, v, scale=self.scale, mask=ctx.mask,
-            bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit,
+            bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit, documents=ctx.documents,
         )
         if self.op.differential:  # the 2H maps -> the H differential maps A1 - lambda A2 and their output
             H = self.n_heads

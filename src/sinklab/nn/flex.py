@@ -109,17 +109,21 @@ def flex_kernel(compiled: bool = True) -> Callable:
 
 
 # ------------------------------------------------------------------ masks and score_mods
-def _mask_mod(mask: MaskSpec, offset: int, n_kv: int):
+def _mask_mod(mask: MaskSpec, offset: int, n_kv: int, documents: Tensor | None = None):
     """``mask_mod(b, h, i, kv)``: key index kv (``offset`` = 1 with a virtual key at index 0;
     ``n_kv`` real + virtual keys, indices past it are padding) is visible from query i by the
-    rule of :func:`sinklab.attention_masks.visible` under ``mask``."""
+    rule of :func:`sinklab.attention_masks.visible` under ``mask`` and, with ``documents`` (B, T)
+    int ids, only inside query i's own document (the virtual key stays visible to every query)."""
     causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
+    last = None if documents is None else documents.shape[1] - 1
 
     def mask_mod(b, h, q_idx, kv_idx):
         j = kv_idx - offset
         vis = ((j <= q_idx) | (j < prefix_len)) if causal else (kv_idx >= 0)
         if window is not None:
             vis = vis & ((q_idx - j).abs() < window)
+        if documents is not None:  # (padded rows and keys clamped to a real index; masked below / dropped)
+            vis = vis & (documents[b, q_idx.clamp(0, last)] == documents[b, j.clamp(0, last)])
         if offset:
             vis = vis | (kv_idx == 0)
         return vis & (kv_idx < n_kv)
@@ -177,15 +181,16 @@ def _make_score_mod(bias_fn, offset: int, virtual_logit: bool, tensors: list[Ten
     return score_mod
 
 
-def _block_mask(Tq: int, Tkv: int, mask_mod, key: tuple, device, cache: dict | None):
+def _block_mask(Tq: int, Tkv: int, mask_mod, key: tuple, device, cache: dict | None, batch: int | None = None):
     """The (Tq, Tkv) :class:`BlockMask` of ``mask_mod``, built once per forward (``cache``: a
-    per-forward dict shared by the layers, or None)."""
+    per-forward dict shared by the layers, or None); one per batch row when ``batch`` is given
+    (a document mask), else broadcast over the batch."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = ("flex_block_mask", Tq, Tkv, *key, str(device))
+    key = ("flex_block_mask", Tq, Tkv, batch, *key, str(device))
     if cache is not None and key in cache:
         return cache[key]
-    bm = create_block_mask(mask_mod, None, None, Tq, Tkv, device=device)
+    bm = create_block_mask(mask_mod, batch, None, Tq, Tkv, device=device)
     if cache is not None:
         cache[key] = bm
     return bm
@@ -255,6 +260,7 @@ def flex_attend(
     vlogit: Tensor | None = None,
     cache: dict | None = None,
     compiled: bool = True,
+    documents: Tensor | None = None,
 ) -> Tensor:
     """One layer's attention through FlexAttention (softmax family; see the module docstring).
 
@@ -271,6 +277,8 @@ def flex_attend(
             virtual key with value 0, or None (not both with ``vk``).
         cache: per-forward dict for the block mask (shared by the layers of one forward), or None.
         compiled: ``torch.compile(flex_attention)`` (True) or the eager one.
+        documents: (B, T) int document ids (intra-document masking: a per-row block mask from
+            ``documents[b, i] == documents[b, j]``), or None.
 
     Returns:
         (B, H, T, d_v) in the dtype of ``v``.
@@ -295,8 +303,10 @@ def flex_attend(
     pad_q = pad_kv = 0
     if compiled and q.device.type == "cpu":
         pad_q, pad_kv = -T % CPU_PAD, -n_kv % CPU_PAD
-    mask_mod = _mask_mod(mask, offset, n_kv)
-    block_mask = _block_mask(T + pad_q, n_kv + pad_kv, mask_mod, (mask, offset, n_kv), q.device, cache)
+    mask_mod = _mask_mod(mask, offset, n_kv, documents)
+    doc_key = None if documents is None else id(documents)  # the cache is per forward: the ids' tensor identifies them
+    block_mask = _block_mask(T + pad_q, n_kv + pad_kv, mask_mod, (mask, offset, n_kv, doc_key), q.device, cache,
+                             batch=None if documents is None else B)
     bias_fn, tensors = _score_mod_parts(positional, T, q.device)
     if vlogit is not None:
         tensors = [*tensors, vlogit.float().to(q.device)]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sinklab.attention_masks import MaskSpec
+from sinklab.attention_masks import MaskSpec, document_positions
 from sinklab.errors import ConfigError, InputError
 from sinklab.fileio import atomic_write, atomic_write_text, check_safetensors, read_json, reading
 from sinklab.nn.attention import Attention, AttentionOptions, AttnContext, Observer, bind_options
@@ -150,6 +150,8 @@ class SinkLM(nn.Module):
         targets: Tensor | None = None,
         target_weights: Tensor | None = None,
         cache=None,
+        document_ids: Tensor | None = None,
+        restart_positions: bool = False,
     ) -> LMOutput:
         """Logits for every position.
 
@@ -181,12 +183,27 @@ class SinkLM(nn.Module):
                 positions ``cache.kept_length() ..`` (StreamingLLM's positions inside the cache);
                 relative positional encodings only (RoPE, ALiBi, T5 buckets, none); no prefix,
                 observer or targets.
+            document_ids: (B, T) integer document ids of packed windows (intra-document masking,
+                :func:`sinklab.attention_masks.document_ids`): query i of row b then sees key j only
+                if ``document_ids[b, i] == document_ids[b, j]``, on top of the causal / prefix /
+                window rule, in every attention backend; virtual keys (sink token, biases, sink
+                logits) stay visible to every query. Positions are not restarted (unless
+                ``restart_positions``): a document's
+                tokens keep their window positions 0..T-1 (RoPE, ALiBi and T5 depend on j - i
+                only, so inside a document this changes nothing; learned / sinusoidal absolute
+                positions differ from the document run alone). None (default): no document mask.
+            restart_positions: with ``document_ids``: every document's tokens get positions 0, 1, ...
+                (:func:`sinklab.attention_masks.document_positions`) in the absolute tables (learned,
+                sinusoidal) and RoPE's rotations, so each document is computed as if alone; ALiBi and
+                T5 biases depend on j - i only and need nothing. False (default): window positions.
 
         Returns:
             :class:`LMOutput`.
 
         Raises:
-            InputError: bad ids, shape, prefix length, or T past the positional table.
+            InputError: bad ids, shape, prefix length, or T past the positional table; document ids
+                that are not an integer (B, T) tensor, or given with a KV cache; ``restart_positions``
+                without document ids.
         """
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise InputError(f"input_ids must be an integer tensor (B, T), got {input_ids.dtype} {tuple(input_ids.shape)}")
@@ -195,6 +212,16 @@ class SinkLM(nn.Module):
             raise InputError(f"input_ids must be non-empty, got shape {tuple(input_ids.shape)}")
         if not 0 <= prefix_len <= T:
             raise InputError(f"prefix_len must be in [0, T={T}], got {prefix_len}")
+        if document_ids is not None:
+            if (document_ids.shape != input_ids.shape or document_ids.dtype.is_floating_point
+                    or document_ids.dtype == torch.bool):
+                raise InputError(f"document_ids must be an integer tensor of the shape of input_ids {tuple(input_ids.shape)}, "
+                                 f"got {document_ids.dtype} {tuple(document_ids.shape)}")
+            if cache is not None:
+                raise InputError("document_ids cannot be combined with a KV cache (cache=): incremental decoding runs one stream")
+            document_ids = document_ids.to(input_ids.device)
+        elif restart_positions:
+            raise InputError("restart_positions=True needs document_ids (positions restart at each document)")
         if cache is not None:
             return self._forward_cached(input_ids, cache)
         if not self.config.causal:
@@ -203,11 +230,17 @@ class SinkLM(nn.Module):
         device = input_ids.device
         x = self.embed(input_ids)  # (B, T, d)
         absolute = self.positional.absolute(T, device)
+        pos_state = self.positional.prepare(T, device)
+        if restart_positions:  # each document at positions 0, 1, ...: rows of the tables for 0..T-1
+            pos = document_positions(document_ids)  # (B, T)
+            absolute = None if absolute is None else absolute[pos]  # (B, T, d)
+            if isinstance(pos_state, tuple):  # RoPE's (cos, sin) (T, d_h) -> (B, 1, T, d_h)
+                pos_state = tuple(t[pos][:, None] for t in pos_state)
         if absolute is not None:
-            x = x + absolute.to(x.dtype)  # (T, d) broadcast over B
+            x = x + absolute.to(x.dtype)  # (T, d) broadcast over B, or (B, T, d)
         ctx = AttnContext(T=T, device=device, positional=self.positional,
                           mask=MaskSpec(prefix_len=prefix_len, window=self.config.sliding_window),
-                          pos_state=self.positional.prepare(T, device))
+                          pos_state=pos_state, documents=document_ids)
         hidden = [x] if output_hidden_states else None
         for block in self.layers:
             x = block(x, ctx, observer)

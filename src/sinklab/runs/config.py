@@ -35,6 +35,9 @@ from sinklab.registry import nearest
 #: training objectives (``train.objective``): :mod:`sinklab.train.objective` implements them
 OBJECTIVES = ("causal", "masked_diffusion")
 
+#: ``data.attention_mask`` values: attention across the documents of a packed window, or only inside each
+ATTENTION_MASKS = ("causal", "document")
+
 GPT2_VOCAB = 50258  # 50257 GPT-2 ids + the added <|bos|>
 
 
@@ -50,6 +53,23 @@ class DataConfig:
         packing: name in :data:`sinklab.data.packing.PACKING`.
         packing_position: 0-based position p of the inserted token (``fixed_token``).
         packing_token: the inserted token as a string (``fixed_token``), default BOS.
+        attention_mask: "causal" (default: every token attends to all earlier tokens of the packed
+            window, across document boundaries) or "document" (intra-document masking: each token
+            attends only to the earlier tokens of its own document; a document ends with its EOS,
+            :func:`sinklab.attention_masks.document_ids`; training and validation batches, every
+            attention backend). The tracker's probe windows are single documents and run without it.
+            Positions are not restarted per document (window positions 0..T-1) unless
+            ``restart_positions``: RoPE / ALiBi / T5 / NoPE depend on j - i only, so a document gets
+            the attention it would get alone either way; learned / sinusoidal absolute positions
+            only with the restart. Only with the packings that mark every
+            document with EOS (``concat``, ``bos``), a causal objective and no prefix LM (ConfigError
+            otherwise). Stored as None for "causal", which is not written to ``config.toml`` (configs
+            written before this option read back byte-identical).
+        restart_positions: with ``attention_mask = "document"``: every document's tokens get
+            positions 0, 1, ... (absolute tables and RoPE; ALiBi / T5 need nothing), so each
+            document is computed exactly as if alone (``SinkLM.forward(restart_positions=True)``).
+            None / false (default, not written): window positions. ConfigError without the
+            document mask.
         max_train_tokens: keep only this many training tokens (0 = all) and repeat them.
         val_fraction: share of documents held out (validation loss and probe set).
         split_seed: seed of the document split.
@@ -80,6 +100,8 @@ class DataConfig:
     packing: str = "concat"
     packing_position: int = 0
     packing_token: str = "<|bos|>"
+    attention_mask: str | None = None
+    restart_positions: bool | None = None
     max_train_tokens: int = 0
     val_fraction: float = 0.05
     split_seed: int = 0
@@ -117,6 +139,26 @@ class DataConfig:
         from sinklab.data.packing import PACKING
 
         PACKING.get(self.packing)
+        if self.attention_mask not in (None, *ATTENTION_MASKS):
+            hint = nearest(str(self.attention_mask), list(ATTENTION_MASKS))
+            raise ConfigError(f"data.attention_mask must be one of {', '.join(map(repr, ATTENTION_MASKS))}, "
+                              f"got {self.attention_mask!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
+        if self.attention_mask == "causal":
+            self.attention_mask = None  # the default, not written
+        if self.document_mask and not PACKING.get(self.packing).documents:
+            raise ConfigError(f"data.attention_mask='document' cannot be combined with data.packing={self.packing!r}: "
+                              "its inserted token belongs to no document (use packing 'concat' or 'bos')")
+
+        if self.restart_positions is False:
+            self.restart_positions = None  # the default, not written
+        if self.restart_positions and not self.document_mask:
+            raise ConfigError("data.restart_positions=true needs data.attention_mask='document' "
+                              "(positions restart at each document of a packed window)")
+
+    @property
+    def document_mask(self) -> bool:
+        """True for intra-document masking (``attention_mask = "document"``)."""
+        return self.attention_mask == "document"
 
     @property
     def tokenizer_vocab_size(self) -> int:
@@ -340,6 +382,12 @@ class RunConfig:
                     f"model.sliding_window={m.sliding_window} is narrower than train.prefix_len={t.prefix_len}: "
                     "the bidirectional prefix would not fit in the window"
                 )
+        if d.document_mask and t.prefix_len:
+            raise ConfigError(f"data.attention_mask='document' cannot be combined with train.prefix_len={t.prefix_len}: "
+                              "the bidirectional prefix would span documents")
+        if d.document_mask and self.diffusion:
+            raise ConfigError("data.attention_mask='document' cannot be combined with train.objective='masked_diffusion': "
+                              "not built (document ids would have to come from the clean windows before masking)")
         if d.packing == "fixed_token" and d.packing_position >= d.seq_len:
             raise ConfigError(f"data.packing_position={d.packing_position} must be below data.seq_len={d.seq_len}")
         if d.packing == "fixed_token" and d.packing_position >= k.probe_len:

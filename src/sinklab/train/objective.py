@@ -24,17 +24,28 @@ from sinklab.runs.config import OBJECTIVES  # the names live with the config tha
 
 
 class CausalObjective:
-    """Next-token cross-entropy (nats/token) over the counted targets; ``prefix_len`` for a prefix LM."""
+    """Next-token cross-entropy (nats/token) over the counted targets; ``prefix_len`` for a prefix LM;
+    ``document_ids`` for intra-document masking (``data.attention_mask = "document"``): the packer's
+    :meth:`~sinklab.data.packing.Packer.document_ids`, windows (B, T) -> document ids (B, T), which
+    the model gets in training and validation forwards; None = attention across documents."""
 
     name = "causal"
 
-    def __init__(self, prefix_len: int = 0) -> None:
+    def __init__(self, prefix_len: int = 0, document_ids=None, restart_positions: bool = False) -> None:
         self.prefix_len = prefix_len
+        self.document_ids = document_ids
+        self.restart_positions = restart_positions  # positions 0, 1, ... in every document (data.restart_positions)
+
+    def _documents(self, x: Tensor) -> dict:
+        if self.document_ids is None:
+            return {}
+        more = {"restart_positions": True} if self.restart_positions else {}
+        return {"document_ids": self.document_ids(x), **more}
 
     def loss(self, model: torch.nn.Module, x: Tensor, y: Tensor, first_sample: int) -> Tensor:
         """Mean next-token cross-entropy of ``model`` on inputs x (B, T) and targets y (B, T) (-100 = not
         counted), from the final hidden states (:func:`sinklab.nn.loss.linear_cross_entropy`)."""
-        return model(x, prefix_len=self.prefix_len, targets=y).loss
+        return model(x, prefix_len=self.prefix_len, targets=y, **self._documents(x)).loss
 
     def count(self, x: Tensor, y: Tensor) -> float:
         """Positions the mean runs over (weights a data-parallel rank's share)."""
@@ -45,7 +56,7 @@ class CausalObjective:
                   autocast=contextlib.nullcontext) -> tuple[float, float]:
         """(sum of cross-entropies, number of counted targets) on a validation batch (full logits)."""
         with autocast():
-            logits = model(x, prefix_len=self.prefix_len).logits
+            logits = model(x, prefix_len=self.prefix_len, **self._documents(x)).logits
         total = float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
         return total, float((y != IGNORE_INDEX).sum())
 
@@ -119,7 +130,9 @@ def make_objective(cfg, tc, packer) -> CausalObjective | MaskedDiffusionObjectiv
     from sinklab.errors import ConfigError
 
     if cfg.train.objective == "causal":
-        return CausalObjective(cfg.train.prefix_len)
+        return CausalObjective(cfg.train.prefix_len,
+                               document_ids=packer.document_ids if cfg.data.document_mask else None,
+                               restart_positions=bool(cfg.data.restart_positions))
     mask_id = tc.vocab_size
     if mask_id >= cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} has no row for the mask token (id {mask_id}); "
