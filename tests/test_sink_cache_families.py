@@ -136,6 +136,23 @@ def test_a_config_with_a_sliding_window_keeps_the_models_window():
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
 
 
+def test_length_dependent_rope_scaling_is_refused():
+    """LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini) and dynamic NTK switch their frequencies with the length:
+    once the cache holds more than original_max_position_embeddings tokens, keys re-rotated with the
+    frequencies they were made with no longer match (a fresh review measured max |dlogit| 0.12 with
+    original_max_position_embeddings 4). Refused in one line, not silently wrong."""
+    half = 8 // 2  # the tiny phi3's head_dim is 8: LongRoPE takes one factor per frequency
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half,
+                "original_max_position_embeddings": 4, "rope_theta": 10000.0}
+    m = one_layer("phi3", rope_parameters=longrope, original_max_position_embeddings=4)
+    assert m.model.rotary_emb.rope_type == "longrope"
+    with pytest.raises(InputError, match="LongRoPE"):
+        SinkCache(m, n_sink=N_SINK, window=WINDOW)
+    dyn = one_layer("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(InputError, match="dynamic RoPE"):
+        SinkCache(dyn, n_sink=N_SINK, window=WINDOW)
+
+
 @pytest.mark.parametrize("model_type", sorted(INTERLEAVED_MODEL_TYPES))
 def test_interleaved_rope_is_refused(model_type):
     with pytest.raises(InputError, match="interleaves"):

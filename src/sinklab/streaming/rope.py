@@ -151,7 +151,7 @@ def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation 
     Raises:
         InputError: the model type is not exact for SinkCache (:func:`sinklab.capture.families.sink_cache_status`:
             no RoPE (learned absolute positions, ALiBi), interleaved or unchecked RoPE conventions, no attention,
-            an encoder), or a dynamic RoPE scaling whose frequencies change with the length.
+            an encoder), or a RoPE scaling whose frequencies change with the length (dynamic NTK, LongRoPE).
     """
     cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     mt = getattr(cfg, "model_type", "?")
@@ -163,6 +163,10 @@ def key_rotations(model: nn.Module, layer_types: list[str]) -> list[KeyRotation 
     kinds = rope_types.values() if isinstance(rope_types, dict) else [rope_types]
     if any(k is not None and "dynamic" in str(k) for k in kinds):
         raise InputError("SinkCache does not support dynamic RoPE scaling (its frequencies depend on the length)")
+    if any(str(k) == "longrope" for k in kinds):  # transformers' dynamic_rope_update switches its frequencies
+        raise InputError("SinkCache does not support LongRoPE scaling (Phi-3 128k, Phi-3.5, Phi-4-mini: its frequencies "
+                         "switch once the sequence passes original_max_position_embeddings, so kept keys cannot be "
+                         "re-rotated exactly)")
     out: list[KeyRotation] = []
     shared = KeyRotation(rope.inv_freq, rope) if isinstance(getattr(rope, "inv_freq", None), Tensor) else None
     per_type: dict[str, KeyRotation] = {}
