@@ -1106,7 +1106,8 @@ class StackedCache(Cache):
         caches: SinkCaches built for the same model, each used for one row only.
 
     Raises:
-        InputError: no caches, different budgets, or caches with different layers.
+        InputError: no caches, different budgets (per layer: pyramidkv with another policy), or caches
+            with different layers.
     """
 
     def __init__(self, caches: list[SinkCache]) -> None:
@@ -1117,6 +1118,9 @@ class StackedCache(Cache):
             raise InputError(f"a StackedCache needs one budget for all its caches, got {budgets}")
         if len({len(c.layers) for c in caches}) > 1:
             raise InputError("a StackedCache needs caches of the same model")
+        if len({tuple(layer.policy.budget for layer in c.layers) for c in caches}) > 1:
+            raise InputError("a StackedCache needs the same budget in every layer of its caches; pyramidkv's per-layer "
+                             "budgets differ from the other policies': decode it alone")
         super().__init__(layers=[StackedLayer([c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
         self.caches = caches
         self.policy = ", ".join(dict.fromkeys(c.policy for c in caches))

@@ -23,10 +23,11 @@ from torch import Tensor, nn
 from sinklab.errors import InputError
 from sinklab.nn.positional import rotate_half  # the LLaMA/NeoX convention, shared with SinkLM's RoPE
 
-#: model_type values whose attention applies RoPE with ``rotate_half`` to the first rotary_dim dims.
+#: model_type values whose attention applies RoPE with ``rotate_half`` to the first rotary_dim dims (gpt_oss
+#: writes it as two halves, ``first * cos - second * sin, second * cos + first * sin``: the same rotation).
 ROTATE_HALF_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
-    "gemma3_text", "phi", "phi3", "stablelm", "olmo", "olmo2", "granite", "smollm3", "starcoder2", "gpt_neox",
+    "gemma3_text", "phi", "phi3", "stablelm", "olmo", "olmo2", "granite", "smollm3", "starcoder2", "gpt_neox", "gpt_oss",
 })
 #: model_type values whose RoPE rotates interleaved pairs (dims 2i, 2i+1: GLM-4, Helium): refused
 INTERLEAVED_MODEL_TYPES = frozenset({"glm", "glm4", "helium"})
