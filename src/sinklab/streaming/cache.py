@@ -15,12 +15,14 @@ attend causally to the K kept tokens and to each other (K + q keys); afterwards 
 the first ``n_sink`` tokens of the stream and the last ``window`` tokens (so a one-token decode
 step sees at most ``n_sink + window + 1`` keys, itself included). A prompt longer than
 ``n_sink + window`` given in one call attends to all of itself, like the full cache, and is then
-cut down. Layers the model declares as sliding-window layers (Gemma 3's local layers) keep their
+cut down; :func:`sinklab.streaming.prefill.prefill` feeds it in chunks of the window instead (the
+default there), and the cache warns once when a call uses a position past the model's trained context. Layers the model declares as sliding-window layers (Gemma 3's local layers) keep their
 own window of ``sliding_window - 1`` tokens and no sinks, as the model was trained.
 
 That is the default policy, ``sinks``; others keep other tokens at the same budget
 (:mod:`sinklab.streaming.policies`: window, H2O, TOVA, with or without sinks, and the sinks
-sinklab's metric detects on the fly). Slots always stay in stream order, so the positions inside
+sinklab's metric detects on the fly; the prefill-time SnapKV, PyramidKV with per-layer budgets, key
+norm). Slots always stay in stream order, so the positions inside
 the cache keep the stream's order. The attention-based policies cut the cache after the call's
 attention, from its weights (a forward hook on each attention module hands them over; eager
 attention only). Keys and values may be stored quantised (:mod:`sinklab.streaming.quant`),
