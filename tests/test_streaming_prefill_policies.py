@@ -205,3 +205,10 @@ def test_rows_keep_their_own_tokens(policy):
             m(ids[b : b + 1], cache=one, use_cache=True)
             assert one.layers[0].order[0].tolist() == both.layers[0].order[b].tolist()
     assert both.layers[0].order[0].tolist() != both.layers[0].order[1].tolist()
+
+
+def test_fresh_copies_keep_the_options_as_given():
+    """A row's cache of a padded batch is a fresh copy of the policy: the default observation window
+    (32, capped at half the budget: 18 at budget 36) stays the default, an explicit one stays."""
+    assert make_policy("snapkv", 36).window == 18 and make_policy("snapkv", 36).fresh().window == 18
+    assert make_policy("snapkv", 36, options={"observation_window": 30}).fresh().window == 30

@@ -80,6 +80,7 @@ class CachePolicy:
         if bad:
             raise InputError(f"{param('policy_options')} {bad} are not options of this policy (it takes "
                              f"{sorted(self.OPTIONS) or 'none'})")
+        self.given = dict(options)  # as given (fresh() passes these, not the defaults filled in)
         self.options = {**self.OPTIONS, **options}
 
     @property
@@ -89,7 +90,7 @@ class CachePolicy:
 
     def fresh(self) -> "CachePolicy":
         """A new, empty policy with this one's budget and options."""
-        return type(self)(self.budget, self.n_sink, self.recent, self.eps, **self.options)
+        return type(self)(self.budget, self.n_sink, self.recent, self.eps, **self.given)
 
     def observe_keys(self, keys: Tensor) -> None:
         """Take a call's new keys (B, H_kv, q, head_dim) (policies with ``needs_keys``)."""
@@ -455,10 +456,13 @@ class SnapKVPolicy(PrefillPolicy):
             return
         n = weights.shape[-1]
         w = min(self.window, q)
+        self.protect = w
+        if n == w:  # every slot is in the window: nothing to vote for
+            self.score = weights.new_zeros(weights.shape[0], n, dtype=torch.float64)
+            return
         votes = weights[:, :, -w:, : n - w].to(torch.float64).sum(dim=2)  # (B, H, n - w)
         pooled = pool_scores(votes, self.options["kernel_size"], self.options["pooling"]).mean(dim=1)  # (B, n - w)
         self.score = torch.cat((pooled, pooled.new_zeros(pooled.shape[0], w)), dim=1)  # the window: protected
-        self.protect = w
 
 
 def pyramid_budgets(budget: int, n_layers: int, window: int, beta: int = 20) -> list[int]:
