@@ -95,6 +95,7 @@ REFUSED.update({t: _UNBUILT.format(why) for t, why in _UNBUILT_TYPES.items()})
 ROTATE_HALF_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
     "gemma3_text", "phi", "phi3", "stablelm", "olmo", "olmo2", "granite", "smollm3", "starcoder2", "gpt_neox",
+    "gpt_oss",  # writes rotate-half as two halves: first * cos - second * sin, second * cos + first * sin
 })
 #: model types whose RoPE rotates interleaved pairs (dims 2i, 2i+1: GLM-4, Helium): SinkCache refuses them
 INTERLEAVED_MODEL_TYPES = frozenset({"glm", "glm4", "helium"})

@@ -3,18 +3,23 @@
 * :class:`SinkCache` -- a ``transformers`` Cache that keeps ``n_sink`` initial tokens and a window
   of recent ones, positions assigned inside the cache.
 * :data:`POLICIES` -- the eviction policies a ``SinkCache`` takes by name (window, sinks, h2o, tova,
-  sinks+h2o, sinks+tova, detected-sinks), each at a fixed budget; keys and values stored as given
+  sinks+h2o, sinks+tova, detected-sinks, and the prefill-time snapkv, pyramidkv, knorm), each at a
+  fixed budget; keys and values stored as given
   or quantised (:mod:`sinklab.streaming.quant`).
+* :func:`prefill` -- a prompt fed through a cache in chunks of its window (one call as an option);
+  :func:`prefill_question` with the question inside or outside what a press scores.
 * :func:`evaluate_stream` -- perplexity, decode latency and cache memory of several cache
   configurations on one long token stream (``sinklab stream``).
 """
 
 from sinklab.streaming.cache import SinkCache, SinkCacheLayer, StackedCache
 from sinklab.streaming.policies import POLICIES
+from sinklab.streaming.prefill import prefill, prefill_question
 from sinklab.streaming.rope import KeyRotation, key_rotations
 from sinklab.streaming.run import stream
 from sinklab.streaming.harness import cache_specs, evaluate_stream, token_stream
 
 __all__ = ["SinkCache", "SinkCacheLayer", "StackedCache", "POLICIES", "KeyRotation", "key_rotations", "stream",
+           "prefill", "prefill_question",
            "cache_specs", "evaluate_stream",
            "token_stream"]

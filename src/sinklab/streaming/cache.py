@@ -15,12 +15,14 @@ attend causally to the K kept tokens and to each other (K + q keys); afterwards 
 the first ``n_sink`` tokens of the stream and the last ``window`` tokens (so a one-token decode
 step sees at most ``n_sink + window + 1`` keys, itself included). A prompt longer than
 ``n_sink + window`` given in one call attends to all of itself, like the full cache, and is then
-cut down. Layers the model declares as sliding-window layers (Gemma 3's local layers) keep their
+cut down; :func:`sinklab.streaming.prefill.prefill` feeds it in chunks of the window instead (the
+default there), and the cache warns once when a call uses a position past the model's trained context. Layers the model declares as sliding-window layers (Gemma 3's local layers) keep their
 own window of ``sliding_window - 1`` tokens and no sinks, as the model was trained.
 
 That is the default policy, ``sinks``; others keep other tokens at the same budget
 (:mod:`sinklab.streaming.policies`: window, H2O, TOVA, with or without sinks, and the sinks
-sinklab's metric detects on the fly). Slots always stay in stream order, so the positions inside
+sinklab's metric detects on the fly; the prefill-time SnapKV, PyramidKV with per-layer budgets, key
+norm). Slots always stay in stream order, so the positions inside
 the cache keep the stream's order. The attention-based policies cut the cache after the call's
 attention, from its weights (a forward hook on each attention module hands them over; eager
 attention only). Keys and values may be stored quantised (:mod:`sinklab.streaming.quant`),
@@ -121,6 +123,18 @@ class _StepMemo:
         self._empty: dict[torch.device, Tensor] = {}
         self._moves: tuple | None = None
         self.padded: PaddedRows | None = None  # set by SinkCache when the batch is left-padded
+        self.context: int | None = None  # the model's trained context (max_position_embeddings), None: unknown
+        self.warned_context = False
+
+    def check_context(self, last: int) -> None:
+        """Warn once (per cache) when a call uses a position id ``last`` (0-based) at or past the model's
+        trained context: RoPE angles the model never saw in training."""
+        if self.context is not None and last >= self.context and not self.warned_context:
+            self.warned_context = True
+            import warnings
+
+            warnings.warn(f"SinkCache: position {last} is past the model's trained context of {self.context} "
+                          "positions (feed the stream at cache positions, or prefill in chunks)", stacklevel=2)
 
     def empty(self, device: torch.device) -> Tensor:
         """A (0,) int64 tensor on ``device``, the same one every time."""
@@ -336,7 +350,7 @@ class SinkCacheLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
         self.store.init(key_states, value_states)
-        if self.policy.needs_scores:
+        if self.policy.per_row:
             self.positions = torch.zeros((key_states.shape[0], 0), dtype=torch.long, device=key_states.device)
             self.order = torch.zeros((key_states.shape[0], 0), dtype=torch.long, device=key_states.device)
         else:  # one empty tensor for the layers of a cache: their later cuts are then computed once (_StepMemo)
@@ -368,7 +382,7 @@ class SinkCacheLayer(CacheLayerMixin):
         rotation, which holds no state of the stream)."""
         store = DenseKV() if isinstance(self.store, DenseKV) else \
             QuantKV(self.store.bits, self.store.group, self.store.key_quant, self.store.lossless)
-        policy = type(self.policy)(self.policy.budget, self.policy.n_sink, self.policy.recent, self.policy.eps)
+        policy = self.policy.fresh()
         return SinkCacheLayer(self.n_sink, self.window, self.rotation, self.is_sliding, policy=policy, store=store,
                               eps=self.eps)
 
@@ -389,6 +403,7 @@ class SinkCacheLayer(CacheLayerMixin):
             self.rows = [self.empty_like() for _ in range(B)]
             for r, sub in enumerate(self.rows):
                 sub._memo = padded.memo(r)
+                sub._memo.context = self._memo.context
         recorded = self.rotation.last_position_ids() if self.rotation is not None else None
         pos = _position_ids(kwargs, recorded)
         if pos is None or pos.shape[-1] != q:
@@ -447,6 +462,9 @@ class SinkCacheLayer(CacheLayerMixin):
         if recorded is not None and recorded.shape[-1] != q:
             recorded = None
         p0 = self._memo.position_start(kwargs, recorded, self.seen)
+        self._memo.check_context(p0 + q - 1)
+        if self.policy.needs_keys:
+            self.policy.observe_keys(key_states)
         if self._contiguous():  # window / sinks at 16 bits: cut at once, by slices (the same values as _select)
             return self._update_contiguous(key_states, value_states, p0)
         dev = key_states.device
@@ -762,6 +780,47 @@ def _install_mask_hooks(model: nn.Module) -> None:
             m._sinklab_mask_hook = True
 
 
+def _trained_context(model, kind: str) -> int | None:
+    """The positions a model was trained on: ``max_position_embeddings`` of a ``transformers`` config,
+    ``max_seq_len`` of a sinklab model; None when the config has neither."""
+    cfg = model.config
+    if kind == "hf":
+        cfg = cfg.get_text_config(decoder=True)
+        n = getattr(cfg, "max_position_embeddings", None)
+    else:
+        n = getattr(cfg, "max_seq_len", None)
+    return int(n) if isinstance(n, int) else None
+
+
+def _trim_mask_hook(module: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook on a ``transformers`` attention module under a cache whose layers keep different
+    numbers of tokens (PyramidKV): ``transformers`` builds one mask per layer type, from the first
+    layer's sizes (K_0 kept + q new columns, the kept ones right-aligned); this layer keeps K_l <= K_0,
+    so its mask is the last K_l + q columns."""
+    cache = next((kwargs[k] for k in ("cache", "past_key_values", "past_key_value") if k in kwargs), None)
+    mask = kwargs.get("attention_mask")
+    if not isinstance(cache, SinkCache) or not isinstance(mask, Tensor) or mask.dim() != 4:
+        return None
+    layer = cache.layers[module.layer_idx]
+    h = kwargs.get("hidden_states", args[0] if args else None)
+    if layer.is_sliding or not isinstance(h, Tensor):
+        return None
+    width = layer.kept + h.shape[1]
+    if mask.shape[-1] > width:
+        kwargs["attention_mask"] = mask[..., -width:]
+        return args, kwargs
+    return None
+
+
+def _install_mask_trims(model: nn.Module) -> None:
+    """Add :func:`_trim_mask_hook` to every attention module of a ``transformers`` model (once)."""
+    for m in model.modules():
+        if type(m).__name__.endswith("Attention") and isinstance(getattr(m, "layer_idx", None), int):
+            if not getattr(m, "_sinklab_trim_hook", False):
+                m.register_forward_pre_hook(_trim_mask_hook, with_kwargs=True)
+                m._sinklab_trim_hook = True
+
+
 def _install_observers(model: nn.Module) -> None:
     """Add :func:`_observe_hook` to every attention module of a ``transformers`` model (once)."""
     for m in model.modules():
@@ -796,9 +855,12 @@ class SinkCache(Cache):
         window: most recent tokens kept (>= 1) by ``sinks``: the budget is ``n_sink + window``
             (default window 1020 when no budget is given).
         policy: a name from :data:`sinklab.streaming.policies.POLICIES`: ``window``, ``sinks``,
-            ``h2o``, ``tova``, ``sinks+h2o``, ``sinks+tova``, ``detected-sinks``. The three
-            attention-based ones need eager attention (``attn_implementation="eager"``).
-        budget: tokens each full-attention layer keeps between calls.
+            ``h2o``, ``tova``, ``sinks+h2o``, ``sinks+tova``, ``detected-sinks``, and the prefill-time
+            ``snapkv``, ``pyramidkv``, ``knorm`` (:class:`sinklab.streaming.policies.PrefillPolicy`).
+            The attention-based ones (h2o, tova, detected-sinks, snapkv, pyramidkv) need eager
+            attention (``attn_implementation="eager"``).
+        budget: tokens each full-attention layer keeps between calls (``pyramidkv``: on average over
+            the full-attention layers, :func:`sinklab.streaming.policies.pyramid_budgets`).
         recent: ``h2o``'s recent window (default half of ``budget - n_sink``).
         eps: the threshold on the attention mass of ``detected-sinks`` and of ``sinks_full_precision =
             "detected"`` (default 0.3, the sink rate's).
@@ -811,7 +873,10 @@ class SinkCache(Cache):
             says when a token gets and loses its copy). ``"detected"`` needs the attention weights,
             so eager attention, whatever the policy. Ignored at 16 bits.
         max_context: refuse a budget above this many tokens (default: the model's
-            ``max_position_embeddings``; None in the config = no check).
+            ``max_position_embeddings``; None in the config = no check). Independently, the cache warns
+            once (``warnings.warn``) when a call uses a position at or past the model's trained context.
+        policy_options: the policy's own options (``snapkv`` / ``pyramidkv``: ``observation_window``,
+            ``kernel_size``, ``pooling``).
 
     Raises:
         InputError: ``window < 1``, ``n_sink < 0``, a budget above the model's context or not above
@@ -825,7 +890,7 @@ class SinkCache(Cache):
     def __init__(self, model: nn.Module, n_sink: int | None = None, window: int | None = None, *,
                  policy: str = "sinks", budget: int | None = None, recent: int | None = None, eps: float = 0.3,
                  kv_bits: int = 16, kv_group: int = 32, key_quant: str = "token", sinks_full_precision: int | str = 0,
-                 max_context: int | None = -1) -> None:
+                 max_context: int | None = -1, policy_options: dict | None = None) -> None:
         cls = POLICIES.get(policy)
         if isinstance(sinks_full_precision, str):
             sinks_full_precision = parse_sinks_full_precision(sinks_full_precision)
@@ -839,7 +904,7 @@ class SinkCache(Cache):
             budget = n_sink + (1020 if window is None else window)
         elif window is not None and n_sink + window != budget:
             raise InputError(f"n_sink + window = {n_sink + window} disagrees with budget {budget}: give one of them")
-        make_policy(policy, budget, n_sink, recent=recent, eps=eps)  # checks the arguments
+        make_policy(policy, budget, n_sink, recent=recent, eps=eps, options=policy_options)  # checks the arguments
         make_store(kv_bits, kv_group, key_quant, sinks_full_precision)
         detect = sinks_full_precision == DETECTED and kv_bits != 16
         if detect:
@@ -848,19 +913,32 @@ class SinkCache(Cache):
 
         def make(rotation) -> SinkCacheLayer:
             return SinkCacheLayer(n_sink, budget - n_sink, rotation, policy=make_policy(policy, budget, n_sink,
-                                  recent=recent, eps=eps), store=make_store(kv_bits, kv_group, key_quant,
-                                                                           sinks_full_precision), eps=eps)
+                                  recent=recent, eps=eps, options=policy_options),
+                                  store=make_store(kv_bits, kv_group, key_quant, sinks_full_precision), eps=eps)
 
         adapter = adapt(model)
         layers = _CACHE_LAYERS[adapter.kind](model, budget, max_context, make)
+        per_layer = getattr(cls, "layer_budgets", None)
+        if per_layer is not None:  # PyramidKV: each full-attention layer its own budget, the same total
+            full = [layer for layer in layers if not layer.is_sliding]
+            obs = full[0].policy.window
+            for layer, b in zip(full, per_layer(budget, len(full), obs)):
+                layer.policy = make_policy(policy, b, n_sink, recent=recent, eps=eps,
+                                           options={**(policy_options or {}), "observation_window": obs})
+                layer.policy.window = obs  # every layer keeps the same observation window
+                layer.window = b - n_sink
+            if adapter.kind == "hf":
+                _install_mask_trims(model)
         if cls.needs_scores or detect:
             _WEIGHT_OBSERVERS[adapter.kind](adapter, f"cache policy {policy}" if cls.needs_scores
                                             else "sinks_full_precision='detected'")
         super().__init__(layers=layers)
         memo = _StepMemo()
+        memo.context = _trained_context(model, adapter.kind)
         for layer in layers:
             layer._memo = memo
         self.n_sink, self.window, self.policy, self.budget = n_sink, budget - n_sink, policy, budget
+        self.policy_options = dict(policy_options or {})
         self.kv_bits, self.kv_group, self.key_quant = kv_bits, kv_group, key_quant
         self.sinks_full_precision = sinks_full_precision
         self.detects_sinks = detect
@@ -1032,7 +1110,8 @@ class StackedCache(Cache):
         caches: SinkCaches built for the same model, each used for one row only.
 
     Raises:
-        InputError: no caches, different budgets, or caches with different layers.
+        InputError: no caches, different budgets (per layer: pyramidkv with another policy), or caches
+            with different layers.
     """
 
     def __init__(self, caches: list[SinkCache]) -> None:
@@ -1043,6 +1122,9 @@ class StackedCache(Cache):
             raise InputError(f"a StackedCache needs one budget for all its caches, got {budgets}")
         if len({len(c.layers) for c in caches}) > 1:
             raise InputError("a StackedCache needs caches of the same model")
+        if len({tuple(layer.policy.budget for layer in c.layers) for c in caches}) > 1:
+            raise InputError("a StackedCache needs the same budget in every layer of its caches; pyramidkv's per-layer "
+                             "budgets differ from the other policies': decode it alone")
         super().__init__(layers=[StackedLayer([c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
         self.caches = caches
         self.policy = ", ".join(dict.fromkeys(c.policy for c in caches))
