@@ -110,7 +110,7 @@ NO_ROPE_MODEL_TYPES = {"gpt2": _LEARNED, "opt": _LEARNED, "gpt_bigcode": _LEARNE
 SINK_LOGIT_TYPES = frozenset({"gpt_oss", "granite_swa", "granitemoe_swa", "flint"})
 #: types whose softmax attention output is multiplied by a sigmoid gate (read from the modeling code)
 GATED_TYPES = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen4_exp_text", "lfm3", "beam",
-                         "axk2", "dots3_note_text", "hy_v4"})
+                         "axk2", "dots3_note_text", "hy_v4", "afmoe", "minicpm5_moe"})
 #: types with RMS/LayerNorm on queries and keys per head whatever the config says (Qwen3, OLMo-2 ...)
 QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo2", "olmo3",
                            "olmoe", "flex_olmo", "gemma3_text", "gemma3n_text", "gemma4_text", "dots1", "exaone4",
@@ -313,9 +313,10 @@ def render() -> str:
         "mass of the model's own eager attention in float64 on every layer, head and key position, to 1e-5 "
         "(hybrids on their attention blocks, numbered as in the full stack). **refused**: sinklab raises an "
         "`InputError` with the reason given. Features are read from the type's default config (GQA / MQA / MLA, "
-        "sliding window, chunked, softcap, ALiBi, QK-norm where the config says so) and from what its modeling "
-        "code does (sink logits in the softmax denominator, a sigmoid gate on the attention output, QK-norm "
-        "without a config switch). Sink logits are reported as the virtual sink (`extra_mass`, "
+        "sliding window, chunked, softcap, ALiBi, QK-norm where the config says so) and from hand-kept lists of "
+        "what modeling code does without a config switch (sink logits in the softmax denominator: "
+        "`SINK_LOGIT_TYPES`; a sigmoid gate on the attention output: `GATED_TYPES`; QK-norm: `QK_NORM_TYPES`, "
+        "which does not yet list every type that always normalises queries and keys). Sink logits are reported as the virtual sink (`extra_mass`, "
         "`sink_rate_virtual` in `results.json`); the gated types sinklab reads the gate of "
         f"({', '.join(f'`{t}`' for t in _gated_readers())}) also get the gate-weighted attention "
         "(`attention_mass_gated`, `sink_rate_gated`).",

@@ -63,6 +63,19 @@ def _axk2(attn: nn.Module, x: Tensor) -> Tensor:
     return torch.sigmoid(qg[..., attn.qk_head_dim:].float()).transpose(1, 2)  # (B, H, T, D_v)
 
 
+@GATES.register("afmoe", description="element-wise: sigmoid(gate_proj(x)) on the heads' concatenated outputs")
+def _afmoe(attn: nn.Module, x: Tensor) -> Tensor:
+    B, T, _ = x.shape
+    return torch.sigmoid(attn.gate_proj(x).view(B, T, -1, attn.head_dim)).transpose(1, 2)  # (B, H, T, D)
+
+
+@GATES.register("minicpm5_moe", description="element-wise: the gate half of q_gate_proj per head")
+def _minicpm5_moe(attn: nn.Module, x: Tensor) -> Tensor:
+    B, T, _ = x.shape
+    qg = attn.q_gate_proj(x).view(B, T, -1, 2 * attn.head_dim)  # (B, T, H, 2D): [query | gate] per head
+    return torch.sigmoid(qg[..., attn.head_dim:]).transpose(1, 2)  # (B, H, T, D)
+
+
 def gate_reader(config) -> Callable[[nn.Module, Tensor], Tensor | None] | None:
     """The gate reader of ``config.model_type`` (:data:`GATES`), or None for a type without output gates."""
     t = getattr(config, "model_type", "")
