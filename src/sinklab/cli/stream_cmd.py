@@ -89,7 +89,7 @@ def stream_cmd(
         return
     w = max([11] + [len(c["name"]) for c in res["configs"]])
     typer.echo(f"{'config':<{w}} {'n_sink':>6} {'ppl':>9} {'ppl@recomp':>10} {'last chunk (n)':>16} {'ms/token':>9} "
-               f"{'cache MiB':>9}")
+               f"{'cache MiB':>9} {'KL nats':>9} {'top-1':>6}")
     for c in res["configs"]:
         last_chunk = next((i for i in reversed(range(len(c["ppl_by_chunk"]))) if c["ppl_by_chunk"][i] is not None), None)
         counts = c.get("count_by_chunk") or []
@@ -101,8 +101,15 @@ def stream_cmd(
         ns = "-" if c["n_sink"] is None else str(c["n_sink"])
         matched = "-" if c["ppl_matched"] is None else f"{c['ppl_matched']:.2f}"
         typer.echo(f"{c['name']:<{w}} {ns:>6} {c['ppl']:>9.2f} {matched:>10} {last:>16} "
-                   f"{c['latency_ms_per_token']:>9.1f} {c['cache_bytes'] / 2**20:>9.2f}")
+                   f"{c['latency_ms_per_token']:>9.1f} {c['cache_bytes'] / 2**20:>9.2f} "
+                   f"{_num(c.get('kl'), '.4f'):>9} {_num(c.get('top1'), '.3f'):>6}")
+    typer.echo("KL nats, top-1: agreement with the full cache (mean KL(full || config) of the next-token distribution, "
+               "share of equal argmax tokens)")
     typer.echo("last chunk (n): perplexity of the last chunk, over the n positions scored in it (recompute scores "
                "every k-th position only)")
     typer.echo(f"wrote {out}/stream.json, stream.csv, stream_by_chunk.csv, stream_ppl.png")
 
+
+
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)

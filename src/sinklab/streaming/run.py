@@ -251,6 +251,10 @@ def _meta(command: str, key: dict, loaded, corp, *, ctx, native: bool, mode: str
         "load_average_at_start": _load(),
         "definitions": {
             "ppl": "exp(mean next-token NLL in nats); position t predicts token t+1 (0-based)",
+            "kl": "agreement with the full cache: mean over positions t of KL(p_full || p_config) of the "
+                  "distribution of token t+1, nats (float64 from the logits as the model gave them); the full "
+                  "cache's logits computed once per stream; positions past the model's context have none",
+            "top1": "share of positions whose argmax next token equals the full cache's",
             "latency_ms_per_token": "mean wall time of one decode step (recompute: one forward over window+1 tokens)",
             "cache_bytes": "bytes of kept keys+values at the end of the stream (recompute: one window's)",
             "recompute": f"scored at every {every}-th position",
