@@ -55,6 +55,10 @@ def stream_cmd(
     passkey_chunk: int = typer.Option(1, "--passkey-chunk", help="tokens per call while feeding a stream (1 = "
                                       "streaming; more: the chunk attends to the cache and itself, then it is cut)"),
     passkey_seed: int = typer.Option(0, "--passkey-seed", help="seed of the random keys"),
+    streams: int = typer.Option(1, "--streams", help="1: one stream, the corpus's documents in order; more: one "
+                                "document per stream, split evenly over the corpora of --corpus (comma-separated, "
+                                "e.g. sotu,austen), each figure with a 95%% t-interval over streams and paired "
+                                "comparisons"),
     device: str = device_option(),
     dtype: Optional[str] = dtype_option(),
     device_map: Optional[str] = device_map_option(),
@@ -77,7 +81,7 @@ def stream_cmd(
                  passkey_keys=passkey_keys,
                  passkey_depths=split_list(passkey_depths, float, "--passkey-depths") or DEFAULT_DEPTHS,
                  passkey_batch=passkey_batch, passkey_chunk=passkey_chunk, passkey_seed=passkey_seed,
-                 device=device, dtype=dtype, device_map=device_map, command=invoked_command())
+                 streams=streams, device=device, dtype=dtype, device_map=device_map, command=invoked_command())
     typer.echo(f"{res['title']}")
     if task == "passkey":
         depths = sorted(res["configs"][0]["accuracy_by_depth"], key=float) if res["configs"] else []
@@ -86,6 +90,9 @@ def stream_cmd(
             typer.echo(f"{c['name']:<28} {c['accuracy']:>8.2f}  "
                        + " ".join(f"{c['accuracy_by_depth'][d]:>7.2f}" for d in depths))
         typer.echo(f"wrote {out}/passkey.json, passkey.csv, passkey_accuracy.csv, passkey.png")
+        return
+    if "streams" in res:
+        _print_stream_set(res, out)
         return
     w = max([11] + [len(c["name"]) for c in res["configs"]])
     typer.echo(f"{'config':<{w}} {'n_sink':>6} {'ppl':>9} {'ppl@recomp':>10} {'last chunk (n)':>16} {'ms/token':>9} "
@@ -113,3 +120,27 @@ def stream_cmd(
 
 def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
+
+
+def _ci(c: dict, f: str, fmt: str) -> str:
+    if c.get(f) is None:
+        return "-"
+    lo, hi = c.get(f + "_low"), c.get(f + "_high")
+    return format(c[f], fmt) + ("" if lo is None else f" [{format(lo, fmt)}, {format(hi, fmt)}]")
+
+
+def _print_stream_set(res, out: Path) -> None:
+    """The summary over streams and the decided comparisons of a multi-stream run."""
+    w = max([11] + [len(c["name"]) for c in res["configs"]])
+    n = len(res["streams"])
+    typer.echo(f"{'config':<{w}} {'ppl [95% CI]':>26} {'KL nats [95% CI]':>30} {'top-1 [95% CI]':>24}")
+    for c in res["configs"]:
+        typer.echo(f"{c['name']:<{w}} {_ci(c, 'ppl', '.2f'):>26} {_ci(c, 'kl', '.4f'):>30} {_ci(c, 'top1', '.3f'):>24}")
+    typer.echo(f"means over {n} streams, 95% t-intervals over streams; ppl = exp(mean per-stream NLL)")
+    decided = [x for x in res["comparisons"] if x["better"] != "inconclusive"]
+    typer.echo(f"paired comparisons (A - B per stream): {len(decided)} of {len(res['comparisons'])} decided")
+    for x in decided:
+        typer.echo(f"  {x['figure']:<5} {x['better']} better ({x['a']} vs {x['b']}: mean diff {x['diff_mean']:+.4g} "
+                   f"[{x['diff_low']:+.4g}, {x['diff_high']:+.4g}])")
+    typer.echo(f"wrote {out}/stream.json, stream.csv, stream_by_stream.csv, stream_comparisons.csv, stream_by_chunk.csv, "
+               "stream_ppl.png")

@@ -66,6 +66,7 @@ def stream(
     passkey_batch: int = 20,
     passkey_chunk: int = 1,
     passkey_seed: int = 0,
+    streams: int = 1,
     device: str = "cpu",
     dtype: str | None = None,
     device_map: str | None = None,
@@ -137,6 +138,11 @@ def stream(
         return _passkey(loaded, corpus, specs, tokens=tokens, out=Path(out), ctx=ctx, keys=passkey_keys,
                         depths=passkey_depths, batch=passkey_batch, chunk=passkey_chunk, seed=passkey_seed,
                         progress=progress, command=command or _command(**cmd))
+    if streams > 1:
+        return _stream_set(loaded, corpus, specs, streams=streams, tokens=tokens, window=window, chunk=chunk,
+                           every=every, n_sink=n_sink, kv_group=kv_group, policies=policies, out=Path(out), ctx=ctx,
+                           native=native, mode=mode, progress=progress,
+                           command=command or _command(**{**cmd, "out": out}, recompute=recompute, streams=streams))
     ids, corp = _stream_tokens(loaded, model, corpus, tokens)
     out = Path(out)
     key = _key(loaded, corp, ids, tokens=tokens, window=window, chunk=chunk, every=every, n_sink=n_sink, kv_group=kv_group,
@@ -147,6 +153,69 @@ def stream(
     _evaluate(loaded.model, ids, specs, out=out, meta=meta, done=done, prev_meta=prev_meta, chunk=chunk, every=every,
               ctx=ctx, mode=mode, progress=progress)
     return StreamResult(read_json(out / "stream.json", "stream results"))
+
+
+def _stream_set(loaded, corpus: str, specs, *, streams: int, tokens: int, window: int, chunk: int, every: int,
+                n_sink: int, kv_group: int, policies, out: Path, ctx, native: bool, mode: str, progress: bool,
+                command: str) -> "StreamResult":
+    """``streams`` > 1: every configuration on each of ``streams`` documents of the corpora ``corpus``
+    (comma-separated), one stream at a time, with intervals over streams (:mod:`sinklab.streaming.streams`);
+    streams already in ``out/stream.json`` with the same settings are kept (a stopped run resumes)."""
+    from dataclasses import asdict
+
+    from sinklab.streaming.streams import document_streams, write_stream_set_outputs
+    from sinklab.zoo.corpora import load_corpus
+
+    if corpus == "run" or native:
+        raise InputError(f"{param('streams')} > 1 needs a transformers model and text corpora")
+    corpora = [load_corpus(c) for c in corpus.split(",")]
+    sources = document_streams(loaded.tokenizer, corpora, streams, tokens)
+    key = {"model": loaded.info["name"], "corpus": ",".join(c.name for c in corpora), "tokens": tokens,
+           "window": window, "chunk": chunk, "recompute_every": every, "dtype": loaded.info.get("dtype"),
+           "n_streams": streams, "stream_shas": [s.info()["stream_sha"] for s in sources]}
+    if policies:
+        key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
+    prev_streams: list = []
+    path = out / "stream.json"
+    if path.exists():
+        try:
+            prev = read_json(path, "stream results")
+            if all(prev.get(k) == v for k, v in key.items()):
+                prev_streams = prev.get("streams", [])
+        except CorruptFileError:
+            pass
+    from sinklab.provenance import code_version
+    from sinklab.result import versions
+
+    meta = {"command": command, **key, "max_context": ctx,
+            "title": f"{loaded.info['name']} · {key['corpus']} · {streams} streams x {tokens} tokens",
+            "model_info": loaded.info, "corpus_sources": [c.source for c in corpora], "versions": versions(),
+            "mode": mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
+            "load_average_at_start": _load(),
+            "definitions": {**_meta_definitions(every, policies),
+                            "streams": "one document each: its first `tokens` tokens after the tokenizer's BOS; "
+                                       "per corpus, documents long enough taken evenly spaced"}}
+    done_streams: list[dict] = []
+    t0 = time.perf_counter()
+    for i, src in enumerate(sources):
+        old = prev_streams[i] if i < len(prev_streams) else {"configs": []}
+        done = {c["name"]: result_from_dict(c) for c in old["configs"]}
+        current = {"info": src.info(), "configs": []}
+        results = dict(done)
+
+        def save(res, current=current, results=results) -> None:
+            results[res.name] = res
+            current["configs"] = [asdict(results[s.name]) for s in specs if s.name in results]
+            write_stream_set_outputs(out, {**meta, "wall_s": time.perf_counter() - t0}, done_streams + [current], chunk)
+
+        if progress:
+            print(f"stream {i + 1}/{len(sources)}: {src.corpus} #{src.document} {src.title}", flush=True)
+        evaluate_stream(loaded.model, src.ids, specs, chunk=chunk, recompute_every=every, max_context=ctx, mode=mode,
+                        progress=progress, done=done, on_result=save)
+        current["configs"] = [asdict(results[s.name]) for s in specs]
+        done_streams.append(current)
+    payload = write_stream_set_outputs(out, {**meta, "wall_s": time.perf_counter() - t0}, done_streams, chunk)
+    return StreamResult(payload)
 
 
 def _evaluate(model, ids, specs, *, out: Path, meta: dict, done: dict, prev_meta: dict, chunk: int, every: int, ctx,
@@ -249,21 +318,26 @@ def _meta(command: str, key: dict, loaded, corp, *, ctx, native: bool, mode: str
         "model_info": loaded.info, "corpus_source": corp.source, "versions": versions(),
         "mode": "decode" if native else mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
         "load_average_at_start": _load(),
-        "definitions": {
-            "ppl": "exp(mean next-token NLL in nats); position t predicts token t+1 (0-based)",
-            "kl": "agreement with the full cache: mean over positions t of KL(p_full || p_config) of the "
-                  "distribution of token t+1, nats (float64 from the logits as the model gave them); the full "
-                  "cache's logits computed once per stream; positions past the model's context have none",
-            "top1": "share of positions whose argmax next token equals the full cache's",
-            "latency_ms_per_token": "mean wall time of one decode step (recompute: one forward over window+1 tokens)",
-            "cache_bytes": "bytes of kept keys+values at the end of the stream (recompute: one window's)",
-            "recompute": f"scored at every {every}-th position",
-            "mode": "parallel: one forward per configuration computing exactly the token-by-token cache's "
-                    "attention (sinklab.streaming.parallel); decode: token by token through the cache",
-            "latency": "mean of 32 single-token decode steps through the real cache at the end of the stream, "
-                       "after filling it in chunks (configurations decoded token by token: their own last 32 steps)",
-            **(_POLICY_DEFINITIONS if policies else {}),
-        },
+        "definitions": _meta_definitions(every, policies),
+    }
+
+
+def _meta_definitions(every: int, policies) -> dict:
+    """The ``definitions`` of a perplexity run's ``stream.json``."""
+    return {
+        "ppl": "exp(mean next-token NLL in nats); position t predicts token t+1 (0-based)",
+        "kl": "agreement with the full cache: mean over positions t of KL(p_full || p_config) of the "
+              "distribution of token t+1, nats (float64 from the logits as the model gave them); the full "
+              "cache's logits computed once per stream; positions past the model's context have none",
+        "top1": "share of positions whose argmax next token equals the full cache's",
+        "latency_ms_per_token": "mean wall time of one decode step (recompute: one forward over window+1 tokens)",
+        "cache_bytes": "bytes of kept keys+values at the end of the stream (recompute: one window's)",
+        "recompute": f"scored at every {every}-th position",
+        "mode": "parallel: one forward per configuration computing exactly the token-by-token cache's "
+                "attention (sinklab.streaming.parallel); decode: token by token through the cache",
+        "latency": "mean of 32 single-token decode steps through the real cache at the end of the stream, "
+                   "after filling it in chunks (configurations decoded token by token: their own last 32 steps)",
+        **(_POLICY_DEFINITIONS if policies else {}),
     }
 
 
@@ -289,7 +363,8 @@ def _comma(values) -> str:
 
 def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets, n_sink,
              kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths, passkey_batch,
-             passkey_chunk, passkey_seed, full, recompute=True, device="cpu", dtype=None, device_map=None) -> str:
+             passkey_chunk, passkey_seed, full, recompute=True, device="cpu", dtype=None, device_map=None,
+             streams=1) -> str:
     """A ``sinklab stream`` command line that reproduces the call (lists comma-separated, as the CLI takes them)."""
     cmd = ["sinklab", "stream", "--model", model, "--corpus", corpus, "--tokens", str(tokens), "--window", str(window)]
     if policies:
@@ -320,6 +395,8 @@ def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, 
                 "--passkey-batch", str(passkey_batch), "--passkey-chunk", str(passkey_chunk)]
         if passkey_seed:
             cmd += ["--passkey-seed", str(passkey_seed)]
+    if streams != 1:
+        cmd += ["--streams", str(streams)]
     if device != "cpu":
         cmd += ["--device", device]
     if dtype is not None:
