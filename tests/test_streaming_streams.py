@@ -96,7 +96,7 @@ def test_multi_stream_run_equals_each_stream_alone_and_writes_intervals(two_corp
 
     ca, cb = two_corpora
     out = tmp_path / "ms"
-    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", f"{ca},{cb}", "--streams", "4", "--tokens", "40",
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", f"{ca},{cb}", "--streams", "4", "--tokens", "40",
             "--policy", "window,sinks", "--budget", "12", "--n-sink", "2", "--window", "12", "--no-recompute",
             "--out", str(out)]
     code, stdout, err = run_cli_captured(argv, capsys)

@@ -5,16 +5,23 @@
 * :data:`POLICIES` -- the eviction policies a ``SinkCache`` takes by name (window, sinks, h2o, tova,
   sinks+h2o, sinks+tova, detected-sinks), each at a fixed budget; keys and values stored as given
   or quantised (:mod:`sinklab.streaming.quant`).
-* :func:`evaluate_stream` -- perplexity, decode latency and cache memory of several cache
-  configurations on one long token stream (``sinklab stream``).
+* :func:`evaluate_stream` -- perplexity, agreement with the full cache, decode latency and cache memory of
+  several cache configurations on one long token stream.
+* :func:`stream` -- a streaming task (:data:`TASKS`: ``perplexity``, ``passkey``, ...) on a model, with one
+  options object (:class:`PerplexityOptions`, :class:`PasskeyOptions`); returns a Result, writes nothing
+  (``sinklab stream TASK``).
 """
 
 from sinklab.streaming.cache import SinkCache, SinkCacheLayer, StackedCache
 from sinklab.streaming.policies import POLICIES
 from sinklab.streaming.rope import KeyRotation, key_rotations
-from sinklab.streaming.run import stream
+from sinklab.streaming.options import PasskeyOptions, PerplexityOptions, StreamOptions
+from sinklab.streaming.run import PasskeyResult, StreamResult, stream
+from sinklab.streaming.task_registry import TASKS, StreamTask, register_task
 from sinklab.streaming.harness import cache_specs, evaluate_stream, token_stream
 
 __all__ = ["SinkCache", "SinkCacheLayer", "StackedCache", "POLICIES", "KeyRotation", "key_rotations", "stream",
+           "StreamOptions", "PerplexityOptions", "PasskeyOptions", "StreamResult", "PasskeyResult", "TASKS",
+           "StreamTask", "register_task",
            "cache_specs", "evaluate_stream",
            "token_stream"]

@@ -574,7 +574,7 @@ def _stacked_result(model, ids: Tensor, spec: CacheSpec, scores: "Scores", nbyte
     n = ids.numel()
     steps = max(1, min(latency_steps, n - 1))
     with attention_for(model, spec) as attn:
-        ms, _ = decode_latency(model, ids, spec, at=n - steps, steps=steps)
+        ms = decode_latency(model, ids, spec, at=n - steps, steps=steps)[0] if latency_steps else float("nan")
     return _result(spec, scores, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
                    state_bytes=state, mode="decode", attn=attn)
 
@@ -601,7 +601,10 @@ def _run_cache(model, ids: Tensor, spec: CacheSpec, *, chunk: int, recompute_eve
             how = "decode"
         last = n if spec.kind != "full" or max_context is None else min(n, max_context)
         steps = max(1, min(latency_steps, last - 1))
-        ms, nbytes, state = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps, state=True)
+        if latency_steps:
+            ms, nbytes, state = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps, state=True)
+        else:  # not timed: no latency, and the cache's bytes are not measured either
+            ms, nbytes, state = float("nan"), 0, 0
         attn = adapt(model).attn_implementation
         return _result(spec, scores, n, chunk, ms / 1000.0, nbytes, matched, state_bytes=state, mode=how, attn=attn)
     # other policies, quantised caches: token by token, the last steps timed
@@ -646,7 +649,9 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         mode: ``parallel`` (one forward per configuration, :func:`stream_nll`) or ``decode`` (token
             by token through the real cache, :func:`stream_nll_decode`); the same numbers. Models
             trained with ``sinklab train`` are always decoded token by token.
-        latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`).
+        latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`); 0: no timing
+            (``latency_ms_per_token`` NaN; ``cache_bytes`` and ``state_bytes`` 0 for the configurations whose
+            bytes the timing measures: full, window and sinks at 16 bits).
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).
         stack: the configurations decoded token by token (other policies, quantised caches) run up

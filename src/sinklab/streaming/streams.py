@@ -147,8 +147,11 @@ def summarize_streams(streams: Sequence[dict], level: float = 0.95) -> tuple[lis
                 xs = [x[j] for x in chunks if j < len(x) and x[j] is not None]
                 means.append(None if not xs else (tr(float(np.mean(xs))) if tr else float(np.mean(xs))))
             row["ppl_by_chunk" if key == "nll_by_chunk" else key] = means
-        row["latency_ms_per_token"] = float(np.mean([c["latency_ms_per_token"] for _, c in rows]))
-        row["cache_bytes"] = float(np.mean([c["cache_bytes"] for _, c in rows]))
+        timed = [c for _, c in rows if c["latency_ms_per_token"] is not None
+                 and math.isfinite(c["latency_ms_per_token"])]  # the streams whose decode steps were timed
+        row["latency_ms_per_token"] = float(np.mean([c["latency_ms_per_token"] for c in timed])) if timed else None
+        row["cache_bytes"] = float(np.mean([c["cache_bytes"] for c in timed])) if timed else None
+        row["timed_streams"] = len(timed)
         row["evaluated"] = int(sum(c["evaluated"] for _, c in rows))
         configs.append(row)
     comparisons = []
@@ -191,11 +194,20 @@ def per_stream_table(streams: Sequence[dict]) -> list[dict]:
 
 
 
-def write_stream_set_outputs(out, meta: dict, streams: Sequence[dict], chunk: int, level: float = 0.95) -> dict:
-    """Write a multi-stream run: ``stream.json`` (meta, ``streams``: each stream's ``info`` and ``configs``,
-    ``configs``: the summary over streams, ``comparisons``), ``stream.csv`` (the summary, one row per
-    configuration), ``stream_by_stream.csv`` (:func:`per_stream_table`), ``stream_comparisons.csv``,
-    ``stream_by_chunk.csv`` (mean per chunk over streams) and ``stream_ppl.png``. Returns the payload."""
+def stream_set_payload(meta: dict, streams: Sequence[dict], level: float = 0.95) -> dict:
+    """The ``stream.json`` content of a multi-stream run: ``meta``, ``interval``, ``streams`` (each stream's
+    ``info`` and ``configs``), ``configs`` (the summary over streams) and ``comparisons``
+    (:func:`summarize_streams`)."""
+    configs, comparisons = summarize_streams(streams, level)
+    return {**meta, "level": level,
+            "interval": f"{level:.0%} t-interval over streams (n = streams; no resampling, no seed)",
+            "streams": list(streams), "configs": configs, "comparisons": comparisons}
+
+
+def write_stream_set(out, payload: dict) -> None:
+    """Write a multi-stream run's :func:`stream_set_payload`: ``stream.json``, ``stream.csv`` (the summary, one
+    row per configuration), ``stream_by_stream.csv`` (:func:`per_stream_table`), ``stream_comparisons.csv``,
+    ``stream_by_chunk.csv`` (mean per chunk over streams) and ``stream_ppl.png``."""
     import json
     from pathlib import Path
     from types import SimpleNamespace
@@ -207,15 +219,13 @@ def write_stream_set_outputs(out, meta: dict, streams: Sequence[dict], chunk: in
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    configs, comparisons = summarize_streams(streams, level)
-    payload = {**meta, "interval": f"{level:.0%} t-interval over streams (n = streams; no resampling, no seed)",
-               "streams": list(streams), "configs": configs, "comparisons": comparisons}
+    configs, streams, chunk = payload["configs"], payload["streams"], payload["chunk"]
     atomic_write_text(out / "stream.json", json.dumps(payload, indent=2) + "\n")
     ints = {"n_sink": "Int64", "window": "Int64", "budget": "Int64"}
     pd.DataFrame([{k: v for k, v in c.items() if not k.endswith("by_chunk")} for c in configs]).astype(ints).to_csv(
         out / "stream.csv", index=False)
     pd.DataFrame(per_stream_table(streams)).astype({"budget": "Int64"}).to_csv(out / "stream_by_stream.csv", index=False)
-    pd.DataFrame(comparisons).to_csv(out / "stream_comparisons.csv", index=False)
+    pd.DataFrame(payload["comparisons"]).to_csv(out / "stream_comparisons.csv", index=False)
     rows = [{"config": c["name"], "chunk": j, "start": j * chunk, "end": (j + 1) * chunk, "ppl": p,
              "kl": (c["kl_by_chunk"][j] if j < len(c["kl_by_chunk"]) else None),
              "top1": (c["top1_by_chunk"][j] if j < len(c["top1_by_chunk"]) else None)}
@@ -223,7 +233,8 @@ def write_stream_set_outputs(out, meta: dict, streams: Sequence[dict], chunk: in
     pd.DataFrame(rows).to_csv(out / "stream_by_chunk.csv", index=False)
     plot_ppl([SimpleNamespace(name=c["name"], ppl_by_chunk=c["ppl_by_chunk"], ppl=c["ppl"], window=c["window"],
                               evaluated=c["evaluated"]) for c in configs], chunk, out / "stream_ppl.png",
-             title=meta.get("title", "") + f" · mean over {len(streams)} streams")
-    return payload
+             title=payload.get("title", "") + f" · mean over {len(streams)} streams")
+
+
 __all__ = ["StreamSource", "document_streams", "split_counts", "summarize_streams", "per_stream_table", "FIGURES",
-           "write_stream_set_outputs"]
+           "stream_set_payload", "write_stream_set"]
