@@ -123,7 +123,7 @@ class StreamConfigResult:
     window: int | None
     ppl: float
     ppl_by_chunk: list[float | None]
-    latency_ms_per_token: float
+    latency_ms_per_token: float | None
     cache_bytes: int
     evaluated: int
     positions: list[int]
@@ -271,7 +271,7 @@ def _result(spec: CacheSpec, scores: "Scores", n: int, chunk: int, latency_s: fl
     return StreamConfigResult(
         name=spec.name, n_sink=spec.n_sink, window=spec.window, ppl=math.exp(mean),
         ppl_by_chunk=[None if x is None else math.exp(x) for x in by_chunk_nll],
-        latency_ms_per_token=1000.0 * latency_s, cache_bytes=int(nbytes),
+        latency_ms_per_token=None if latency_s is None else 1000.0 * latency_s, cache_bytes=int(nbytes),
         evaluated=len(nll), positions=[min(nll), max(nll)],
         ppl_matched=math.exp(float(np.mean(common))) if common else None, nll_by_chunk=by_chunk_nll,
         count_by_chunk=[c or 0 for c in _chunked(nll, n, chunk, len)],
@@ -574,8 +574,8 @@ def _stacked_result(model, ids: Tensor, spec: CacheSpec, scores: "Scores", nbyte
     n = ids.numel()
     steps = max(1, min(latency_steps, n - 1))
     with attention_for(model, spec) as attn:
-        ms = decode_latency(model, ids, spec, at=n - steps, steps=steps)[0] if latency_steps else float("nan")
-    return _result(spec, scores, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
+        ms = decode_latency(model, ids, spec, at=n - steps, steps=steps)[0] if latency_steps else None
+    return _result(spec, scores, n, chunk, None if ms is None else ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
                    state_bytes=state, mode="decode", attn=attn)
 
 
@@ -604,13 +604,13 @@ def _run_cache(model, ids: Tensor, spec: CacheSpec, *, chunk: int, recompute_eve
         if latency_steps:
             ms, nbytes, state = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps, state=True)
         else:  # not timed: no latency, and the cache's bytes are not measured either
-            ms, nbytes, state = float("nan"), 0, 0
+            ms, nbytes, state = None, 0, 0
         attn = adapt(model).attn_implementation
-        return _result(spec, scores, n, chunk, ms / 1000.0, nbytes, matched, state_bytes=state, mode=how, attn=attn)
+        return _result(spec, scores, n, chunk, None if ms is None else ms / 1000.0, nbytes, matched, state_bytes=state, mode=how, attn=attn)
     # other policies, quantised caches: token by token, the last steps timed
     _, ms, nbytes, state, attn = decode_stream(model, ids, spec, max_context=max_context, latency_steps=latency_steps,
                                                progress=progress, scores=scores, keep=keep)
-    return _result(spec, scores, n, chunk, ms / 1000.0, nbytes, matched, state_bytes=state, mode="decode", attn=attn)
+    return _result(spec, scores, n, chunk, None if math.isnan(ms) else ms / 1000.0, nbytes, matched, state_bytes=state, mode="decode", attn=attn)
 
 
 @torch.no_grad()
@@ -650,7 +650,7 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
             by token through the real cache, :func:`stream_nll_decode`); the same numbers. Models
             trained with ``sinklab train`` are always decoded token by token.
         latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`); 0: no timing
-            (``latency_ms_per_token`` NaN; ``cache_bytes`` and ``state_bytes`` 0 for the configurations whose
+            (``latency_ms_per_token`` None; ``cache_bytes`` and ``state_bytes`` 0 for the configurations whose
             bytes the timing measures: full, window and sinks at 16 bits).
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).

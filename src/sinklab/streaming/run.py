@@ -233,7 +233,7 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
                                        "per corpus, the documents long enough taken evenly spaced",
                             "batching": "streams evaluated one at a time (each configuration's parallel forward or "
                                         "token-by-token decode on one stream)",
-                            "latency_ms_per_token": "timed on the first stream only (the others: NaN, cache_bytes 0); "
+                            "latency_ms_per_token": "timed on the first stream only (the others: null, cache_bytes 0); "
                                                     "the summary's latency and cache_bytes are the first stream's"}}
     finished: list[dict] = []
     t0 = time.perf_counter()
