@@ -390,7 +390,7 @@ def step_analyze(out: Path, limit_s: float) -> dict:
 
 
 def step_stream(out: Path, limit_s: float) -> dict:
-    """``sinklab stream`` in bfloat16 on the device: sinks, two policies, a 4-bit cache, the pass key task."""
+    """``sinklab stream perplexity`` / ``passkey`` in bfloat16 on the device: sinks, two policies, a 4-bit cache, the pass key task."""
     from sinklab.streaming import stream
 
     folder, corpus, what, n = subject_model(out)
@@ -403,13 +403,13 @@ def step_stream(out: Path, limit_s: float) -> dict:
                          full=False, recompute=False),
         "quantised": dict(tokens=tokens, window=window, policies=["sinks"], budgets=[window + 4], n_sink=4,
                           kv_bits=[4], full=False, recompute=False),
-        "passkey": dict(task="passkey", tokens=tokens, window=window, sinks=[4], passkey_keys=2,
-                        passkey_depths=(0.0, 0.5, 1.0), passkey_batch=6, passkey_chunk=1 if smoke() else 16),
+        "passkey": dict(task="passkey", tokens=tokens, window=window, sinks=[4], keys=2,
+                        depths=(0.0, 0.5, 1.0), batch=6, chunk=1 if smoke() else 16),
     }
     rows = []
     for name, kw in runs.items():
-        res, sec, peak = _timed(lambda: stream(str(folder), str(corpus), out=out / "work" / f"stream-{name}",
-                                               **common, **kw))
+        res, sec, peak = _timed(lambda: stream(str(folder), str(corpus), **common, **kw))
+        res.save(out / "work" / f"stream-{name}")
         configs = [{k: c.get(k) for k in ("name", "ppl", "accuracy", "latency_ms_per_token", "cache_bytes")
                     if c.get(k) is not None} for c in res["configs"]]
         rows.append({"run": name, "tokens": kw["tokens"], "seconds": sec, "peak_gib": peak,

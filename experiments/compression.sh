@@ -10,13 +10,13 @@ SL=${SINKLAB:-sinklab}
 OUT=results/compression
 STEP=${STEP:-all}
 if [[ $STEP == all || $STEP == policies ]]; then
-  $SL stream --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 \
+  $SL stream perplexity --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 \
       --policy window,sinks,h2o,tova,sinks+h2o,sinks+tova,detected-sinks --budget 64,128,256 \
       --out $OUT/policies --threads 1
 fi
 quant() {  # the widths; one call and one folder (quant_<bits>bit/) per width, since a call's stream.json holds only its own configurations
   for BITS in "$@"; do
-    $SL stream --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 --no-recompute \
+    $SL stream perplexity --model smollm2-135m --corpus sotu --tokens 4096 --window 256 --chunk 128 --no-recompute \
         --policy sinks --budget 256 --kv-bits 16,$BITS --key-quant token,channel --sinks-full-precision 0,1,4 \
         --out $OUT/quant_${BITS}bit --threads 1
   done
@@ -26,7 +26,7 @@ if [[ $STEP == all || $STEP == quant ]]; then quant 4 3; fi
 if [[ $STEP == all || $STEP == quant2 ]]; then quant 2; fi
 if [[ $STEP == all || $STEP == policies || $STEP == passkey ]]; then
   BEST=$(${PYTHON:-python} experiments/compression.py --best 3 --budget 128)
-  $SL stream --model smollm2-135m --corpus sotu --task passkey --tokens 1024 --policy $BEST --budget 128 \
-      --passkey-keys 20 --passkey-depths 0,0.25,0.5,0.75,1 --passkey-batch 50 --passkey-chunk 32 \
+  $SL stream passkey --model smollm2-135m --corpus sotu --tokens 1024 --policy $BEST --budget 128 \
+      --keys 20 --depths 0,0.25,0.5,0.75,1 --batch 50 --chunk 32 \
       --out $OUT/passkey --threads 1
 fi

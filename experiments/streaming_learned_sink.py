@@ -2,7 +2,7 @@
 into runs.csv (one row per run and configuration) and summary.csv (perplexity per seed, median over the seeds).
 
 The runs themselves, for OP in softmax sink_token learned_sink_logit and K in 0 1 2:
-    sinklab stream --model results/archive/attention_operation_a70ad4f/runs/OP/seedK --corpus run --tokens 2048 --window 32 \
+    sinklab stream perplexity --model results/archive/attention_operation_a70ad4f/runs/OP/seedK --corpus run --tokens 2048 --window 32 \
         --sinks 0,1,2,4 --chunk 256 --out results/streaming/learned_sink/OP/seedK --threads 1
 Then, from the repository root:
     python experiments/streaming_learned_sink.py

@@ -273,8 +273,10 @@ def test_stream_result_is_its_json_and_a_result(tiny_model_dir, text_corpus_dir,
     from sinklab.streaming import stream
     from sinklab.streaming.run import StreamResult
 
-    res = stream(str(tiny_model_dir), str(text_corpus_dir), tokens=40, window=8, sinks=[1], out=tmp_path / "s",
-                 progress=False, recompute=False)
+    res = stream(str(tiny_model_dir), str(text_corpus_dir), tokens=40, window=8, sinks=[1], progress=False,
+                 recompute=False)
+    assert not (tmp_path / "s").exists()  # the evaluator writes nothing
+    res.save(tmp_path / "s")
     on_disk = json.loads((tmp_path / "s" / "stream.json").read_text())
     assert isinstance(res, Result) and dict(res) == on_disk and res.command == on_disk["command"]
     assert res.table()["name"].tolist() == [c["name"] for c in on_disk["configs"]]

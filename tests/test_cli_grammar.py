@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src" / "sinklab"
 
 #: commands that load and run a model (and every ``analyze KIND``, added where used)
-MODEL_COMMANDS = ["measure", "stream", "train"]
+MODEL_COMMANDS = ["measure", "stream perplexity", "stream passkey", "train"]
 
 
 def _commands() -> dict[str, object]:
@@ -70,7 +70,7 @@ def test_each_short_option_means_one_long_option_everywhere():
 
 
 def test_stream_token_count_is_tokens_without_n():
-    stream = _commands()["stream"]
+    stream = _commands()["stream perplexity"]
     tokens = next(p for p in _options(stream) if "--tokens" in p.opts)
     assert tokens.opts == ["--tokens"]
 
@@ -82,7 +82,7 @@ def test_model_commands_take_device_dtype_threads():
     for command in [*MODEL_COMMANDS, *analyses]:
         flags = {o for p in _options(commands[command]) for o in p.opts}
         assert {"--device", "--dtype", "--threads"} <= flags, command
-        if command in ("measure", "stream") or command.startswith("analyze "):  # the Subject's placement, as measure's
+        if command == "measure" or command.startswith(("analyze ", "stream ")):  # the Subject's placement, as measure's
             assert "--device-map" in flags, command
 
 
@@ -119,7 +119,7 @@ def test_the_default_model_is_one_constant():
     assert {k: d for k, d in defaults.items() if d is not inspect.Parameter.empty} == {
         k: DEFAULT_MODEL for k in ANALYSES if k != "denoise"}  # denoise needs a masked diffusion model
     commands = _commands()
-    for name in ("measure", "stream", *(n for n in commands if n.startswith("analyze "))):
+    for name in ("measure", "stream perplexity", "stream passkey", *(n for n in commands if n.startswith("analyze "))):
         model = next(p for p in _options(commands[name]) if "--model" in p.opts)
         assert DEFAULT_MODEL in (model.help or "") or model.default == DEFAULT_MODEL, name
 
@@ -128,7 +128,7 @@ def test_stream_comma_lists(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     """--sinks 0,2 gives those caches, as the repeated form --sinks 0 --sinks 2 does; --device cpu and
     --dtype float32 are taken and change nothing."""
     out = tmp_path / "st"
-    base = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+    base = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
             "--window", "8", "--no-recompute"]
     code, _, err = run_cli_captured([*base, "--sinks", "0,2", "--out", str(out)], capsys)
     assert code == 0, err
@@ -149,7 +149,7 @@ def test_stream_comma_lists(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     (["--sinks", "0,two"], "--sinks takes comma-separated integers"),
 ])
 def test_stream_bad_grammar_exits_2(tiny_model_dir, text_corpus_dir, tmp_path, capsys, extra, msg):
-    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
             "--window", "8", "--out", str(tmp_path / "o"), *extra]
     code, _, err = run_cli_captured(argv, capsys)
     assert code == 2 and msg in err, err
@@ -259,7 +259,7 @@ def test_stream_sinks_full_precision_takes_n_or_detected_in_one_list(tiny_model_
                                                                      capsys):
     """--sinks-full-precision 0,detected: one comma list mixing a count and 'detected' (main's streaming option)."""
     out = tmp_path / "fp"
-    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
             "--window", "8", "--policy", "sinks", "--budget", "16", "--n-sink", "2", "--kv-bits", "4",
             "--sinks-full-precision", "0,detected", "--no-full", "--no-recompute", "--out", str(out)]
     code, _, err = run_cli_captured(argv, capsys)
@@ -271,28 +271,29 @@ def test_stream_sinks_full_precision_takes_n_or_detected_in_one_list(tiny_model_
 
 
 def test_streams_own_command_line_is_in_the_one_grammar():
-    """sinklab.streaming.stream writes the command that reproduces a Python call into stream.json: its lists
-    are comma lists that the CLI parses back to the same values."""
+    """The options object writes the command that reproduces a call (what stream.json records): its lists
+    are comma lists that the CLI parses back to the same options object."""
     import shlex
 
-    from sinklab.streaming.run import _command
+    from sinklab.cli.stream_cmd import _options as options_of
+    from sinklab.streaming.options import PasskeyOptions, PerplexityOptions
+    from sinklab.streaming.task_registry import TASKS
 
-    line = _command(model="m", corpus="sotu", tokens=64, window=16, sinks=None, out="o", chunk=16,
-                    recompute_every=None, mode="decode", policies=["sinks", "h2o"], budgets=[64, 128], n_sink=4,
-                    kv_bits=[16, 4], kv_group=32, key_quant=["token", "channel"], sinks_full_precision=[0, "detected"],
-                    task="passkey", passkey_keys=2, passkey_depths=[0.0, 0.5], passkey_batch=2, passkey_chunk=1,
-                    passkey_seed=0, full=True)
-    words = shlex.split(line)
-    assert words[:2] == ["sinklab", "stream"]
-    ctx = _commands()["stream"].make_context("sinklab stream", words[2:])
-    p = ctx.params
-    assert (p["policy"], p["budget"], p["kv_bits"], p["key_quant"], p["sinks_full_precision"], p["passkey_depths"]) == (
-        ["sinks,h2o"], ["64,128"], ["16,4"], ["token,channel"], ["0,detected"], ["0.0,0.5"])
-    plain = _command(model="m", corpus="sotu", tokens=64, window=16, sinks=None, out="o", chunk=16,
-                     recompute_every=None, mode="parallel", policies=None, budgets=None, n_sink=4, kv_bits=None,
-                     kv_group=32, key_quant=None, sinks_full_precision=None, task="ppl", passkey_keys=20,
-                     passkey_depths=[0.0], passkey_batch=20, passkey_chunk=1, passkey_seed=0, full=True)
-    assert "--sinks 0,1,2,4,8 " in plain
+    commands = _commands()
+    for opts in (PerplexityOptions(tokens=64, window=16, chunk=16, mode="decode", policies=("sinks", "h2o"),
+                                   budgets=(64, 128), kv_bits=(16, 4), key_quant=("token", "channel"),
+                                   sinks_full_precision=(0, "detected"), full=False, streams=2, corpus="sotu,austen"),
+                 PasskeyOptions(tokens=64, keys=2, depths=(0.0, 0.5), batch=2, policies=("sinks",), budgets=(32,)),
+                 PerplexityOptions()):
+        words = shlex.split(opts.command_line("m", out="o"))
+        task = TASKS.get(opts.TASK)
+        assert words[:3] == ["sinklab", "stream", task.name]
+        ctx = commands[f"stream {task.name}"].make_context(f"sinklab stream {task.name}", words[3:])
+        p = dict(ctx.params)
+        assert (p.pop("model"), str(p.pop("out"))) == ("m", "o")
+        back = options_of(task, task.options.flags(), p)
+        assert back == opts, opts
+    assert PerplexityOptions().command_line("m") == "sinklab stream perplexity --model m"
 
 
 def test_sweep_and_report_default_to_runs_not_results(tmp_path, capsys, monkeypatch):

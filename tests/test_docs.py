@@ -171,7 +171,7 @@ def test_pages_keep_what_other_issues_ask_for():
     streaming = (DOCS / "streaming.md").read_text(encoding="utf-8")
     python = re.findall(r"```python\n(.*?)```", streaming, re.S)
     assert any("SinkCache(model, policy=" in b and "generate(" in b for b in python)
-    assert any(w[:2] == ["sinklab", "stream"] and "--policy" in w for w in _bash_commands(streaming))
+    assert any(w[:3] == ["sinklab", "stream", "perplexity"] and "--policy" in w for w in _bash_commands(streaming))
     text = {p: (DOCS / p).read_text(encoding="utf-8") for p in ("train.md", "scaling.md")}
     assert "bash benchmarks/gpu.sh" in text["scaling.md"]
     assert "`model.attention_backend`" in text["train.md"] and "attention_backend=flex" in text["train.md"]

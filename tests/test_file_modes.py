@@ -86,7 +86,7 @@ def test_measure_and_stream_outputs_and_caches_are_readable_by_all(umask_022, ti
     assert "results.json" in _modes(tmp_path / "m")
     _assert_plain_modes(tmp_path / "m")
     stream(str(tiny_model_dir), str(text_corpus_dir), tokens=40, window=8, sinks=[1], full=False, recompute=False,
-           out=tmp_path / "s", progress=False)
+           progress=False).save(tmp_path / "s")
     assert "stream.json" in _modes(tmp_path / "s")
     _assert_plain_modes(tmp_path / "s")
     assert any(k.endswith(".npz") for k in _modes(home() / "probe_tokens"))

@@ -80,7 +80,7 @@ def test_stream_and_measure_in_a_log_file_get_plain_lines(tiny_model_dir, text_c
     """`sinklab stream ... 2> log` used to write tqdm's carriage-return frames and cursor codes there."""
     from sinklab.cli.main import app
 
-    for argv in (["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+    for argv in (["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
                   "--window", "8", "--sinks", "0,1", "--mode", "decode", "--out", str(tmp_path / "s")],
                  ["measure", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "-n", "4", "-t", "8",
                   "--batch-size", "1", "--out", str(tmp_path / "m")]):

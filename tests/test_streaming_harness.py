@@ -121,7 +121,7 @@ def test_cache_specs_names_and_bad_input():
 @pytest.mark.integration
 def test_cli_stream_writes_results_and_resumes(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     out = tmp_path / "st"
-    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "100",
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "100",
             "--window", "16", "--sinks", "0,1,2", "--out", str(out), "--recompute-every", "9"]
     code, stdout, err = run_cli_captured(argv, capsys)
     assert code == 0, err
@@ -151,7 +151,7 @@ def test_cli_stream_table_says_how_many_positions_the_last_chunk_rests_on(tiny_m
     table prints that count. 40 tokens, chunks of 8: the caches score positions 0..38 (7 in the last chunk,
     32..38); recompute every 5th (0, 5, ..., 35: 0 5 | 10 15 | 20 | 25 30 | 35)."""
     out = tmp_path / "st"
-    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
             "--window", "8", "--sinks", "0", "--out", str(out), "--recompute-every", "5", "--no-full"]
     code, stdout, err = run_cli_captured(argv, capsys)
     assert code == 0, err
@@ -173,7 +173,7 @@ def test_cli_stream_table_says_how_many_positions_the_last_chunk_rests_on(tiny_m
     (["--window", "8", "--tokens", "100000"], "has 801 tokens in all, fewer than --tokens 100000"),
 ])
 def test_cli_stream_bad_input(tiny_model_dir, text_corpus_dir, tmp_path, capsys, extra, msg):
-    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--out", str(tmp_path / "o"),
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--out", str(tmp_path / "o"),
             "--tokens", "50", *extra]
     code, _, err = run_cli_captured(argv, capsys)
     assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
@@ -183,7 +183,7 @@ def test_cli_stream_refuses_model_without_rope(tokenizer, text_corpus_dir, tmp_p
     d = tmp_path / "gpt2"
     tiny_gpt2(vocab_size=len(tokenizer)).save_pretrained(d)
     tokenizer.save_pretrained(d)
-    code, _, err = run_cli_captured(["stream", "--model", str(d), "--corpus", str(text_corpus_dir), "--tokens", "50",
+    code, _, err = run_cli_captured(["stream", "perplexity", "--model", str(d), "--corpus", str(text_corpus_dir), "--tokens", "50",
                                      "--window", "8", "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "learned absolute position embeddings" in err
 
@@ -195,7 +195,7 @@ def test_cli_stream_refuses_a_sinklab_model_with_absolute_positions(tokenizer, t
     SinkLM(ModelConfig(vocab_size=len(tokenizer), d_model=32, n_layers=1, n_heads=4, d_ff=64,
                        max_seq_len=64, positional="learned")).save_pretrained(d)
     tokenizer.save_pretrained(d)
-    code, _, err = run_cli_captured(["stream", "--model", str(d), "--corpus", str(text_corpus_dir), "--tokens", "50",
+    code, _, err = run_cli_captured(["stream", "perplexity", "--model", str(d), "--corpus", str(text_corpus_dir), "--tokens", "50",
                                      "--window", "8", "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "'learned' absolute positions" in err
 
@@ -260,7 +260,7 @@ def test_evaluate_stream_quantised_cache_bytes_and_8_bits_close_to_16():
 @pytest.mark.integration
 def test_cli_stream_policies_writes_fields_and_resumes(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     out = tmp_path / "pol"
-    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "60",
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "60",
             "--window", "16", "--policy", "sinks,tova", "--budget", "16", "--n-sink", "2", "--kv-bits", "16,4",
             "--key-quant", "channel", "--sinks-full-precision", "0,2", "--kv-group", "8", "--out", str(out),
             "--recompute-every", "9"]
@@ -279,12 +279,22 @@ def test_cli_stream_policies_writes_fields_and_resumes(tiny_model_dir, text_corp
     assert c["sinks@16:kv4-channel-fp0"]["cache_bytes"] < c["sinks@16"]["cache_bytes"]
     table = pd.read_csv(out / "stream.csv")
     assert list(table["name"]) == names and {"policy", "budget", "kv_bits", "key_quant"} <= set(table.columns)
-    assert ("--policy sinks,tova --budget 16 --n-sink 2 --kv-bits 16,4 --key-quant channel --sinks-full-precision 0,2 "
-            "--kv-group 8") in data["command"]
+    assert ("--policy sinks,tova --budget 16 --n-sink 2 --kv-bits 16,4 --kv-group 8 --key-quant channel "
+            "--sinks-full-precision 0,2") in data["command"]  # the options' declaration order
     code, _, err = run_cli_captured(argv, capsys)
     assert code == 0, err
     again = json.loads((out / "stream.json").read_text())
     assert [x["latency_ms_per_token"] for x in again["configs"]] == [x["latency_ms_per_token"] for x in data["configs"]]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["stream", "retrieval"], "unknown stream task 'retrieval'"),
+    (["stream", "--model", "m", "--task", "passkey"], "sinklab stream takes a task first: sinklab stream perplexity"),
+    (["stream", "perplexity", "--task", "passkey"], "No such option: --task"),
+])
+def test_cli_stream_needs_a_task(argv, msg, capsys):
+    code, _, err = run_cli_captured(argv, capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("extra,msg", [
@@ -294,10 +304,9 @@ def test_cli_stream_policies_writes_fields_and_resumes(tiny_model_dir, text_corp
     (["--policy", "h3o"], "unknown cache policy 'h3o'"),
     (["--policy", "h2o", "--budget", "0"], "budget must be an integer >= 1"),
     (["--policy", "sinks", "--budget", "200"], "exceeds the model's context of 128 tokens"),
-    (["--task", "retrieval"], "unknown task 'retrieval'"),
 ])
 def test_cli_stream_policy_bad_input(tiny_model_dir, text_corpus_dir, tmp_path, capsys, extra, msg):
-    argv = ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--out", str(tmp_path / "o"),
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--out", str(tmp_path / "o"),
             "--tokens", "50", "--window", "8", *extra]
     code, _, err = run_cli_captured(argv, capsys)
     assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err

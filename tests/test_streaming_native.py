@@ -97,13 +97,13 @@ def test_cli_stream_on_a_sinklab_run_and_its_own_data(tmp_path, capsys):
     tc = Run(load_config(cfg, []), run).corpus
     assert ids[0] == tc.bos_id and ids[1:].tolist() == list(tc.val.tokens[:39])
     out = tmp_path / "st"
-    code, stdout, err = run_cli_captured(["stream", "--model", str(run), "--corpus", "run", "--tokens", "40",
+    code, stdout, err = run_cli_captured(["stream", "perplexity", "--model", str(run), "--corpus", "run", "--tokens", "40",
                                           "--window", "60", "--sinks", "0,2", "--chunk", "8", "--out", str(out)], capsys)
     assert code == 0, err
     res = {c["name"]: c for c in json.loads((out / "stream.json").read_text())["configs"]}
     assert list(res) == ["full", "window", "sinks_2", "recompute"]
     assert res["window"]["ppl"] == pytest.approx(res["full"]["ppl"], rel=1e-5)
     assert res["recompute"]["ppl"] == pytest.approx(res["full"]["ppl_matched"], rel=1e-4)
-    code, _, err = run_cli_captured(["stream", "--model", str(run), "--corpus", "run", "--tokens", "100000",
+    code, _, err = run_cli_captured(["stream", "perplexity", "--model", str(run), "--corpus", "run", "--tokens", "100000",
                                      "--window", "8", "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "fewer than --tokens 100000" in err

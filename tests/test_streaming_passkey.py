@@ -1,4 +1,4 @@
-"""The pass-key task (sinklab.streaming.passkey, `sinklab stream --task passkey`).
+"""The pass-key task (sinklab.streaming.passkey, `sinklab stream passkey`).
 
 References: samples assembled by hand from the tokenizer's own ids of the filler, needle and
 question; the answers against transformers' greedy `generate` on the same ids (full cache, and a
@@ -99,14 +99,14 @@ def test_cli_passkey_writes_results_and_resumes(text_corpus_dir, tmp_path, capsy
     tiny_llama(vocab_size=len(tok)).save_pretrained(d)
     tok.save_pretrained(d)
     out = tmp_path / "pk"
-    argv = ["stream", "--model", str(d), "--corpus", str(text_corpus_dir), "--task", "passkey", "--tokens", "110",
-            "--policy", "sinks,tova", "--budget", "32", "--n-sink", "2", "--passkey-keys", "2", "--passkey-depths",
-            "0,0.5,1", "--passkey-batch", "4", "--passkey-chunk", "8", "--out", str(out)]
+    argv = ["stream", "passkey", "--model", str(d), "--corpus", str(text_corpus_dir), "--tokens", "110",
+            "--policy", "sinks,tova", "--budget", "32", "--n-sink", "2", "--keys", "2", "--depths",
+            "0,0.5,1", "--batch", "4", "--chunk", "8", "--out", str(out)]
     code, stdout, err = run_cli_captured(argv, capsys)
     assert code == 0, err
     data = json.loads((out / "passkey.json").read_text())
     assert [c["name"] for c in data["configs"]] == ["full", "sinks@32", "tova@32"]  # no recompute in this task
-    assert data["keys"] == 2 and data["depths"] == [0.0, 0.5, 1.0] and "--task passkey" in data["command"]
+    assert data["keys"] == 2 and data["depths"] == [0.0, 0.5, 1.0] and data["command"].startswith("sinklab stream passkey")
     rows = pd.read_csv(out / "passkey.csv", dtype={"key": str, "answer": str})
     assert len(rows) == 3 * 6 and set(rows["config"]) == {"full", "sinks@32", "tova@32"}
     acc = pd.read_csv(out / "passkey_accuracy.csv")

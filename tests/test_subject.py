@@ -86,7 +86,7 @@ def test_cuda_without_cuda_is_one_line_exit_2(tiny_model_dir, text_corpus_dir, t
     assert set(DTYPES) == {"float32", "bfloat16", "float16"}
     for argv in (["analyze", "massive", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir),
                   "--device", "cuda", "--out", str(tmp_path / "a")],
-                 ["stream", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--device", "cuda:1",
+                 ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--device", "cuda:1",
                   "--out", str(tmp_path / "s")],
                  ["measure", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--device", "cuda",
                   "--out", str(tmp_path / "m")]):
@@ -230,9 +230,8 @@ def test_every_stream_task_in_bfloat16_agrees_with_float32(task, tiny_model_dir,
     elif task == "policies":
         kw.update(policies=["sinks", "tova"], budgets=[16], n_sink=2, kv_bits=[16, 4], kv_group=8, recompute=False)
     else:
-        kw.update(task="passkey", tokens=48, passkey_keys=2, passkey_depths=(0.0, 1.0), passkey_batch=2, sinks=[2],
-                  window=24)
-    res = {dt: stream(str(tiny_model_dir), str(text_corpus_dir), out=tmp_path / dt, dtype=dt, **kw)
+        kw.update(task="passkey", tokens=48, keys=2, depths=(0.0, 1.0), batch=2, sinks=[2], window=24)
+    res = {dt: stream(str(tiny_model_dir), str(text_corpus_dir), dtype=dt, **kw)
            for dt in ("float32", "bfloat16")}
     a, b = ({c["name"]: c for c in res[dt]["configs"]} for dt in ("float32", "bfloat16"))
     assert a.keys() == b.keys() and res["bfloat16"]["model_info"]["dtype"] == "bfloat16"
@@ -259,8 +258,7 @@ def test_smollm2_massive_and_stream_in_bfloat16_agree_with_float32(real_home, tm
     assert a["max_ratio_dim"] == b["max_ratio_dim"] and a["max_ratio_layer"] == b["max_ratio_layer"]
     assert close(a["max_ratio"], b["max_ratio"], 0.05, 0)
     st = {dt: {c["name"]: c["ppl"] for c in stream("smollm2-135m", "sotu", tokens=300, window=64, sinks=[0, 4],
-                                                   recompute=False, progress=False, dtype=dt,
-                                                   out=tmp_path / dt)["configs"]}
+                                                   recompute=False, progress=False, dtype=dt)["configs"]}
           for dt in ("float32", "bfloat16")}
     assert st["float32"].keys() == st["bfloat16"].keys()
     for k, v in st["float32"].items():

@@ -110,6 +110,12 @@ class StreamConfigResult:
     policy ``full`` / ``recompute`` and budget None for those two). state_bytes: the cache's other
     bookkeeping at the end (positions, arrival indices, policy scores). mode: how the perplexity was
     computed (``parallel`` or ``decode``); attn_implementation: the attention the decode steps ran.
+    kl, top1: agreement with the full cache (DESIGN.md; :mod:`sinklab.metrics.agreement`): the mean over the
+    scored positions t (0-based) of KL(p_full || p_this) of the distribution of token t + 1, in nats, and the
+    share of them whose argmax tokens agree (None where no full-cache reference was computed: a
+    ``stream.json`` written before, or ``agreement=False``); kl_by_chunk, top1_by_chunk: per chunk;
+    agreement_positions: how many positions they rest on (the full cache stops at the model's context, so
+    positions past it have no reference).
     """
 
     name: str
@@ -117,7 +123,7 @@ class StreamConfigResult:
     window: int | None
     ppl: float
     ppl_by_chunk: list[float | None]
-    latency_ms_per_token: float
+    latency_ms_per_token: float | None
     cache_bytes: int
     evaluated: int
     positions: list[int]
@@ -133,6 +139,11 @@ class StreamConfigResult:
     state_bytes: int = 0
     mode: str | None = None
     attn_implementation: str | None = None
+    kl: float | None = None
+    top1: float | None = None
+    kl_by_chunk: list[float | None] = field(default_factory=list)
+    top1_by_chunk: list[float | None] = field(default_factory=list)
+    agreement_positions: int = 0
 
 
 def cache_specs(window: int, sinks: Sequence[int], *, full: bool = True, recompute: bool = True) -> list[CacheSpec]:
@@ -248,22 +259,30 @@ def _chunked(values: dict[int, float], n_positions: int, chunk: int, reduce) -> 
     return out
 
 
-def _result(spec: CacheSpec, nll: dict[int, float], n: int, chunk: int, latency_s: float, nbytes: int,
+def _result(spec: CacheSpec, scores: "Scores", n: int, chunk: int, latency_s: float, nbytes: int,
             matched: Sequence[int], *, state_bytes: int = 0, mode: str | None = None,
             attn: str | None = None) -> StreamConfigResult:
+    nll = scores.nll
     mean = float(np.mean(list(nll.values())))
+    mean_or_none = lambda xs: float(np.mean(xs))  # noqa: E731  (float64 means)
+    agreed = bool(scores.kl)
     by_chunk_nll = _chunked(nll, n, chunk, lambda xs: float(np.mean(xs)))
     common = [nll[t] for t in matched if t in nll]
     return StreamConfigResult(
         name=spec.name, n_sink=spec.n_sink, window=spec.window, ppl=math.exp(mean),
         ppl_by_chunk=[None if x is None else math.exp(x) for x in by_chunk_nll],
-        latency_ms_per_token=1000.0 * latency_s, cache_bytes=int(nbytes),
+        latency_ms_per_token=None if latency_s is None else 1000.0 * latency_s, cache_bytes=int(nbytes),
         evaluated=len(nll), positions=[min(nll), max(nll)],
         ppl_matched=math.exp(float(np.mean(common))) if common else None, nll_by_chunk=by_chunk_nll,
         count_by_chunk=[c or 0 for c in _chunked(nll, n, chunk, len)],
         policy=spec.policy, budget=spec.budget, kv_bits=spec.kv_bits, kv_group=spec.kv_group,
         key_quant=spec.key_quant, sinks_full_precision=spec.sinks_full_precision, state_bytes=int(state_bytes),
-        mode=mode, attn_implementation=attn)
+        mode=mode, attn_implementation=attn,
+        kl=mean_or_none(list(scores.kl.values())) if agreed else None,
+        top1=mean_or_none(list(scores.agree.values())) if agreed else None,
+        kl_by_chunk=_chunked(scores.kl, n, chunk, mean_or_none) if agreed else [],
+        top1_by_chunk=_chunked(scores.agree, n, chunk, mean_or_none) if agreed else [],
+        agreement_positions=len(scores.kl))
 
 
 def _new_cache(model, spec: CacheSpec, max_context: int | None):
@@ -296,13 +315,69 @@ def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     return (torch.logsumexp(logits, -1) - logits.gather(-1, targets[:, None])[:, 0]).double()
 
 
+class Scores:
+    """The per-position scores of one configuration on one stream: the NLL of the next token and, against
+    the full cache's logits ``ref``, KL(p_full || p_this) and top-1 agreement
+    (:func:`sinklab.metrics.kl_to_full`, :func:`sinklab.metrics.top1_agreement`: float64 reductions of the
+    logits as the model gave them, float32 for a float32 model).
+
+    Args:
+        ref: (m, V) logits of the full cache at positions 0 .. m-1 (0-based; position t predicts token
+            t + 1), on any device; None: no agreement. Positions >= m (past the full cache's context) get
+            an NLL only.
+
+    Attributes:
+        nll, kl, agree: {position t: value} (nats, nats, 1.0 / 0.0).
+    """
+
+    def __init__(self, ref: Tensor | None = None) -> None:
+        self.ref = ref
+        self.nll: dict[int, float] = {}
+        self.kl: dict[int, float] = {}
+        self.agree: dict[int, float] = {}
+
+    def score(self, positions: Sequence[int], logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Score ``logits`` (q, V) of the stream positions ``positions`` (q increasing 0-based ints) against
+        ``targets`` (q,) without reading them back to the host: (q,) float64 NLL, KL and agreement (NaN at
+        positions without a reference), on the logits' device; :meth:`add` stores them."""
+        from sinklab.metrics.agreement import kl_to_full, top1_agreement
+
+        nll = _next_token_nll(logits, targets)
+        kl = torch.full_like(nll, float("nan"))
+        agree = torch.full_like(nll, float("nan"))
+        m = 0 if self.ref is None else self.ref.shape[0]
+        k = sum(1 for p in positions if p < m)  # positions increase: the first k have a reference
+        if k:
+            ref = self.ref[torch.as_tensor(list(positions[:k]), device=self.ref.device)].to(logits.device)
+            kl[:k] = kl_to_full(ref, logits[:k])
+            agree[:k] = top1_agreement(ref, logits[:k]).double()
+        return nll, kl, agree
+
+    def add(self, positions: Sequence[int], nll: Tensor, kl: Tensor, agree: Tensor) -> None:
+        """Store the scores of :meth:`score` (one host read)."""
+        for t, a, b, c in zip(positions, nll.tolist(), kl.tolist(), agree.tolist()):
+            self.nll[t] = a
+            if not math.isnan(b):
+                self.kl[t], self.agree[t] = b, c
+
+    def add_logits(self, positions: Sequence[int], logits: Tensor, targets: Tensor) -> None:
+        """:meth:`score` then :meth:`add`."""
+        self.add(positions, *self.score(positions, logits, targets))
+
+
 @torch.no_grad()
-def stream_nll(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, block: int = 256) -> dict[int, float]:
+def stream_nll(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, block: int = 256,
+               scores: "Scores | None" = None, keep: list | None = None) -> dict[int, float]:
     """NLL of every next token under ``spec`` (full or sink), from one parallel forward.
 
     Uses :func:`sinklab.streaming.parallel.sink_window_mode` (exactly the token-by-token cache's
     attention, checked by the tests); the full cache is plain causal attention over the first
     ``max_context`` tokens. The vocabulary projection runs ``block`` positions at a time.
+
+    Args:
+        scores: filled with the NLLs and, where it holds a reference, the agreement with the full cache
+            (:class:`Scores`); None: a fresh one without a reference.
+        keep: the (q, V) logits blocks are appended to it (positions 0 .. in order), as the model gave them.
 
     Returns:
         {position t: NLL of token t + 1}, t 0-based.
@@ -317,15 +392,16 @@ def stream_nll(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, 
                                   use_cache=False).last_hidden_state[0]  # (n, d)
     head = model.get_output_embeddings()
     cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
-    out: dict[int, float] = {}
+    scores = Scores() if scores is None else scores
     for a in range(0, n - 1, block):
         b = min(n - 1, a + block)
         logits = head(hidden[a:b])
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        for t, v in zip(range(a, b), _next_token_nll(logits, x[0, a + 1 : b + 1]).tolist()):
-            out[t] = v
-    return out
+        if keep is not None:
+            keep.append(logits)
+        scores.add_logits(range(a, b), logits, x[0, a + 1 : b + 1])
+    return scores.nll
 
 
 @torch.no_grad()
@@ -349,9 +425,11 @@ def attention_for(model, spec: CacheSpec):
 
 @torch.no_grad()
 def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, latency_steps: int = 0,
-                  progress: bool = True) -> tuple[dict[int, float], float, int, int, str | None]:
+                  progress: bool = True, scores: "Scores | None" = None,
+                  keep: list | None = None) -> tuple[dict[int, float], float, int, int, str | None]:
     """Feed ``ids`` one token at a time through ``spec``'s real cache (positions as
-    :func:`stream_nll_decode`); the last ``latency_steps`` steps are timed.
+    :func:`stream_nll_decode`); the last ``latency_steps`` steps are timed. ``scores`` and ``keep`` as
+    :func:`stream_nll` (``keep`` gets one (1, V) block per position).
 
     Returns:
         ({position t: NLL of token t + 1}, ms per timed step (nan without timing), cache bytes and
@@ -359,7 +437,8 @@ def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | Non
     """
     n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
     x = ids.view(1, -1).to(_device(model))
-    nll = torch.empty(max(n - 1, 0), dtype=torch.float64, device=x.device)  # on the device: no sync per token
+    nll = torch.empty(3, max(n - 1, 0), dtype=torch.float64, device=x.device)  # on the device: no sync per token
+    scores = Scores() if scores is None else scores
     timed = min(latency_steps, n - 1)
     elapsed = 0.0
     with attention_for(model, spec) as attn:
@@ -374,22 +453,27 @@ def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | Non
             if clock:
                 _sync(x.device)  # CUDA runs asynchronously: the step's time is its kernels' time
                 elapsed += time.perf_counter() - t0
-            nll[t] = _next_token_nll(logits, x[0, t + 1 : t + 2])[0]
-    out = dict(enumerate(nll.tolist()))
+            if keep is not None:
+                keep.append(logits)
+            nll[:, t] = torch.stack(scores.score([t], logits, x[0, t + 1 : t + 2]))[:, 0]
+    scores.add(range(n - 1), *nll)
+    out = scores.nll
     ms = 1000.0 * elapsed / timed if timed else float("nan")
     state = cache.state_nbytes if isinstance(cache, SinkCache) else 0
     return out, ms, _cache_nbytes(cache), state, attn
 
 
 @torch.no_grad()
-def decode_stacked(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: bool = True
-                   ) -> dict[str, tuple[dict[int, float], int, int]]:
+def decode_stacked(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: bool = True,
+                   scores: "dict[str, Scores] | None" = None) -> dict[str, tuple[dict[int, float], int, int]]:
     """Feed ``ids`` token by token through the caches of ``specs`` at once, one configuration per row of
     the batch (:class:`~sinklab.streaming.cache.StackedCache`; cache positions): the NLLs each
     configuration's cache gives alone, for the cost of one batched decode.
 
     Args:
         specs: ``sink`` configurations of one budget.
+        scores: {name: :class:`Scores`} filled for each configuration (all with the same reference or none);
+            None: fresh ones without a reference.
 
     Returns:
         {name: ({position t: NLL of token t + 1}, cache bytes, state bytes at the end)}.
@@ -399,18 +483,19 @@ def decode_stacked(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: 
     n, R = ids.numel(), len(specs)
     x = ids.view(1, -1).to(_device(model)).expand(R, -1)
     scored = next((s for s in specs if s.needs_weights), specs[0])
-    out: dict[str, dict[int, float]] = {s.name: {} for s in specs}
+    scores = {s.name: Scores() for s in specs} if scores is None else scores
+    scorer = scores[specs[0].name]  # every row is scored against the same reference
     with attention_for(model, scored):
         caches = [_new_cache(model, s, None) for s in specs]
         cache = StackedCache(caches)
         desc = f"{len(specs)} caches @{specs[0].budget}"
-        nll = torch.empty(max(n - 1, 0), R, dtype=torch.float64, device=x.device)  # no sync per token
+        nll = torch.empty(3, max(n - 1, 0), R, dtype=torch.float64, device=x.device)  # no sync per token
         for t in show_progress(range(n - 1), desc=desc, unit="token", enabled=progress):
             logits = step_batch(model, x[:, t : t + 1], cache, cache.kept_length())[:, 0]  # (R, V)
-            nll[t] = _next_token_nll(logits, x[:, t + 1])
+            nll[:, t] = torch.stack(scorer.score([t] * R, logits, x[:, t + 1]))
         for r, s in enumerate(specs):
-            out[s.name] = dict(enumerate(nll[:, r].tolist()))
-    return {s.name: (out[s.name], c.nbytes, c.state_nbytes) for s, c in zip(specs, caches)}
+            scores[s.name].add(range(n - 1), *nll[:, :, r])
+    return {s.name: (scores[s.name].nll, c.nbytes, c.state_nbytes) for s, c in zip(specs, caches)}
 
 
 def _device(model) -> torch.device:
@@ -460,13 +545,13 @@ def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int =
 
 @torch.no_grad()
 def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int,
-                  progress: bool = True) -> StreamConfigResult:
+                  progress: bool = True, ref: Tensor | None = None) -> StreamConfigResult:
     """Sliding window with recomputation: for t = 0, every, 2 every, ... a fresh forward over
     ``ids[max(0, t - window) : t + 1]`` (positions from 0) scores token t + 1; latency is the mean
-    time of one such forward."""
+    time of one such forward; ``ref``: the full cache's logits for the agreement (:class:`Scores`)."""
     n, w = ids.numel(), spec.window
     x = ids.view(1, -1).to(_device(model))
-    nll: dict[int, float] = {}
+    scores = Scores(ref)
     elapsed, nbytes = 0.0, 0
     todo = list(range(0, n - 1, every))
     for t in show_progress(todo, desc=spec.name, unit="position", enabled=progress):
@@ -477,27 +562,81 @@ def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int
         logits = _step(model, ctx, cache, 0, last_only=True)
         _sync(x.device)
         elapsed += time.perf_counter() - t0
-        nll[t] = float(_next_token_nll(logits, x[0, t + 1 : t + 2])[0])
+        scores.add_logits([t], logits.view(1, -1), x[0, t + 1 : t + 2])
         nbytes = _cache_nbytes(cache)
-    return _result(spec, nll, n, chunk, elapsed / max(len(todo), 1), nbytes, todo)
+    return _result(spec, scores, n, chunk, elapsed / max(len(todo), 1), nbytes, todo)
 
 
-def _stacked_result(model, ids: Tensor, spec: CacheSpec, nll: Tensor, nbytes: int, state: int, *, chunk: int,
+def _stacked_result(model, ids: Tensor, spec: CacheSpec, scores: "Scores", nbytes: int, state: int, *, chunk: int,
                     recompute_every: int, latency_steps: int) -> StreamConfigResult:
     """The result of one configuration decoded in a stacked batch (:func:`decode_stacked`): its
     latency is timed alone over the last ``latency_steps`` decode steps of the stream."""
     n = ids.numel()
     steps = max(1, min(latency_steps, n - 1))
     with attention_for(model, spec) as attn:
-        ms, _ = decode_latency(model, ids, spec, at=n - steps, steps=steps)
-    return _result(spec, nll, n, chunk, ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
+        ms = decode_latency(model, ids, spec, at=n - steps, steps=steps)[0] if latency_steps else None
+    return _result(spec, scores, n, chunk, None if ms is None else ms / 1000.0, nbytes, range(0, n - 1, recompute_every),
                    state_bytes=state, mode="decode", attn=attn)
+
+
+FULL = CacheSpec("full", "full", None, None, policy="full")
+
+
+def _run_cache(model, ids: Tensor, spec: CacheSpec, *, chunk: int, recompute_every: int, max_context: int | None,
+               mode: str, latency_steps: int, progress: bool, ref: Tensor | None,
+               keep: list | None = None) -> StreamConfigResult:
+    """One full / sink configuration alone: its NLLs (parallel or decoded), agreement with ``ref`` and latency."""
+    n = ids.numel()
+    if spec.kind == "sink" and max_context is not None and spec.n_sink + spec.window > max_context:
+        raise InputError(f"n_sink + window = {spec.n_sink + spec.window} exceeds the model's context of "
+                         f"{max_context} tokens")
+    matched = range(0, n - 1, recompute_every)
+    scores = Scores(ref)
+    if spec.parallel_ok or spec.policy is None:
+        if mode == "parallel" and adapt(model).parallel_stream:  # sinklab models: token by token (small, fast)
+            stream_nll(model, ids, spec, max_context=max_context, scores=scores, keep=keep)
+            how = "parallel"
+        else:
+            decode_stream(model, ids, spec, max_context=max_context, progress=progress, scores=scores, keep=keep)
+            how = "decode"
+        last = n if spec.kind != "full" or max_context is None else min(n, max_context)
+        steps = max(1, min(latency_steps, last - 1))
+        if latency_steps:
+            ms, nbytes, state = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps, state=True)
+        else:  # not timed: no latency, and the cache's bytes are not measured either
+            ms, nbytes, state = None, 0, 0
+        attn = adapt(model).attn_implementation
+        return _result(spec, scores, n, chunk, None if ms is None else ms / 1000.0, nbytes, matched, state_bytes=state, mode=how, attn=attn)
+    # other policies, quantised caches: token by token, the last steps timed
+    _, ms, nbytes, state, attn = decode_stream(model, ids, spec, max_context=max_context, latency_steps=latency_steps,
+                                               progress=progress, scores=scores, keep=keep)
+    return _result(spec, scores, n, chunk, None if math.isnan(ms) else ms / 1000.0, nbytes, matched, state_bytes=state, mode="decode", attn=attn)
+
+
+@torch.no_grad()
+def full_logits(model, ids: Tensor, *, max_context: int | None, mode: str = "parallel",
+                progress: bool = False) -> Tensor:
+    """The full cache's next-token logits of a stream, the reference of the agreement (:class:`Scores`).
+
+    Args:
+        ids: (N,) int64 stream. max_context: the full cache stops there. mode: as :func:`evaluate_stream`.
+
+    Returns:
+        (m - 1, V) logits as the model gives them, row t (0-based) predicting token t + 1, with
+        m = min(N, max_context); on the model's device.
+    """
+    keep: list[Tensor] = []
+    if mode == "parallel" and adapt(model).parallel_stream:
+        stream_nll(model, ids, FULL, max_context=max_context, keep=keep)
+    else:
+        decode_stream(model, ids, FULL, max_context=max_context, progress=progress, keep=keep)
+    return torch.cat([k.reshape(-1, k.shape[-1]) for k in keep])
 
 
 def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: int, recompute_every: int = 1,
                     max_context: int | None = None, mode: str = "parallel", latency_steps: int = 32,
                     progress: bool = True, done: dict | None = None, on_result=None,
-                    stack: int = 32) -> list[StreamConfigResult]:
+                    stack: int = 32, agreement: bool = True) -> list[StreamConfigResult]:
     """Evaluate every configuration of ``specs`` on the stream ``ids``.
 
     Args:
@@ -510,13 +649,18 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         mode: ``parallel`` (one forward per configuration, :func:`stream_nll`) or ``decode`` (token
             by token through the real cache, :func:`stream_nll_decode`); the same numbers. Models
             trained with ``sinklab train`` are always decoded token by token.
-        latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`).
+        latency_steps: decode steps timed at the end of the stream (:func:`decode_latency`); 0: no timing
+            (``latency_ms_per_token`` None; ``cache_bytes`` and ``state_bytes`` 0 for the configurations whose
+            bytes the timing measures: full, window and sinks at 16 bits).
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).
         stack: the configurations decoded token by token (other policies, quantised caches) run up
             to ``stack`` at a time as the rows of one batch, one batch per budget
             (:func:`decode_stacked`); their latency is then timed for each alone at the end of the
             stream (:func:`decode_latency`). 0: one at a time, latency from their own last steps.
+        agreement: also score every configuration against the full cache (``kl``, ``top1``: the full
+            cache's logits are computed once per stream, by the ``full`` configuration when it is in
+            ``specs``, else by :func:`full_logits`, kept on the model's device as (min(N, max_context) - 1, V)).
 
     Raises:
         InputError: N < 2, ``n_sink + window`` above ``max_context``, an unknown mode.
@@ -526,57 +670,60 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
     if mode not in ("parallel", "decode"):
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
     n = ids.numel()
-    out = []
-    stacked: dict[str, StreamConfigResult] = {}
+    done = done or {}
+    kw = dict(chunk=chunk, recompute_every=recompute_every, max_context=max_context, mode=mode,
+              latency_steps=latency_steps, progress=progress)
+    new: dict[str, StreamConfigResult] = {}
+
+    def finished(res: StreamConfigResult) -> None:
+        new[res.name] = res
+        if on_result is not None:  # saved at once: a stopped run keeps every finished configuration
+            on_result(res)
+
+    ref = None
+    if agreement and any(s.name not in done for s in specs):
+        full = next((s for s in specs if s.kind == "full"), None)
+        if full is not None and full.name not in done:  # the full configuration computes the reference
+            keep: list[Tensor] = []
+            res = _run_cache(model, ids, full, ref=None, keep=keep, **kw)
+            ref = torch.cat([k.reshape(-1, k.shape[-1]) for k in keep])
+            scores = Scores(ref)  # the full cache against itself: KL 0, top-1 1 at every position
+            scores.add_logits(range(ref.shape[0]), ref, ids[1 : ref.shape[0] + 1].to(ref.device))
+            a = _result(full, scores, n, chunk, 0.0, 0, range(0))
+            res.kl, res.top1, res.kl_by_chunk, res.top1_by_chunk = a.kl, a.top1, a.kl_by_chunk, a.top1_by_chunk
+            res.agreement_positions = a.agreement_positions
+            finished(res)
+        else:
+            ref = full_logits(model, ids, max_context=max_context, mode=mode, progress=progress)
     if stack and adapt(model).parallel_stream:  # the token-by-token configurations, one batched decode per budget
-        todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and not (done and s.name in done)]
+        todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and s.name not in done]
         for budget in dict.fromkeys(s.budget for s in todo):
             group = [s for s in todo if s.budget == budget]
             if max_context is not None and budget > max_context:
                 raise InputError(f"n_sink + window = {budget} exceeds the model's context of {max_context} tokens")
             for a in range(0, len(group), stack):
-                for name, (nll, nbytes, state) in decode_stacked(model, ids, group[a : a + stack], progress=progress).items():
+                part = group[a : a + stack]
+                scores = {s.name: Scores(ref) for s in part}
+                for name, (_, nbytes, state) in decode_stacked(model, ids, part, progress=progress,
+                                                               scores=scores).items():
                     spec = next(s for s in group if s.name == name)
-                    stacked[name] = res = _stacked_result(model, ids, spec, nll, nbytes, state, chunk=chunk,
-                                                          recompute_every=recompute_every, latency_steps=latency_steps)
-                    if on_result is not None:  # saved at once: a stopped run keeps every finished batch
-                        on_result(res)
+                    finished(_stacked_result(model, ids, spec, scores[name], nbytes, state, chunk=chunk,
+                                             recompute_every=recompute_every, latency_steps=latency_steps))
+    out = []
     bar = show_progress(specs, desc="caches", unit="configuration", enabled=progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)
-        if done and spec.name in done:
+        if spec.name in done:
             out.append(done[spec.name])
             continue
-        if spec.name in stacked:
-            out.append(stacked[spec.name])
-            continue
-        if spec.kind == "recompute":
-            if max_context is not None and spec.window + 1 > max_context:
-                raise InputError(f"window + 1 = {spec.window + 1} exceeds the model's context of {max_context} tokens")
-            res = run_recompute(model, ids, spec, chunk=chunk, every=recompute_every, progress=progress)
-        else:
-            if spec.kind == "sink" and max_context is not None and spec.n_sink + spec.window > max_context:
-                raise InputError(f"n_sink + window = {spec.n_sink + spec.window} exceeds the model's context of "
-                                 f"{max_context} tokens")
-            matched = range(0, n - 1, recompute_every)
-            if spec.parallel_ok or spec.policy is None:
-                if mode == "parallel" and adapt(model).parallel_stream:  # sinklab models: token by token (small, fast)
-                    nll, how = stream_nll(model, ids, spec, max_context=max_context), "parallel"
-                else:
-                    nll, how = stream_nll_decode(model, ids, spec, max_context=max_context, progress=progress), "decode"
-                last = n if spec.kind != "full" or max_context is None else min(n, max_context)
-                steps = max(1, min(latency_steps, last - 1))
-                ms, nbytes, state = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps, state=True)
-                attn = adapt(model).attn_implementation
-                res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, matched, state_bytes=state, mode=how, attn=attn)
-            else:  # other policies, quantised caches: token by token, the last steps timed
-                nll, ms, nbytes, state, attn = decode_stream(model, ids, spec, max_context=max_context,
-                                                             latency_steps=latency_steps, progress=progress)
-                res = _result(spec, nll, n, chunk, ms / 1000.0, nbytes, matched, state_bytes=state, mode="decode",
-                              attn=attn)
-        if on_result is not None:
-            on_result(res)
-        out.append(res)
+        if spec.name not in new:
+            if spec.kind == "recompute":
+                if max_context is not None and spec.window + 1 > max_context:
+                    raise InputError(f"window + 1 = {spec.window + 1} exceeds the model's context of {max_context} tokens")
+                finished(run_recompute(model, ids, spec, chunk=chunk, every=recompute_every, progress=progress, ref=ref))
+            else:
+                finished(_run_cache(model, ids, spec, ref=ref, **kw))
+        out.append(new[spec.name])
     return out
 
 
@@ -601,8 +748,8 @@ def result_from_dict(d: dict) -> StreamConfigResult:
 
 
 def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], chunk: int) -> None:
-    """``stream.json`` (meta + ``configs``), ``stream.csv`` (one row per configuration),
-    ``stream_by_chunk.csv`` (tidy: config, chunk, start, end, ppl, positions scored) and
+    """``stream.json`` (meta + ``configs``), ``stream.csv`` (one row per configuration: ppl, kl, top1, ...),
+    ``stream_by_chunk.csv`` (tidy: config, chunk, start, end, ppl, positions scored, kl, top1) and
     ``stream_ppl.png`` (perplexity against stream position, one line per configuration)."""
     import pandas as pd
 
@@ -619,7 +766,9 @@ def write_outputs(out: Path, meta: dict, results: Sequence[StreamConfigResult], 
                          "budget": r.budget, "kv_bits": r.kv_bits, "key_quant": r.key_quant,
                          "sinks_full_precision": r.sinks_full_precision, "chunk": c,
                          "start": c * chunk, "end": (c + 1) * chunk, "ppl": p,
-                         "positions": r.count_by_chunk[c] if r.count_by_chunk else None})
+                         "positions": r.count_by_chunk[c] if r.count_by_chunk else None,
+                         "kl": r.kl_by_chunk[c] if r.kl_by_chunk else None,
+                         "top1": r.top1_by_chunk[c] if r.top1_by_chunk else None})
     pd.DataFrame(rows).astype({**ints, "positions": "Int64"}).to_csv(out / "stream_by_chunk.csv", index=False)
     plot_ppl(results, chunk, out / "stream_ppl.png", title=meta.get("title", ""))
 

@@ -1,201 +1,327 @@
-"""``sinklab stream`` from Python: load a model and a corpus, evaluate the caches, write the files."""
+"""The streaming tasks from Python: ``stream(model, task=..., options)`` evaluates, returns a Result and
+writes nothing (:meth:`~sinklab.result.Result.save` and the CLI write).
+
+The tasks are registered in :data:`sinklab.streaming.task_registry.TASKS` (here: ``perplexity`` and
+``passkey``); their options are :mod:`sinklab.streaming.options` dataclasses.
+"""
 
 from __future__ import annotations
 
 import math
-import shlex
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable
 
 import torch
 
-from sinklab.errors import CorruptFileError, InputError, param
-from sinklab.fileio import check_writable, read_json
+from sinklab.errors import InputError, param
 from sinklab.result import DictResult
 from sinklab.streaming.cache import SinkCache
 from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, policy_specs,
                                       result_from_dict, token_stream, write_outputs)
+from sinklab.streaming.options import PasskeyOptions, PerplexityOptions, StreamOptions
+from sinklab.streaming.task_registry import TASKS, StreamTask, register_task
 from sinklab.zoo.models import DEFAULT_MODEL
 
 DEFAULT_SINKS = (0, 1, 2, 4, 8)
 
 
 class StreamResult(DictResult):
-    """What :func:`stream` returns: the content of ``stream.json`` (a dict: ``configs``, ``command``, ...)
-    and a :class:`~sinklab.result.Result` (``save`` writes ``stream.json``; ``table()``: one row per
-    configuration)."""
+    """What the ``perplexity`` task returns: the content of ``stream.json`` (a dict: ``configs``, ``command``,
+    and for a multi-stream run ``streams`` and ``comparisons``) and a :class:`~sinklab.result.Result`
+    (``save(out)`` writes ``stream.json`` with its CSVs and plot; ``table()``: one row per configuration)."""
 
     FILE = "stream.json"
     WHAT = "stream results"
 
+    def save(self, out: str | Path) -> Path:
+        from sinklab.streaming.streams import write_stream_set
+
+        out = _out_folder(out)
+        if "streams" in self:
+            write_stream_set(out, dict(self))
+        else:
+            meta = {k: v for k, v in self.items() if k != "configs"}
+            write_outputs(out, meta, [result_from_dict(c) for c in self["configs"]], self["chunk"])
+        return out
+
+    def headline(self) -> list[tuple[str, str]]:
+        rows = [(k, str(self[k])) for k in ("model", "corpus", "tokens", "n_streams") if k in self]
+        configs = self.get("configs") or []
+        if configs and all(isinstance(c.get("ppl"), (int, float)) for c in configs):
+            for c in configs[:6]:
+                kl = "" if c.get("kl") is None else f", KL {c['kl']:.4g}, top-1 {c['top1']:.3f}"
+                rows.append((c["name"], f"ppl {c['ppl']:.4g}{kl}"))
+            return rows
+        return rows + ([("configs", f"{len(configs)}: {', '.join(str(c.get('name')) for c in configs)}")]
+                       if configs else [])
+
 
 class PasskeyResult(DictResult):
-    """What :func:`stream` returns for ``task="passkey"``: the content of ``passkey.json``."""
+    """What the ``passkey`` task returns: the content of ``passkey.json`` (``save(out)`` writes it with
+    ``passkey.csv``, ``passkey_accuracy.csv`` and ``passkey.png``)."""
 
     FILE = "passkey.json"
     WHAT = "pass key results"
 
+    def save(self, out: str | Path) -> Path:
+        from sinklab.streaming.passkey import result_from_dict as passkey_result, write_passkey_outputs
 
-def stream(
-    model: str = DEFAULT_MODEL,
-    corpus: str = "sotu",
-    *,
-    tokens: int = 4096,
-    window: int = 256,
-    sinks: Sequence[int] | None = None,
-    out: str | Path = "runs/stream",
-    chunk: int | None = None,
-    recompute_every: int | None = None,
-    full: bool = True,
-    recompute: bool = True,
-    mode: str = "parallel",
-    threads: int | None = None,
-    progress: bool = True,
-    policies: Sequence[str] | None = None,
-    budgets: Sequence[int] | None = None,
-    n_sink: int = 4,
-    kv_bits: Sequence[int] | None = None,
-    kv_group: int = 32,
-    key_quant: Sequence[str] | None = None,
-    sinks_full_precision: Sequence[int | str] | None = None,
-    task: str = "ppl",
-    passkey_keys: int = 20,
-    passkey_depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
-    passkey_batch: int = 20,
-    passkey_chunk: int = 1,
-    passkey_seed: int = 0,
-    device: str = "cpu",
-    dtype: str | None = None,
-    device_map: str | None = None,
-    command: str | None = None,
-) -> "StreamResult":
-    """Evaluate full / window / sinks_k / recompute caches of ``model`` on one stream of ``corpus``,
-    or with ``policies`` the cross product policies x budgets x kv_bits x key_quant x
-    sinks_full_precision (:func:`sinklab.streaming.harness.policy_specs`) between full and recompute.
+        out = _out_folder(out)
+        meta = {k: v for k, v in self.items() if k != "configs"}
+        write_passkey_outputs(out, meta, [passkey_result(c) for c in self["configs"]])
+        return out
 
-    Args:
-        model: zoo name or Hugging Face folder of a RoPE causal LM (``sinklab list models``), or a
-            ``sinklab train`` run (or its ``final/``) with relative positions, decoded token by token.
-        corpus: zoo corpus name, a ``.txt`` file / folder (documents in order), or ``run``: a
-            sinklab run's own validation documents after one BOS.
-        tokens: stream length N (the first N tokens).
-        window: recent tokens kept by the sink caches and seen by ``recompute``.
-        sinks: numbers of sink tokens; 0 is the window-only cache.
-        out: output folder; configurations already in ``out/stream.json`` for the same model, corpus,
-            tokens, window and chunk are kept (a stopped run resumes where it stopped).
-        chunk: positions per ``ppl_by_chunk`` entry (default ``window``).
-        recompute_every: score every k-th position under ``recompute`` (default: N / 128 rounded up).
-        full, recompute: include those two configurations.
-        mode: ``parallel`` (one exact forward per configuration) or ``decode`` (token by token
-            through the real cache; same numbers, N decode steps per configuration).
-        threads: torch CPU threads (default: torch's).
-        policies: cache policy names (:data:`sinklab.streaming.policies.POLICIES`); None: the
-            configurations above. budgets: tokens kept (default 256). n_sink: sinks of the policies
-            with sinks. kv_bits (default 16), kv_group, key_quant (default token),
-            sinks_full_precision (default 0; N or "detected"): :class:`~sinklab.streaming.SinkCache`'s options.
-        task: ``ppl`` (perplexity, latency, memory: ``stream.json``) or ``passkey``
-            (:mod:`sinklab.streaming.passkey`: ``passkey_keys`` keys x ``passkey_depths`` on a stream
-            of ``tokens`` tokens, ``passkey_batch`` streams at a time fed ``passkey_chunk`` tokens per
-            call; ``passkey.json``; no recompute).
 
-        device, dtype, device_map: where and in which dtype the model runs (:meth:`sinklab.subject.Subject.load`:
-            ``cpu`` | ``cuda`` | ``cuda:N`` | ``auto``; ``float32`` | ``bfloat16`` | ``float16``, default bfloat16
-            on CUDA and float32 otherwise; ``device_map="auto"`` spreads a transformers model with accelerate).
-            Caches and quantised codes live on the model's device; NLLs are reduced in float64.
-        command: the command recorded (the CLI gives the command as typed); None: a ``sinklab stream``
-            command line of these arguments.
+def _out_folder(out: str | Path) -> Path:
+    """``out`` as a folder, created (InputError naming ``out`` when it is a file)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{param('out', str(out))} is a file; give a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
-    Returns:
-        The ``stream.json`` (a :class:`StreamResult`) or ``passkey.json`` (a :class:`PasskeyResult`)
-        payload: a dict with ``configs``, and a :class:`~sinklab.result.Result`.
 
-    Raises:
-        InputError: ``tokens < 2``, ``window < 1``, negative sinks, ``n_sink + window`` past the
-            model's context, a corpus with fewer than ``tokens`` tokens, a model without RoPE, an
-            ``out`` that cannot be written, budget or quantisation options without ``policies``,
-            ``sinks`` with ``policies``, bad policy or quantisation options, an unknown task.
-        InputError: a bad device or dtype, or CUDA asked for but not available here.
-        UnknownNameError / FetchError: as :func:`sinklab.models.load_model`; an unknown policy.
-    """
-    specs = _specs(tokens=tokens, out=out, mode=mode, task=task, policies=policies, sinks=sinks, budgets=budgets,
-                   n_sink=n_sink, kv_bits=kv_bits, key_quant=key_quant, sinks_full_precision=sinks_full_precision,
-                   kv_group=kv_group, window=window, full=full, recompute=recompute)
-    chunk = chunk or window
-    every = recompute_every or max(1, math.ceil(tokens / 128))
+@contextmanager
+def torch_threads(threads: int | None):
+    """Within the block torch uses ``threads`` CPU threads (None: unchanged); the setting before is restored."""
+    before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
-    loaded, native, ctx = _load_checked(model, corpus, specs, task, device=device, dtype=dtype, device_map=device_map)
-    cmd = dict(model=model, corpus=corpus, tokens=tokens, window=window, sinks=sinks, out=out, chunk=chunk,
-               recompute_every=recompute_every, mode=mode, policies=policies, budgets=budgets, n_sink=n_sink,
-               kv_bits=kv_bits, kv_group=kv_group, key_quant=key_quant, sinks_full_precision=sinks_full_precision,
-               task=task, passkey_keys=passkey_keys, passkey_depths=passkey_depths, passkey_batch=passkey_batch,
-               passkey_chunk=passkey_chunk, passkey_seed=passkey_seed, full=full, device=device, dtype=dtype,
-               device_map=device_map)
-    if task == "passkey":
-        return _passkey(loaded, corpus, specs, tokens=tokens, out=Path(out), ctx=ctx, keys=passkey_keys,
-                        depths=passkey_depths, batch=passkey_batch, chunk=passkey_chunk, seed=passkey_seed,
-                        progress=progress, command=command or _command(**cmd))
-    ids, corp = _stream_tokens(loaded, model, corpus, tokens)
-    out = Path(out)
-    key = _key(loaded, corp, ids, tokens=tokens, window=window, chunk=chunk, every=every, n_sink=n_sink, kv_group=kv_group,
-               policies=policies)
-    done, prev_meta = _resumable(out, key)
-    meta = _meta(command or _command(**{**cmd, "out": out}, recompute=recompute), key, loaded, corp, ctx=ctx,
-                 native=native, mode=mode, every=every, tokens=tokens, window=window, policies=policies)
-    _evaluate(loaded.model, ids, specs, out=out, meta=meta, done=done, prev_meta=prev_meta, chunk=chunk, every=every,
-              ctx=ctx, mode=mode, progress=progress)
-    return StreamResult(read_json(out / "stream.json", "stream results"))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
-def _evaluate(model, ids, specs, *, out: Path, meta: dict, done: dict, prev_meta: dict, chunk: int, every: int, ctx,
-              mode: str, progress: bool) -> None:
-    """Evaluate the configurations not in ``done``, rewriting ``out/stream.json`` after each."""
+def stream(model: Any = DEFAULT_MODEL, corpus: str | None = None, options: StreamOptions | None = None, *,
+           task: str = "perplexity", resume: dict | None = None, on_result: Callable | None = None,
+           progress: bool = True, command: str | None = None, **overrides) -> DictResult:
+    """Run one streaming task on ``model``: caches compared on long streams (StreamingLLM, Xiao et al. 2024).
+
+    Args:
+        model: zoo name or Hugging Face folder of a RoPE causal LM (``sinklab list models``), a ``sinklab
+            train`` run (or its ``final/``) with relative positions, a :class:`~sinklab.runs.Run`, or an
+            ``nn.Module`` in memory (:meth:`sinklab.subject.Subject.load`).
+        corpus: shorthand for ``corpus=`` among the options.
+        options: the task's options (:class:`~sinklab.streaming.options.PerplexityOptions`,
+            :class:`~sinklab.streaming.options.PasskeyOptions`, or a registered task's); None: its defaults.
+        task: a name of :data:`~sinklab.streaming.task_registry.TASKS` (``perplexity``, ``passkey``, ...).
+        resume: the content of an earlier result of the same task (e.g. ``StreamResult.load(out)``): its
+            configurations (and streams) computed with the same settings are kept, not computed again.
+        on_result: called with the partial result after each finished configuration (the CLI saves it there,
+            so a stopped run resumes).
+        progress: progress bars on stderr.
+        command: the command to record (the CLI passes the one it ran); None: the ``sinklab stream TASK``
+            command of these options (:meth:`~sinklab.streaming.options.StreamOptions.command_line`), or the
+            Python call for a model in memory.
+        overrides: options by name (``tokens=512, policies=["sinks"]``), replacing those of ``options``.
+
+    Returns:
+        The task's :class:`~sinklab.result.Result` (a :class:`StreamResult` for ``perplexity``, a
+        :class:`PasskeyResult` for ``passkey``). Nothing is written; torch's thread setting is restored.
+
+    Raises:
+        UnknownNameError: an unknown task (lists them) or policy; as :func:`sinklab.models.load_model`.
+        InputError: an option of another task; the task's own refusals (bad lengths, a model without RoPE,
+            budgets past the context, ...); a bad device or dtype.
+    """
+    from sinklab.result import python_call
+    from sinklab.subject import Subject
+
+    t: StreamTask = TASKS.get(task)
+    if corpus is not None:
+        overrides["corpus"] = corpus
+    opts = t.options.build(options, **overrides)
+    if command is None:
+        command = (opts.command_line(model) if isinstance(model, (str, Path))
+                   else python_call("sinklab.stream", type(model).__name__, task=task, options=opts))
+    with torch_threads(opts.threads):
+        subject = Subject.load(model, device=opts.device, dtype=opts.dtype, device_map=opts.device_map)
+        return t.run(subject, opts, model=model, resume=resume, on_result=on_result, progress=progress,
+                     command=command)
+
+
+def _specs(o: StreamOptions, task: str) -> list:
+    """The configurations of ``o`` (checked before any long work)."""
+    if o.tokens < 2:
+        raise InputError(f"{param('tokens')} must be >= 2, got {o.tokens}")
+    recompute = getattr(o, "recompute", False) and task == "perplexity"
+    if getattr(o, "mode", "parallel") not in ("parallel", "decode"):
+        raise InputError(f"unknown mode {o.mode!r}: parallel | decode")
+    if getattr(o, "streams", 1) < 1:
+        raise InputError(f"{param('streams')} must be >= 1, got {o.streams}")
+    if o.policies:
+        if o.sinks is not None:
+            raise InputError(f"{param('sinks')} sets the sink caches of the default run; with {param('policies')} give "
+                             f"{param('n_sink')}")
+        return policy_specs(o.policies, o.budgets or (256,), n_sink=o.n_sink, kv_bits=o.kv_bits or (16,),
+                            key_quant=o.key_quant or ("token",), sinks_full_precision=o.sinks_full_precision or (0,),
+                            kv_group=o.kv_group, window=o.window, full=o.full, recompute=recompute)
+    given = [param(f) for f in ("budgets", "kv_bits", "key_quant", "sinks_full_precision") if getattr(o, f)]
+    if given:
+        raise InputError(f"{', '.join(given)} need {param('policies')} (e.g. {param('policies', 'sinks')})")
+    return cache_specs(o.window, DEFAULT_SINKS if o.sinks is None else o.sinks, full=o.full, recompute=recompute)
+
+
+def _perplexity(subject, o: PerplexityOptions, *, model, resume: dict | None, on_result, progress: bool,
+                command: str) -> StreamResult:
+    """The ``perplexity`` task: perplexity, agreement with the full cache, latency and memory of every
+    configuration, on one stream (``streams=1``: the corpus's documents in order) or on many (one
+    document each, with intervals over streams: :mod:`sinklab.streaming.streams`)."""
+    specs = _specs(o, "perplexity")
+    native, ctx = _check_subject(subject, model, o.corpus, specs, "perplexity")
+    chunk = o.chunk or o.window
+    every = o.recompute_every or max(1, math.ceil(o.tokens / 128))
+    if o.streams > 1:
+        return _stream_set(subject, o, specs, chunk=chunk, every=every, ctx=ctx, native=native, resume=resume,
+                           on_result=on_result, progress=progress, command=command)
+    ids, corp = _stream_tokens(subject, model, o.corpus, o.tokens)
+    key = _key(subject, corp, ids, tokens=o.tokens, window=o.window, chunk=chunk, every=every, n_sink=o.n_sink,
+               kv_group=o.kv_group, policies=o.policies)
+    done = _resumable(resume, key)
+    meta = _meta(command, key, subject, corp, ctx=ctx, native=native, mode=o.mode, every=every, tokens=o.tokens,
+                 window=o.window, policies=o.policies)
     results: dict[str, StreamConfigResult] = dict(done)
     t0 = time.perf_counter()
 
+    def payload() -> StreamResult:
+        return StreamResult({**meta, "wall_s": time.perf_counter() - t0,
+                             "configs": [asdict(results[s.name]) for s in specs if s.name in results]})
+
     def save(res: StreamConfigResult) -> None:
         results[res.name] = res
-        write_outputs(out, {**meta, "wall_s": time.perf_counter() - t0}, [results[s.name] for s in specs if s.name in results], chunk)
+        if on_result is not None:
+            on_result(payload())
 
-    evaluate_stream(model, ids, specs, chunk=chunk, recompute_every=every, max_context=ctx, mode=mode,
-                    progress=progress, done=done, on_result=save)
-    if done and all(s.name in done for s in specs):  # everything was already there: redraw from the file
-        write_outputs(out, prev_meta, [results[s.name] for s in specs], chunk)
-
-
-def _specs(*, tokens, out, mode, task, policies, sinks, budgets, n_sink, kv_bits, key_quant, sinks_full_precision,
-           kv_group, window, full, recompute) -> list:
-    """:func:`stream`'s argument checks (before the model is loaded) and its configurations."""
-    if tokens < 2:
-        raise InputError(f"{param('tokens')} must be >= 2, got {tokens}")
-    check_writable(out, param("out"))  # before the model is loaded
-    if mode not in ("parallel", "decode"):
-        raise InputError(f"unknown mode {mode!r}: parallel | decode")
-    if task not in ("ppl", "passkey"):
-        raise InputError(f"unknown task {task!r}: ppl | passkey")
-    if policies:
-        if sinks is not None:
-            raise InputError(f"{param('sinks')} sets the sink caches of the default run; with {param('policies')} give {param('n_sink')}")
-        return policy_specs(policies, budgets or (256,), n_sink=n_sink, kv_bits=kv_bits or (16,),
-                            key_quant=key_quant or ("token",), sinks_full_precision=sinks_full_precision or (0,),
-                            kv_group=kv_group, window=window, full=full, recompute=recompute and task == "ppl")
-    given = [param(f) for f, v in (("budgets", budgets), ("kv_bits", kv_bits), ("key_quant", key_quant),
-                                   ("sinks_full_precision", sinks_full_precision)) if v]
-    if given:
-        raise InputError(f"{', '.join(given)} need {param('policies')} (e.g. {param('policies', 'sinks')})")
-    return cache_specs(window, DEFAULT_SINKS if sinks is None else sinks, full=full,
-                       recompute=recompute and task == "ppl")
+    evaluate_stream(subject.model, ids, specs, chunk=chunk, recompute_every=every, max_context=ctx, mode=o.mode,
+                    progress=progress, done=done, on_result=save, agreement=o.agreement)
+    if done and all(s.name in done for s in specs):  # everything was already there
+        return StreamResult(dict(resume))
+    return payload()
 
 
-def _load_checked(model: str, corpus: str, specs, task: str, *, device: str = "cpu", dtype: str | None = None,
-                  device_map: str | None = None) -> tuple:
-    """(the loaded :class:`~sinklab.subject.Subject`, whether it is a sinklab model, its context or None),
-    refused as :func:`stream` says."""
-    from sinklab.subject import Subject
+def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int, ctx, native: bool,
+                resume: dict | None, on_result, progress: bool, command: str) -> StreamResult:
+    """``streams`` > 1: every configuration on each of ``streams`` documents of the corpora ``o.corpus``
+    (comma-separated), one stream at a time, with intervals over streams (:mod:`sinklab.streaming.streams`);
+    streams of ``resume`` with the same settings are kept."""
+    from sinklab.provenance import code_version
+    from sinklab.result import versions
+    from sinklab.streaming.streams import document_streams, stream_set_payload
+    from sinklab.zoo.corpora import load_corpus
 
-    loaded = Subject.load(model, device=device, dtype=dtype, device_map=device_map)
+    if o.corpus == "run" or native:
+        raise InputError(f"{param('streams')} > 1 needs a transformers model and text corpora")
+    corpora = [load_corpus(c) for c in o.corpus.split(",")]
+    sources = document_streams(subject.tokenizer, corpora, o.streams, o.tokens)
+    key = {"model": subject.info["name"], "corpus": ",".join(c.name for c in corpora), "tokens": o.tokens,
+           "window": o.window, "chunk": chunk, "recompute_every": every, "dtype": subject.info.get("dtype"),
+           "n_streams": o.streams, "stream_shas": [s.info()["stream_sha"] for s in sources]}
+    if o.policies:
+        key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
+    prev_streams = resume.get("streams", []) if resume and all(resume.get(k) == v for k, v in key.items()) else []
+    meta = {"command": command, **key, "max_context": ctx,
+            "title": f"{subject.info['name']} · {key['corpus']} · {o.streams} streams x {o.tokens} tokens",
+            "model_info": subject.info, "corpus_sources": [c.source for c in corpora], "versions": versions(),
+            "mode": o.mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
+            "load_average_at_start": _load(),
+            "definitions": {**_meta_definitions(every, o.policies),
+                            "streams": "one document each: its first `tokens` tokens after the tokenizer's BOS; "
+                                       "per corpus, the documents long enough taken evenly spaced",
+                            "batching": "streams evaluated one at a time (each configuration's parallel forward or "
+                                        "token-by-token decode on one stream)",
+                            "latency_ms_per_token": "timed on the first stream only (the others: null, cache_bytes 0); "
+                                                    "the summary's latency and cache_bytes are the first stream's"}}
+    finished: list[dict] = []
+    t0 = time.perf_counter()
+    for i, src in enumerate(sources):
+        old = prev_streams[i] if i < len(prev_streams) else {"configs": []}
+        done = {c["name"]: result_from_dict(c) for c in old["configs"]}
+        current = {"info": src.info(), "configs": []}
+        results = dict(done)
+
+        def save(res, current=current, results=results) -> None:
+            results[res.name] = res
+            current["configs"] = [asdict(results[s.name]) for s in specs if s.name in results]
+            if on_result is not None:
+                on_result(StreamResult(stream_set_payload({**meta, "wall_s": time.perf_counter() - t0},
+                                                          finished + [current])))
+
+        if progress:
+            import sys
+
+            print(f"stream {i + 1}/{len(sources)}: {src.corpus} #{src.document} {src.title}", file=sys.stderr,
+                  flush=True)
+        evaluate_stream(subject.model, src.ids, specs, chunk=chunk, recompute_every=every, max_context=ctx,
+                        mode=o.mode, progress=progress, done=done, on_result=save, agreement=o.agreement,
+                        latency_steps=32 if i == 0 else 0)  # latency and memory: the first stream's
+        current["configs"] = [asdict(results[s.name]) for s in specs]
+        finished.append(current)
+    return StreamResult(stream_set_payload({**meta, "wall_s": time.perf_counter() - t0}, finished))
+
+
+def _passkey(subject, o: PasskeyOptions, *, model, resume: dict | None, on_result, progress: bool,
+             command: str) -> PasskeyResult:
+    """The ``passkey`` task: every configuration (no recompute) on the same samples; the configurations of
+    ``resume`` for the same samples are kept."""
+    import hashlib
+
+    from sinklab.provenance import code_version
+    from sinklab.result import versions
+    from sinklab.streaming.passkey import (NEEDLE, QUESTION, evaluate_passkey, passkey_samples,
+                                           result_from_dict as passkey_result)
+    from sinklab.zoo.corpora import load_corpus
+
+    specs = _specs(o, "passkey")
+    _, ctx = _check_subject(subject, model, o.corpus, specs, "passkey")
+    corp = load_corpus(o.corpus)
+    samples = passkey_samples(subject.tokenizer, corp.documents, o.tokens, keys=o.keys, depths=o.depths, seed=o.seed,
+                              corpus_name=corp.name)
+    sha = hashlib.sha256(torch.stack([s.ids for s in samples]).numpy().tobytes()).hexdigest()[:16]
+    key = {"task": "passkey", "model": subject.info["name"], "corpus": corp.name, "tokens": o.tokens, "keys": o.keys,
+           "depths": [float(d) for d in o.depths], "seed": o.seed, "chunk_tokens": o.chunk, "samples_sha": sha,
+           "dtype": subject.info.get("dtype")}
+    done = {}
+    if resume and all(resume.get(k) == v for k, v in key.items()):
+        done = {c["name"]: passkey_result(c) for c in resume.get("configs", [])}
+    meta = {"command": command, **key, "max_context": ctx,
+            "title": f"{subject.info['name']} · pass key in {corp.name} · {o.tokens} tokens · {o.keys} keys x "
+                     f"{len(o.depths)} depths",
+            "needle": NEEDLE, "question": QUESTION, "model_info": subject.info, "corpus_source": corp.source,
+            "versions": versions(), "code": code_version(), "torch_threads": torch.get_num_threads(),
+            "load_average_at_start": _load(),
+            "definitions": {
+                "depth": "the needle starts after this fraction of the filler (0: right after the BOS, 1: right "
+                         "before the question)",
+                "accuracy": "share of samples whose first 5-digit run in the greedy answer is the key",
+                "feeding": f"{o.chunk} token(s) per call through the cache (cache positions for sink caches, "
+                           "absolute for the full cache), then 8 greedy tokens",
+            }}
+    if done and all(s.name in done for s in specs):
+        return PasskeyResult(dict(resume))
+    results = dict(done)
+    t0 = time.perf_counter()
+
+    def payload() -> PasskeyResult:
+        return PasskeyResult({**meta, "wall_s": time.perf_counter() - t0,
+                              "configs": [asdict(results[x.name]) for x in specs if x.name in results]})
+
+    for s in specs:
+        if s.name in results:
+            continue
+        results[s.name] = evaluate_passkey(subject.model, subject.tokenizer, samples, s, batch=o.batch, chunk=o.chunk,
+                                           max_context=ctx, progress=progress)
+        if on_result is not None:
+            on_result(payload())
+    return payload()
+
+
+def _check_subject(loaded, model, corpus: str, specs, task: str) -> tuple:
+    """(whether the :class:`~sinklab.subject.Subject` is a sinklab model, its context or None), refused as
+    :func:`stream` says."""
     native = loaded.adapter.kind == "sinklab"
     if loaded.is_encoder or not (native or hasattr(loaded.model, "set_attn_implementation")):
         raise InputError(f"sinklab stream needs a causal LM with relative positions; {model} is "
@@ -208,8 +334,8 @@ def _load_checked(model: str, corpus: str, specs, task: str, *, device: str = "c
         if s.kind == "sink" and ctx is not None and s.n_sink + s.window > ctx:
             raise InputError(f"n_sink + window = {s.n_sink + s.window} exceeds the model's context of {ctx} tokens")
     if task == "passkey" and (native or corpus == "run"):
-        raise InputError(f"{param('task', 'passkey')} needs a transformers model and a text corpus (it states the key in words)")
-    return loaded, native, ctx
+        raise InputError("the passkey task needs a transformers model and a text corpus (it states the key in words)")
+    return native, ctx
 
 
 def _stream_tokens(loaded, model: str, corpus: str, tokens: int) -> tuple[torch.Tensor, object]:
@@ -249,17 +375,26 @@ def _meta(command: str, key: dict, loaded, corp, *, ctx, native: bool, mode: str
         "model_info": loaded.info, "corpus_source": corp.source, "versions": versions(),
         "mode": "decode" if native else mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
         "load_average_at_start": _load(),
-        "definitions": {
-            "ppl": "exp(mean next-token NLL in nats); position t predicts token t+1 (0-based)",
-            "latency_ms_per_token": "mean wall time of one decode step (recompute: one forward over window+1 tokens)",
-            "cache_bytes": "bytes of kept keys+values at the end of the stream (recompute: one window's)",
-            "recompute": f"scored at every {every}-th position",
-            "mode": "parallel: one forward per configuration computing exactly the token-by-token cache's "
-                    "attention (sinklab.streaming.parallel); decode: token by token through the cache",
-            "latency": "mean of 32 single-token decode steps through the real cache at the end of the stream, "
-                       "after filling it in chunks (configurations decoded token by token: their own last 32 steps)",
-            **(_POLICY_DEFINITIONS if policies else {}),
-        },
+        "definitions": _meta_definitions(every, policies),
+    }
+
+
+def _meta_definitions(every: int, policies) -> dict:
+    """The ``definitions`` of a perplexity run's ``stream.json``."""
+    return {
+        "ppl": "exp(mean next-token NLL in nats); position t predicts token t+1 (0-based)",
+        "kl": "agreement with the full cache: mean over positions t of KL(p_full || p_config) of the "
+              "distribution of token t+1, nats (float64 from the logits as the model gave them); the full "
+              "cache's logits computed once per stream; positions past the model's context have none",
+        "top1": "share of positions whose argmax next token equals the full cache's",
+        "latency_ms_per_token": "mean wall time of one decode step (recompute: one forward over window+1 tokens)",
+        "cache_bytes": "bytes of kept keys+values at the end of the stream (recompute: one window's)",
+        "recompute": f"scored at every {every}-th position",
+        "mode": "parallel: one forward per configuration computing exactly the token-by-token cache's "
+                "attention (sinklab.streaming.parallel); decode: token by token through the cache",
+        "latency": "mean of 32 single-token decode steps through the real cache at the end of the stream, "
+                   "after filling it in chunks (configurations decoded token by token: their own last 32 steps)",
+        **(_POLICY_DEFINITIONS if policies else {}),
     }
 
 
@@ -278,109 +413,6 @@ _POLICY_DEFINITIONS = {
 }
 
 
-def _comma(values) -> str:
-    """A list option's value as the CLI takes it: ``[0, 1, 4]`` -> ``"0,1,4"``."""
-    return ",".join(map(str, values))
-
-
-def _command(model, corpus, tokens, window, sinks, out, chunk, recompute_every, mode, policies, budgets, n_sink,
-             kv_bits, kv_group, key_quant, sinks_full_precision, task, passkey_keys, passkey_depths, passkey_batch,
-             passkey_chunk, passkey_seed, full, recompute=True, device="cpu", dtype=None, device_map=None) -> str:
-    """A ``sinklab stream`` command line that reproduces the call (lists comma-separated, as the CLI takes them)."""
-    cmd = ["sinklab", "stream", "--model", model, "--corpus", corpus, "--tokens", str(tokens), "--window", str(window)]
-    if policies:
-        cmd += ["--policy", _comma(policies), "--budget", _comma(budgets or (256,))]
-        if n_sink != 4:
-            cmd += ["--n-sink", str(n_sink)]
-        for flag, vals in (("--kv-bits", kv_bits), ("--key-quant", key_quant),
-                           ("--sinks-full-precision", sinks_full_precision)):
-            if vals:
-                cmd += [flag, _comma(vals)]
-        if kv_group != 32:
-            cmd += ["--kv-group", str(kv_group)]
-    else:
-        cmd += ["--sinks", _comma(DEFAULT_SINKS if sinks is None else sinks)]
-    cmd += ["--out", str(out)]
-    if chunk != window:
-        cmd += ["--chunk", str(chunk)]
-    if recompute_every:
-        cmd += ["--recompute-every", str(recompute_every)]
-    if mode != "parallel":
-        cmd += ["--mode", mode]
-    if not full:
-        cmd += ["--no-full"]
-    if not recompute:
-        cmd += ["--no-recompute"]
-    if task != "ppl":
-        cmd += ["--task", task, "--passkey-keys", str(passkey_keys), "--passkey-depths", _comma(passkey_depths),
-                "--passkey-batch", str(passkey_batch), "--passkey-chunk", str(passkey_chunk)]
-        if passkey_seed:
-            cmd += ["--passkey-seed", str(passkey_seed)]
-    if device != "cpu":
-        cmd += ["--device", device]
-    if dtype is not None:
-        cmd += ["--dtype", dtype]
-    if device_map is not None:
-        cmd += ["--device-map", device_map]
-    return " ".join(shlex.quote(c) for c in cmd)
-
-
-def _passkey(loaded, corpus: str, specs, *, tokens: int, out: Path, ctx, keys: int, depths, batch: int, chunk: int,
-             seed: int, progress: bool, command: str) -> dict:
-    """``--task passkey``: every configuration of ``specs`` (no recompute) on the same samples; the
-    configurations already in ``out/passkey.json`` for the same samples are kept (a stopped run resumes)."""
-    from sinklab.provenance import code_version
-    from sinklab.result import versions
-    from sinklab.streaming.passkey import (NEEDLE, QUESTION, evaluate_passkey, passkey_samples, result_from_dict,
-                                           write_passkey_outputs)
-    from sinklab.zoo.corpora import load_corpus
-
-    corp = load_corpus(corpus)
-    samples = passkey_samples(loaded.tokenizer, corp.documents, tokens, keys=keys, depths=depths, seed=seed,
-                              corpus_name=corp.name)
-    import hashlib
-
-    sha = hashlib.sha256(torch.stack([s.ids for s in samples]).numpy().tobytes()).hexdigest()[:16]
-    key = {"task": "passkey", "model": loaded.info["name"], "corpus": corp.name, "tokens": tokens, "keys": keys,
-           "depths": [float(d) for d in depths], "seed": seed, "chunk_tokens": chunk, "samples_sha": sha,
-           "dtype": loaded.info.get("dtype")}
-    done, prev = {}, {}
-    path = out / "passkey.json"
-    if path.exists():
-        try:
-            prev = read_json(path, "pass key results")
-        except CorruptFileError:
-            prev = {}
-        if all(prev.get(k) == v for k, v in key.items()):
-            done = {c["name"]: result_from_dict(c) for c in prev.pop("configs", [])}
-        else:
-            prev = {}
-    meta = {"command": command, **key, "max_context": ctx,
-            "title": f"{loaded.info['name']} · pass key in {corp.name} · {tokens} tokens · {keys} keys x {len(depths)} depths",
-            "needle": NEEDLE, "question": QUESTION, "model_info": loaded.info, "corpus_source": corp.source,
-            "versions": versions(), "code": code_version(), "torch_threads": torch.get_num_threads(),
-            "load_average_at_start": _load(),
-            "definitions": {
-                "depth": "the needle starts after this fraction of the filler (0: right after the BOS, 1: right "
-                         "before the question)",
-                "accuracy": "share of samples whose first 5-digit run in the greedy answer is the key",
-                "feeding": f"{chunk} token(s) per call through the cache (cache positions for sink caches, absolute "
-                           "for the full cache), then 8 greedy tokens",
-            }}
-    results = dict(done)
-    t0 = time.perf_counter()
-    for s in specs:
-        if s.name in results:
-            continue
-        results[s.name] = evaluate_passkey(loaded.model, loaded.tokenizer, samples, s, batch=batch, chunk=chunk,
-                                           max_context=ctx, progress=progress)
-        write_passkey_outputs(out, {**meta, "wall_s": time.perf_counter() - t0},
-                              [results[x.name] for x in specs if x.name in results])
-    if done and all(s.name in done for s in specs):
-        write_passkey_outputs(out, prev, [results[s.name] for s in specs])
-    return PasskeyResult(read_json(path, "pass key results"))
-
-
 def _load() -> list[float] | None:
     import os
 
@@ -396,20 +428,23 @@ def _sha(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
 
 
-def _resumable(out: Path, key: dict) -> tuple[dict[str, StreamConfigResult], dict]:
-    """Configurations in ``out/stream.json`` computed with the same settings (else none), and that
-    file's other fields (command, versions, wall time...)."""
-    path = out / "stream.json"
-    if not path.exists():
-        return {}, {}
-    try:
-        prev = read_json(path, "stream results")
-    except CorruptFileError:  # computed again and rewritten
-        return {}, {}
-    if any(prev.get(k) != v for k, v in key.items()):
-        return {}, {}
-    configs = prev.pop("configs", [])
-    return {c["name"]: result_from_dict(c) for c in configs}, prev
+def _resumable(resume: dict | None, key: dict) -> dict[str, StreamConfigResult]:
+    """The configurations of ``resume`` (an earlier ``stream.json``'s content) computed with the same settings
+    ``key`` (else none)."""
+    if not resume or any(resume.get(k) != v for k, v in key.items()) or "streams" in resume:
+        return {}
+    return {c["name"]: result_from_dict(c) for c in resume.get("configs", [])}
 
 
-__all__ = ["stream", "DEFAULT_SINKS"]
+register_task(StreamTask(
+    "perplexity", PerplexityOptions, _perplexity, StreamResult,
+    "Perplexity, agreement with the full cache (KL, top-1), decode latency and cache memory of the full cache, "
+    "window only, sinks + window and sliding window with recomputation, or with --policy any cache policy at a "
+    "fixed budget, stored as given or quantised; on one stream, or with --streams N on N documents with 95% "
+    "t-intervals over streams and paired comparisons."))
+register_task(StreamTask(
+    "passkey", PasskeyOptions, _passkey, PasskeyResult,
+    "Pass-key retrieval: a 5-digit key stated once in a stream of filler text, asked for at the end; accuracy "
+    "per depth for every cache configuration."))
+
+__all__ = ["stream", "StreamResult", "PasskeyResult", "torch_threads", "DEFAULT_SINKS"]

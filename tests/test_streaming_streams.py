@@ -1,0 +1,130 @@
+"""Many streams (issue 35 part 2): one document per stream over several corpora, every configuration on
+every stream, each figure with a t-interval over streams, paired comparisons that decide only where the
+interval excludes zero. References: the documents tokenized by hand, each stream evaluated alone with
+evaluate_stream, the intervals recomputed from the per-stream numbers with sinklab.metrics.intervals
+(itself checked against printed t tables in test_metrics_intervals.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import WORDS, run_cli_captured
+from sinklab.errors import InputError
+from sinklab.metrics.intervals import t_interval
+from sinklab.streaming.streams import document_streams, split_counts, summarize_streams
+
+
+def _corpus(root, name, n, lengths, seed):
+    d = root / name
+    d.mkdir()
+    g = torch.Generator().manual_seed(seed)
+    for i in range(n):
+        idx = torch.randint(0, len(WORDS), (lengths[i],), generator=g).tolist()
+        (d / f"doc{i}.txt").write_text(" ".join(WORDS[j] for j in idx))
+    return d
+
+
+@pytest.fixture
+def two_corpora(tmp_path):
+    a = _corpus(tmp_path, "ca", 4, [60, 10, 60, 60], 1)  # doc1 is too short for 40 tokens
+    b = _corpus(tmp_path, "cb", 3, [60, 60, 60], 2)
+    return a, b
+
+
+def test_split_counts():
+    assert split_counts(8, 2) == [4, 4] and split_counts(7, 2) == [4, 3] and split_counts(3, 3) == [1, 1, 1]
+
+
+def test_document_streams_one_document_each_evenly_spaced(two_corpora, tokenizer):
+    from sinklab.zoo.corpora import load_corpus
+
+    ca, cb = (load_corpus(str(p)) for p in two_corpora)
+    got = document_streams(tokenizer, [ca, cb], 5, 40)
+    # ca: eligible documents 0, 2, 3 (doc1 has 10 words); 3 streams of 3 eligible: all of them
+    # cb: 2 streams of 3 eligible: floor(0.5 * 3 / 2) = 0, floor(1.5 * 3 / 2) = 2
+    assert [(s.corpus, s.document) for s in got] == [(ca.name, 0), (ca.name, 2), (ca.name, 3), (cb.name, 0),
+                                                    (cb.name, 2)]
+    words = ca.documents[2].split()[:39]
+    assert got[1].ids.tolist() == [tokenizer.bos_token_id] + tokenizer.convert_tokens_to_ids(words)
+    with pytest.raises(InputError, match="tokens"):
+        document_streams(tokenizer, [ca, cb], 8, 40)  # ca has 3 documents of 40 tokens, not 4
+    with pytest.raises(InputError, match="streams"):
+        document_streams(tokenizer, [ca, cb], 1, 40)
+
+
+def test_summary_and_paired_comparisons_from_the_per_stream_numbers():
+    """Hand-made per-stream results: A's NLL is B's - 0.1 on every stream (decided), C's wanders around
+    B's (inconclusive); the summary's numbers are the t-intervals of the per-stream ones."""
+    def cfg(name, ppl, kl, top1):
+        return {"name": name, "policy": name, "budget": 8, "n_sink": 0, "window": 8, "kv_bits": 16, "ppl": ppl,
+                "kl": kl, "top1": top1, "nll_by_chunk": [math.log(ppl)], "kl_by_chunk": [kl], "top1_by_chunk": [top1],
+                "latency_ms_per_token": 1.0, "cache_bytes": 10, "evaluated": 5}
+    nll_b = [2.0, 2.5, 3.0, 2.2]
+    wobble = [0.05, -0.04, 0.03, -0.05]
+    streams = [{"info": {"corpus": "c", "document": i, "title": str(i)},
+                "configs": [cfg("A", math.exp(x - 0.1), 0.01 * (i + 1), 0.9),
+                            cfg("B", math.exp(x), 0.02 * (i + 1), 0.8),
+                            cfg("C", math.exp(x + w), 0.02 * (i + 1) + w / 10, 0.8 + w)]}
+               for i, (x, w) in enumerate(zip(nll_b, wobble))]
+    configs, comps = summarize_streams(streams)
+    a = next(c for c in configs if c["name"] == "A")
+    iv = t_interval([x - 0.1 for x in nll_b])
+    assert a["nll"] == pytest.approx(iv.mean) and a["nll_low"] == pytest.approx(iv.low)
+    assert a["ppl"] == pytest.approx(math.exp(iv.mean)) and a["ppl_high"] == pytest.approx(math.exp(iv.high))
+    kl = t_interval([0.01, 0.02, 0.03, 0.04])
+    assert (a["kl"], a["kl_low"], a["kl_high"]) == pytest.approx((kl.mean, kl.low, kl.high))
+    assert a["n_streams"] == 4 and a["top1_low"] == pytest.approx(0.9)  # zero spread: zero width
+    verdict = {(c["figure"], c["a"], c["b"]): c["better"] for c in comps}
+    assert verdict[("nll", "A", "B")] == "A"  # exactly 0.1 lower on every stream
+    assert verdict[("kl", "A", "B")] == "A" and verdict[("top1", "A", "B")] == "A"
+    assert verdict[("nll", "B", "C")] == "inconclusive"
+    ab = next(c for c in comps if (c["figure"], c["a"], c["b"]) == ("nll", "A", "B"))
+    assert ab["diff_mean"] == pytest.approx(-0.1) and ab["ppl_ratio"] == pytest.approx(math.exp(-0.1))
+
+
+@pytest.mark.integration
+def test_multi_stream_run_equals_each_stream_alone_and_writes_intervals(two_corpora, tiny_model_dir, tmp_path,
+                                                                       capsys):
+    from sinklab.models import load_model
+    from sinklab.streaming.harness import evaluate_stream, policy_specs
+    from sinklab.zoo.corpora import load_corpus
+
+    ca, cb = two_corpora
+    out = tmp_path / "ms"
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", f"{ca},{cb}", "--streams", "4", "--tokens", "40",
+            "--policy", "window,sinks", "--budget", "12", "--n-sink", "2", "--window", "12", "--no-recompute",
+            "--out", str(out)]
+    code, stdout, err = run_cli_captured(argv, capsys)
+    assert code == 0, err
+    data = json.loads((out / "stream.json").read_text())
+    assert len(data["streams"]) == 4 and data["n_streams"] == 4
+    assert [c["name"] for c in data["configs"]] == ["full", "window@12", "sinks@12"]
+    # stream 2 (corpus cb, document 0) evaluated alone gives the same per-stream numbers
+    loaded = load_model(str(tiny_model_dir))
+    tok = loaded.tokenizer
+    ids = document_streams(tok, [load_corpus(str(ca)), load_corpus(str(cb))], 4, 40)[2].ids
+    alone = {r.name: r for r in evaluate_stream(loaded.model, ids, policy_specs(["window", "sinks"], [12], n_sink=2,
+                                                window=12, recompute=False), chunk=12, latency_steps=2,
+                                                max_context=loaded.info.max_context, progress=False)}
+    st = {c["name"]: c for c in data["streams"][2]["configs"]}
+    assert st["sinks@12"]["ppl"] == pytest.approx(alone["sinks@12"].ppl, rel=1e-6)
+    assert st["sinks@12"]["kl"] == pytest.approx(alone["sinks@12"].kl, rel=1e-5)
+    summary = {c["name"]: c for c in data["configs"]}
+    kls = [{c["name"]: c for c in s["configs"]}["window@12"]["kl"] for s in data["streams"]]
+    iv = t_interval(kls)
+    assert (summary["window@12"]["kl"], summary["window@12"]["kl_low"]) == pytest.approx((iv.mean, iv.low))
+    assert summary["full"]["kl"] == 0.0 and summary["full"]["top1"] == 1.0
+    comps = pd.read_csv(out / "stream_comparisons.csv")
+    assert set(comps["figure"]) == {"nll", "kl", "top1"}
+    assert set(comps["better"]) <= {"window@12", "sinks@12", "full", "inconclusive"}
+    assert len(pd.read_csv(out / "stream_by_stream.csv")) == 12
+    assert "--streams 4" in data["command"] and "95% t-intervals" in stdout
+    # resumes: the same call reuses every stream
+    code, _, err = run_cli_captured(argv, capsys)
+    again = json.loads((out / "stream.json").read_text())
+    assert code == 0 and [s["configs"] for s in again["streams"]] == [s["configs"] for s in data["streams"]]
