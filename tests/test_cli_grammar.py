@@ -307,3 +307,12 @@ def test_sweep_and_report_default_to_runs_not_results(tmp_path, capsys, monkeypa
     assert "--out runs/tiny/runs/0/seed" in out and "results/" not in out, out
     code, _, err = run_cli_captured(["report"], capsys)
     assert code == 2 and "runs" in err and "results" not in err, err
+
+
+def test_policy_help_names_every_registered_policy():
+    from sinklab.streaming.options import PerplexityOptions
+    from sinklab.streaming.policies import POLICIES
+
+    help_text = next(f.metadata["help"] for f in __import__("dataclasses").fields(PerplexityOptions)
+                     if f.name == "policies")
+    assert all(name in help_text for name in POLICIES.names()), help_text

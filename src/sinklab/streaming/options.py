@@ -82,8 +82,11 @@ class StreamOptions:
                                            "(0 = window only; default 0,1,2,4,8; not with --policy)")
     full: bool = option(True, "the full cache (the reference of the agreement and the ceiling)")
     policies: tuple[str, ...] | None = option(None, "cache policies to compare at equal budget, from window, sinks, "
-                                              "h2o, tova, sinks+h2o, sinks+tova, detected-sinks (replaces --sinks; "
-                                              "the cross product with --budget and the --kv-* options)",
+                                              "h2o, tova, sinks+h2o, sinks+tova, detected-sinks and the prefill-time "
+                                              "snapkv, pyramidkv, knorm (which score the calls of more than one "
+                                              "token: under token-by-token decoding they keep the latest tokens as "
+                                              "window does) (replaces --sinks; the cross product with --budget and "
+                                              "the --kv-* options)",
                                               flag="--policy")
     budgets: tuple[int, ...] | None = option(None, "tokens each layer keeps, e.g. 64,128,256 (default 256; with "
                                              "--policy)", flag="--budget")
