@@ -79,7 +79,12 @@ def test_compare_and_plots_show_the_virtual_sink_and_the_gate_weighted_rate(meas
             assert layers[layers.model == name].sink_rate_virtual.tolist() == s["sink_rate_virtual_per_layer"]
         else:
             assert pd.isna(row.sink_rate_virtual) and layers[layers.model == name].sink_rate_virtual.isna().all()
+        # layers keep their block numbers (a hybrid's attention blocks: Qwen3.5's are not 0..L-1)
+        blocks = len(s["layer_ids"]) + len(s.get("other_layers") or {})
+        assert layers[layers.model == name].layer.tolist() == s["layer_ids"]
+        assert layers[layers.model == name].depth.tolist() == pytest.approx([b / (blocks - 1) for b in s["layer_ids"]])
         if "sink_rate_gated" in s:  # Qwen3.5
+            assert s["layer_ids"] != list(range(len(s["layer_ids"])))  # the hybrid case is exercised
             assert row.sink_rate_gated_1 == s["sink_rate_gated"][0]
             assert row.attention_mass_first_gated == s["attention_mass_first_gated"]
             assert layers[layers.model == name].sink_rate_gated_1.tolist() == [

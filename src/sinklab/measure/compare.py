@@ -51,7 +51,8 @@ def comparison_tables(folders: Sequence[str | Path]):
     (empty otherwise): ``cloze_accuracy`` (percent, length-normalised), ``cloze_ci_lo`` /
     ``cloze_ci_hi`` (Wilson 95%), ``cloze_items``, ``cloze_source``, ``heldout_loss`` (nats/token on
     the probe windows).
-    ``layers`` columns: ``model``, ``layer`` (0-based), ``depth`` (l / (L - 1)), ``sink_rate_1``
+    ``layers`` columns: ``model``, ``layer`` (0-based block of the full stack: a hybrid model's attention blocks
+    keep their numbers, as in ``attention.csv``), ``depth`` (block / (blocks - 1)), ``sink_rate_1``
     (percent of heads x samples of that layer with mass on token 1 above eps), ``sink_rate_virtual`` (the
     layer's Sink*; empty without a virtual sink or in a results.json written before it was kept per layer) and
     ``sink_rate_gated_1`` (the layer's gate-weighted Sink_1; empty for an ungated model).
@@ -93,8 +94,11 @@ def comparison_tables(folders: Sequence[str | Path]):
                        "num_samples": r["probe"]["num_samples"], "seq_len": r["probe"]["seq_len"],
                        "eps": r["eps"], "input": r.get("input"), "probe": r["probe"].get("kind", r.get("input")),
                        **_downstream_columns(r.get("downstream"))})
+        ids = r.get("layer_ids") or list(range(L))  # block index of each measured layer (a hybrid's attention blocks)
+        blocks = len(ids) + len(r.get("other_layers") or {})  # the full stack, blocks without attention included
         for l, v in enumerate(per_layer):
-            layers.append({"model": name, "layer": l, "depth": l / (L - 1) if L > 1 else 0.0, "sink_rate_1": v,
+            b = ids[l]
+            layers.append({"model": name, "layer": b, "depth": b / (blocks - 1) if blocks > 1 else 0.0, "sink_rate_1": v,
                            "sink_rate_virtual": virtual_layers[l], "sink_rate_gated_1": gated_layers[l]})
     return pd.DataFrame(models), pd.DataFrame(layers)
 
