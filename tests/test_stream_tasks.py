@@ -2,8 +2,8 @@
 and ``sinklab.stream(..., task="needle")``.
 
 References: the Python call against :func:`sinklab.streaming.tasks.evaluate_items` called directly on the
-same items (same outputs, scores); the accuracy files against counts of the per-item rows; the options
-against the command line they record, parsed back by the CLI.
+same items (same outputs, scores); the accuracy files against counts of the per-item rows. The options
+against the command line they record, parsed back by the CLI: tests/test_cli_grammar.py.
 """
 
 from __future__ import annotations
@@ -117,37 +117,6 @@ def test_cli_ruler_runs_its_subtasks(char_model, tmp_path, capsys):
     assert code == 0, err
     rows = pd.read_csv(out / "items.csv")
     assert list(rows["task"]) == ["niah_single", "niah_multikey"] and set(rows["config"]) == {"window@64"}
-
-
-def test_options_round_trip_through_the_recorded_command_line():
-    from sinklab.cli.stream_cmd import _options as options_of
-    from sinklab.cli.stream_cmd import commands
-    from sinklab.streaming.options import NeedleOptions, RulerOptions
-    from sinklab.streaming.task_registry import TASKS
-
-    cmds = commands()
-    import typer
-
-    for opts in (NeedleOptions(lengths=(64, 128), depths=(0.0, 0.25), items=2, seed=3, policies=("sinks", "snapkv"),
-                               budgets=(32, 48), kv_bits=(16, 4), key_quant=("channel",), full=False,
-                               query_aware=False, max_new_tokens=5, chunk=8, corpus="sotu"),
-                 RulerOptions(tasks=("niah_multikey", "variable_tracking"), lengths=(64,)), NeedleOptions()):
-        words = shlex.split(opts.command_line("m", out="o"))
-        task = TASKS.get(opts.TASK)
-        click_cmd = typer.main.get_command(_single(cmds[task.name]))
-        ctx = click_cmd.make_context(f"sinklab stream {task.name}", words[3:])
-        p = dict(ctx.params)
-        assert (p.pop("model"), str(p.pop("out"))) == ("m", "o")
-        assert options_of(task, task.options.flags(), p) == opts
-    assert NeedleOptions().command_line("m") == "sinklab stream needle --model m"
-
-
-def _single(fn):
-    import typer
-
-    app = typer.Typer(add_completion=False)
-    app.command()(fn)
-    return app
 
 
 def test_ruler_default_subtasks_are_the_suites():

@@ -2,8 +2,8 @@
 writes nothing (:meth:`~sinklab.result.Result.save` and the CLI write).
 
 The tasks are registered in :data:`sinklab.streaming.task_registry.TASKS` (here: ``perplexity`` and
-``passkey``; ``needle`` and ``ruler`` in :mod:`sinklab.streaming.longctx`); their options are
-:mod:`sinklab.streaming.options` dataclasses.
+``passkey``; ``needle`` and ``ruler`` in :mod:`sinklab.streaming.longctx`, which the package imports); their
+options are :mod:`sinklab.streaming.options` dataclasses.
 """
 
 from __future__ import annotations
@@ -449,7 +449,5 @@ register_task(StreamTask(
     "passkey", PasskeyOptions, _passkey, PasskeyResult,
     "Pass-key retrieval: a 5-digit key stated once in a stream of filler text, asked for at the end; accuracy "
     "per depth for every cache configuration."))
-
-import sinklab.streaming.longctx  # noqa: E402,F401  (registers needle and ruler)
 
 __all__ = ["stream", "StreamResult", "PasskeyResult", "torch_threads", "DEFAULT_SINKS"]
