@@ -276,7 +276,7 @@ def test_streams_own_command_line_is_in_the_one_grammar():
     import shlex
 
     from sinklab.cli.stream_cmd import _options as options_of
-    from sinklab.streaming.options import PasskeyOptions, PerplexityOptions
+    from sinklab.streaming.options import NeedleOptions, PasskeyOptions, PerplexityOptions, RulerOptions
     from sinklab.streaming.task_registry import TASKS
 
     commands = _commands()
@@ -284,7 +284,11 @@ def test_streams_own_command_line_is_in_the_one_grammar():
                                    budgets=(64, 128), kv_bits=(16, 4), key_quant=("token", "channel"),
                                    sinks_full_precision=(0, "detected"), full=False, streams=2, corpus="sotu,austen"),
                  PasskeyOptions(tokens=64, keys=2, depths=(0.0, 0.5), batch=2, policies=("sinks",), budgets=(32,)),
-                 PerplexityOptions()):
+                 NeedleOptions(lengths=(64, 128), depths=(0.0, 0.25), items=2, seed=3, policies=("sinks", "snapkv"),
+                               budgets=(32, 48), kv_bits=(16, 4), key_quant=("channel",), full=False,
+                               query_aware=False, max_new_tokens=5, chunk=8, corpus="sotu"),
+                 RulerOptions(tasks=("niah_multikey", "variable_tracking"), lengths=(64,)),
+                 PerplexityOptions(), NeedleOptions()):
         words = shlex.split(opts.command_line("m", out="o"))
         task = TASKS.get(opts.TASK)
         assert words[:3] == ["sinklab", "stream", task.name]
@@ -294,6 +298,7 @@ def test_streams_own_command_line_is_in_the_one_grammar():
         back = options_of(task, task.options.flags(), p)
         assert back == opts, opts
     assert PerplexityOptions().command_line("m") == "sinklab stream perplexity --model m"
+    assert NeedleOptions().command_line("m") == "sinklab stream needle --model m"
 
 
 def test_sweep_and_report_default_to_runs_not_results(tmp_path, capsys, monkeypatch):

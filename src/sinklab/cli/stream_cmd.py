@@ -34,7 +34,7 @@ _COMMANDS: dict = {}
 def commands() -> dict:
     """``{task: command function}`` for every registered streaming task (made on first use: it imports
     :mod:`sinklab.streaming`)."""
-    import sinklab.streaming.run  # noqa: F401  (registers perplexity and passkey)
+    import sinklab.streaming  # noqa: F401  (registers perplexity, passkey, needle, ruler)
     from sinklab.streaming.task_registry import TASKS
 
     for name in TASKS:

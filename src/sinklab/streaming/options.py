@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 
 from sinklab.errors import InputError, param
 
-__all__ = ["option", "StreamOptions", "PerplexityOptions", "PasskeyOptions", "Flag"]
+__all__ = ["option", "OptionsBase", "StreamOptions", "PerplexityOptions", "PasskeyOptions", "LongContextOptions",
+           "NeedleOptions", "RulerOptions", "Flag"]
 
 
 def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None) -> Any:
@@ -66,48 +67,14 @@ def _item_type(hint) -> tuple[str, type]:
 
 
 @dataclass(frozen=True)
-class StreamOptions:
-    """What every streaming task takes (``sinklab stream TASK``; :func:`sinklab.streaming.stream`).
-
-    Positions are 0-based; token counts include the tokenizer's BOS. Lists are tuples.
-    """
+class OptionsBase:
+    """What every options dataclass of a ``sinklab stream`` task shares: :meth:`build`, :meth:`flags` and
+    :meth:`command_line` (no fields; the fields come from the classes below)."""
 
     TASK: ClassVar[str] = ""
 
-    corpus: str = option("sotu", "corpus zoo name, a .txt file / folder (documents in order), or run (a sinklab "
-                         "run's own validation documents); several comma-separated with --streams > 1")
-    tokens: int = option(4096, "stream length N: the first N tokens")
-    window: int = option(256, "recent tokens kept by the sink caches (and seen by recompute)", short="-w")
-    sinks: tuple[int, ...] | None = option(None, "numbers of sink tokens of the default caches, e.g. 0,1,2,4,8 "
-                                           "(0 = window only; default 0,1,2,4,8; not with --policy)")
-    full: bool = option(True, "the full cache (the reference of the agreement and the ceiling)")
-    policies: tuple[str, ...] | None = option(None, "cache policies to compare at equal budget, from window, sinks, "
-                                              "h2o, tova, sinks+h2o, sinks+tova, detected-sinks and the prefill-time "
-                                              "snapkv, pyramidkv, knorm (which score the calls of more than one "
-                                              "token: under token-by-token decoding they keep the latest tokens as "
-                                              "window does) (replaces --sinks; the cross product with --budget and "
-                                              "the --kv-* options)",
-                                              flag="--policy")
-    budgets: tuple[int, ...] | None = option(None, "tokens each layer keeps, e.g. 64,128,256 (default 256; with "
-                                             "--policy)", flag="--budget")
-    n_sink: int = option(4, "sink tokens of the policies with sinks (sinks, sinks+h2o, sinks+tova; at most this "
-                         "many detected ones for detected-sinks)")
-    kv_bits: tuple[int, ...] | None = option(None, "key/value storage: 16 (as given) or 8, 4, 3, 2 bits (min-max "
-                                             "codes in groups; e.g. 16,4; default 16; with --policy)")
-    kv_group: int = option(32, "channels per quantisation group (per token) or tokens per block (per-channel keys)")
-    key_quant: tuple[str, ...] | None = option(None, "keys quantised per token and/or per channel (KIVI): "
-                                               "token,channel (default token)")
-    sinks_full_precision: tuple[int | str, ...] | None = option(None, "keep the first N tokens lossless in a quantised "
-                                                          "cache, e.g. 0,1,4, or 'detected': the sinks the metric "
-                                                          "flags (default 0)")
-    device: str = option("cpu", "cpu | cuda | cuda:N | auto (CUDA when available)")
-    dtype: str | None = option(None, "float32 | bfloat16 | float16 (default: bfloat16 on CUDA, float32 otherwise)")
-    device_map: str | None = option(None, "auto: spread the model over the GPUs, CPU and disk with accelerate "
-                                    "(models that do not fit one device)")
-    threads: int | None = option(None, "torch CPU threads during the call (restored after; default: torch's)")
-
     @classmethod
-    def build(cls, options: "StreamOptions | None" = None, **overrides) -> "StreamOptions":
+    def build(cls, options: "OptionsBase | None" = None, **overrides) -> "OptionsBase":
         """``options`` (or the defaults) with ``overrides`` replaced; lists become tuples.
 
         Raises:
@@ -159,6 +126,61 @@ class StreamOptions:
 
 
 @dataclass(frozen=True)
+class _StreamFields:
+    """The stream of the perplexity and pass-key tasks: corpus, length, the default sink caches."""
+
+    corpus: str = option("sotu", "corpus zoo name, a .txt file / folder (documents in order), or run (a sinklab "
+                         "run's own validation documents); several comma-separated with --streams > 1")
+    tokens: int = option(4096, "stream length N: the first N tokens")
+    window: int = option(256, "recent tokens kept by the sink caches (and seen by recompute)", short="-w")
+    sinks: tuple[int, ...] | None = option(None, "numbers of sink tokens of the default caches, e.g. 0,1,2,4,8 "
+                                           "(0 = window only; default 0,1,2,4,8; not with --policy)")
+
+@dataclass(frozen=True)
+class _CacheFields:
+    """The caches compared: the full cache and the policies x budgets x storage options."""
+
+    full: bool = option(True, "the full cache (the reference of the agreement and the ceiling)")
+    policies: tuple[str, ...] | None = option(None, "cache policies to compare at equal budget, from window, sinks, "
+                                              "h2o, tova, sinks+h2o, sinks+tova, detected-sinks and the prefill-time "
+                                              "snapkv, pyramidkv, knorm (which score the calls of more than one "
+                                              "token: under token-by-token decoding they keep the latest tokens as "
+                                              "window does) (replaces --sinks; the cross product with --budget and "
+                                              "the --kv-* options)",
+                                              flag="--policy")
+    budgets: tuple[int, ...] | None = option(None, "tokens each layer keeps, e.g. 64,128,256 (default 256; with "
+                                             "--policy)", flag="--budget")
+    n_sink: int = option(4, "sink tokens of the policies with sinks (sinks, sinks+h2o, sinks+tova; at most this "
+                         "many detected ones for detected-sinks)")
+    kv_bits: tuple[int, ...] | None = option(None, "key/value storage: 16 (as given) or 8, 4, 3, 2 bits (min-max "
+                                             "codes in groups; e.g. 16,4; default 16; with --policy)")
+    kv_group: int = option(32, "channels per quantisation group (per token) or tokens per block (per-channel keys)")
+    key_quant: tuple[str, ...] | None = option(None, "keys quantised per token and/or per channel (KIVI): "
+                                               "token,channel (default token)")
+    sinks_full_precision: tuple[int | str, ...] | None = option(None, "keep the first N tokens lossless in a quantised "
+                                                          "cache, e.g. 0,1,4, or 'detected': the sinks the metric "
+                                                          "flags (default 0)")
+
+@dataclass(frozen=True)
+class _DeviceFields:
+    """Where the model runs."""
+
+    device: str = option("cpu", "cpu | cuda | cuda:N | auto (CUDA when available)")
+    dtype: str | None = option(None, "float32 | bfloat16 | float16 (default: bfloat16 on CUDA, float32 otherwise)")
+    device_map: str | None = option(None, "auto: spread the model over the GPUs, CPU and disk with accelerate "
+                                    "(models that do not fit one device)")
+    threads: int | None = option(None, "torch CPU threads during the call (restored after; default: torch's)")
+
+
+@dataclass(frozen=True)
+class StreamOptions(_DeviceFields, _CacheFields, _StreamFields, OptionsBase):
+    """What the perplexity and pass-key tasks take (``sinklab stream TASK``; :func:`sinklab.streaming.stream`).
+
+    Positions are 0-based; token counts include the tokenizer's BOS. Lists are tuples.
+    """
+
+
+@dataclass(frozen=True)
 class PerplexityOptions(StreamOptions):
     """``sinklab stream perplexity``: perplexity, agreement with the full cache, latency and memory per cache,
     on one stream or many (:mod:`sinklab.streaming.streams`)."""
@@ -190,3 +212,63 @@ class PasskeyOptions(StreamOptions):
     chunk: int = option(1, "tokens per call while feeding a stream (1 = streaming; more: the chunk attends to the "
                         "cache and itself, then it is cut)")
     seed: int = option(0, "seed of the random keys")
+
+
+@dataclass(frozen=True)
+class _LongContextFields:
+    """The items of a long-context task (:mod:`sinklab.streaming.tasks`) and how they are answered."""
+
+    corpus: str = option("pg-essays", "corpus of the haystacks: zoo name or a .txt file / folder (documents in order)")
+    lengths: tuple[int, ...] = option((1024, 2048), "prompt lengths in tokens (BOS, haystack, needles and question)")
+    depths: tuple[float, ...] = option((0.0, 0.5, 1.0), "needle depths in [0, 1] (0: right after the BOS, 1: right "
+                                       "before the question)")
+    items: int = option(3, "items per (task, length, depth) cell")
+    seed: int = option(0, "seed of the items (each item drawn from its own source: the same items whatever else is "
+                          "asked)")
+    max_new_tokens: int | None = option(None, "greedy tokens per answer (default: each task's answer length)")
+    query_aware: bool = option(True, "the question fed with the context, so evictions while reading the prompt may "
+                                     "depend on it (kvpress's query_aware; off: context first, then the question in "
+                                     "its own calls)")
+    chunk: int | None = option(None, "prompt tokens per call (default: a policy cache's window budget - n_sink, so the "
+                                     "prefill-time policies snapkv, pyramidkv, knorm score every chunk; the full cache "
+                                     "takes the prompt in one call)")
+
+
+@dataclass(frozen=True)
+class LongContextOptions(_DeviceFields, _CacheFields, _LongContextFields, OptionsBase):
+    """What the long-context tasks take (``sinklab stream needle | ruler``): the items, and the caches compared
+    on them (the full cache, the ceiling, and ``policies`` x ``budgets`` x storage; no policy: the full cache
+    only)."""
+
+    def task_names(self) -> list[str]:
+        """The :data:`sinklab.streaming.tasks.TASKS` names whose items this task draws."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class NeedleOptions(LongContextOptions):
+    """``sinklab stream needle``: needle in a haystack of real text (:mod:`sinklab.streaming.tasks.needle`)."""
+
+    TASK: ClassVar[str] = "needle"
+
+    def task_names(self) -> list[str]:
+        return ["needle"]
+
+
+#: RULER-style sub-tasks (as :data:`sinklab.streaming.tasks.ruler.RULER_TASKS`; tests/test_stream_tasks.py checks)
+RULER_SUBTASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking",
+                  "common_words")
+
+
+@dataclass(frozen=True)
+class RulerOptions(LongContextOptions):
+    """``sinklab stream ruler``: the RULER-style suite (:mod:`sinklab.streaming.tasks.ruler`)."""
+
+    TASK: ClassVar[str] = "ruler"
+
+    tasks: tuple[str, ...] = option(RULER_SUBTASKS, "sub-tasks, from niah_single, niah_multikey, niah_multivalue, "
+                                                    "niah_multiquery, variable_tracking, common_words (and needle, "
+                                                    "passkey)")
+
+    def task_names(self) -> list[str]:
+        return list(self.tasks)

@@ -2,7 +2,8 @@
 writes nothing (:meth:`~sinklab.result.Result.save` and the CLI write).
 
 The tasks are registered in :data:`sinklab.streaming.task_registry.TASKS` (here: ``perplexity`` and
-``passkey``); their options are :mod:`sinklab.streaming.options` dataclasses.
+``passkey``; ``needle`` and ``ruler`` in :mod:`sinklab.streaming.longctx`, which the package imports); their
+options are :mod:`sinklab.streaming.options` dataclasses.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def stream(model: Any = DEFAULT_MODEL, corpus: str | None = None, options: Strea
             ``nn.Module`` in memory (:meth:`sinklab.subject.Subject.load`).
         corpus: shorthand for ``corpus=`` among the options.
         options: the task's options (:class:`~sinklab.streaming.options.PerplexityOptions`,
-            :class:`~sinklab.streaming.options.PasskeyOptions`, or a registered task's); None: its defaults.
+            :class:`~sinklab.streaming.options.PasskeyOptions`, ``NeedleOptions``, ``RulerOptions``, or a
+            registered task's); None: its defaults.
         task: a name of :data:`~sinklab.streaming.task_registry.TASKS` (``perplexity``, ``passkey``, ...).
         resume: the content of an earlier result of the same task (e.g. ``StreamResult.load(out)``): its
             configurations (and streams) computed with the same settings are kept, not computed again.
@@ -121,7 +123,8 @@ def stream(model: Any = DEFAULT_MODEL, corpus: str | None = None, options: Strea
 
     Returns:
         The task's :class:`~sinklab.result.Result` (a :class:`StreamResult` for ``perplexity``, a
-        :class:`PasskeyResult` for ``passkey``). Nothing is written; torch's thread setting is restored.
+        :class:`PasskeyResult` for ``passkey``, a :class:`~sinklab.streaming.longctx.TaskResult` for ``needle``
+        and ``ruler``). Nothing is written; torch's thread setting is restored.
 
     Raises:
         UnknownNameError: an unknown task (lists them) or policy; as :func:`sinklab.models.load_model`.
