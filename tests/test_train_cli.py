@@ -229,7 +229,9 @@ def test_every_command_that_runs_a_model_has_the_one_threads_option():
     from sinklab.cli import analyze_cmd, measure_cmd, stream_cmd, train_cmd
     from sinklab.cli.common import THREADS
 
-    for fn in (measure_cmd.measure_cmd, *analyze_cmd.commands().values(), stream_cmd.stream_cmd, train_cmd.train_cmd):
+    streams = list(stream_cmd.commands().values())
+    assert {"perplexity", "passkey", "needle", "ruler"} <= set(stream_cmd.commands())
+    for fn in (measure_cmd.measure_cmd, *analyze_cmd.commands().values(), *streams, train_cmd.train_cmd):
         assert inspect.signature(fn).parameters["threads"].default is THREADS, fn.__name__
     assert len(analyze_cmd.commands()) == 9  # one `sinklab analyze KIND` per registered analysis
 

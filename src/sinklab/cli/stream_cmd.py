@@ -20,7 +20,7 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
-from sinklab.cli.common import check_outputs, list_option, model_option, out_option, split_list
+from sinklab.cli.common import THREADS, check_outputs, list_option, model_option, out_option, split_list
 from sinklab.cli.main import cli
 
 try:  # typer >= 0.2x carries its own copy of click
@@ -96,7 +96,9 @@ def _make_command(task):
     flags = task.options.flags()
     for fl in flags:
         decls = [fl.flag] + ([fl.short] if fl.short else [])
-        if fl.kind == "list":
+        if fl.name == "threads":  # the one --threads option of every command that runs a model
+            opt, kind = THREADS, Optional[int]
+        elif fl.kind == "list":
             shown = "" if fl.default is None else f" (default {','.join(map(str, fl.default))})"
             opt, kind = list_option(fl.flag, fl.help + shown, *decls[1:]), Optional[list[str]]
         elif fl.kind == "bool":
