@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand
 
-from sinklab.cli.common import (THREADS, check_outputs, device_map_option, device_option, dtype_option,
+from sinklab.cli.common import (THREADS, RegistryGroup, check_outputs, device_map_option, device_option, dtype_option,
                                 invoked_command, list_option, model_option, num_samples_option, out_option,
                                 seq_len_option, split_list, use_threads)
 from sinklab.cli.main import cli
@@ -97,27 +97,12 @@ def _help(fn) -> str:
         "CSV tables and PNG plots."
 
 
-class _AnalysisGroup(TyperGroup):
+class _AnalysisGroup(RegistryGroup):
     """``sinklab analyze``: its subcommands are made on first use from :data:`sinklab.analyze.ANALYSES`
     (so ``sinklab --help`` and the other commands never import torch); an unknown KIND is an
     :class:`~sinklab.errors.UnknownNameError` listing the registered analyses (one line, exit 2)."""
 
-    def _ensure(self) -> None:
-        if not set(commands()) <= set(self.commands):
-            app = typer.Typer(add_completion=False, rich_markup_mode=None)
-            app.callback()(lambda: None)  # a group even with one analysis
-            for kind, fn in commands().items():
-                app.command(kind, cls=_AnalysisCommand)(fn)
-            for kind, cmd in typer.main.get_command(app).commands.items():
-                self.add_command(cmd, kind)
-
-    def get_command(self, ctx, cmd_name):
-        self._ensure()
-        return super().get_command(ctx, cmd_name)
-
-    def list_commands(self, ctx):
-        self._ensure()
-        return list(commands())
+    make_commands = staticmethod(lambda: commands())  # command_cls: _AnalysisCommand, set below it
 
     def resolve_command(self, ctx, args):
         from sinklab.analyze import ANALYSES
@@ -140,6 +125,9 @@ class _AnalysisCommand(TyperCommand):
                 raise
             raise cx.UsageError(f"{e.option_name} does not apply to `analyze {self.name}` (an option of "
                                 f"{', '.join('analyze ' + k for k in owners)})", ctx) from None
+
+
+_AnalysisGroup.command_cls = _AnalysisCommand
 
 
 analyze_app = typer.Typer(cls=_AnalysisGroup, no_args_is_help=True, add_completion=False, rich_markup_mode=None,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import typer
+from typer.core import TyperGroup
 
 from sinklab.zoo.models import DEFAULT_MODEL
 
@@ -211,3 +212,33 @@ __all__ = ["DEFAULT_MODEL", "DTYPE_NAMES", "THREADS", "split_list", "list_option
            "num_samples_option", "seq_len_option", "device_option", "dtype_option", "threads_option", "out_option",
            "device_map_option", "use_threads", "check_outputs",
            "invoked_command"]
+
+
+class RegistryGroup(TyperGroup):
+    """A command group whose subcommands are made on first use from a registry (``sinklab analyze KIND``,
+    ``sinklab stream TASK``), so ``sinklab --help`` and the other commands never import torch. A subclass sets
+    :meth:`make_commands` (name -> typer command function) and, optionally, ``command_cls``."""
+
+    command_cls: Any = None
+
+    @staticmethod
+    def make_commands() -> dict:
+        raise NotImplementedError
+
+    def _ensure(self) -> None:
+        made = self.make_commands()
+        if not set(made) <= set(self.commands):
+            app = typer.Typer(add_completion=False, rich_markup_mode=None)
+            app.callback()(lambda: None)  # a group even with one subcommand
+            for name, fn in made.items():
+                app.command(name, **({"cls": self.command_cls} if self.command_cls else {}))(fn)
+            for name, cmd in typer.main.get_command(app).commands.items():
+                self.add_command(cmd, name)
+
+    def get_command(self, ctx, cmd_name):
+        self._ensure()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx):
+        self._ensure()
+        return list(self.make_commands())

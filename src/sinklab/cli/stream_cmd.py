@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from typer.core import TyperGroup
 
-from sinklab.cli.common import THREADS, check_outputs, list_option, model_option, out_option, split_list
+
+from sinklab.cli.common import THREADS, RegistryGroup, check_outputs, list_option, model_option, out_option, split_list
 from sinklab.cli.main import cli
 
 try:  # typer >= 0.2x carries its own copy of click
@@ -43,26 +43,11 @@ def commands() -> dict:
     return dict(_COMMANDS)
 
 
-class _StreamGroup(TyperGroup):
+class _StreamGroup(RegistryGroup):
     """``sinklab stream``: subcommands made on first use from the task registry; the old grammar
     (``sinklab stream --model ...``) is refused in one line naming the subcommands."""
 
-    def _ensure(self) -> None:
-        if not set(commands()) <= set(self.commands):
-            app = typer.Typer(add_completion=False, rich_markup_mode=None)
-            app.callback()(lambda: None)
-            for name, fn in commands().items():
-                app.command(name)(fn)
-            for name, cmd in typer.main.get_command(app).commands.items():
-                self.add_command(cmd, name)
-
-    def get_command(self, ctx, cmd_name):
-        self._ensure()
-        return super().get_command(ctx, cmd_name)
-
-    def list_commands(self, ctx):
-        self._ensure()
-        return list(commands())
+    make_commands = staticmethod(lambda: commands())
 
     def parse_args(self, ctx, args):
         if args and args[0].startswith("-") and args[0] not in ("--help", "-h"):

@@ -158,15 +158,17 @@ class SinksPolicy(CachePolicy):
         return torch.cat((torch.arange(self.n_sink, device=dev), torch.arange(n - (self.budget - self.n_sink), n, device=dev)))
 
 
-class _Scored(CachePolicy):
-    needs_scores = True
+class _ScoreState(CachePolicy):
+    """A policy that keeps one score per kept slot (``score``: (B, n) float64, or None before any), moved with
+    the slots it scores: gathered on a cut, transformed with the batch (beam search), counted in ``nbytes``."""
 
     def __init__(self, budget, n_sink=0, recent=None, eps=0.3, **options):
         super().__init__(budget, n_sink, recent, eps, **options)
         self.score: Tensor | None = None  # (B, n) float64
 
     def select(self, idx):
-        self.score = self.score.gather(1, idx)
+        if self.score is not None and self.score.shape[-1] >= idx.shape[-1]:
+            self.score = self.score.gather(1, idx)
 
     def batch(self, fn):
         if self.score is not None:
@@ -175,6 +177,10 @@ class _Scored(CachePolicy):
     @property
     def nbytes(self):
         return 0 if self.score is None else self.score.numel() * self.score.element_size()
+
+
+class _Scored(_ScoreState):
+    needs_scores = True
 
     def _protected(self, n: int, order: Tensor) -> Tensor:
         return order < self.n_sink  # the first n_sink arrivals (none without sinks)
@@ -350,7 +356,7 @@ class DetectedSinksPolicy(_Scored):
         return self.metric.nbytes
 
 
-class PrefillPolicy(CachePolicy):
+class PrefillPolicy(_ScoreState):
     """A prefill-time policy (a "press"): scores the kept and new tokens at the end of every call that
     brings ``q > 1`` tokens (a prompt, or one chunk of a chunked prefill) and keeps the ``budget``
     best; at a one-token decode step it evicts the oldest kept token (first in, first out).
@@ -370,8 +376,7 @@ class PrefillPolicy(CachePolicy):
     prefill_time = True
 
     def __init__(self, budget, n_sink=0, recent=None, eps=0.3, **options):
-        super().__init__(budget, n_sink, recent, eps, **options)
-        self.score: Tensor | None = None  # (B, n) float64 scores of the slots of the last call (None: decode step)
+        super().__init__(budget, n_sink, recent, eps, **options)  # score: of the slots of the last call (None: decode)
         self.protect = 0  # most recent slots kept whatever their score (the observation window)
         self.q = 0  # new tokens of the last call
 
@@ -383,18 +388,6 @@ class PrefillPolicy(CachePolicy):
             return _top(self.score, recent, self.budget)
         keep = torch.arange(n - self.budget, n, device=order.device)  # decode step: the oldest goes
         return keep.expand(order.shape[0], -1) if order.dim() == 2 else keep
-
-    def select(self, idx):
-        if self.score is not None and self.score.shape[-1] >= idx.shape[-1]:
-            self.score = self.score.gather(1, idx)
-
-    def batch(self, fn):
-        if self.score is not None:
-            self.score = fn(self.score)
-
-    @property
-    def nbytes(self):
-        return 0 if self.score is None else self.score.numel() * self.score.element_size()
 
 
 def pool_scores(x: Tensor, kernel: int, pooling: str) -> Tensor:
