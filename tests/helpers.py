@@ -128,3 +128,20 @@ def run_cli_captured(argv, capsys):
         code = e.code or 0
     cap = capsys.readouterr()
     return code, cap.out, cap.err
+
+
+def tiny_sinklm(att, pos, backend="reference", window=None, seed=0, options=None, vocab_size=32):
+    """A 2-layer SinkLM (d 32, 4 heads / 2 KV heads) with operation ``att``, positional ``pos`` and attention
+    backend ``backend``, its 1-d parameters (sink logit, k/v biases, norm gains, T5 table) moved off their init
+    so that they matter."""
+    from sinklab.nn import ModelConfig, SinkLM
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64,
+                      attention=att, positional=pos, sliding_window=window, attention_backend=backend)
+    m = SinkLM(cfg, attention_options=options)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if p.dim() == 1 or "positional" in n:
+                p.add_(torch.randn_like(p) * 0.5)
+    return m

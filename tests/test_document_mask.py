@@ -18,6 +18,7 @@ from sinklab.attention_masks import document_ids
 from sinklab.errors import ConfigError, InputError
 from sinklab.nn import ModelConfig, SinkLM
 from sinklab.nn.attention import AttentionOptions
+from helpers import tiny_sinklm
 
 V, EOS = 32, 31
 #: two packed windows of T = 16, three documents each of different lengths (the last token of each
@@ -51,15 +52,7 @@ def _block_diagonal(lengths, T, window=None) -> torch.Tensor:
 
 
 def _model(att, pos, backend="reference", window=None, options=None, seed=0):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64,
-                      attention=att, positional=pos, sliding_window=window, attention_backend=backend)
-    m = SinkLM(cfg, attention_options=options)
-    with torch.no_grad():  # move the 1-d parameters (sink logit, k/v biases, norm gains, T5 table) off their init
-        for n, p in m.named_parameters():
-            if p.dim() == 1 or "positional" in n:
-                p.add_(torch.randn_like(p) * 0.5)
-    return m
+    return tiny_sinklm(att, pos, backend, window=window, seed=seed, options=options, vocab_size=V)
 
 
 def _naive(model: SinkLM, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

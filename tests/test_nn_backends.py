@@ -18,6 +18,7 @@ from sinklab.nn.attention import AttentionOptions
 from sinklab.nn.backend import BACKENDS, served_by
 from sinklab.nn.flex import flex_operations
 from sinklab.nn.ops import ATTENTION
+from helpers import tiny_sinklm
 
 FLEX_OPS = ["softmax", "softmax_scaled", "sink_token", "kv_bias", "k_bias", "v_bias", "sink_logit",
             "softmax_off_by_one", "gated_headwise", "gated_elementwise", "diff"]
@@ -27,15 +28,7 @@ MASKS = {"causal": (None, 0), "prefix": (None, 5), "window": (4, 0), "prefix+win
 
 
 def _model(att, pos, backend, window=None, seed=0, options=None):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64,
-                      attention=att, positional=pos, sliding_window=window, attention_backend=backend)
-    m = SinkLM(cfg, attention_options=options)
-    with torch.no_grad():  # move the 1-d parameters (sink logit, k/v biases, norm gains, T5 table) off their init
-        for n, p in m.named_parameters():
-            if p.dim() == 1 or "positional" in n:
-                p.add_(torch.randn_like(p) * 0.5)
-    return m
+    return tiny_sinklm(att, pos, backend, window=window, seed=seed, options=options)
 
 
 def _run(m, ids, prefix):

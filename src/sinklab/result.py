@@ -137,7 +137,7 @@ class Result:
         """
         from sinklab.fileio import atomic_write_text
 
-        out = _folder(out)
+        out = out_folder(out)
         atomic_write_text(out / self.FILE, json.dumps(self.to_dict(), indent=1) + "\n")
         return out
 
@@ -167,8 +167,12 @@ def percents(values: Sequence[float], k: int = 4) -> str:
     return shown + (f" (+{more} more)" if more > 0 else "")
 
 
-def _folder(out: str | Path) -> Path:
-    """``out`` as a folder, created. Raises InputError when it is a file."""
+def out_folder(out: str | Path) -> Path:
+    """``out`` as a folder, created (every ``Result.save`` writes into one).
+
+    Raises:
+        InputError: ``out`` is a file (the message names the parameter ``out``).
+    """
     from sinklab.errors import InputError, param
 
     out = Path(out)

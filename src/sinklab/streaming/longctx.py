@@ -54,10 +54,10 @@ class TaskResult(DictResult):
         return accuracy_table(df) if len(df) else df
 
     def save(self, out: str | Path) -> Path:
-        from sinklab.streaming.run import _out_folder
+        from sinklab.result import out_folder
         from sinklab.streaming.tasks import write_task_outputs
 
-        out = _out_folder(out)
+        out = out_folder(out)
         write_task_outputs(out, self.items_frame(), dict(self))
         return out
 

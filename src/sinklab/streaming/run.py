@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from sinklab.errors import InputError, param
-from sinklab.result import DictResult
+from sinklab.result import DictResult, out_folder
 from sinklab.streaming.cache import SinkCache
 from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, policy_specs,
                                       result_from_dict, token_stream, write_outputs)
@@ -40,7 +40,7 @@ class StreamResult(DictResult):
     def save(self, out: str | Path) -> Path:
         from sinklab.streaming.streams import write_stream_set
 
-        out = _out_folder(out)
+        out = out_folder(out)
         if "streams" in self:
             write_stream_set(out, dict(self))
         else:
@@ -70,19 +70,10 @@ class PasskeyResult(DictResult):
     def save(self, out: str | Path) -> Path:
         from sinklab.streaming.passkey import result_from_dict as passkey_result, write_passkey_outputs
 
-        out = _out_folder(out)
+        out = out_folder(out)
         meta = {k: v for k, v in self.items() if k != "configs"}
         write_passkey_outputs(out, meta, [passkey_result(c) for c in self["configs"]])
         return out
-
-
-def _out_folder(out: str | Path) -> Path:
-    """``out`` as a folder, created (InputError naming ``out`` when it is a file)."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{param('out', str(out))} is a file; give a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 @contextmanager
