@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 35's study (part 7): KV-cache policies judged over many streams (perplexity, KL and top-1 agreement with the
+# full cache, 95% t-intervals over streams, paired comparisons) and on long-context retrieval, on SmolLM2-135M.
+# Headline configurations first; each step writes its own folder under results/compression/study/ and resumes
+# where it stopped (a stopped step loses at most the configuration it was computing).
+#
+#   bash experiments/compression_study.sh            # every step in order
+#   STEP=policies bash experiments/compression_study.sh
+#
+# Steps (one torch thread each; on two cores run two steps at once):
+#   policies  8 streams x 512 tokens (4 State of the Union addresses, 4 Austen novels: one document per stream),
+#             window / sinks / h2o / tova at budgets 64 / 128 / 256, 16-bit storage, and the full cache. A budget
+#             of 512 equals the full cache on 512-token streams, so it is not run here.
+#   storage   the same streams, sinks and window at budget 128, stored in 16 / 4 / 2 bits, and 2 bits with the
+#             4 sink tokens lossless (--sinks-full-precision 4).
+#   needle    needle in a haystack of real essays (pg-essays) at 1024 / 2048 tokens x depths 0 / 0.5 / 1, 3 items
+#             per cell, under the full cache (the ceiling) and sinks / snapkv / pyramidkv / knorm / window at
+#             budgets 128 / 256, chunked prefill at the window.
+set -euo pipefail
+SL=${SINKLAB:-sinklab}
+OUT=results/compression/study
+STEP=${STEP:-all}
+STREAMS="--model smollm2-135m --corpus sotu,austen --streams 8 --tokens 512 --no-recompute --threads 1"
+if [[ $STEP == all || $STEP == policies ]]; then
+  $SL stream perplexity $STREAMS --policy window,sinks,h2o,tova --budget 64,128,256 --out $OUT/policies
+fi
+if [[ $STEP == all || $STEP == storage ]]; then
+  $SL stream perplexity $STREAMS --policy sinks,window --budget 128 --kv-bits 16,4,2 --sinks-full-precision 0,4 \
+      --out $OUT/storage
+fi
+if [[ $STEP == all || $STEP == needle ]]; then
+  $SL stream needle --model smollm2-135m --lengths 1024,2048 --depths 0,0.5,1 --items 3 \
+      --policy sinks,snapkv,pyramidkv,knorm,window --budget 128,256 --threads 1 --out $OUT/needle
+fi

@@ -1,0 +1,109 @@
+"""The headline table of issue 37: every study row that has a paper value, ours against the paper, with the verdict.
+
+Run from the repository root after the studies' summaries are current (``sinklab report results --check``):
+
+    python experiments/headline.py          # writes results/headline.csv and results/headline.md
+
+Every figure is read from the committed ``results/<study>/summary.csv`` (Sink_1 in percent, the tracker's mean over
+the last 20% of training, or the row's own metric; the effect is the difference from the study's reference row in
+percentage points with its Welch 95% interval; ``p_holm`` is the row's exact permutation p-value, Holm-adjusted over
+the study; the verdict rules are in docs/studies.md). The paper values and their sources are
+``experiments/paper_values.toml`` (the summary's ``paper`` and ``table`` columns). A *headline* row is one the
+power calculation names (``experiments/power.py``); ``seeds_asked`` is its seed count for 80% power against the
+paper's effect in points at the Holm level (``results/power.csv``), read from that file.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "results"
+
+
+def _num(v: str) -> float | None:
+    if v in (None, "", "nan", "NaN"):
+        return None
+    x = float(v)
+    return None if math.isnan(x) else x
+
+
+def _fmt(x: float | None, nd: int = 1, sign: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
+
+
+def rows() -> list[dict]:
+    power = {}
+    if (ROOT / "power.csv").exists():
+        with open(ROOT / "power.csv") as f:
+            for r in csv.DictReader(f):
+                power[(r["study"], r["label"])] = r["seeds_points_holm"]
+    out = []
+    for summary in sorted(ROOT.glob("*/summary.csv")):
+        study = summary.parent.name
+        if study in ("archive",):
+            continue
+        with open(summary) as f:
+            for r in csv.DictReader(f):
+                paper = _num(r.get("paper", ""))
+                if paper is None or r.get("expect") in ("", None):
+                    continue
+                key = r.get("metric") or "sink1"
+                mean, sd = _num(r.get(f"{key}_mean", "")), _num(r.get(f"{key}_std", ""))
+                out.append({
+                    "study": study, "label": r["label"], "expect": r["expect"], "expect_by": r.get("expect_by", ""),
+                    "metric": key, "n_seeds": r["n_seeds"], "cpu_model": r.get("cpu_model", ""),
+                    "ours_mean": mean, "ours_std": sd, "ci_lo": _num(r.get("ci_lo", "")), "ci_hi": _num(r.get("ci_hi", "")),
+                    "effect": _num(r.get("effect", "")), "effect_lo": _num(r.get("effect_lo", "")),
+                    "effect_hi": _num(r.get("effect_hi", "")), "paper": paper, "source": r.get("table", ""),
+                    "paper_effect": _num(r.get("paper_effect", "")),
+                    "paper_effect_scaled": _num(r.get("paper_effect_scaled", "")),
+                    "p_holm": _num(r.get("p_holm", "")), "p_holm_min": _num(r.get("p_holm_min", "")),
+                    "verdict": r.get("verdict", ""), "mass1_verdict": r.get("mass1_verdict", ""),
+                    "headline": (study, r["label"]) in power, "seeds_asked": power.get((study, r["label"]), ""),
+                })
+    return out
+
+
+def markdown(table: list[dict]) -> str:
+    lines = [
+        "# Ours against the paper: every row with a paper value",
+        "",
+        "Made by `python experiments/headline.py` from the committed `results/<study>/summary.csv` files (columns in "
+        "`headline.csv`); paper values and sources: `experiments/paper_values.toml`; verdict rules: `docs/studies.md`. "
+        "Sink_1 in %, mean ± std over seeds [95% t interval]; effect: difference from the study's reference row in "
+        "points [Welch 95% interval]; paper effect: in points / scaled to our reference level. **Bold** rows are the "
+        "headline rows of the power calculation (`power.md`); *asked*: the seeds it asks (Holm level, points).",
+        "",
+        "| study | row | n | ours | effect | paper | paper effect | p (Holm) | verdict | mass verdict | asked | source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        label = f"**{r['label']}**" if r["headline"] else r["label"]
+        ours = f"{_fmt(r['ours_mean'])} ± {_fmt(r['ours_std'])} [{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}]"
+        eff = "–" if r["effect"] is None else (
+            f"{_fmt(r['effect'], sign=True)} [{_fmt(r['effect_lo'], sign=True)}, {_fmt(r['effect_hi'], sign=True)}]")
+        peff = "–" if r["paper_effect"] is None else (
+            f"{_fmt(r['paper_effect'], sign=True)} / {_fmt(r['paper_effect_scaled'], sign=True)}")
+        p = "–" if r["p_holm"] is None else f"{r['p_holm']:.3g}"
+        lines.append(f"| {r['study']} | {label} | {r['n_seeds']} | {ours} | {eff} | {_fmt(r['paper'], 2)} | {peff} | "
+                     f"{p} | {r['verdict'] or '–'} | {r['mass1_verdict'] or '–'} | {r['seeds_asked'] or ''} | "
+                     f"{r['source']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    table = rows()
+    with open(ROOT / "headline.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    (ROOT / "headline.md").write_text(markdown(table))
+    print(f"{len(table)} rows -> {ROOT / 'headline.csv'}, {ROOT / 'headline.md'}")
+
+
+if __name__ == "__main__":
+    main()
