@@ -348,14 +348,14 @@ def test_a_stopped_stacked_run_keeps_every_finished_budget(monkeypatch):
     ids = torch.randint(0, 80, (24,), generator=torch.Generator().manual_seed(3))
     specs = H.policy_specs(["h2o", "tova"], [8, 10], n_sink=2, full=False, recompute=False)
     whole = {r.name: r for r in evaluate_stream(m, ids, specs, chunk=8, progress=False)}
-    saved, real = {}, H.decode_stacked
+    saved, real = {}, H._decode_stacked_rows  # what evaluate_stream calls per batch of configurations
 
     def stop_at_second_budget(model, ids_, group, **kw):
         if group[0].budget == 10:
             raise KeyboardInterrupt
         return real(model, ids_, group, **kw)
 
-    monkeypatch.setattr(H, "decode_stacked", stop_at_second_budget)
+    monkeypatch.setattr(H, "_decode_stacked_rows", stop_at_second_budget)
     with pytest.raises(KeyboardInterrupt):
         evaluate_stream(m, ids, specs, chunk=8, progress=False, on_result=lambda r: saved.setdefault(r.name, r))
     assert sorted(saved) == sorted(s.name for s in specs if s.budget == 8) and len(saved) == 2

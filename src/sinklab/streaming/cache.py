@@ -16,7 +16,10 @@ the first ``n_sink`` tokens of the stream and the last ``window`` tokens (so a o
 step sees at most ``n_sink + window + 1`` keys, itself included). A prompt longer than
 ``n_sink + window`` given in one call attends to all of itself, like the full cache, and is then
 cut down; :func:`sinklab.streaming.prefill.prefill` feeds it in chunks of the window instead (the
-default there), and the cache warns once when a call uses a position past the model's trained context. Layers the model declares as sliding-window layers (Gemma 3's local layers) keep their
+default there). The cache warns once (``warnings.warn``) at the first call that brings more new tokens
+than its budget (``model.generate`` with a long prompt: use :func:`sinklab.streaming.prefill.generate`;
+sinklab's own feeders, which choose their chunks, run inside :func:`long_calls_expected` and do not
+warn), and once when a call uses a position past the model's trained context. Layers the model declares as sliding-window layers (Gemma 3's local layers) keep their
 own window of ``sliding_window - 1`` tokens and no sinks, as the model was trained.
 
 That is the default policy, ``sinks``; others keep other tokens at the same budget
@@ -44,6 +47,9 @@ row's real tokens.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
@@ -55,6 +61,21 @@ from sinklab.streaming.quant import DETECTED, DenseKV, QuantKV, make_store, pars
 from sinklab.streaming.rope import KeyRotation, key_rotations
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+#: True inside :func:`long_calls_expected`: calls with more new tokens than the budget are chosen, not warned about
+_LONG_CALLS_EXPECTED: ContextVar[bool] = ContextVar("sinklab_long_calls_expected", default=False)
+
+
+@contextmanager
+def long_calls_expected():
+    """Within the block no :class:`SinkCache` warns about a call with more new tokens than its budget
+    (sinklab's feeders that choose their chunk sizes: :func:`sinklab.streaming.prefill.prefill`, the
+    harness's latency prefill, the pass-key and long-context tasks' ``chunk``). Nests; restored after."""
+    token = _LONG_CALLS_EXPECTED.set(True)
+    try:
+        yield
+    finally:
+        _LONG_CALLS_EXPECTED.reset(token)
 
 
 def layer_windows(model) -> list[int | None]:
@@ -125,6 +146,21 @@ class _StepMemo:
         self.padded: PaddedRows | None = None  # set by SinkCache when the batch is left-padded
         self.context: int | None = None  # the model's trained context (max_position_embeddings), None: unknown
         self.warned_context = False
+        self.budget: int | None = None  # the cache's budget (tokens kept between calls), None: no long-call check
+        self.warned_long_call = False
+
+    def check_call(self, q: int) -> None:
+        """Warn once (per cache) at the first call with more than ``budget`` new tokens ``q`` outside
+        :func:`long_calls_expected`: such a call attends to all of itself, as the full cache does, and is
+        cut to the budget only afterwards (``model.generate`` prefills a long prompt that way)."""
+        if self.budget is not None and q > self.budget and not self.warned_long_call \
+                and not _LONG_CALLS_EXPECTED.get():
+            self.warned_long_call = True
+            import warnings
+
+            warnings.warn(f"SinkCache: one call brings {q} new tokens, more than the budget of {self.budget}: they "
+                          "attend to all of themselves before the cut; prefill a long prompt in chunks with "
+                          "sinklab.streaming.prefill.generate (or prefill)", stacklevel=2)
 
     def check_context(self, last: int) -> None:
         """Warn once (per cache) when a call uses a position id ``last`` (0-based) at or past the model's
@@ -455,6 +491,7 @@ class SinkCacheLayer(CacheLayerMixin):
         if self.awaiting:
             raise InputError(f"cache policy {_policy_name(self.policy)} got no attention weights for the previous call: "
                              "it needs eager attention (transformers' sdpa returns none), called through the model")
+        self._memo.check_call(key_states.shape[-2])
         if self._memo.padded is not None:
             return self._update_rows(key_states, value_states, kwargs, self._memo.padded)
         q, K = key_states.shape[-2], self.kept
@@ -796,10 +833,11 @@ def _trim_mask_hook(module: nn.Module, args: tuple, kwargs: dict):
     """Forward pre-hook on a ``transformers`` attention module under a cache whose layers keep different
     numbers of tokens (PyramidKV): ``transformers`` builds one mask per layer type, from the first
     layer's sizes (K_0 kept + q new columns, the kept ones right-aligned); this layer keeps K_l <= K_0,
-    so its mask is the last K_l + q columns."""
+    so its mask is the last K_l + q columns (a :class:`StackedCache` of PyramidKV caches alike: its rows
+    keep equally many tokens per layer)."""
     cache = next((kwargs[k] for k in ("cache", "past_key_values", "past_key_value") if k in kwargs), None)
     mask = kwargs.get("attention_mask")
-    if not isinstance(cache, SinkCache) or not isinstance(mask, Tensor) or mask.dim() != 4:
+    if not isinstance(cache, (SinkCache, StackedCache)) or not isinstance(mask, Tensor) or mask.dim() != 4:
         return None
     layer = cache.layers[module.layer_idx]
     h = kwargs.get("hidden_states", args[0] if args else None)
@@ -874,7 +912,10 @@ class SinkCache(Cache):
             so eager attention, whatever the policy. Ignored at 16 bits.
         max_context: refuse a budget above this many tokens (default: the model's
             ``max_position_embeddings``; None in the config = no check). Independently, the cache warns
-            once (``warnings.warn``) when a call uses a position at or past the model's trained context.
+            once (``warnings.warn``) when a call uses a position at or past the model's trained context,
+            and once at the first call with more new tokens than ``budget`` (a long prompt given to
+            ``model.generate`` in one call: :func:`sinklab.streaming.prefill.generate` prefills it in
+            chunks; no warning inside :func:`long_calls_expected`).
         policy_options: the policy's own options (``snapkv`` / ``pyramidkv``: ``observation_window``,
             ``kernel_size``, ``pooling``).
 
@@ -935,6 +976,7 @@ class SinkCache(Cache):
         super().__init__(layers=layers)
         memo = _StepMemo()
         memo.context = _trained_context(model, adapter.kind)
+        memo.budget = budget
         for layer in layers:
             layer._memo = memo
         self.n_sink, self.window, self.policy, self.budget = n_sink, budget - n_sink, policy, budget
@@ -1047,15 +1089,18 @@ class SinkCache(Cache):
 
 
 class StackedLayer(CacheLayerMixin):
-    """One layer of a :class:`StackedCache`: row r of the batch goes to ``subs[r]`` (a one-row
-    :class:`SinkCacheLayer`); every sub-layer keeps the same number of tokens."""
+    """One layer of a :class:`StackedCache`: rows ``starts[i] .. starts[i] + rows[i] - 1`` of the batch go to
+    ``subs[i]`` (a :class:`SinkCacheLayer` of ``rows[i]`` rows, default one); every sub-layer keeps the same
+    number of tokens."""
 
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, subs: list[SinkCacheLayer]) -> None:
+    def __init__(self, subs: list[SinkCacheLayer], rows: list[int] | None = None) -> None:
         super().__init__()
         self.subs = subs
+        self.rows = list(rows) if rows is not None else [1] * len(subs)
+        self.starts = [sum(self.rows[:i]) for i in range(len(self.rows))]
         self.is_sliding = subs[0].is_sliding
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
@@ -1070,19 +1115,21 @@ class StackedLayer(CacheLayerMixin):
         return max(s.awaiting for s in self.subs)
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        """(R, H_kv, q, d) new keys/values, row r for sub-layer r; returns the rows' (R, H_kv, K + q, d)."""
-        if key_states.shape[0] != len(self.subs):
-            raise InputError(f"a StackedCache of {len(self.subs)} configurations needs {len(self.subs)} rows, got "
+        """(R, H_kv, q, d) new keys/values, R = sum of ``rows``, each sub-layer its rows; returns the rows'
+        (R, H_kv, K + q, d)."""
+        if key_states.shape[0] != sum(self.rows):
+            raise InputError(f"a StackedCache of {len(self.subs)} configurations needs {sum(self.rows)} rows, got "
                              f"{key_states.shape[0]}")
         self.is_initialized = True
-        outs = [s.update(key_states[r : r + 1], value_states[r : r + 1], *args, **kwargs) for r, s in enumerate(self.subs)]
+        outs = [s.update(key_states[a : a + n], value_states[a : a + n], *args, **kwargs)
+                for s, a, n in zip(self.subs, self.starts, self.rows)]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
     def observe(self, weights: Tensor) -> None:
-        """(R, H, q, K + q) attention weights: row r to sub-layer r (where it waits for them)."""
-        for r, s in enumerate(self.subs):
+        """(R, H, q, K + q) attention weights: each sub-layer its rows (where it waits for them)."""
+        for s, a, n in zip(self.subs, self.starts, self.rows):
             if s.awaiting:
-                s.observe(weights[r : r + 1])
+                s.observe(weights[a : a + n])
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.subs[0].get_mask_sizes(query_length)
@@ -1099,24 +1146,28 @@ class StackedLayer(CacheLayerMixin):
 
 
 class StackedCache(Cache):
-    """Several one-row :class:`SinkCache` configurations fed as the rows of one batch: row r of every
-    call goes through ``caches[r]``. One forward then evaluates R configurations on the same stream
-    (``sinklab stream`` uses it for the configurations it decodes token by token; a decode step
-    costs little more for R rows than for one on a CPU). Each row computes what its cache alone
-    computes (tests check it); they must keep equally many tokens (the same budget) so that the rows'
-    keys stack.
+    """Several :class:`SinkCache` configurations fed as the rows of one batch: the first ``rows[0]`` rows of
+    every call go through ``caches[0]``, the next ``rows[1]`` through ``caches[1]``, and so on (default one
+    row each). One forward then evaluates several configurations on the same stream, or on several
+    streams of equal length (``sinklab stream`` uses it for the configurations it decodes token by token;
+    a decode step costs little more for R rows than for one on a CPU). Each row computes what its cache
+    alone computes on that row (tests check it); they must keep equally many tokens (the same budget) so
+    that the rows' keys stack.
 
     Args:
-        caches: SinkCaches built for the same model, each used for one row only.
+        caches: SinkCaches built for the same model, ``caches[i]`` used for ``rows[i]`` rows only.
+        rows: rows per cache (>= 1 each); None: one each.
 
     Raises:
-        InputError: no caches, different budgets (per layer: pyramidkv with another policy), or caches
-            with different layers.
+        InputError: no caches, a ``rows`` of another length or with a count < 1, different budgets (per
+            layer: pyramidkv with another policy), or caches with different layers.
     """
 
-    def __init__(self, caches: list[SinkCache]) -> None:
+    def __init__(self, caches: list[SinkCache], rows: list[int] | None = None) -> None:
         if not caches:
             raise InputError("a StackedCache needs at least one SinkCache")
+        if rows is not None and (len(rows) != len(caches) or any(int(n) < 1 for n in rows)):
+            raise InputError(f"a StackedCache needs one row count >= 1 per cache, got {list(rows)} for {len(caches)} caches")
         budgets = sorted({c.budget for c in caches})
         if len(budgets) > 1:
             raise InputError(f"a StackedCache needs one budget for all its caches, got {budgets}")
@@ -1125,8 +1176,9 @@ class StackedCache(Cache):
         if len({tuple(layer.policy.budget for layer in c.layers) for c in caches}) > 1:
             raise InputError("a StackedCache needs the same budget in every layer of its caches; pyramidkv's per-layer "
                              "budgets differ from the other policies': decode it alone")
-        super().__init__(layers=[StackedLayer([c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
+        super().__init__(layers=[StackedLayer([c.layers[i] for c in caches], rows) for i in range(len(caches[0].layers))])
         self.caches = caches
+        self.rows = list(rows) if rows is not None else [1] * len(caches)
         self.policy = ", ".join(dict.fromkeys(c.policy for c in caches))
 
     def attn_implementation(self, module=None) -> str:

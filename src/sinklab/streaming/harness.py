@@ -44,7 +44,7 @@ from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError, param
 from sinklab.fileio import atomic_write_text
 from sinklab.progress import progress as show_progress
-from sinklab.streaming.cache import SinkCache
+from sinklab.streaming.cache import SinkCache, long_calls_expected
 
 
 @dataclass
@@ -305,14 +305,40 @@ def _step(model, ids: Tensor, cache, start: int, *, last_only: bool = False) -> 
 def step_batch(model, ids: Tensor, cache, start: int, *, last_only: bool = False) -> Tensor:
     """Feed ``ids`` (B, q), B streams of equal length, at positions ``start ..`` (0-based) through
     ``cache``; logits (B, q or 1, V) (:meth:`sinklab.capture.adapter.ModelAdapter.step`: sinklab models
-    take cache positions from the cache itself)."""
-    return adapt(model).step(ids, cache, start, last_only=last_only)
+    take cache positions from the cache itself). The call sizes are the caller's choice: a SinkCache does not
+    warn about a call above its budget (:func:`~sinklab.streaming.cache.long_calls_expected`)."""
+    with long_calls_expected():
+        return adapt(model).step(ids, cache, start, last_only=last_only)
 
 
 def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     """(n, V) logits, (n,) targets -> (n,) float64 NLL in nats."""
     logits = logits.float()
     return (torch.logsumexp(logits, -1) - logits.gather(-1, targets[:, None])[:, 0]).double()
+
+
+def _score_rows(logits: Tensor, targets: Tensor, ref: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Scores of q next-token predictions against their targets and the full cache's logits.
+
+    Args:
+        logits: (q, V) logits as the model gave them. targets: (q,) int64 next tokens.
+        ref: (k, V) full-cache logits of the first k <= q rows, on any device; None: k = 0.
+
+    Returns:
+        (q,) float64 NLL (nats), KL(p_full || p_this) (nats) and top-1 agreement (1.0 / 0.0), NaN in the
+        last two after row k; on the logits' device, nothing read back to the host.
+    """
+    from sinklab.metrics.agreement import kl_to_full, top1_agreement
+
+    nll = _next_token_nll(logits, targets)
+    kl = torch.full_like(nll, float("nan"))
+    agree = torch.full_like(nll, float("nan"))
+    if ref is not None and ref.shape[0]:
+        k = ref.shape[0]
+        ref = ref.to(logits.device)
+        kl[:k] = kl_to_full(ref, logits[:k])
+        agree[:k] = top1_agreement(ref, logits[:k]).double()
+    return nll, kl, agree
 
 
 class Scores:
@@ -339,19 +365,11 @@ class Scores:
     def score(self, positions: Sequence[int], logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Score ``logits`` (q, V) of the stream positions ``positions`` (q increasing 0-based ints) against
         ``targets`` (q,) without reading them back to the host: (q,) float64 NLL, KL and agreement (NaN at
-        positions without a reference), on the logits' device; :meth:`add` stores them."""
-        from sinklab.metrics.agreement import kl_to_full, top1_agreement
-
-        nll = _next_token_nll(logits, targets)
-        kl = torch.full_like(nll, float("nan"))
-        agree = torch.full_like(nll, float("nan"))
+        positions without a reference), on the logits' device (:func:`_score_rows`); :meth:`add` stores them."""
         m = 0 if self.ref is None else self.ref.shape[0]
         k = sum(1 for p in positions if p < m)  # positions increase: the first k have a reference
-        if k:
-            ref = self.ref[torch.as_tensor(list(positions[:k]), device=self.ref.device)].to(logits.device)
-            kl[:k] = kl_to_full(ref, logits[:k])
-            agree[:k] = top1_agreement(ref, logits[:k]).double()
-        return nll, kl, agree
+        ref = self.ref[torch.as_tensor(list(positions[:k]), device=self.ref.device)] if k else None
+        return _score_rows(logits, targets, ref)
 
     def add(self, positions: Sequence[int], nll: Tensor, kl: Tensor, agree: Tensor) -> None:
         """Store the scores of :meth:`score` (one host read)."""
@@ -365,6 +383,11 @@ class Scores:
         self.add(positions, *self.score(positions, logits, targets))
 
 
+def _row_scores(ref: Tensor | None, rows: int) -> list[Scores]:
+    """One fresh :class:`Scores` per stream of a batch, row b against ``ref[b]`` ((B, m, V) or None)."""
+    return [Scores(None if ref is None else ref[b]) for b in range(rows)]
+
+
 @torch.no_grad()
 def stream_nll(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, block: int = 256,
                scores: "Scores | None" = None, keep: list | None = None) -> dict[int, float]:
@@ -375,6 +398,7 @@ def stream_nll(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, 
     ``max_context`` tokens. The vocabulary projection runs ``block`` positions at a time.
 
     Args:
+        ids: (N,) int64 stream.
         scores: filled with the NLLs and, where it holds a reference, the agreement with the full cache
             (:class:`Scores`); None: a fresh one without a reference.
         keep: the (q, V) logits blocks are appended to it (positions 0 .. in order), as the model gave them.
@@ -382,26 +406,38 @@ def stream_nll(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, 
     Returns:
         {position t: NLL of token t + 1}, t 0-based.
     """
+    scores = Scores() if scores is None else scores
+    rows: list | None = [] if keep is not None else None
+    _stream_nll_rows(model, ids.view(1, -1), spec, max_context=max_context, block=block, scores=[scores], keep=rows)
+    if keep is not None:
+        keep.extend(k[0] for k in rows)
+    return scores.nll
+
+
+@torch.no_grad()
+def _stream_nll_rows(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, block: int = 256,
+                     scores: list[Scores], keep: list | None = None) -> None:
+    """:func:`stream_nll` of B streams of equal length in one forward: ``ids`` (B, N) int64, ``scores`` one
+    :class:`Scores` per row (filled), ``keep`` gets the (B, q, V) logits blocks (positions 0 .. in order)."""
     from sinklab.streaming.parallel import sink_window_mode
 
-    n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
-    x = ids[:n].view(1, -1).to(model.device)
+    n = ids.shape[1] if spec.kind != "full" or max_context is None else min(ids.shape[1], max_context)
+    x = ids[:, :n].to(model.device)
     window = None if spec.kind == "full" else spec.window
     with sink_window_mode(model, spec.n_sink or 0, window, block=block):
         hidden = model.base_model(input_ids=x, position_ids=torch.arange(n, device=x.device)[None],
-                                  use_cache=False).last_hidden_state[0]  # (n, d)
+                                  use_cache=False).last_hidden_state  # (B, n, d)
     head = model.get_output_embeddings()
     cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
-    scores = Scores() if scores is None else scores
     for a in range(0, n - 1, block):
         b = min(n - 1, a + block)
-        logits = head(hidden[a:b])
+        logits = head(hidden[:, a:b])  # (B, q, V)
         if cap:
             logits = torch.tanh(logits / cap) * cap
         if keep is not None:
             keep.append(logits)
-        scores.add_logits(range(a, b), logits, x[0, a + 1 : b + 1])
-    return scores.nll
+        for r, sc in enumerate(scores):
+            sc.add_logits(range(a, b), logits[r], x[r, a + 1 : b + 1])
 
 
 @torch.no_grad()
@@ -427,7 +463,7 @@ def attention_for(model, spec: CacheSpec):
 def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, latency_steps: int = 0,
                   progress: bool = True, scores: "Scores | None" = None,
                   keep: list | None = None) -> tuple[dict[int, float], float, int, int, str | None]:
-    """Feed ``ids`` one token at a time through ``spec``'s real cache (positions as
+    """Feed ``ids`` (N,) one token at a time through ``spec``'s real cache (positions as
     :func:`stream_nll_decode`); the last ``latency_steps`` steps are timed. ``scores`` and ``keep`` as
     :func:`stream_nll` (``keep`` gets one (1, V) block per position).
 
@@ -435,10 +471,31 @@ def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | Non
         ({position t: NLL of token t + 1}, ms per timed step (nan without timing), cache bytes and
         state bytes at the end, the attention implementation used).
     """
-    n = ids.numel() if spec.kind != "full" or max_context is None else min(ids.numel(), max_context)
-    x = ids.view(1, -1).to(_device(model))
-    nll = torch.empty(3, max(n - 1, 0), dtype=torch.float64, device=x.device)  # on the device: no sync per token
     scores = Scores() if scores is None else scores
+    rows: list | None = [] if keep is not None else None
+    ms, nbytes, state, attn = _decode_rows(model, ids.view(1, -1), spec, max_context=max_context,
+                                           latency_steps=latency_steps, progress=progress, scores=[scores], keep=rows)
+    if keep is not None:
+        keep.extend(k[0] for k in rows)
+    return scores.nll, ms, nbytes, state, attn
+
+
+@torch.no_grad()
+def _decode_rows(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, latency_steps: int = 0,
+                 progress: bool = True, scores: list[Scores],
+                 keep: list | None = None) -> tuple[float, int, int, str | None]:
+    """:func:`decode_stream` of B streams of equal length, ``ids`` (B, N), as the rows of one cache (the
+    rows need no mask; a policy that scores keeps each row's own tokens); ``scores`` one :class:`Scores`
+    per row (filled), ``keep`` gets one (B, 1, V) block per position.
+
+    Returns:
+        (ms per timed step of the B rows (nan without timing), the cache's bytes and state bytes at the
+        end (all B rows), the attention implementation used).
+    """
+    B, N = ids.shape
+    n = N if spec.kind != "full" or max_context is None else min(N, max_context)
+    x = ids.to(_device(model))
+    nll = torch.empty(3, max(n - 1, 0), B, dtype=torch.float64, device=x.device)  # on the device: no sync per token
     timed = min(latency_steps, n - 1)
     elapsed = 0.0
     with attention_for(model, spec) as attn:
@@ -449,53 +506,84 @@ def decode_stream(model, ids: Tensor, spec: CacheSpec, *, max_context: int | Non
             if clock:
                 _sync(x.device)
             t0 = time.perf_counter()
-            logits = _step(model, x[:, t : t + 1], cache, pos)
+            logits = step_batch(model, x[:, t : t + 1], cache, pos)[:, 0]  # (B, V)
             if clock:
                 _sync(x.device)  # CUDA runs asynchronously: the step's time is its kernels' time
                 elapsed += time.perf_counter() - t0
             if keep is not None:
-                keep.append(logits)
-            nll[:, t] = torch.stack(scores.score([t], logits, x[0, t + 1 : t + 2]))[:, 0]
-    scores.add(range(n - 1), *nll)
-    out = scores.nll
+                keep.append(logits[:, None])
+            nll[:, t] = torch.stack([torch.stack(sc.score([t], logits[r : r + 1], x[r, t + 1 : t + 2]))[:, 0]
+                                     for r, sc in enumerate(scores)], dim=-1)
+    for r, sc in enumerate(scores):
+        sc.add(range(n - 1), *nll[:, :, r])
     ms = 1000.0 * elapsed / timed if timed else float("nan")
     state = cache.state_nbytes if isinstance(cache, SinkCache) else 0
-    return out, ms, _cache_nbytes(cache), state, attn
+    return ms, _cache_nbytes(cache), state, attn
 
 
 @torch.no_grad()
 def decode_stacked(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: bool = True,
                    scores: "dict[str, Scores] | None" = None) -> dict[str, tuple[dict[int, float], int, int]]:
-    """Feed ``ids`` token by token through the caches of ``specs`` at once, one configuration per row of
-    the batch (:class:`~sinklab.streaming.cache.StackedCache`; cache positions): the NLLs each
+    """Feed ``ids`` (N,) token by token through the caches of ``specs`` at once, one configuration per row
+    of the batch (:class:`~sinklab.streaming.cache.StackedCache`; cache positions): the NLLs each
     configuration's cache gives alone, for the cost of one batched decode.
 
     Args:
-        specs: ``sink`` configurations of one budget.
+        specs: ``sink`` configurations of one budget (and pyramidkv only with pyramidkv).
         scores: {name: :class:`Scores`} filled for each configuration (all with the same reference or none);
             None: fresh ones without a reference.
 
     Returns:
         {name: ({position t: NLL of token t + 1}, cache bytes, state bytes at the end)}.
     """
+    scores = {s.name: Scores() for s in specs} if scores is None else scores
+    ref = scores[specs[0].name].ref  # every row is scored against the same reference
+    got = _decode_stacked_rows(model, ids.view(1, -1), specs, progress=progress,
+                               scores={s.name: [scores[s.name]] for s in specs}, ref=None if ref is None else ref[None])
+    return {s.name: (scores[s.name].nll, *got[s.name]) for s in specs}
+
+
+@torch.no_grad()
+def _decode_stacked_rows(model, ids: Tensor, specs: Sequence[CacheSpec], *, progress: bool,
+                         scores: dict[str, list[Scores]], ref: Tensor | None) -> dict[str, tuple[int, int]]:
+    """:func:`decode_stacked` of B streams of equal length, ``ids`` (B, N): R configurations x B streams as
+    the R B rows of one batch (row r B + b: stream b under ``specs[r]``). Each configuration's stream 0 has
+    a one-row cache of its own (so its bytes are those of the stream alone), its streams 1 .. B-1 one cache
+    of B - 1 rows (each row keeps its own tokens).
+
+    Args:
+        scores: {name: one :class:`Scores` per stream} (filled). ref: (B, m, V) full-cache logits of the
+            streams' positions 0 .. m-1, or None (no agreement).
+
+    Returns:
+        {name: (cache bytes, state bytes) of stream 0's cache at the end}.
+    """
     from sinklab.streaming.cache import StackedCache
 
-    n, R = ids.numel(), len(specs)
-    x = ids.view(1, -1).to(_device(model)).expand(R, -1)
+    B, n = ids.shape
+    R = len(specs)
+    x = ids.to(_device(model)).repeat(R, 1)  # (R B, n), configuration-major
     scored = next((s for s in specs if s.needs_weights), specs[0])
-    scores = {s.name: Scores() for s in specs} if scores is None else scores
-    scorer = scores[specs[0].name]  # every row is scored against the same reference
+    m = 0 if ref is None else ref.shape[1]
     with attention_for(model, scored):
-        caches = [_new_cache(model, s, None) for s in specs]
-        cache = StackedCache(caches)
-        desc = f"{len(specs)} caches @{specs[0].budget}"
-        nll = torch.empty(3, max(n - 1, 0), R, dtype=torch.float64, device=x.device)  # no sync per token
+        caches, rows = [], []
+        for s in specs:
+            caches.append(_new_cache(model, s, None))
+            rows.append(1)
+            if B > 1:
+                caches.append(_new_cache(model, s, None))
+                rows.append(B - 1)
+        cache = StackedCache(caches, rows)
+        desc = f"{R} caches @{specs[0].budget}" + (f" x {B} streams" if B > 1 else "")
+        nll = torch.empty(3, max(n - 1, 0), R * B, dtype=torch.float64, device=x.device)  # no sync per token
         for t in show_progress(range(n - 1), desc=desc, unit="token", enabled=progress):
-            logits = step_batch(model, x[:, t : t + 1], cache, cache.kept_length())[:, 0]  # (R, V)
-            nll[:, t] = torch.stack(scorer.score([t] * R, logits, x[:, t + 1]))
+            logits = step_batch(model, x[:, t : t + 1], cache, cache.kept_length())[:, 0]  # (R B, V)
+            nll[:, t] = torch.stack(_score_rows(logits, x[:, t + 1], ref[:, t].repeat(R, 1) if t < m else None))
         for r, s in enumerate(specs):
-            scores[s.name].add(range(n - 1), *nll[:, :, r])
-    return {s.name: (scores[s.name].nll, c.nbytes, c.state_nbytes) for s, c in zip(specs, caches)}
+            for b in range(B):
+                scores[s.name][b].add(range(n - 1), *nll[:, :, r * B + b])
+    firsts = caches[::2] if B > 1 else caches
+    return {s.name: (c.nbytes, c.state_nbytes) for s, c in zip(specs, firsts)}
 
 
 def _device(model) -> torch.device:
@@ -546,31 +634,60 @@ def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int =
 @torch.no_grad()
 def run_recompute(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int,
                   progress: bool = True, ref: Tensor | None = None) -> StreamConfigResult:
-    """Sliding window with recomputation: for t = 0, every, 2 every, ... a fresh forward over
-    ``ids[max(0, t - window) : t + 1]`` (positions from 0) scores token t + 1; latency is the mean
-    time of one such forward; ``ref``: the full cache's logits for the agreement (:class:`Scores`)."""
-    n, w = ids.numel(), spec.window
-    x = ids.view(1, -1).to(_device(model))
-    scores = Scores(ref)
-    elapsed, nbytes = 0.0, 0
+    """Sliding window with recomputation on the stream ``ids`` (N,): for t = 0, every, 2 every, ... a fresh
+    forward over ``ids[max(0, t - window) : t + 1]`` (positions from 0) scores token t + 1; latency is the
+    mean time of one such forward; ``ref``: the full cache's logits for the agreement (:class:`Scores`)."""
+    return _recompute_rows(model, ids.view(1, -1), spec, chunk=chunk, every=every, progress=progress,
+                           ref=None if ref is None else ref[None], latency_steps=0)[0]
+
+
+@torch.no_grad()
+def _recompute_rows(model, ids: Tensor, spec: CacheSpec, *, chunk: int, every: int, progress: bool,
+                    ref: Tensor | None, latency_steps: int) -> list[StreamConfigResult]:
+    """:func:`run_recompute` of B streams of equal length, ``ids`` (B, N): each forward takes the B rows'
+    windows at once; ``ref`` (B, m, V) or None. One stream (B = 1): every forward timed, as
+    :func:`run_recompute`. Several: stream 0's latency and bytes from its own forwards at the last
+    ``latency_steps`` scored positions, timed alone (0: not timed, None and 0); the other streams None and 0.
+
+    Returns:
+        One result per stream, in row order.
+    """
+    B, n = ids.shape
+    w = spec.window
+    x = ids.to(_device(model))
+    scores = _row_scores(ref, B)
     todo = list(range(0, n - 1, every))
-    for t in show_progress(todo, desc=spec.name, unit="position", enabled=progress):
-        ctx = x[:, max(0, t - w) : t + 1]
+
+    def forward(rows: Tensor, t: int) -> tuple[Tensor, float, int]:
+        ctx = rows[:, max(0, t - w) : t + 1]
         cache = _new_cache(model, CacheSpec("full", "full", None, None), ctx.shape[1])
         _sync(x.device)
         t0 = time.perf_counter()
-        logits = _step(model, ctx, cache, 0, last_only=True)
+        logits = step_batch(model, ctx, cache, 0, last_only=True)[:, -1]  # (rows, V)
         _sync(x.device)
-        elapsed += time.perf_counter() - t0
-        scores.add_logits([t], logits.view(1, -1), x[0, t + 1 : t + 2])
-        nbytes = _cache_nbytes(cache)
-    return _result(spec, scores, n, chunk, elapsed / max(len(todo), 1), nbytes, todo)
+        return logits, time.perf_counter() - t0, _cache_nbytes(cache)
+
+    elapsed, nbytes = 0.0, 0
+    for t in show_progress(todo, desc=spec.name, unit="position", enabled=progress):
+        logits, s, nbytes = forward(x, t)
+        elapsed += s
+        for b, sc in enumerate(scores):
+            sc.add_logits([t], logits[b : b + 1], x[b, t + 1 : t + 2])
+    latency: float | None = elapsed / max(len(todo), 1)
+    if B > 1:  # the batch's forwards time B rows: stream 0 is timed alone
+        timed = todo[len(todo) - min(latency_steps, len(todo)):] if latency_steps else []
+        runs = [forward(x[:1], t)[1:] for t in timed]
+        latency = sum(s for s, _ in runs) / len(runs) if runs else None
+        nbytes = runs[-1][1] if runs else 0
+    return [_result(spec, sc, n, chunk, latency if b == 0 else None, nbytes if b == 0 else 0, todo)
+            for b, sc in enumerate(scores)]
 
 
 def _stacked_result(model, ids: Tensor, spec: CacheSpec, scores: "Scores", nbytes: int, state: int, *, chunk: int,
                     recompute_every: int, latency_steps: int) -> StreamConfigResult:
-    """The result of one configuration decoded in a stacked batch (:func:`decode_stacked`): its
-    latency is timed alone over the last ``latency_steps`` decode steps of the stream."""
+    """The result of one configuration on the stream ``ids`` (N,) decoded in a stacked batch
+    (:func:`decode_stacked`): its latency is timed alone over the last ``latency_steps`` decode steps of
+    the stream (0: None)."""
     n = ids.numel()
     steps = max(1, min(latency_steps, n - 1))
     with attention_for(model, spec) as attn:
@@ -584,33 +701,49 @@ FULL = CacheSpec("full", "full", None, None, policy="full")
 
 def _run_cache(model, ids: Tensor, spec: CacheSpec, *, chunk: int, recompute_every: int, max_context: int | None,
                mode: str, latency_steps: int, progress: bool, ref: Tensor | None,
-               keep: list | None = None) -> StreamConfigResult:
-    """One full / sink configuration alone: its NLLs (parallel or decoded), agreement with ``ref`` and latency."""
-    n = ids.numel()
+               keep: list | None = None) -> list[StreamConfigResult]:
+    """One full / sink configuration alone on B streams of equal length, ``ids`` (B, N): their NLLs
+    (parallel or decoded, the B rows at once), agreement with ``ref`` ((B, m, V) or None) and stream 0's
+    latency and bytes (``latency_steps`` 0: None and 0; the other streams always None and 0). ``keep``
+    gets the full cache's (B, q, V) logits blocks. A configuration decoded token by token with its own
+    latency (other policies, quantised caches, outside :func:`decode_stacked`) takes one stream only.
+
+    Returns:
+        One result per stream, in row order.
+
+    Raises:
+        InputError: ``n_sink + window`` above ``max_context``; several streams for a configuration that
+            takes one.
+    """
+    B, n = ids.shape
     if spec.kind == "sink" and max_context is not None and spec.n_sink + spec.window > max_context:
         raise InputError(f"n_sink + window = {spec.n_sink + spec.window} exceeds the model's context of "
                          f"{max_context} tokens")
     matched = range(0, n - 1, recompute_every)
-    scores = Scores(ref)
+    scores = _row_scores(ref, B)
     if spec.parallel_ok or spec.policy is None:
         if mode == "parallel" and adapt(model).parallel_stream:  # sinklab models: token by token (small, fast)
-            stream_nll(model, ids, spec, max_context=max_context, scores=scores, keep=keep)
+            _stream_nll_rows(model, ids, spec, max_context=max_context, scores=scores, keep=keep)
             how = "parallel"
         else:
-            decode_stream(model, ids, spec, max_context=max_context, progress=progress, scores=scores, keep=keep)
+            _decode_rows(model, ids, spec, max_context=max_context, progress=progress, scores=scores, keep=keep)
             how = "decode"
         last = n if spec.kind != "full" or max_context is None else min(n, max_context)
         steps = max(1, min(latency_steps, last - 1))
         if latency_steps:
-            ms, nbytes, state = decode_latency(model, ids[:last], spec, at=last - steps, steps=steps, state=True)
+            ms, nbytes, state = decode_latency(model, ids[0, :last], spec, at=last - steps, steps=steps, state=True)
         else:  # not timed: no latency, and the cache's bytes are not measured either
             ms, nbytes, state = None, 0, 0
         attn = adapt(model).attn_implementation
-        return _result(spec, scores, n, chunk, None if ms is None else ms / 1000.0, nbytes, matched, state_bytes=state, mode=how, attn=attn)
+        return [_result(spec, sc, n, chunk, None if ms is None or b else ms / 1000.0, 0 if b else nbytes, matched,
+                        state_bytes=0 if b else state, mode=how, attn=attn) for b, sc in enumerate(scores)]
+    if B > 1:
+        raise InputError(f"configuration {spec.name} is decoded one stream at a time here (decode_stacked batches it)")
     # other policies, quantised caches: token by token, the last steps timed
-    _, ms, nbytes, state, attn = decode_stream(model, ids, spec, max_context=max_context, latency_steps=latency_steps,
-                                               progress=progress, scores=scores, keep=keep)
-    return _result(spec, scores, n, chunk, None if math.isnan(ms) else ms / 1000.0, nbytes, matched, state_bytes=state, mode="decode", attn=attn)
+    ms, nbytes, state, attn = _decode_rows(model, ids, spec, max_context=max_context, latency_steps=latency_steps,
+                                           progress=progress, scores=scores)
+    return [_result(spec, scores[0], n, chunk, None if math.isnan(ms) else ms / 1000.0, nbytes, matched,
+                    state_bytes=state, mode="decode", attn=attn)]
 
 
 @torch.no_grad()
@@ -619,18 +752,30 @@ def full_logits(model, ids: Tensor, *, max_context: int | None, mode: str = "par
     """The full cache's next-token logits of a stream, the reference of the agreement (:class:`Scores`).
 
     Args:
-        ids: (N,) int64 stream. max_context: the full cache stops there. mode: as :func:`evaluate_stream`.
+        ids: (N,) int64 stream, or (B, N) streams of equal length. max_context: the full cache stops
+            there. mode: as :func:`evaluate_stream`.
 
     Returns:
-        (m - 1, V) logits as the model gives them, row t (0-based) predicting token t + 1, with
-        m = min(N, max_context); on the model's device.
+        (m - 1, V) logits as the model gives them ((B, m - 1, V) for (B, N) ids), row t (0-based)
+        predicting token t + 1, with m = min(N, max_context); on the model's device.
     """
+    x = ids.view(1, -1) if ids.dim() == 1 else ids
     keep: list[Tensor] = []
+    scores = _row_scores(None, x.shape[0])
     if mode == "parallel" and adapt(model).parallel_stream:
-        stream_nll(model, ids, FULL, max_context=max_context, keep=keep)
+        _stream_nll_rows(model, x, FULL, max_context=max_context, scores=scores, keep=keep)
     else:
-        decode_stream(model, ids, FULL, max_context=max_context, progress=progress, keep=keep)
-    return torch.cat([k.reshape(-1, k.shape[-1]) for k in keep])
+        _decode_rows(model, x, FULL, max_context=max_context, progress=progress, scores=scores, keep=keep)
+    ref = torch.cat(keep, dim=1)
+    return ref[0] if ids.dim() == 1 else ref
+
+
+def _stack_key(spec: CacheSpec) -> tuple[int | None, bool]:
+    """Configurations with the same key stack in one :class:`~sinklab.streaming.cache.StackedCache`: the same
+    budget, and pyramidkv (per-layer budgets) only with pyramidkv."""
+    from sinklab.streaming.policies import POLICIES
+
+    return spec.budget, getattr(POLICIES.get(spec.policy), "layer_budgets", None) is not None
 
 
 def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: int, recompute_every: int = 1,
@@ -655,7 +800,7 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).
         stack: the configurations decoded token by token (other policies, quantised caches) run up
-            to ``stack`` at a time as the rows of one batch, one batch per budget
+            to ``stack`` at a time as the rows of one batch, one batch per budget (pyramidkv in its own)
             (:func:`decode_stacked`); their latency is then timed for each alone at the end of the
             stream (:func:`decode_latency`). 0: one at a time, latency from their own last steps.
         agreement: also score every configuration against the full cache (``kl``, ``top1``: the full
@@ -667,64 +812,124 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
     """
     if ids.dim() != 1 or ids.numel() < 2:
         raise InputError(f"the stream needs at least 2 tokens, got shape {tuple(ids.shape)}")
+    return evaluate_streams(model, ids[None], specs, chunk=chunk, recompute_every=recompute_every,
+                            max_context=max_context, mode=mode, latency_steps=latency_steps, progress=progress,
+                            done=[done or {}], on_result=None if on_result is None else (lambda row, res: on_result(res)),
+                            stack=stack, agreement=agreement)[0]
+
+
+def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: int, recompute_every: int = 1,
+                     max_context: int | None = None, mode: str = "parallel", latency_steps: int = 32,
+                     progress: bool = True, done: Sequence[dict] | None = None, on_result=None,
+                     stack: int = 32, agreement: bool = True) -> list[list[StreamConfigResult]]:
+    """Evaluate every configuration of ``specs`` on B streams of equal length at once, each configuration
+    once over the batch: the numbers of :func:`evaluate_stream` on each stream alone (to float rounding:
+    the batched matrix products sum in another order; tests check 1e-5 in NLL and KL).
+
+    How each configuration batches: full, window and sinks at 16 bits run one parallel forward over the
+    B streams (or, with ``mode="decode"``, one cache of B rows token by token); the configurations decoded
+    token by token (every other policy, quantised caches) run in :func:`decode_stacked` as configuration x
+    stream rows, each configuration's stream 0 in a one-row cache of its own and its other streams in one
+    cache of B - 1 rows, whose rows keep their own tokens: the scoring policies (h2o, tova, sinks+h2o,
+    sinks+tova, detected-sinks, and snapkv, pyramidkv, knorm, which score calls of more than one token)
+    select per row from that row's attention weights or keys, and a quantised store quantises per row (the
+    lossless copies of ``sinks_full_precision="detected"`` per row as well); recompute runs each window
+    forward over the B streams. No configuration runs row by row.
+
+    Args:
+        ids: (B, N) int64, B >= 1 streams of N >= 2 tokens (no padding).
+        done: per stream (row order), results already computed, by name; a configuration done for every
+            stream is not run, one done for some is run for the batch and the done results kept.
+        on_result: called as ``on_result(row, result)`` with each new result (0-based row).
+        latency_steps: stream 0 (row 0) is timed as :func:`evaluate_stream` times its stream (B > 1: every
+            configuration's latency timed alone on stream 0: :func:`decode_latency`, or recompute's own
+            forwards over its last ``latency_steps`` scored positions); the other streams are not timed:
+            ``latency_ms_per_token`` None, ``cache_bytes`` and ``state_bytes`` 0.
+        stack: as :func:`evaluate_stream` (B > 1: at least 1, the token-by-token configurations are always
+            stacked).
+        (the others as :func:`evaluate_stream`; the reference of the agreement is (B, m - 1, V) here)
+
+    Returns:
+        Per stream (row order) the results in the order of ``specs``.
+
+    Raises:
+        InputError: ``ids`` not (B, N) with N >= 2, ``done`` of another length, B > 1 on a model trained
+            with ``sinklab train`` (decoded token by token, one stream at a time), and as
+            :func:`evaluate_stream`.
+    """
+    if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 2:
+        raise InputError(f"the streams need shape (B, N) with N >= 2 tokens, got {tuple(ids.shape)}")
     if mode not in ("parallel", "decode"):
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
-    n = ids.numel()
-    done = done or {}
+    B, n = ids.shape
+    parallel = adapt(model).parallel_stream
+    if B > 1 and not parallel:
+        raise InputError(f"{B} streams in one batch need a transformers model; this one is decoded one stream at a time")
+    done = [dict(d) for d in done] if done is not None else [{} for _ in range(B)]
+    if len(done) != B:
+        raise InputError(f"done has {len(done)} entries for {B} streams")
+    if B > 1:
+        stack = max(stack, 1)
     kw = dict(chunk=chunk, recompute_every=recompute_every, max_context=max_context, mode=mode,
               latency_steps=latency_steps, progress=progress)
-    new: dict[str, StreamConfigResult] = {}
+    new: list[dict[str, StreamConfigResult]] = [{} for _ in range(B)]
 
-    def finished(res: StreamConfigResult) -> None:
-        new[res.name] = res
-        if on_result is not None:  # saved at once: a stopped run keeps every finished configuration
-            on_result(res)
+    def missing(spec: CacheSpec) -> bool:
+        return any(spec.name not in d for d in done)
 
-    ref = None
-    if agreement and any(s.name not in done for s in specs):
+    def finished(results: Sequence[StreamConfigResult]) -> None:
+        for b, res in enumerate(results):
+            if res.name in done[b]:
+                continue
+            new[b][res.name] = res
+            if on_result is not None:  # saved at once: a stopped run keeps every finished configuration
+                on_result(b, res)
+
+    ref = None  # (B, m - 1, V)
+    if agreement and any(missing(s) for s in specs):
         full = next((s for s in specs if s.kind == "full"), None)
-        if full is not None and full.name not in done:  # the full configuration computes the reference
+        if full is not None and missing(full):  # the full configuration computes the reference
             keep: list[Tensor] = []
-            res = _run_cache(model, ids, full, ref=None, keep=keep, **kw)
-            ref = torch.cat([k.reshape(-1, k.shape[-1]) for k in keep])
-            scores = Scores(ref)  # the full cache against itself: KL 0, top-1 1 at every position
-            scores.add_logits(range(ref.shape[0]), ref, ids[1 : ref.shape[0] + 1].to(ref.device))
-            a = _result(full, scores, n, chunk, 0.0, 0, range(0))
-            res.kl, res.top1, res.kl_by_chunk, res.top1_by_chunk = a.kl, a.top1, a.kl_by_chunk, a.top1_by_chunk
-            res.agreement_positions = a.agreement_positions
-            finished(res)
+            results = _run_cache(model, ids, full, ref=None, keep=keep, **kw)
+            ref = torch.cat(keep, dim=1)
+            m = ref.shape[1]
+            for b, res in enumerate(results):
+                scores = Scores(ref[b])  # the full cache against itself: KL 0, top-1 1 at every position
+                scores.add_logits(range(m), ref[b], ids[b, 1 : m + 1].to(ref.device))
+                a = _result(full, scores, n, chunk, 0.0, 0, range(0))
+                res.kl, res.top1, res.kl_by_chunk, res.top1_by_chunk = a.kl, a.top1, a.kl_by_chunk, a.top1_by_chunk
+                res.agreement_positions = a.agreement_positions
+            finished(results)
         else:
             ref = full_logits(model, ids, max_context=max_context, mode=mode, progress=progress)
-    if stack and adapt(model).parallel_stream:  # the token-by-token configurations, one batched decode per budget
-        todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and s.name not in done]
-        for budget in dict.fromkeys(s.budget for s in todo):
-            group = [s for s in todo if s.budget == budget]
+    if stack and parallel:  # the token-by-token configurations, one batched decode per budget
+        todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and missing(s)]
+        for key in dict.fromkeys(_stack_key(s) for s in todo):
+            group = [s for s in todo if _stack_key(s) == key]
+            budget = group[0].budget
             if max_context is not None and budget > max_context:
                 raise InputError(f"n_sink + window = {budget} exceeds the model's context of {max_context} tokens")
             for a in range(0, len(group), stack):
                 part = group[a : a + stack]
-                scores = {s.name: Scores(ref) for s in part}
-                for name, (_, nbytes, state) in decode_stacked(model, ids, part, progress=progress,
-                                                               scores=scores).items():
-                    spec = next(s for s in group if s.name == name)
-                    finished(_stacked_result(model, ids, spec, scores[name], nbytes, state, chunk=chunk,
-                                             recompute_every=recompute_every, latency_steps=latency_steps))
-    out = []
+                scores = {s.name: _row_scores(ref, B) for s in part}
+                got = _decode_stacked_rows(model, ids, part, progress=progress, scores=scores, ref=ref)
+                for s in part:
+                    nbytes, state = got[s.name]
+                    finished([_stacked_result(model, ids[b], s, scores[s.name][b], 0 if b else nbytes, 0 if b else state,
+                                              chunk=chunk, recompute_every=recompute_every,
+                                              latency_steps=0 if b else latency_steps) for b in range(B)])
     bar = show_progress(specs, desc="caches", unit="configuration", enabled=progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)
-        if spec.name in done:
-            out.append(done[spec.name])
-            continue
-        if spec.name not in new:
+        if missing(spec) and not all(spec.name in d or spec.name in m for d, m in zip(done, new)):
             if spec.kind == "recompute":
                 if max_context is not None and spec.window + 1 > max_context:
                     raise InputError(f"window + 1 = {spec.window + 1} exceeds the model's context of {max_context} tokens")
-                finished(run_recompute(model, ids, spec, chunk=chunk, every=recompute_every, progress=progress, ref=ref))
+                finished(_recompute_rows(model, ids, spec, chunk=chunk, every=recompute_every, progress=progress,
+                                         ref=ref, latency_steps=latency_steps))
             else:
                 finished(_run_cache(model, ids, spec, ref=ref, **kw))
-        out.append(new[spec.name])
-    return out
+    return [[d[s.name] if s.name in d else m[s.name] for s in specs] for d, m in zip(done, new)]
 
 
 def run_stream(run_folder, n_tokens: int) -> Tensor:

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError, param
-from sinklab.streaming.cache import SinkCache
+from sinklab.streaming.cache import SinkCache, long_calls_expected
 
 POSITIONS = ("cache", "stream")
 
@@ -86,10 +86,11 @@ def prefill(model, ids: Tensor, cache, *, chunk: int | None = None, one_call: bo
     adapter = adapt(model)
     seen = cache.get_seq_length()
     outs = []
-    for a in range(0, L, size):
-        b = min(L, a + size)
-        start = cache.kept_length() if positions == "cache" and isinstance(cache, SinkCache) else seen + a
-        outs.append(adapter.step(ids[:, a:b], cache, start, last_only=logits == "last"))
+    with long_calls_expected():  # the chunk is the caller's choice: no warning about calls above the budget
+        for a in range(0, L, size):
+            b = min(L, a + size)
+            start = cache.kept_length() if positions == "cache" and isinstance(cache, SinkCache) else seen + a
+            outs.append(adapter.step(ids[:, a:b], cache, start, last_only=logits == "last"))
     if logits == "last":
         return outs[-1][:, -1]
     return torch.cat(outs, dim=1)
@@ -130,7 +131,8 @@ def generate(model, input_ids: Tensor, cache, *, chunk: int | None = None, one_c
     """``model.generate(input_ids, cache=cache, **kwargs)`` after a chunked prefill of all but
     the last prompt token (:func:`prefill` at stream positions, which ``generate`` continues from).
 
-    With ``one_call=True`` it is plain ``model.generate`` (the prompt in one call). ``generate``
+    With ``one_call=True`` it is plain ``model.generate`` (the prompt in one call, without the
+    :class:`~sinklab.streaming.SinkCache` warning about a call above its budget). ``generate``
     takes the prefilled tokens from the cache (it slices ``input_ids`` at ``cache.get_seq_length()``).
 
     Args:
@@ -149,7 +151,9 @@ def generate(model, input_ids: Tensor, cache, *, chunk: int | None = None, one_c
         raise InputError(f"generate needs an empty cache; this one has seen {cache.get_seq_length()} tokens")
     if not one_call and input_ids.shape[1] > 1:
         prefill(model, input_ids[:, :-1], cache, chunk=chunk, positions="stream")
-    return model.generate(input_ids, cache=cache, **kwargs)
+        return model.generate(input_ids, cache=cache, **kwargs)
+    with long_calls_expected():  # one call asked for: no warning about the prompt above the budget
+        return model.generate(input_ids, cache=cache, **kwargs)
 
 
 __all__ = ["default_chunk", "generate", "prefill", "prefill_question"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,13 +20,15 @@ import torch
 from sinklab.errors import InputError, param
 from sinklab.result import DictResult, out_folder
 from sinklab.streaming.cache import SinkCache
-from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, policy_specs,
-                                      result_from_dict, token_stream, write_outputs)
+from sinklab.streaming.harness import (StreamConfigResult, cache_specs, evaluate_stream, evaluate_streams,
+                                      policy_specs, result_from_dict, token_stream, write_outputs)
 from sinklab.streaming.options import PasskeyOptions, PerplexityOptions, StreamOptions
 from sinklab.streaming.task_registry import TASKS, StreamTask, register_task
 from sinklab.zoo.models import DEFAULT_MODEL
 
 DEFAULT_SINKS = (0, 1, 2, 4, 8)
+#: the default ``stream_batch`` keeps the batch's full-cache reference logits ((B, tokens - 1, V)) within this
+REFERENCE_BYTES = 2 * 2**30
 
 
 class StreamResult(DictResult):
@@ -147,6 +149,8 @@ def _specs(o: StreamOptions, task: str) -> list:
         raise InputError(f"unknown mode {o.mode!r}: parallel | decode")
     if getattr(o, "streams", 1) < 1:
         raise InputError(f"{param('streams')} must be >= 1, got {o.streams}")
+    if getattr(o, "stream_batch", None) is not None and o.stream_batch < 1:
+        raise InputError(f"{param('stream_batch')} must be >= 1, got {o.stream_batch}")
     if o.policies:
         if o.sinks is not None:
             raise InputError(f"{param('sinks')} sets the sink caches of the default run; with {param('policies')} give "
@@ -197,11 +201,31 @@ def _perplexity(subject, o: PerplexityOptions, *, model, resume: dict | None, on
     return payload()
 
 
+def stream_batch_size(model, o: PerplexityOptions, n_streams: int) -> int:
+    """Streams per batch of a multi-stream run: ``o.stream_batch`` (at most ``n_streams``), or by default
+    all of them, capped so that the batch's full-cache reference logits, (B, tokens - 1, V) in the model's
+    dtype, stay within :data:`REFERENCE_BYTES` (at least 1)."""
+    if o.stream_batch is not None:
+        return max(1, min(o.stream_batch, n_streams))
+    head = model.get_output_embeddings()
+    vocab = head.weight.shape[0] if head is not None else model.config.get_text_config(decoder=True).vocab_size
+    per_stream = max(1, (o.tokens - 1) * vocab * next(model.parameters()).element_size())
+    return max(1, min(n_streams, REFERENCE_BYTES // per_stream))
+
+
+def _untimed(res: StreamConfigResult) -> StreamConfigResult:
+    """A result of a stream after the first: no latency, no bytes (only the first stream is timed)."""
+    return replace(res, latency_ms_per_token=None, cache_bytes=0, state_bytes=0)
+
+
 def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int, ctx, native: bool,
                 resume: dict | None, on_result, progress: bool, command: str) -> StreamResult:
     """``streams`` > 1: every configuration on each of ``streams`` documents of the corpora ``o.corpus``
-    (comma-separated), one stream at a time, with intervals over streams (:mod:`sinklab.streaming.streams`);
-    streams of ``resume`` with the same settings are kept."""
+    (comma-separated), with intervals over streams (:mod:`sinklab.streaming.streams`); streams of ``resume``
+    with the same settings are kept. The streams (all ``tokens`` long) run ``stream_batch`` at a time as
+    the rows of one batch (:func:`~sinklab.streaming.harness.evaluate_streams`: the numbers of each stream
+    alone; :func:`stream_batch_size`); the first stream alone is timed (latency, cache bytes), the others
+    get None and 0 whatever the batching."""
     from sinklab.provenance import code_version
     from sinklab.result import versions
     from sinklab.streaming.streams import document_streams, stream_set_payload
@@ -217,43 +241,51 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
     if o.policies:
         key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
     prev_streams = resume.get("streams", []) if resume and all(resume.get(k) == v for k, v in key.items()) else []
+    size = stream_batch_size(subject.model, o, len(sources)) if len({s.ids.numel() for s in sources}) == 1 else 1
     meta = {"command": command, **key, "max_context": ctx,
             "title": f"{subject.info['name']} · {key['corpus']} · {o.streams} streams x {o.tokens} tokens",
             "model_info": subject.info, "corpus_sources": [c.source for c in corpora], "versions": versions(),
             "mode": o.mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
-            "load_average_at_start": _load(),
+            "load_average_at_start": _load(), "stream_batch": size,
             "definitions": {**_meta_definitions(every, o.policies),
                             "streams": "one document each: its first `tokens` tokens after the tokenizer's BOS; "
                                        "per corpus, the documents long enough taken evenly spaced",
-                            "batching": "streams evaluated one at a time (each configuration's parallel forward or "
-                                        "token-by-token decode on one stream)",
-                            "latency_ms_per_token": "timed on the first stream only (the others: null, cache_bytes 0); "
-                                                    "the summary's latency and cache_bytes are the first stream's"}}
+                            "batching": ("streams evaluated one at a time" if size == 1 else
+                                         f"streams evaluated {size} at a time as the rows of one batch, each "
+                                         "configuration once over the batch (the numbers of each stream alone, to "
+                                         "float rounding; sinklab.streaming.harness.evaluate_streams)"),
+                            "latency_ms_per_token": "timed on the first stream only, alone (the others: null, "
+                                                    "cache_bytes and state_bytes 0); the summary's latency and "
+                                                    "cache_bytes are the first stream's"}}
     finished: list[dict] = []
     t0 = time.perf_counter()
-    for i, src in enumerate(sources):
-        old = prev_streams[i] if i < len(prev_streams) else {"configs": []}
-        done = {c["name"]: result_from_dict(c) for c in old["configs"]}
-        current = {"info": src.info(), "configs": []}
-        results = dict(done)
+    for first in range(0, len(sources), size):
+        rows = list(range(first, min(first + size, len(sources))))
+        dones = [{c["name"]: result_from_dict(c) for c in (prev_streams[i] if i < len(prev_streams) else {"configs": []})["configs"]}
+                 for i in rows]
+        currents = [{"info": sources[i].info(), "configs": []} for i in rows]
+        results = [dict(d) for d in dones]
 
-        def save(res, current=current, results=results) -> None:
-            results[res.name] = res
-            current["configs"] = [asdict(results[s.name]) for s in specs if s.name in results]
+        def save(row: int, res: StreamConfigResult, rows=rows, currents=currents, results=results) -> None:
+            results[row][res.name] = res if rows[row] == 0 else _untimed(res)
+            currents[row]["configs"] = [asdict(results[row][s.name]) for s in specs if s.name in results[row]]
             if on_result is not None:
                 on_result(StreamResult(stream_set_payload({**meta, "wall_s": time.perf_counter() - t0},
-                                                          finished + [current])))
+                                                          finished + currents)))
 
         if progress:
             import sys
 
-            print(f"stream {i + 1}/{len(sources)}: {src.corpus} #{src.document} {src.title}", file=sys.stderr,
-                  flush=True)
-        evaluate_stream(subject.model, src.ids, specs, chunk=chunk, recompute_every=every, max_context=ctx,
-                        mode=o.mode, progress=progress, done=done, on_result=save, agreement=o.agreement,
-                        latency_steps=32 if i == 0 else 0)  # latency and memory: the first stream's
-        current["configs"] = [asdict(results[s.name]) for s in specs]
-        finished.append(current)
+            for i in rows:
+                print(f"stream {i + 1}/{len(sources)}: {sources[i].corpus} #{sources[i].document} {sources[i].title}",
+                      file=sys.stderr, flush=True)
+        evaluate_streams(subject.model, torch.stack([sources[i].ids for i in rows]), specs, chunk=chunk,
+                         recompute_every=every, max_context=ctx, mode=o.mode, progress=progress, done=dones,
+                         on_result=save, agreement=o.agreement,
+                         latency_steps=32 if first == 0 else 0)  # latency and memory: the first stream's
+        for cur, res in zip(currents, results):
+            cur["configs"] = [asdict(res[s.name]) for s in specs]
+        finished.extend(currents)
     return StreamResult(stream_set_payload({**meta, "wall_s": time.perf_counter() - t0}, finished))
 
 

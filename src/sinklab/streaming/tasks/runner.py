@@ -28,7 +28,7 @@ import torch
 from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError, param
 from sinklab.progress import progress as show_progress
-from sinklab.streaming.cache import SinkCache
+from sinklab.streaming.cache import SinkCache, long_calls_expected
 from sinklab.streaming.tasks.items import TaskItem
 
 
@@ -147,7 +147,7 @@ def evaluate_items(model, tokenizer, items: Sequence[TaskItem], cache_factory=No
     device = next(model.parameters()).device
     needs_weights = bool(getattr(cache_factory, "needs_weights", False))
     rows = []
-    with adapter.attention("eager" if needs_weights else None):
+    with adapter.attention("eager" if needs_weights else None), long_calls_expected():  # chunks chosen here
         for it in show_progress(items, desc=f"tasks {config['config']}", unit="item", enabled=progress):
             t0 = time.perf_counter()
             cache = _make_cache(model, cache_factory)
