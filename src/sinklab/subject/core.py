@@ -195,7 +195,8 @@ class Subject:
             device: ``cpu`` | ``cuda`` | ``cuda:N`` | ``auto`` (CUDA when available). None: ``cpu`` for a model
                 loaded here; a model object stays where it is unless a device is given.
             dtype: ``float32`` | ``bfloat16`` | ``float16`` (or a torch dtype). None: bfloat16 on CUDA, float32
-                otherwise; a model object keeps its dtype unless one is given.
+                otherwise; a model object keeps its dtype unless one is given, and one given converts the
+                caller's module in place (``nn.Module.to`` returns the same object): pass a copy to keep it.
             device_map: ``auto``: spread a ``transformers`` model over the GPUs, CPU and disk (``accelerate``).
             accept_license: accept an opt-in licence (gemma3-270m).
             attn_implementation: passed to ``from_pretrained`` (analyses capture through their own seam).
