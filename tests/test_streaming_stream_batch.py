@@ -169,3 +169,26 @@ def test_stream_task_batched_equals_one_at_a_time(tmp_path, tiny_model_dir):
         for f in ("nll", "nll_low", "nll_high", "kl", "kl_low", "kl_high", "top1"):
             assert sb[f] == pytest.approx(so[f], abs=TOL), (sb["name"], f)
     assert "--stream-batch 1" in one["command"] and "--stream-batch" not in batched["command"]
+
+
+@pytest.mark.parametrize("name", ["h2o", "sinks+h2o", "tova", "sinks+tova"])
+def test_score_policies_select_each_row_by_its_own_scores(name):
+    """Hand-worked: two rows of one cache whose attention falls on different slots keep different slots. On the
+    random tiny LLaMA above, H2O's accumulated scores follow token age, so every row keeps the same arrivals and
+    the batched-equals-alone test cannot see a row selecting with another row's scores; this case can.
+    Budget 3 with 1 protected slot (h2o: the recent slot 4; sinks+: the sink arrival 0, n_sink 1): the two other
+    kept slots are each row's two highest-scoring ones."""
+    from sinklab.streaming.policies import POLICIES
+
+    n_sink = 1 if name.startswith("sinks") else 0
+    opts = {"recent": 1 - n_sink} if "h2o" in name else {}
+    pol = POLICIES.get(name)(budget=3, n_sink=n_sink, **opts)
+    w = torch.full((2, 1, 1, 5), 0.01, dtype=torch.float64)  # (B, H, q, n): one query over 5 slots
+    w[0, 0, 0, [1, 3, 4]] = torch.tensor([0.6, 0.3, 0.2], dtype=torch.float64)
+    w[1, 0, 0, [2, 0, 4]] = torch.tensor([0.6, 0.3, 0.2], dtype=torch.float64)
+    pol.observe(w, 1)
+    kept = pol.keep(5, torch.arange(5))
+    # no sinks: row 0 keeps its three heaviest (1, 3, 4), row 1 its own (0, 2, 4); h2o's protected recent slot 4 is
+    # among them. sinks+: arrival 0 always, then each row's two heaviest of slots 1-4: (1, 3) and (2, 4)
+    expected = [[0, 1, 3], [0, 2, 4]] if n_sink else [[1, 3, 4], [0, 2, 4]]
+    assert kept.tolist() == expected

@@ -209,7 +209,9 @@ def _print_stream_set(res, out: Path) -> None:
     typer.echo(f"{'config':<{w}} {'ppl [95% CI]':>26} {'KL nats [95% CI]':>30} {'top-1 [95% CI]':>24}")
     for c in res["configs"]:
         typer.echo(f"{c['name']:<{w}} {_ci(c, 'ppl', '.2f'):>26} {_ci(c, 'kl', '.4f'):>30} {_ci(c, 'top1', '.3f'):>24}")
-    typer.echo(f"means over {n} streams, 95% t-intervals over streams; ppl = exp(mean per-stream NLL)")
+    typer.echo(f"means over {n} streams, 95% t-intervals over streams; ppl = exp(mean per-stream NLL)"
+               + ("; the intervals are not clipped, so with few streams a KL bound can be below 0 or a top-1 bound "
+                  "above 1" if n < 8 else ""))
     decided = [x for x in res["comparisons"] if x["better"] != "inconclusive"]
     typer.echo(f"paired comparisons (A - B per stream): {len(decided)} of {len(res['comparisons'])} decided")
     for x in decided:

@@ -419,7 +419,8 @@ def _meta_definitions(every: int, policies) -> dict:
         "mode": "parallel: one forward per configuration computing exactly the token-by-token cache's "
                 "attention (sinklab.streaming.parallel); decode: token by token through the cache",
         "latency": "mean of 32 single-token decode steps through the real cache at the end of the stream, "
-                   "after filling it in chunks (configurations decoded token by token: their own last 32 steps)",
+                   "after filling it in chunks (with stacking off, the configurations decoded token by token: "
+                   "their own last 32 steps)",
         **(_POLICY_DEFINITIONS if policies else {}),
     }
 

@@ -226,7 +226,7 @@ def write_stream_set(out, payload: dict) -> None:
         out / "stream.csv", index=False)
     pd.DataFrame(per_stream_table(streams)).astype({"budget": "Int64"}).to_csv(out / "stream_by_stream.csv", index=False)
     pd.DataFrame(payload["comparisons"]).to_csv(out / "stream_comparisons.csv", index=False)
-    rows = [{"config": c["name"], "chunk": j, "start": j * chunk, "end": (j + 1) * chunk, "ppl": p,
+    rows = [{"config": c["name"], "chunk": j, "start": j * chunk, "end": min((j + 1) * chunk, payload["tokens"] - 1), "ppl": p,
              "kl": (c["kl_by_chunk"][j] if j < len(c["kl_by_chunk"]) else None),
              "top1": (c["top1_by_chunk"][j] if j < len(c["top1_by_chunk"]) else None)}
             for c in configs for j, p in enumerate(c["ppl_by_chunk"])]
