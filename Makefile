@@ -40,13 +40,15 @@ demo: setup
 # Every test (CI runs this), spread over the cores (pytest-xdist); the 25 slowest are printed. TEST_WORKERS=1 runs
 # them in one process.
 TEST_WORKERS ?= auto
+# PYTHONDONTWRITEBYTECODE= (empty: unset) lets the workers reuse compiled sources and rewritten test modules
+# between runs where the environment turns bytecode off (about 3.5 s of collection per worker here).
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # The unit lane: no subprocess CLI, torchrun, sweep, nested pytest, torch.compile or network (the markers in
 # pyproject.toml); under a minute on two cores.
 check: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not integration and not compile and not network and not cuda" --durations=10
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not integration and not compile and not network and not cuda" --durations=10
 
 clean:
 	rm -rf $(VENV) runs
