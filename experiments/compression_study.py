@@ -50,9 +50,24 @@ def perplexity_table(folder: Path) -> list[str]:
 
 
 def needle_table(folder: Path) -> list[str]:
+    """Correct answers per configuration, overall and per depth (lengths pooled), with Wilson 95% intervals
+    (:func:`sinklab.metrics.proportion.wilson_interval`) from the per-cell counts of ``accuracy.csv``."""
+    from sinklab.metrics.proportion import wilson_interval
+
     df = pd.read_csv(folder / "accuracy.csv")
-    out = [f"### `{folder.name}/`", "", "```", df.to_string(index=False), "```", ""]
-    return out
+    depths = sorted(df["depth"].unique())
+    out = [f"### `{folder.name}/` (correct / items, Wilson 95% interval; lengths {', '.join(str(int(x)) for x in sorted(df['length'].unique()))})", "",
+           "| configuration | all | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
+           "|---|---|" + "---|" * len(depths)]
+
+    def cell(g: pd.DataFrame) -> str:
+        k, n = int(g["correct"].sum()), int(g["n"].sum())
+        lo, hi = wilson_interval(k, n)
+        return f"{k}/{n} [{lo:.2f}, {hi:.2f}]"
+
+    for name, g in df.groupby("config", sort=False):
+        out.append(f"| {name} | {cell(g)} | " + " | ".join(cell(g[g['depth'] == d]) for d in depths) + " |")
+    return out + ["", "Per length x depth cell: `accuracy.csv`; heat-map: `heatmap.png`.", ""]
 
 
 def main() -> None:
