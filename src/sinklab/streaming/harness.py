@@ -496,6 +496,10 @@ def _decode_rows(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None
     n = N if spec.kind != "full" or max_context is None else min(N, max_context)
     x = ids.to(_device(model))
     nll = torch.empty(3, max(n - 1, 0), B, dtype=torch.float64, device=x.device)  # on the device: no sync per token
+    # each token is scored for all rows in one call, against the rows' full-cache logits at that position
+    # (gathered per token: stacking the (m, V) references whole would copy them)
+    refs = None if any(sc.ref is None for sc in scores) else [sc.ref for sc in scores]
+    m = 0 if refs is None else min(r.shape[0] for r in refs)
     timed = min(latency_steps, n - 1)
     elapsed = 0.0
     with attention_for(model, spec) as attn:
@@ -512,8 +516,8 @@ def _decode_rows(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None
                 elapsed += time.perf_counter() - t0
             if keep is not None:
                 keep.append(logits[:, None])
-            nll[:, t] = torch.stack([torch.stack(sc.score([t], logits[r : r + 1], x[r, t + 1 : t + 2]))[:, 0]
-                                     for r, sc in enumerate(scores)], dim=-1)
+            ref_t = torch.stack([r[t] for r in refs]) if t < m else None  # (B, V)
+            nll[:, t] = torch.stack(_score_rows(logits, x[:, t + 1], ref_t))
     for r, sc in enumerate(scores):
         sc.add(range(n - 1), *nll[:, :, r])
     ms = 1000.0 * elapsed / timed if timed else float("nan")
