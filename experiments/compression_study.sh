@@ -16,6 +16,14 @@
 #   needle    needle in a haystack of real essays (pg-essays) at 1024 / 2048 tokens x depths 0 / 0.5 / 1, 3 items
 #             per cell, under the full cache (the ceiling) and sinks / snapkv / pyramidkv / knorm / window at
 #             budgets 128 / 256, chunked prefill at the window.
+#   ruler     the RULER-style suite (6 sub-tasks) in the same haystacks, 1024 / 2048 tokens x depths 0 / 0.5 / 1,
+#             3 items per cell, full cache and sinks / snapkv / knorm / window at budget 128.
+#   needle_storage  the needle task with sinks at budget 128 stored in 16 / 4 / 2 bits, and 2 bits with the 4 sink
+#             tokens lossless (the tasks under quantised storage).
+#   needle_long     the needle task at 4096 / 8192 tokens (8192 is SmolLM2's trained context), budgets 256 / 512,
+#             sinks / snapkv / window.
+#   long      perplexity on 8 streams x 2048 tokens, window / sinks at budgets 256 / 512 (budget 512 on streams
+#             longer than it).
 set -euo pipefail
 SL=${SINKLAB:-sinklab}
 OUT=results/compression/study
@@ -31,4 +39,20 @@ fi
 if [[ $STEP == all || $STEP == needle ]]; then
   $SL stream needle --model smollm2-135m --lengths 1024,2048 --depths 0,0.5,1 --items 3 \
       --policy sinks,snapkv,pyramidkv,knorm,window --budget 128,256 --threads 1 --out $OUT/needle
+fi
+if [[ $STEP == all || $STEP == ruler ]]; then
+  $SL stream ruler --model smollm2-135m --lengths 1024,2048 --depths 0,0.5,1 --items 3 \
+      --policy sinks,snapkv,knorm,window --budget 128 --threads 1 --out $OUT/ruler
+fi
+if [[ $STEP == all || $STEP == needle_storage ]]; then
+  $SL stream needle --model smollm2-135m --lengths 1024,2048 --depths 0,0.5,1 --items 3 \
+      --policy sinks --budget 128 --kv-bits 16,4,2 --sinks-full-precision 0,4 --threads 1 --out $OUT/needle_storage
+fi
+if [[ $STEP == all || $STEP == needle_long ]]; then
+  $SL stream needle --model smollm2-135m --lengths 4096,8192 --depths 0,0.5,1 --items 3 \
+      --policy sinks,snapkv,window --budget 256,512 --threads 1 --out $OUT/needle_long
+fi
+if [[ $STEP == all || $STEP == long ]]; then
+  $SL stream perplexity --model smollm2-135m --corpus sotu,austen --streams 8 --tokens 2048 --no-recompute \
+      --threads 1 --policy window,sinks --budget 256,512 --out $OUT/long
 fi
