@@ -45,10 +45,10 @@ TEST_WORKERS ?= auto
 test: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
 
-# The unit lane: no subprocess CLI, torchrun, sweep, nested pytest, torch.compile or network (the markers in
+# The unit lane: no subprocess CLI, torchrun, sweep, nested pytest, torch.compile, network or slow test (the markers in
 # pyproject.toml); under a minute on two cores.
 check: setup
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not integration and not compile and not network and not cuda" --durations=10
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not integration and not compile and not network and not slow and not cuda" --durations=10
 
 clean:
 	rm -rf $(VENV) runs

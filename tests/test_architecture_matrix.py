@@ -155,6 +155,7 @@ def _saved(model, tokenizer, path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["llama", "gpt2", "gemma3_text", "qwen3_next", "bert"])
 def test_measure_folder_matches_eager(model_type, tokenizer, text_corpus_dir, tmp_path, capsys, monkeypatch):
     """``sinklab measure FOLDER`` on a saved tiny model: its attention mass (first positions) equals the

@@ -124,6 +124,7 @@ def test_the_default_model_is_one_constant():
         assert DEFAULT_MODEL in (model.help or "") or model.default == DEFAULT_MODEL, name
 
 
+@pytest.mark.slow
 def test_stream_comma_lists(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     """--sinks 0,2 gives those caches, as the repeated form --sinks 0 --sinks 2 does; --device cpu and
     --dtype float32 are taken and change nothing."""
@@ -255,6 +256,7 @@ def test_report_out_naming_a_md_file_is_refused(tmp_path, capsys):
     assert not (tmp_path / "r.md").exists()
 
 
+@pytest.mark.slow
 def test_stream_sinks_full_precision_takes_n_or_detected_in_one_list(tiny_model_dir, text_corpus_dir, tmp_path,
                                                                      capsys):
     """--sinks-full-precision 0,detected: one comma list mixing a count and 'detected' (main's streaming option)."""

@@ -51,6 +51,7 @@ def runs(tmp_path_factory):
 _cli = run_cli_captured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["synthetic", "text"])
 def test_run_folder_is_measured_on_its_own_probe_by_default(runs, kind, tmp_path):
     run = runs[kind]
@@ -72,6 +73,7 @@ def test_run_folder_is_measured_on_its_own_probe_by_default(runs, kind, tmp_path
     assert torch.equal(r2.probe.input_ids, r.probe.input_ids) and r2.sink_rate == r.sink_rate
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--bos", "never"], ["--input", "random"], ["--input", "repeated"],
                                    ["--bos", "always", "--input", "random"]])
 def test_cli_measures_a_synthetic_run_with_no_or_common_flags(runs, extra, tmp_path, capsys):

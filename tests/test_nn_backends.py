@@ -115,6 +115,7 @@ _GRID = [(a, p, mk) for a in FLEX_OPS for p in ("rope", "alibi", "t5") for mk in
          if not (a == "diff" and p != "rope")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("att,pos,mask", _GRID)
 def test_flex_equals_reference(att, pos, mask):
     """Every flex operation x RoPE / ALiBi / T5 x causal / prefix / sliding-window: logits and the

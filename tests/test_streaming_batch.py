@@ -72,6 +72,7 @@ def run_batched(model, rows, conts, *, position_ids=False, **cache_kw):
     return torch.stack(out, dim=1), cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("position_ids", [False, True], ids=["no-position-ids", "position-ids"])
 def test_manual_forward_equals_each_row_alone(model, position_ids):
     """Lengths 5, 40, 300, 4 sinks + a window of 64, 80 decode steps: every row evicts several times."""
@@ -108,6 +109,7 @@ CACHES = [dict(policy=p, budget=36, n_sink=4 if POLICIES.get(p).uses_sinks else 
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", CACHES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 def test_every_policy_and_storage_equals_each_row_alone(model, kw):
     rows = streams([3, 20, 50], seed=4)

@@ -32,6 +32,7 @@ BF16_MAX_DLOGIT = 0.1  # max |logit_bf16 - logit_fp32| of a 16-bit cache
 BF16_MAX_DLOGIT_QUANT = 0.5  # the same through a 4-bit cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [dict(policy="h2o", budget=36, n_sink=0), dict(policy="sinks+h2o", budget=36, n_sink=4),
                                 dict(n_sink=4, window=64, kv_bits=4), dict(n_sink=4, window=64, kv_bits=2,
                                                                           key_quant="channel", kv_group=8,
@@ -108,6 +109,7 @@ def _stream_logits(m, ids, **cache_kw):
     return torch.stack(out), cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [dict(n_sink=4, window=32), dict(n_sink=4, window=32, kv_bits=4),
                                 dict(policy="sinks+h2o", budget=36, n_sink=4)], ids=["sinks", "4-bit", "sinks+h2o"])
 def test_bfloat16_agrees_with_float32(model, kw):

@@ -91,6 +91,7 @@ def test_evaluate_refuses_recompute_and_a_full_cache_past_the_context():
         evaluate_passkey(m, tok, samples, CacheSpec("full", "full", None, None), max_context=128, progress=False)
 
 
+@pytest.mark.slow
 def test_cli_passkey_writes_results_and_resumes(text_corpus_dir, tmp_path, capsys):
     tok = char_tokenizer()
     d = tmp_path / "char-llama"

@@ -56,6 +56,7 @@ def _check_row(got, alone, row: int) -> None:
             assert (g.latency_ms_per_token, g.cache_bytes, g.state_bytes) == (None, 0, 0), where
 
 
+@pytest.mark.slow
 def test_every_policy_and_a_quantised_store_batched_equals_each_stream_alone(model, ids):
     specs = policy_specs(POLICIES.names(), [12], n_sink=2, kv_bits=[16, 3], key_quant=["channel"],
                          sinks_full_precision=[1, "detected"], kv_group=4, window=12)
@@ -73,6 +74,7 @@ def test_every_policy_and_a_quantised_store_batched_equals_each_stream_alone(mod
     assert abs(by["h2o@12"] - by["window@12"]) > 1e-3 and abs(by["sinks@12:kv3-channel-fp1"] - by["sinks@12"]) > 1e-4
 
 
+@pytest.mark.slow
 def test_decode_mode_and_without_agreement(model, ids):
     """``mode="decode"``: full / window / sinks through one cache of B rows token by token; without a
     reference (``agreement=False``) nothing is scored against the full cache."""

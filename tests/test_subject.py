@@ -220,6 +220,7 @@ def test_analyze_cli_takes_dtype_and_records_it(tiny_model_dir, text_corpus_dir,
 
 
 # ------------------------------------------------------------------ bfloat16 against float32: stream tasks
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["ppl", "policies", "passkey"])
 def test_every_stream_task_in_bfloat16_agrees_with_float32(task, tiny_model_dir, text_corpus_dir, tmp_path):
     from sinklab.streaming import stream

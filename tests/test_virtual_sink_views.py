@@ -56,6 +56,7 @@ def measured(tmp_path, tokenizer, tiny_model_dir, text_corpus_dir):
             for name, f in folders.items()}
 
 
+@pytest.mark.slow
 def test_compare_and_plots_show_the_virtual_sink_and_the_gate_weighted_rate(measured, tmp_path, capsys, monkeypatch):
     oss = measured["gpt-oss"][1]
     eps = oss.config.eps

@@ -25,6 +25,7 @@ SMALL = dict(
     decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=64, max_seq_len=64, n_ctx=64, encoder_layers=2,
     encoder_attention_heads=4, encoder_ffn_dim=64, depth=2, num_heads=4, embed_dim=32, image_size=32, patch_size=8,
     vision_start_layer=0, rotary_dim=4, dim=32, hidden_dim=64, n_heads=4, n_layers=2,
+    vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8,  # Gemma-3n / Gemma-4 per-layer embeddings
 )
 
 #: per-type settings the generic shrinker cannot guess
