@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LANES = ["integration", "compile", "network", "cuda"]
+LANES = ["integration", "compile", "network", "slow", "cuda"]
 
 
 def test_markers_timeout_and_strictness_are_configured():
