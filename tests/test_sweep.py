@@ -172,6 +172,8 @@ def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
     assert wd["paper_effect"] == pytest.approx(23.0) and wd["paper_effect_scaled"] == pytest.approx(23 * 70 / 3 / 18, abs=1e-3)
     assert wd["mass1_effect"] == pytest.approx(0.55 - 0.7 / 3, abs=1e-4)
     assert tiny["degenerate"] is True and tiny["verdict"] == "degenerate"
+    # every run failed its final re-measure: said once per row, with how many and why (not once per run)
+    assert ref["status"] == "done (no final re-measure for 3 of 3 runs: RuntimeError: no model)"
     with open(out / "summary.csv") as f:
         assert next(csv.reader(f)) == COLUMNS
     md = (out / "summary.md").read_text()

@@ -274,12 +274,14 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     row["emergence_steps"] = _join(ems)
     row["steps"], row["tokens"] = per[0]["steps"], per[0]["tokens"]
     row["commits"] = ";".join(sorted({m["commit"] for m in per}))
-    cis = []
+    cis, failed = [], []
     for r in done_runs:
         try:
             cis.append(final_ci(r))
-        except Exception:  # noqa: BLE001 - the tracker columns stand without it; say so
-            row["status"] += " (no final re-measure)"
+        except Exception as e:  # noqa: BLE001 - the tracker columns stand without it; say so, once, with why
+            failed.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
+    if failed:
+        row["status"] += f" (no final re-measure for {len(failed)} of {len(done_runs)} runs: {failed[0]})"
     if cis:
         row["renormalised"] = any(c["renormalised"] for c in cis)
         row["sink1_raw_mean"] = round(sum(c["sink_rate_raw"][position - 1] for c in cis) / len(cis), 4)
