@@ -7,8 +7,9 @@ cache configuration from ``stream.csv`` (perplexity, mean KL(full || configurati
 top-1 agreement with the full cache, each with its 95% t-interval over the streams), then the paired comparisons
 of ``stream_comparisons.csv`` between configurations at the same budget (the difference of the per-stream means
 with its 95% t-interval; *better* names a configuration only where the interval excludes zero, otherwise
-"inconclusive"). For the needle step (``needle/accuracy.csv``): accuracy per configuration with its Wilson 95%
-interval, overall and per length x depth.
+"inconclusive"); the same for ``long/`` (2048-token streams). For the task steps (``needle/``, ``needle_storage/``,
+``needle_long/``, ``ruler/``; ``accuracy.csv`` and ``items.csv``): accuracy per task and configuration with its
+Wilson 95% interval, overall and per depth, and exact McNemar tests on the same items (see :func:`task_table`).
 """
 
 from __future__ import annotations
@@ -49,25 +50,53 @@ def perplexity_table(folder: Path) -> list[str]:
     return out + [""]
 
 
-def needle_table(folder: Path) -> list[str]:
-    """Correct answers per configuration, overall and per depth (lengths pooled), with Wilson 95% intervals
-    (:func:`sinklab.metrics.proportion.wilson_interval`) from the per-cell counts of ``accuracy.csv``."""
+def task_table(folder: Path) -> list[str]:
+    """Per task (needle, or each RULER-style sub-task): correct answers per configuration, overall and per depth
+    (lengths pooled), with Wilson 95% intervals (:func:`sinklab.metrics.proportion.wilson_interval`) from the
+    per-cell counts of ``accuracy.csv``; then the paired comparisons on the same items (``items.csv``): each
+    configuration against the full cache, and configurations at the same budget against each other, by the
+    exact McNemar test (the two-sided sign test on the items where exactly one of the two is correct,
+    :func:`sinklab.analyze.common.sign_test_p`; unadjusted p; "decided" only where p < 0.05)."""
+    from sinklab.analyze.common import sign_test_p
     from sinklab.metrics.proportion import wilson_interval
 
     df = pd.read_csv(folder / "accuracy.csv")
-    depths = sorted(df["depth"].unique())
-    out = [f"### `{folder.name}/` (correct / items, Wilson 95% interval; lengths {', '.join(str(int(x)) for x in sorted(df['length'].unique()))})", "",
-           "| configuration | all | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
-           "|---|---|" + "---|" * len(depths)]
+    items = pd.read_csv(folder / "items.csv")
+    lengths = ", ".join(str(int(x)) for x in sorted(df["length"].unique()))
+    out = [f"### `{folder.name}/` (correct / items, Wilson 95% interval; lengths {lengths})", ""]
 
     def cell(g: pd.DataFrame) -> str:
         k, n = int(g["correct"].sum()), int(g["n"].sum())
+        if n == 0:
+            return "–"
         lo, hi = wilson_interval(k, n)
         return f"{k}/{n} [{lo:.2f}, {hi:.2f}]"
 
-    for name, g in df.groupby("config", sort=False):
-        out.append(f"| {name} | {cell(g)} | " + " | ".join(cell(g[g['depth'] == d]) for d in depths) + " |")
-    return out + ["", "Per length x depth cell: `accuracy.csv`; heat-map: `heatmap.png`.", ""]
+    for task, t in df.groupby("task", sort=False):
+        depths = sorted(t["depth"].dropna().unique())
+        out += [f"**{task}**", "", "| configuration | all | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
+                "|---|---|" + "---|" * len(depths)]
+        for name, g in t.groupby("config", sort=False):
+            out.append(f"| {name} | {cell(g)} | " + " | ".join(cell(g[g['depth'] == d]) for d in depths) + " |")
+        it = items[items["task"] == task]
+        wide = it.pivot_table(index=["length", "depth", "index"], columns="config", values="correct",
+                              aggfunc="first", dropna=False)
+        budget = it.groupby("config")["budget"].first()
+        names = list(dict.fromkeys(it["config"]))
+        pairs = [(a, "full") for a in names if a != "full" and "full" in names]
+        pairs += [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+                  if "full" not in (a, b) and budget.get(a) == budget.get(b)]
+        if pairs:
+            out += ["", "| a | b | a right, b wrong | a wrong, b right | exact McNemar p | decided |",
+                    "|---|---|---|---|---|---|"]
+            for a, b in pairs:
+                x, y = wide[a].astype(bool), wide[b].astype(bool)
+                n10, n01 = int((x & ~y).sum()), int((~x & y).sum())
+                pv = sign_test_p(n10, n10 + n01)
+                verdict = ("inconclusive" if pv >= 0.05 else (f"{a} better" if n10 > n01 else f"{b} better"))
+                out.append(f"| {a} | {b} | {n10} | {n01} | {pv:.3g} | {verdict} |")
+        out.append("")
+    return out + ["Per length x depth cell: `accuracy.csv`; per item: `items.csv`; heat-map: `heatmap.png`.", ""]
 
 
 def main() -> None:
@@ -77,8 +106,11 @@ def main() -> None:
     for name in ("policies", "storage"):
         if (ROOT / name / "stream.csv").exists():
             lines += perplexity_table(ROOT / name)
-    if (ROOT / "needle" / "accuracy.csv").exists():
-        lines += needle_table(ROOT / "needle")
+    for name in ("needle", "needle_storage", "needle_long", "ruler"):
+        if (ROOT / name / "accuracy.csv").exists():
+            lines += task_table(ROOT / name)
+    if (ROOT / "long" / "stream.csv").exists():
+        lines += perplexity_table(ROOT / "long")
     text = "\n".join(lines)
     (ROOT / "tables.md").write_text(text + "\n")
     print(text)
