@@ -22,6 +22,9 @@
 #             tokens lossless (the tasks under quantised storage).
 #   needle_long     the needle task at 4096 / 8192 tokens (8192 is SmolLM2's trained context), budgets 256 / 512,
 #             sinks / snapkv / window.
+#   gemma     Gemma-3-270M (zoo gemma3-270m: accept its licence once with `sinklab fetch gemma3-270m
+#             --accept-license`): 8 streams x 1024 tokens (longer than its sliding-window layers' 512), window /
+#             sinks / tova at budgets 128 / 256.
 #   long      perplexity on 8 streams x 2048 tokens, window / sinks at budgets 256 / 512 (budget 512 on streams
 #             longer than it).
 set -euo pipefail
@@ -55,4 +58,8 @@ fi
 if [[ $STEP == all || $STEP == long ]]; then
   $SL stream perplexity --model smollm2-135m --corpus sotu,austen --streams 8 --tokens 2048 --no-recompute \
       --threads 1 --policy window,sinks --budget 256,512 --out $OUT/long
+fi
+if [[ $STEP == all || $STEP == gemma ]]; then
+  $SL stream perplexity --model gemma3-270m --corpus sotu,austen --streams 8 --tokens 1024 --no-recompute \
+      --threads 1 --policy window,sinks,tova --budget 128,256 --out $OUT/gemma
 fi
