@@ -20,7 +20,7 @@
 #             3 items per cell, full cache and sinks / snapkv / window at budget 128 (knorm, 0 of 18 on the needle, left out).
 #   needle_storage  the needle task with sinks at budget 128 stored in 16 / 4 / 2 bits, and 2 bits with the 4 sink
 #             tokens lossless (the tasks under quantised storage).
-#   needle_long     the needle task at 4096 / 8192 tokens (8192 is SmolLM2's trained context), budgets 256 / 512,
+#   needle_long     the needle task at 4096 / 8000 tokens (prompt and answer within SmolLM2's context of 8192), budgets 256 / 512,
 #             sinks / snapkv / window.
 #   gemma     Gemma-3-270M (zoo gemma3-270m: accept its licence once with `sinklab fetch gemma3-270m
 #             --accept-license`): 8 streams x 1024 tokens (longer than its sliding-window layers' 512), window /
@@ -52,7 +52,7 @@ if [[ $STEP == all || $STEP == needle_storage ]]; then
       --policy sinks --budget 128 --kv-bits 16,4,2 --sinks-full-precision 0,4 --threads 1 --out $OUT/needle_storage
 fi
 if [[ $STEP == all || $STEP == needle_long ]]; then
-  $SL stream needle --model smollm2-135m --lengths 4096,8192 --depths 0,0.5,1 --items 3 \
+  $SL stream needle --model smollm2-135m --lengths 4096,8000 --depths 0,0.5,1 --items 3 \
       --policy sinks,snapkv,window --budget 256,512 --threads 1 --out $OUT/needle_long
 fi
 if [[ $STEP == all || $STEP == long ]]; then
