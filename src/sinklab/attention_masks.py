@@ -31,7 +31,7 @@ from torch import Tensor
 
 from sinklab.errors import InputError
 
-__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "repeat_kv", "same_document", "document_ids",
+__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "query_blocks", "repeat_kv", "same_document", "document_ids",
            "document_positions"]
 
 
@@ -198,6 +198,30 @@ def key_range(q0: int, q1: int, t_k: int, mask: MaskSpec = CAUSAL, *, offset: in
         k1 = t_k if window is None else min(t_k, q1 + offset + window - 1)
     k0 = 0 if window is None else max(0, q0 + offset - window + 1)
     return k0, k1
+
+
+def query_blocks(t_q: int, block: int, mask: MaskSpec = CAUSAL, *, t_k: int | None = None, offset: int = 0,
+                 keys=None):
+    """The blocked-attention iterator: query blocks ``[q0, q1)`` of at most ``block`` rows (0-based rows,
+    end exclusive, in order) with the key range ``[k0, k1)`` they may see, as ``(q0, q1, k0, k1)``.
+
+    Every tiled attention loop of sinklab walks its queries through this (the model's chunked and tile paths,
+    :mod:`sinklab.nn.attention`; the blockwise capture, :mod:`sinklab.capture.blockwise`; the streaming
+    sink + window attention, :mod:`sinklab.streaming.parallel`); what each does with a tile (its output,
+    log-sum-exp, column sums or gradient) is the caller's reducer. Key ranges are :func:`key_range` of
+    ``mask`` (``t_k`` keys, default ``t_q``; query row ``q`` at position ``q + offset``), or ``keys(q0, q1)``
+    when given (e.g. read off a mask tensor). A range may be empty (``k0 >= k1``): callers skip or zero it.
+
+    Raises:
+        InputError: ``block`` < 1.
+    """
+    if block < 1:
+        raise InputError(f"query block size must be at least 1, got {block}")
+    t_k = t_q if t_k is None else t_k
+    for q0 in range(0, t_q, block):
+        q1 = min(t_q, q0 + block)
+        k0, k1 = keys(q0, q1) if keys is not None else key_range(q0, q1, t_k, mask, offset=offset)
+        yield q0, q1, k0, k1
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:

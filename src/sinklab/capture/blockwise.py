@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.attention_masks import MaskSpec, key_range, repeat_kv, visible
+from sinklab.attention_masks import MaskSpec, key_range, query_blocks, repeat_kv, visible
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.errors import InputError
 
@@ -530,10 +530,9 @@ class _Tiles:
         float64 or None."""
         s = self.s
         B, Hq, Hkv, Tq, Tk, D = self.shape
-        for q0 in range(0, Tq, s.block_size):
-            q1 = min(q0 + s.block_size, Tq)
+        blocks = query_blocks(Tq, s.block_size, keys=lambda a, b: _block_keys(s.mask, a, b, Tk, s.offset, self.spec))
+        for q0, q1, k0, k1 in blocks:
             n = q1 - q0
-            k0, k1 = _block_keys(s.mask, q0, q1, Tk, s.offset, self.spec)
             if k1 <= k0:
                 if s.output == "tiles":
                     self.out[:, q0:q1] = 0.0

@@ -1,24 +1,28 @@
-"""The one attention module, its masks, and its three paths.
+"""The one attention module, its masks, and its paths.
 
 :class:`Attention` owns the projections, positions, the optional output gate and the
 output projection; *how* logits become weights is the operation ``self.op``, chosen
 by name from :data:`ATTENTION` (see :mod:`sinklab.nn.ops` for the list).
 
-Three paths compute the same thing (tests check they agree):
+``Attention.forward`` = projections + positions + one of these paths (tests check they agree):
 
 * **fast**: ``F.scaled_dot_product_attention`` for operations it expresses exactly
   (``op.sdpa``): softmax, scaled softmax, and every softmax with a virtual key
   (sink token, key/value biases: an extra key/value column; off-by-one and the sink
   logit: an extra column whose logit is a constant, via one extra head dimension).
-* **chunked** (memory-frugal): queries in chunks of at most ``chunk_elems`` logits,
-  only the key range a chunk can see, each chunk under activation checkpointing when
-  gradients are needed, so no layer keeps a T x T matrix for the backward pass.
-  Operations with ``op.has_tile_grad`` (every non-SDPA operation) run the chunks in
-  :class:`_TileAttention`, an autograd function whose backward recomputes each chunk's
-  scores and applies the operation's analytic gradient (:meth:`AttentionOp.tile_grad`)
-  instead of re-running the chunk under autograd; the others use activation checkpointing.
+* **tile**: operations with ``op.has_tile_grad`` (every non-SDPA operation without a virtual key) run
+  in :class:`_TileAttention`, an autograd function over query tiles whose backward recomputes each
+  tile's scores and applies the operation's analytic gradient (:meth:`AttentionOp.tile_grad`);
+  ``attention_backend = "compiled"`` runs the same tiles' functions under ``torch.compile``.
+* **chunked** (memory-frugal): the other operations, queries in chunks of at most ``chunk_elems`` logits,
+  only the key range a chunk can see, each chunk under activation checkpointing when gradients are needed.
+* **flex**: ``attention_backend = "flex"``, FlexAttention (:mod:`sinklab.nn.flex`).
 * **reference**: :func:`reference_attention`, plain matmul-mask-normalise over the full
   T x T, used when an observer asks for the weights.
+* **cached**: incremental decoding with a KV cache (streaming, :class:`sinklab.streaming.SinkCache`).
+
+The tile and chunked paths walk their queries with :func:`sinklab.attention_masks.query_blocks`, the one
+blocked-attention iterator (also used by the blockwise capture and the streaming sink + window attention).
 
 Masks (0-based positions, :class:`sinklab.attention_masks.MaskSpec`, shared with the capture code):
 query i sees key j iff ``(j <= i or j < prefix_len)`` and, with a sliding window w, ``|i - j| < w``.
@@ -39,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sinklab.attention_masks import CAUSAL, MaskSpec, build_mask, key_range, repeat_kv, same_document, visible
+from sinklab.attention_masks import CAUSAL, MaskSpec, build_mask, query_blocks, repeat_kv, same_document, visible
 from sinklab.errors import ConfigError
 from sinklab.nn.backend import check_backend, resolve as resolve_backend
 from sinklab.nn.norm import NORM
@@ -401,9 +405,7 @@ def _tiles(T: int, chunk: int, mask: MaskSpec, positional: Positional, device, d
     """Query chunks [i0, i1) (0-based) with their key ranges [j0, j1), (C, Tk) bool masks under ``mask``
     ((B, 1, C, Tk) with ``documents`` (B, T): :func:`~sinklab.attention_masks.same_document` ANDed in)
     and (H, C, Tk) biases (or None)."""
-    for i0 in range(0, T, chunk):
-        i1 = min(T, i0 + chunk)
-        j0, j1 = key_range(i0, i1, T, mask)
+    for i0, i1, j0, j1 in query_blocks(T, chunk, mask):
         qpos = torch.arange(i0, i1, device=device)
         kpos = torch.arange(j0, j1, device=device)
         m = visible(qpos, kpos, mask)
@@ -658,9 +660,7 @@ class Attention(nn.Module):
             return attend_block(op, qc, kc, vc, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
 
         outs = []
-        for i0 in range(0, T, C):
-            i1 = min(T, i0 + C)
-            j0, j1 = key_range(i0, i1, T, spec)
+        for i0, i1, j0, j1 in query_blocks(T, C, spec):
             args = (q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], i0, j0, vk, vv, vlogit)
             outs.append(checkpoint(block, *args, use_reentrant=False) if use_ckpt else block(*args))
         return torch.cat(outs, dim=2)  # (B, H, T, d_h)

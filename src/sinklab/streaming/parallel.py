@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sinklab.attention_masks import MaskSpec, query_blocks
 from sinklab.errors import InputError
 from sinklab.streaming.rope import KeyRotation
 
@@ -82,14 +83,15 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
             qs = rotation.rotate(q, delta)
     acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 at least
     out = torch.empty_like(q)
-    for a in range(0, T, block):
-        b = min(T, a + block)
-        lo = max(s, a - W)
+    # query block [a, b) sees the window keys [max(s, a - W), b) (key j with i - W <= j <= i: a window of W + 1)
+    # and the sinks [0, s)
+    for a, b, k0, k1 in query_blocks(T, block, MaskSpec(causal=True, window=W + 1)):
+        lo = max(s, k0)
         j = pos[a:b, None]  # (bq, 1)
-        i = pos[None, lo:b]  # (1, nk)
-        sc = (q[:, :, a:b].to(acc) @ k[:, :, lo:b].to(acc).transpose(-1, -2)) * scaling  # (B, H, bq, nk)
+        i = pos[None, lo:k1]  # (1, nk)
+        sc = (q[:, :, a:b].to(acc) @ k[:, :, lo:k1].to(acc).transpose(-1, -2)) * scaling  # (B, H, bq, nk)
         sc = sc.masked_fill(~((i <= j) & (i >= j - W)), float("-inf"))
-        vv = v[:, :, lo:b]
+        vv = v[:, :, lo:k1]
         if s:
             ss = (qs[:, :, a:b].to(acc) @ k[:, :, :s].to(acc).transpose(-1, -2)) * scaling  # (B, H, bq, s)
             ss = ss.masked_fill(~(pos[None, :s] <= j), float("-inf"))
