@@ -124,6 +124,10 @@ def test_multi_stream_run_equals_each_stream_alone_and_writes_intervals(two_corp
     assert set(comps["better"]) <= {"window@12", "sinks@12", "full", "inconclusive"}
     assert len(pd.read_csv(out / "stream_by_stream.csv")) == 12
     assert "--streams 4" in data["command"] and "95% t-intervals" in stdout
+    lines = stdout.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.startswith("config"))
+    table = lines[head: next(i for i, l in enumerate(lines) if l.startswith("means over"))]
+    assert len(table) == 1 + len(data["configs"]) and len({len(l) for l in table}) == 1  # columns aligned
     # resumes: the same call reuses every stream
     code, _, err = run_cli_captured(argv, capsys)
     again = json.loads((out / "stream.json").read_text())

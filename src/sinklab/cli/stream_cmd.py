@@ -206,9 +206,12 @@ def _print_stream_set(res, out: Path) -> None:
     """The summary over streams and the decided comparisons of a multi-stream run."""
     w = max([11] + [len(c["name"]) for c in res["configs"]])
     n = len(res["streams"])
-    typer.echo(f"{'config':<{w}} {'ppl [95% CI]':>26} {'KL nats [95% CI]':>30} {'top-1 [95% CI]':>24}")
-    for c in res["configs"]:
-        typer.echo(f"{c['name']:<{w}} {_ci(c, 'ppl', '.2f'):>26} {_ci(c, 'kl', '.4f'):>30} {_ci(c, 'top1', '.3f'):>24}")
+    cols = [("ppl [95% CI]", "ppl", ".2f"), ("KL nats [95% CI]", "kl", ".4f"), ("top-1 [95% CI]", "top1", ".3f")]
+    cells = [[_ci(c, f, fmt) for _, f, fmt in cols] for c in res["configs"]]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, (h, _, _) in enumerate(cols)]
+    typer.echo(f"{'config':<{w}}" + "".join(f"  {h:>{widths[i]}}" for i, (h, _, _) in enumerate(cols)))
+    for c, row in zip(res["configs"], cells):
+        typer.echo(f"{c['name']:<{w}}" + "".join(f"  {v:>{widths[i]}}" for i, v in enumerate(row)))
     typer.echo(f"means over {n} streams, 95% t-intervals over streams; ppl = exp(mean per-stream NLL)"
                + ("; the intervals are not clipped, so with few streams a KL bound can be below 0 or a top-1 bound "
                   "above 1" if n < 8 else ""))
