@@ -171,7 +171,8 @@ def main() -> None:
     pol = load("policies")
     if args.best:
         if pol is None:
-            sys.exit("results/compression/policies/stream.json is missing: run the first step of compression.sh")
+            sys.exit("results/compression/policies/stream.json is missing: run the first step of compression.sh "
+                     "(or unpack the committed runs: tar xzf single_stream_runs.tar.gz in results/compression/)")
         print(",".join(best(pol, args.best, args.budget)))  # a comma list, as sinklab stream --policy takes it
         return
     fmt = {"float_format": "%.4g", "index": False}
