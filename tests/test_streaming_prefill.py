@@ -76,7 +76,9 @@ def test_chunk_1_is_token_by_token_and_one_call_attends_to_everything():
     assert not torch.allclose(chunked[:, -1], tok[:, -1], atol=1e-4)
     assert not torch.allclose(chunked[:, -1], one[:, -1], atol=1e-4)
     last = prefill(m, ids, SinkCache(m, n_sink=2, window=6))
-    assert torch.equal(last, chunked[:, -1])
+    # logits="last" projects only the last position: the same values, not always the same bits (the GEMM's
+    # blocking depends on the rows it multiplies; bit-equal on an AMD EPYC, not on an Intel Xeon)
+    assert torch.allclose(last, chunked[:, -1], atol=1e-10, rtol=0)
 
 
 def test_warns_once_past_the_trained_context():
