@@ -7,8 +7,8 @@ cache configuration from ``stream.csv`` (perplexity, mean KL(full || configurati
 top-1 agreement with the full cache, each with its 95% t-interval over the streams), then the paired comparisons
 of ``stream_comparisons.csv`` between configurations at the same budget (the difference of the per-stream means
 with its 95% t-interval; *better* names a configuration only where the interval excludes zero, otherwise
-"inconclusive"); the same for ``long/`` (2048-token streams). For the task steps (``needle/``, ``needle_storage/``,
-``needle_long/``, ``ruler/``; ``accuracy.csv`` and ``items.csv``): accuracy per task and configuration with its
+"inconclusive"); the same for ``long/`` (2048-token streams) and ``gemma/`` (Gemma-3-270M, 1024-token streams). For the task steps (``needle/``, ``needle_storage/``,
+``needle_long/``, ``ruler/``, ``passkey/``; ``accuracy.csv`` and ``items.csv``): accuracy per task and configuration with its
 Wilson 95% interval, overall and per depth, and exact McNemar tests on the same items (see :func:`task_table`).
 """
 
@@ -106,11 +106,12 @@ def main() -> None:
     for name in ("policies", "storage"):
         if (ROOT / name / "stream.csv").exists():
             lines += perplexity_table(ROOT / name)
-    for name in ("needle", "needle_storage", "needle_long", "ruler"):
+    for name in ("needle", "needle_storage", "needle_long", "ruler", "passkey"):
         if (ROOT / name / "accuracy.csv").exists():
             lines += task_table(ROOT / name)
-    if (ROOT / "long" / "stream.csv").exists():
-        lines += perplexity_table(ROOT / "long")
+    for name in ("long", "gemma"):
+        if (ROOT / name / "stream.csv").exists():
+            lines += perplexity_table(ROOT / name)
     text = "\n".join(lines)
     (ROOT / "tables.md").write_text(text + "\n")
     print(text)
