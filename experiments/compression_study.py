@@ -56,8 +56,12 @@ def task_table(folder: Path) -> list[str]:
     per-cell counts of ``accuracy.csv``; then the paired comparisons on the same items (``items.csv``): each
     configuration against the full cache, and configurations at the same budget against each other, by the
     exact McNemar test (the two-sided sign test on the items where exactly one of the two is correct,
-    :func:`sinklab.analyze.common.sign_test_p`; unadjusted p; "decided" only where p < 0.05)."""
+    :func:`sinklab.analyze.common.sign_test_p`; unadjusted p; "decided" only where p < 0.05). Where a task gives
+    partial credit (the multi-answer sub-tasks: the share of the expected answers found, RULER's metric), each
+    configuration's mean score over its items with a 95% t-interval too, and each pair's mean score difference on
+    the same items with its paired 95% t-interval ("decided" where it excludes zero)."""
     from sinklab.analyze.common import sign_test_p
+    from sinklab.metrics.intervals import t_interval
     from sinklab.metrics.proportion import wilson_interval
 
     df = pd.read_csv(folder / "accuracy.csv")
@@ -74,11 +78,17 @@ def task_table(folder: Path) -> list[str]:
 
     for task, t in df.groupby("task", sort=False):
         depths = sorted(t["depth"].dropna().unique())
-        out += [f"**{task}**", "", "| configuration | all | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
-                "|---|---|" + "---|" * len(depths)]
-        for name, g in t.groupby("config", sort=False):
-            out.append(f"| {name} | {cell(g)} | " + " | ".join(cell(g[g['depth'] == d]) for d in depths) + " |")
         it = items[items["task"] == task]
+        partial = bool(((it["score"] > 0) & (it["score"] < 1)).any())  # partial credit (RULER's recall of answers)
+        cols = ["configuration", "all", *(f"depth {d:g}" for d in depths)]
+        cols += ["mean score [95% t-interval over items]"] if partial else []
+        out += [f"**{task}**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for name, g in t.groupby("config", sort=False):
+            row = [name, cell(g), *(cell(g[g["depth"] == d]) for d in depths)]
+            if partial:
+                ci = t_interval(it[it["config"] == name]["score"].tolist())
+                row.append(_ci(ci.mean, ci.low, ci.high, 3))
+            out.append("| " + " | ".join(row) + " |")
         wide = it.pivot_table(index=["length", "depth", "index"], columns="config", values="correct",
                               aggfunc="first", dropna=False)
         budget = it.groupby("config")["budget"].first()
@@ -87,14 +97,23 @@ def task_table(folder: Path) -> list[str]:
         pairs += [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
                   if "full" not in (a, b) and budget.get(a) == budget.get(b)]
         if pairs:
-            out += ["", "| a | b | a right, b wrong | a wrong, b right | exact McNemar p | decided |",
-                    "|---|---|---|---|---|---|"]
+            extra = " mean score a - b [95% t-interval over the same items] | decided on score |" if partial else ""
+            out += ["", "| a | b | a right, b wrong | a wrong, b right | exact McNemar p | decided |" + extra,
+                    "|---|---|---|---|---|---|" + ("---|---|" if partial else "")]
+            scores = it.pivot_table(index=["length", "depth", "index"], columns="config", values="score",
+                                    aggfunc="first", dropna=False)
             for a, b in pairs:
                 x, y = wide[a].astype(bool), wide[b].astype(bool)
                 n10, n01 = int((x & ~y).sum()), int((~x & y).sum())
                 pv = sign_test_p(n10, n10 + n01)
                 verdict = ("inconclusive" if pv >= 0.05 else (f"{a} better" if n10 > n01 else f"{b} better"))
-                out.append(f"| {a} | {b} | {n10} | {n01} | {pv:.3g} | {verdict} |")
+                row = f"| {a} | {b} | {n10} | {n01} | {pv:.3g} | {verdict} |"
+                if partial:
+                    ci = t_interval((scores[a] - scores[b]).tolist())
+                    decided = ("inconclusive" if ci.low is None or ci.low <= 0 <= ci.high
+                               else (f"{a} better" if ci.mean > 0 else f"{b} better"))
+                    row += f" {_ci(ci.mean, ci.low, ci.high, 3)} | {decided} |"
+                out.append(row)
         out.append("")
     return out + ["Per length x depth cell: `accuracy.csv`; per item: `items.csv`; heat-map: `heatmap.png`.", ""]
 
