@@ -55,8 +55,24 @@ def text_corpus_dir(tmp_path: Path) -> Path:
     return d
 
 
+#: the markers of the tests of seconds to tens of seconds each (subprocesses, torch.compile, real models, many
+#: configurations): their modules run first (:func:`long_modules_first`)
+LONG_MARKERS = ("network", "compile", "integration", "slow")
+
+
+def long_modules_first(items: list) -> list:
+    """``items`` with the modules that hold a test marked with one of :data:`LONG_MARKERS` first, each module's
+    tests together and in their order, the modules otherwise in collection order."""
+    long = {it.path for it in items if any(it.get_closest_marker(m) is not None for m in LONG_MARKERS)}
+    return sorted(items, key=lambda it: it.path not in long)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` are skipped where no CUDA GPU is present (never counted as passed there)."""
+    """The modules with long tests first (:func:`long_modules_first`), so that under pytest-xdist, which hands
+    the workers a module at a time (:func:`pytest_xdist_make_scheduler`), the short modules come last and
+    even out the workers' ends. Tests marked ``cuda`` are skipped where no CUDA GPU is present (never counted
+    as passed there)."""
+    items[:] = long_modules_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (benchmarks/gpu.sh runs these on a GPU machine)")
@@ -94,3 +110,19 @@ def real_home(monkeypatch):
     (the caller's $SINKLAB_HOME, else ~/.cache/sinklab): fetched once, then reused by later runs."""
     monkeypatch.setenv("SINKLAB_HOME", USER_HOME)
     return Path(USER_HOME)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n`` with the default ``--dist load``: a module at a time to each worker as it frees up, in
+    collection order (:func:`pytest_collection_modifyitems`: the modules with long tests first). A module's
+    tests then share one process's caches (compiled kernels, loaded models, module-scoped fixtures such as
+    test_train_distributed.py's torchrun launches) instead of running them on every worker; ``--dist load``
+    would first hand each worker a block of about an eighth of all tests, so one worker got the long modules
+    and ran on alone at the end. Another ``--dist`` given is kept."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # keep the collection order (not: the modules with most tests first)
+    return LoadFileScheduling(config, log)

@@ -15,7 +15,7 @@ from sinklab.sweep.summary import summarize_sweep
 from sinklab.train import loop
 from sinklab.runs.config import load_config
 
-from helpers import synthetic_run_toml
+from helpers import run_cli_captured, synthetic_run_toml
 
 #: a run that trains in about a second (Bigram-Backcopy, 1 layer, T 16), threads pinned as in the CPU presets
 TINY = synthetic_run_toml(8, extra="threads = 1\nprecision = \"fp32\"")
@@ -200,7 +200,9 @@ def test_sweep_copies_only_runs_with_the_current_fingerprint(tiny, tmp_path):
 
 
 @pytest.mark.integration
-def test_summary_and_report_check_flag_stale_rows(tiny, tmp_path, monkeypatch):
+def test_summary_and_report_check_flag_stale_rows(tiny, tmp_path, monkeypatch, capsys):
+    """``sinklab report --check`` (the CLI, run in-process): exit 0 while every row's fingerprint is current,
+    exit 1 naming the stale row once a run's recorded fingerprint differs; without --check exit 0."""
     monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
     study = load_study(_tiny_study(tmp_path, tiny))
     root = tmp_path / "results"
@@ -208,21 +210,20 @@ def test_summary_and_report_check_flag_stale_rows(tiny, tmp_path, monkeypatch):
     rows = summarize_sweep(root / "tiny", plot=False, check=True)
     assert rows[0]["n_seeds"] == 2 and rows[0]["seeds"] == "100;101"
     assert rows[0]["fingerprint_current"] is True and len(rows[0]["code_fingerprint"]) == 16
-    cli = [sys.executable, "-c", "from sinklab.cli.main import app; app()", "report", str(root), "--check"]
-    env = {**os.environ, "SINKLAB_HOME": str(tmp_path / "home")}
-    ok = subprocess.run(cli, env=env, capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr
-    assert "every reported row was trained by the current training code" in ok.stdout
+    cli = ["report", str(root), "--check"]
+    code, out, err = run_cli_captured(cli, capsys)
+    assert code == 0, err
+    assert "every reported row was trained by the current training code" in out
     s_path = root / "tiny" / "runs" / "softmax" / "seed101" / "summary.json"
     s = json.loads(s_path.read_text())
     s["code_fingerprint"], s["code_fingerprints"] = "f" * 16, ["f" * 16]
     s_path.write_text(json.dumps(s))
-    bad = subprocess.run(cli, env=env, capture_output=True, text=True)
-    assert bad.returncode == 1
-    assert "stale: tiny/softmax" in bad.stderr
+    code, out, err = run_cli_captured(cli, capsys)
+    assert code == 1
+    assert "stale: tiny/softmax" in err
     assert "stale" in (root / "REPORT.md").read_text()
     # without --check the report is still written, exit 0
-    assert subprocess.run(cli[:-1], env=env, capture_output=True).returncode == 0
+    assert run_cli_captured(cli[:-1], capsys)[0] == 0
 
 
 def test_a_row_that_could_not_be_compared_is_marked_unchecked_not_stale():

@@ -145,6 +145,37 @@ def test_cli_stream_writes_results_and_resumes(tiny_model_dir, text_corpus_dir, 
     assert [c["latency_ms_per_token"] for c in again["configs"]] == [c["latency_ms_per_token"] for c in data["configs"]]
 
 
+def test_cli_stream_without_latency_gives_the_same_numbers_untimed(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
+    """--no-latency: the perplexities, chunks and agreement of the timed run, bit for bit; no latency (null,
+    "-" in the table), cache bytes 0; recorded in stream.json and the command. An untimed result is not resumed
+    by a timed run (its configurations are computed again, with latency), nor a timed one by an untimed run."""
+    from sinklab.streaming.run import _same_settings
+
+    timed, untimed = tmp_path / "timed", tmp_path / "untimed"
+    argv = ["stream", "perplexity", "--model", str(tiny_model_dir), "--corpus", str(text_corpus_dir), "--tokens", "40",
+            "--window", "8", "--sinks", "0,2", "--recompute-every", "5"]
+    assert run_cli_captured([*argv, "--out", str(timed)], capsys)[0] == 0
+    code, stdout, err = run_cli_captured([*argv, "--out", str(untimed), "--no-latency"], capsys)
+    assert code == 0, err
+    a, b = (json.loads((d / "stream.json").read_text()) for d in (timed, untimed))
+    assert [c["name"] for c in a["configs"]] == [c["name"] for c in b["configs"]] == \
+        ["full", "window", "sinks_2", "recompute"]
+    for ca, cb in zip(a["configs"], b["configs"]):
+        assert (cb["ppl"], cb["ppl_by_chunk"], cb["kl"], cb["top1"]) == (ca["ppl"], ca["ppl_by_chunk"], ca["kl"], ca["top1"])
+        assert ca["latency_ms_per_token"] > 0 and cb["latency_ms_per_token"] is None and cb["cache_bytes"] == 0
+    assert b["latency"] is False and "latency" not in a and "--no-latency" in b["command"]
+    row = next(ln for ln in stdout.splitlines() if ln.startswith("sinks_2 "))
+    assert row.split()[6:8] == ["-", "-"]  # ms/token, cache MiB (after "last chunk (n)": two words)
+    # a timed run over the untimed folder computes every configuration again, timed
+    assert run_cli_captured([*argv, "--out", str(untimed)], capsys)[0] == 0
+    again = json.loads((untimed / "stream.json").read_text())
+    assert "latency" not in again and all(c["latency_ms_per_token"] > 0 for c in again["configs"])
+    # and an untimed run would not keep the timed configurations (the settings differ both ways)
+    key = {k: a[k] for k in ("model", "tokens", "window", "stream_sha")}
+    assert _same_settings(a, key) and not _same_settings(a, {**key, "latency": False})
+    assert _same_settings(b, {**key, "latency": False}) and not _same_settings(b, key)
+
+
 def test_cli_stream_table_says_how_many_positions_the_last_chunk_rests_on(tiny_model_dir, text_corpus_dir, tmp_path,
                                                                          capsys):
     """issue 21, item 8: recompute's "last chunk" perplexity rests on the few positions it scores there; the

@@ -248,7 +248,8 @@ def test_every_stream_task_in_bfloat16_agrees_with_float32(task, tiny_model_dir,
 def test_smollm2_massive_and_stream_in_bfloat16_agree_with_float32(real_home, tmp_path):
     """The real SmolLM2-135M on State of the Union text (cached): analyze massive finds the same sink position,
     massive dimension and layer in bfloat16 as in float32, Sink_1 within one sample, max ratio within 5%;
-    stream perplexities within 2%."""
+    stream perplexities (128 tokens, window 32) within 2% (latency not timed: 32 decode steps per configuration
+    were most of this test's time in bfloat16 on a CPU)."""
     from sinklab.analyze import massive
     from sinklab.streaming import stream
 
@@ -258,8 +259,8 @@ def test_smollm2_massive_and_stream_in_bfloat16_agree_with_float32(real_home, tm
     assert abs(a["sink_rate"] - b["sink_rate"]) <= 100 / 8
     assert a["max_ratio_dim"] == b["max_ratio_dim"] and a["max_ratio_layer"] == b["max_ratio_layer"]
     assert close(a["max_ratio"], b["max_ratio"], 0.05, 0)
-    st = {dt: {c["name"]: c["ppl"] for c in stream("smollm2-135m", "sotu", tokens=300, window=64, sinks=[0, 4],
-                                                   recompute=False, progress=False, dtype=dt)["configs"]}
+    st = {dt: {c["name"]: c["ppl"] for c in stream("smollm2-135m", "sotu", tokens=128, window=32, sinks=[0, 4],
+                                                   recompute=False, latency=False, progress=False, dtype=dt)["configs"]}
           for dt in ("float32", "bfloat16")}
     assert st["float32"].keys() == st["bfloat16"].keys()
     for k, v in st["float32"].items():

@@ -177,7 +177,8 @@ def _print_perplexity(res, out: Path) -> None:
         ns = "-" if c["n_sink"] is None else str(c["n_sink"])
         matched = "-" if c["ppl_matched"] is None else f"{c['ppl_matched']:.2f}"
         typer.echo(f"{c['name']:<{w}} {ns:>6} {c['ppl']:>9.2f} {matched:>10} {last:>16} "
-                   f"{c['latency_ms_per_token']:>9.1f} {c['cache_bytes'] / 2**20:>9.2f} "
+                   f"{_num(c['latency_ms_per_token'], '.1f'):>9} "
+                   f"{'-' if c['latency_ms_per_token'] is None else format(c['cache_bytes'] / 2**20, '.2f'):>9} "
                    f"{_num(c.get('kl'), '.4f'):>9} {_num(c.get('top1'), '.3f'):>6}")
     typer.echo("KL nats, top-1: agreement with the full cache (mean KL(full || config) of the next-token distribution, "
                "share of equal argmax tokens)")

@@ -197,6 +197,9 @@ class PerplexityOptions(StreamOptions):
                           "evenly over the comma-separated corpora, each figure with a 95% t-interval over streams "
                           "and paired comparisons")
     agreement: bool = option(True, "every configuration's agreement with the full cache (KL, top-1)")
+    latency: bool = option(True, "every configuration's decode latency and cache bytes (32 decode steps timed at the "
+                           "end of the stream; off: latency null and bytes 0, the perplexities and agreement as with "
+                           "it)")
     stream_batch: int | None = option(None, "with --streams > 1: streams evaluated together as the rows of one batch, "
                                       "each configuration run once over the batch (the same numbers as one at a "
                                       "time, to float rounding); default: all streams, at most as many as keep the "

@@ -29,6 +29,9 @@ from sinklab.zoo.models import DEFAULT_MODEL
 DEFAULT_SINKS = (0, 1, 2, 4, 8)
 #: the default ``stream_batch`` keeps the batch's full-cache reference logits ((B, tokens - 1, V)) within this
 REFERENCE_BYTES = 2 * 2**30
+#: decode steps timed per configuration at the end of the stream (``latency_ms_per_token``; the first stream's
+#: with several); none with ``latency=False`` (``--no-latency``)
+LATENCY_STEPS = 32
 
 
 class StreamResult(DictResult):
@@ -178,7 +181,7 @@ def _perplexity(subject, o: PerplexityOptions, *, model, resume: dict | None, on
                            on_result=on_result, progress=progress, command=command)
     ids, corp = _stream_tokens(subject, model, o.corpus, o.tokens)
     key = _key(subject, corp, ids, tokens=o.tokens, window=o.window, chunk=chunk, every=every, n_sink=o.n_sink,
-               kv_group=o.kv_group, policies=o.policies)
+               kv_group=o.kv_group, policies=o.policies, latency=o.latency)
     done = _resumable(resume, key)
     meta = _meta(command, key, subject, corp, ctx=ctx, native=native, mode=o.mode, every=every, tokens=o.tokens,
                  window=o.window, policies=o.policies)
@@ -190,12 +193,13 @@ def _perplexity(subject, o: PerplexityOptions, *, model, resume: dict | None, on
                              "configs": [asdict(results[s.name]) for s in specs if s.name in results]})
 
     def save(res: StreamConfigResult) -> None:
-        results[res.name] = res
+        results[res.name] = res if o.latency else _untimed(res)  # untimed: recompute's own forwards' time too
         if on_result is not None:
             on_result(payload())
 
     evaluate_stream(subject.model, ids, specs, chunk=chunk, recompute_every=every, max_context=ctx, mode=o.mode,
-                    progress=progress, done=done, on_result=save, agreement=o.agreement)
+                    progress=progress, done=done, on_result=save, agreement=o.agreement,
+                    latency_steps=LATENCY_STEPS if o.latency else 0)
     if done and all(s.name in done for s in specs):  # everything was already there
         return StreamResult(dict(resume))
     return payload()
@@ -214,7 +218,8 @@ def stream_batch_size(model, o: PerplexityOptions, n_streams: int) -> int:
 
 
 def _untimed(res: StreamConfigResult) -> StreamConfigResult:
-    """A result of a stream after the first: no latency, no bytes (only the first stream is timed)."""
+    """A result of a stream after the first, or of a run with ``latency`` off: no latency, no bytes (only the
+    first stream is timed)."""
     return replace(res, latency_ms_per_token=None, cache_bytes=0, state_bytes=0)
 
 
@@ -240,7 +245,9 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
            "n_streams": o.streams, "stream_shas": [s.info()["stream_sha"] for s in sources]}
     if o.policies:
         key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
-    prev_streams = resume.get("streams", []) if resume and all(resume.get(k) == v for k, v in key.items()) else []
+    if not o.latency:
+        key["latency"] = False
+    prev_streams = resume.get("streams", []) if _same_settings(resume, key) else []
     size = stream_batch_size(subject.model, o, len(sources)) if len({s.ids.numel() for s in sources}) == 1 else 1
     meta = {"command": command, **key, "max_context": ctx,
             "title": f"{subject.info['name']} · {key['corpus']} · {o.streams} streams x {o.tokens} tokens",
@@ -267,7 +274,7 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
         results = [dict(d) for d in dones]
 
         def save(row: int, res: StreamConfigResult, rows=rows, currents=currents, results=results) -> None:
-            results[row][res.name] = res if rows[row] == 0 else _untimed(res)
+            results[row][res.name] = res if rows[row] == 0 and o.latency else _untimed(res)
             currents[row]["configs"] = [asdict(results[row][s.name]) for s in specs if s.name in results[row]]
             if on_result is not None:
                 on_result(StreamResult(stream_set_payload({**meta, "wall_s": time.perf_counter() - t0},
@@ -282,7 +289,7 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
         evaluate_streams(subject.model, torch.stack([sources[i].ids for i in rows]), specs, chunk=chunk,
                          recompute_every=every, max_context=ctx, mode=o.mode, progress=progress, done=dones,
                          on_result=save, agreement=o.agreement,
-                         latency_steps=32 if first == 0 else 0)  # latency and memory: the first stream's
+                         latency_steps=LATENCY_STEPS if first == 0 and o.latency else 0)  # the first stream's
         for cur, res in zip(currents, results):
             cur["configs"] = [asdict(res[s.name]) for s in specs]
         finished.extend(currents)
@@ -380,13 +387,23 @@ def _stream_tokens(loaded, model: str, corpus: str, tokens: int) -> tuple[torch.
 
 
 def _key(loaded, corp, ids: torch.Tensor, *, tokens: int, window: int, chunk: int, every: int, n_sink: int, kv_group: int,
-         policies) -> dict:
-    """The settings a resumed ``stream.json`` must share (:func:`_resumable`)."""
+         policies, latency: bool = True) -> dict:
+    """The settings a resumed ``stream.json`` must share (:func:`_resumable`); ``latency`` only where it is off
+    (``"latency": false``), so that the results of earlier versions, all timed, stay resumable."""
     key = {"model": loaded.info["name"], "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
            "recompute_every": every, "stream_sha": _sha(ids), "dtype": loaded.info.get("dtype")}
     if policies:
         key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
+    if not latency:
+        key["latency"] = False
     return key
+
+
+def _same_settings(resume: dict | None, key: dict) -> bool:
+    """Whether ``resume`` was computed with the settings ``key`` (:func:`_key`); a result without ``latency``
+    was timed, so it is resumed by a timed run only (and a timed one by an untimed run only where asked)."""
+    return bool(resume) and all(resume.get(k) == v for k, v in key.items()) and \
+        resume.get("latency", True) == key.get("latency", True)
 
 
 def _meta(command: str, key: dict, loaded, corp, *, ctx, native: bool, mode: str, every: int, tokens: int, window: int,
@@ -418,9 +435,9 @@ def _meta_definitions(every: int, policies) -> dict:
         "recompute": f"scored at every {every}-th position",
         "mode": "parallel: one forward per configuration computing exactly the token-by-token cache's "
                 "attention (sinklab.streaming.parallel); decode: token by token through the cache",
-        "latency": "mean of 32 single-token decode steps through the real cache at the end of the stream, "
+        "latency": f"mean of {LATENCY_STEPS} single-token decode steps through the real cache at the end of the stream, "
                    "after filling it in chunks (with stacking off, the configurations decoded token by token: "
-                   "their own last 32 steps)",
+                   f"their own last {LATENCY_STEPS} steps; --no-latency: not timed, null, and cache bytes 0)",
         **(_POLICY_DEFINITIONS if policies else {}),
     }
 
@@ -458,7 +475,7 @@ def _sha(ids: torch.Tensor) -> str:
 def _resumable(resume: dict | None, key: dict) -> dict[str, StreamConfigResult]:
     """The configurations of ``resume`` (an earlier ``stream.json``'s content) computed with the same settings
     ``key`` (else none)."""
-    if not resume or any(resume.get(k) != v for k, v in key.items()) or "streams" in resume:
+    if not _same_settings(resume, key) or "streams" in resume:
         return {}
     return {c["name"]: result_from_dict(c) for c in resume.get("configs", [])}
 
