@@ -34,19 +34,24 @@ def _losses(run: Path) -> list[float]:
 
 @pytest.mark.integration
 def test_thread_count_from_the_environment_cannot_change_a_run(tmp_path):
-    """20 steps of the emergence-cpu model with OMP_NUM_THREADS 1 and 2: identical losses at every step,
-    because sinklab train pins train.threads (1 in the preset) itself; the summary records 1 thread
-    (what the environment cannot change is read from summary.json, not only from the losses)."""
-    runs = {}
+    """12 steps of the emergence-cpu model with OMP_NUM_THREADS 1 and 2 (the two processes side by side):
+    identical losses at every step, because sinklab train pins train.threads (1 in the preset) itself; the
+    summary records 1 thread (what the environment cannot change is read from summary.json, not only from the
+    losses)."""
+    runs, procs = {}, []
     for n in (1, 2):
         out = tmp_path / f"t{n}"
         env = {**os.environ, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
-        subprocess.run([sys.executable, "-c", "from sinklab.cli.main import app; app()", "train", "emergence-cpu",
-                        "--out", str(out), "--steps", "20", "--no-progress", "--set", "track.every=10",
-                        "--set", "train.log_every=1"], env=env, check=True, capture_output=True)
+        procs.append(subprocess.Popen([sys.executable, "-c", "from sinklab.cli.main import app; app()", "train",
+                                       "emergence-cpu", "--out", str(out), "--steps", "12", "--no-progress",
+                                       "--set", "track.every=6", "--set", "train.log_every=1"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         runs[n] = out
+    for p in procs:
+        _, err = p.communicate(timeout=280)
+        assert p.returncode == 0, err.decode()[-2000:]
     a, b = _losses(runs[1]), _losses(runs[2])
-    assert len(a) == 20 and a == b
+    assert len(a) == 12 and a == b
     s1, s2 = (json.loads((runs[n] / "summary.json").read_text()) for n in (1, 2))
     assert s1["threads"] == s2["threads"] == 1
     # a training records its environment and code; the fingerprint is the study tool's (sinklab.sweep.fingerprints)
