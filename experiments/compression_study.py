@@ -125,7 +125,7 @@ def main() -> None:
     for name in ("policies", "storage"):
         if (ROOT / name / "stream.csv").exists():
             lines += perplexity_table(ROOT / name)
-    for name in ("needle", "needle_storage", "needle_long", "ruler", "passkey"):
+    for name in ("needle", "needle_storage", "needle_long", "ruler", "passkey", "passkey_essays"):
         if (ROOT / name / "accuracy.csv").exists():
             lines += task_table(ROOT / name)
     for name in ("long", "gemma"):
