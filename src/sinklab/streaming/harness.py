@@ -317,8 +317,9 @@ def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     return (torch.logsumexp(logits, -1) - logits.gather(-1, targets[:, None])[:, 0]).double()
 
 
-#: elements (rows x vocabulary) scored at once by :func:`_score_rows`: KL keeps about seven float64 copies of its
-#: rows, so at Gemma's 262,144-token vocabulary 1024 rows at once took 14 GB; in blocks of 2**22 elements, 0.2 GB
+#: elements (rows x vocabulary) scored at once by :func:`_score_rows`: KL keeps several float64 copies of its rows;
+#: at Gemma-3's 262,144-token vocabulary 1024 rows at once took 10.5 GB above the inputs, in these blocks 0.19 GB
+#: (benchmarks/stream_score_memory.py)
 SCORE_BLOCK_ELEMS = 1 << 22
 
 
