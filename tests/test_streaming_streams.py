@@ -132,3 +132,12 @@ def test_multi_stream_run_equals_each_stream_alone_and_writes_intervals(two_corp
     code, _, err = run_cli_captured(argv, capsys)
     again = json.loads((out / "stream.json").read_text())
     assert code == 0 and [s["configs"] for s in again["streams"]] == [s["configs"] for s in data["streams"]]
+    # a resumed run records the invocations whose streams it reuses (here: resumed once more, one at a time)
+    assert "earlier_invocations" not in data
+    assert [(e["command"], e["streams_done"]) for e in again["earlier_invocations"]] == [(data["command"], 4)]
+    code, _, err = run_cli_captured([*argv, "--stream-batch", "1"], capsys)
+    third = json.loads((out / "stream.json").read_text())
+    assert code == 0 and "--stream-batch 1" in third["command"] and third["stream_batch"] == 1
+    assert [e["command"] for e in third["earlier_invocations"]] == [data["command"], again["command"]]
+    assert third["earlier_invocations"][0]["stream_batch"] == data["stream_batch"] == 4
+    assert third["earlier_invocations"][0]["code"] == data["code"]

@@ -217,6 +217,10 @@ def stream_batch_size(model, o: PerplexityOptions, n_streams: int) -> int:
     return max(1, min(n_streams, REFERENCE_BYTES // per_stream))
 
 
+#: what ``stream.json`` keeps of each earlier invocation of a resumed stream set
+_INVOCATION_FIELDS = ("command", "code", "stream_batch", "torch_threads", "wall_s", "load_average_at_start")
+
+
 def _untimed(res: StreamConfigResult) -> StreamConfigResult:
     """A result of a stream after the first, or of a run with ``latency`` off: no latency, no bytes (only the
     first stream is timed)."""
@@ -249,6 +253,10 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
         key["latency"] = False
     prev_streams = resume.get("streams", []) if _same_settings(resume, key) else []
     size = stream_batch_size(subject.model, o, len(sources)) if len({s.ids.numel() for s in sources}) == 1 else 1
+    # a resumed run keeps the record of the invocations whose streams it reuses (their commands, code, batching)
+    earlier = [*resume.get("earlier_invocations", []),
+               {**{k: resume.get(k) for k in _INVOCATION_FIELDS}, "streams_done": len(prev_streams)}] \
+        if prev_streams else []
     meta = {"command": command, **key, "max_context": ctx,
             "title": f"{subject.info['name']} · {key['corpus']} · {o.streams} streams x {o.tokens} tokens",
             "model_info": subject.info, "corpus_sources": [c.source for c in corpora], "versions": versions(),
@@ -263,7 +271,12 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
                                          "float rounding; sinklab.streaming.harness.evaluate_streams)"),
                             "latency_ms_per_token": "timed on the first stream only, alone (the others: null, "
                                                     "cache_bytes and state_bytes 0); the summary's latency and "
-                                                    "cache_bytes are the first stream's"}}
+                                                    "cache_bytes are the first stream's",
+                            **({"earlier_invocations": "the invocations of an interrupted or repeated run whose "
+                                "streams this one reuses, oldest first: their command, code, stream_batch, wall "
+                                "time, load, and how many streams were finished; command, code and stream_batch "
+                                "above are this invocation's"} if earlier else {})},
+            **({"earlier_invocations": earlier} if earlier else {})}
     finished: list[dict] = []
     t0 = time.perf_counter()
     for first in range(0, len(sources), size):
