@@ -31,6 +31,7 @@ torch:
 		echo "TORCH_INDEX $(TORCH_INDEX) does not answer; installing torch $(TORCH_VERSION) from pip's own configuration (a local wheel if one is configured, else PyPI, whose Linux build is the CUDA one)"; \
 		$(BIN)/pip install -q "torch==$(TORCH_VERSION)"; \
 	fi
+	@$(BIN)/python -c "import torch; print('installed torch', torch.__version__, '(CUDA ' + torch.version.cuda + ')' if torch.version.cuda else '(CPU build)')"
 
 setup: $(BIN)/sinklab
 

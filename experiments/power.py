@@ -37,6 +37,17 @@ KIND = {"sink": "one_sample", "no_sink": "one_sample", "higher": "two_sample", "
         "similar": "equivalence"}
 
 
+def _commit() -> str:
+    """The repository's short HEAD commit (what the plan was computed at), or "unknown"."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def _f(v: str) -> float | None:
     return None if v in (None, "") else float(v)
 
@@ -83,8 +94,8 @@ def main() -> None:
         w.writeheader()
         w.writerows(plans)
     lines = ["# Seeds for 80% power against the paper's effect\n",
-             "Made by `python experiments/power.py` (from the repository root; method in its docstring) from the "
-             "committed `results/<study>/summary.csv` spreads; `power.csv` has every column. *seeds* is the number "
+             "Made by `python experiments/power.py` (from the repository root; method in its docstring) at commit "
+             f"{_commit()} from the `results/<study>/summary.csv` spreads committed then; `power.csv` has every column. *seeds* is the number "
              "per row, the reference row included; *holm*: at the level 0.05 / m (m = the study's tested rows), "
              "*alone*: at 0.05. A relative row's true effect is the paper's effect, a one-sample row's true mean "
              "the paper's value (minus the 10% level below), in points and scaled to our reference level.\n",

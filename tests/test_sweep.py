@@ -156,7 +156,10 @@ def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
         _fake_run(out / "runs/tiny" / f"seed{k}", [0] * 10, val_loss=11.0, unigram=4.19)
     from sinklab.sweep import summary as sm
 
-    monkeypatch.setattr(sm, "final_ci", lambda run: (_ for _ in ()).throw(RuntimeError("no model")))  # tracker only
+    def no_model(run):  # tracker only; the error names the run's model file by its full path
+        raise RuntimeError(f"{run}/final/sinklab_model.json not found" if "tiny" in str(run) else "no model")
+
+    monkeypatch.setattr(sm, "final_ci", no_model)
     rows = summarize_sweep(out, plot=True)
     ref, wd, tiny = rows
     assert ref["n_seeds"] == 3 and ref["sink1_seeds"] == "25;25;20"
@@ -174,6 +177,9 @@ def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
     assert tiny["degenerate"] is True and tiny["verdict"] == "degenerate"
     # every run failed its final re-measure: said once per row, with how many and why (not once per run)
     assert ref["status"] == "done (no final re-measure for 3 of 3 runs: RuntimeError: no model)"
+    # ... with paths relative to the sweep folder (where it lies on this machine is no part of a summary)
+    assert f"runs: RuntimeError: tiny/seed0/final/sinklab_model.json not found)" in tiny["status"]
+    assert str(out) not in tiny["status"]
     with open(out / "summary.csv") as f:
         assert next(csv.reader(f)) == COLUMNS
     md = (out / "summary.md").read_text()

@@ -234,8 +234,10 @@ def summary_lines(result: _Result) -> list[str]:
                      f"{sum(gm) / len(gm):.3f}): Sink_1 {s['sink_rate_gated'][0]:.1f}% and mean mass on token 1 "
                      f"{s['attention_mass_first_gated']:.3f}, beside the raw Sink_1 {s['sink_rate'][0]:.1f}% and "
                      f"{s['attention_mass_first']:.3f}")
-    lines.append(f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1}; "
-                 f"largest massive-activation ratio (max/median |h|): {max(s['massive_activation_ratio']):.0f}")
+    lines.append(f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1} "
+                 f"(Sink'_k: the token's hidden-state norm over the mean norm of its sequence, averaged over layers; "
+                 f"far above 1 marks a sink); largest massive-activation ratio (the largest |h| entry of a layer over "
+                 f"the layer's median |h|): {max(s['massive_activation_ratio']):.0f}")
     if _no_interval(s):
         lines.append("note: N = 1: one sample has no confidence interval (the bootstrap resamples samples); "
                      "measure more with -n")

@@ -63,9 +63,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_h = torch.empty(N, h.shape[1], dtype=h.dtype, device=h.device) if need_h else None
             grad_w = torch.zeros(V, h.shape[1], dtype=torch.float32, device=h.device) if need_w else None
             total = torch.zeros((), dtype=torch.float32, device=h.device)
+            # One buffer per intermediate, reused by every chunk: a fresh multi-MB tensor per chunk costs
+            # its page faults again on CPU (as much as the chunk's softmax); the arithmetic is unchanged.
+            n0 = min(rows, N)
+            zbuf = torch.empty(n0, V, dtype=torch.float32, device=h.device)  # float32 logits / softmax
+            lowp = cdtype != torch.float32
+            cbuf = torch.empty(n0, V, dtype=cdtype, device=h.device) if lowp else None  # logits / dlogits in cdtype
+            wbuf = torch.empty(V, h.shape[1], dtype=cdtype, device=h.device) if need_w else None  # a chunk's dW
+            # (a half-precision dW is widened exactly into a reused float32 buffer before the add; float64's is added as is)
+            half = cdtype in (torch.bfloat16, torch.float16)
+            wbuf32 = torch.empty(V, h.shape[1], dtype=torch.float32, device=h.device) if need_w and half else None
             for i0 in range(0, N, rows):
                 i1 = min(N, i0 + rows)
-                z = (hc[i0:i1] @ wc.T).float()  # (n, V) logits
+                z = zbuf[: i1 - i0]  # (n, V) logits
+                if lowp:
+                    z.copy_(torch.mm(hc[i0:i1], wc.T, out=cbuf[: i1 - i0]))
+                else:
+                    torch.mm(hc[i0:i1], wc.T, out=z)
                 ok = valid[i0:i1]  # (n,)
                 yc = torch.where(ok, targets[i0:i1], 0)  # (n,) safe index
                 zy = z.gather(1, yc[:, None])  # (n, 1) target logit
@@ -81,11 +95,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 w = okf * inv_n  # (n, 1) weight of each row in the mean
                 p = e.mul_(w / s)  # softmax / n_valid
                 p[torch.arange(i1 - i0, device=h.device), yc] -= w[:, 0]  # - onehot / n_valid: d loss / d logits
-                pc = p.to(cdtype)
+                pc = cbuf[: i1 - i0].copy_(p) if lowp else p
                 if need_h:
                     grad_h[i0:i1] = (pc @ wc).to(h.dtype)  # (n, d)
                 if need_w:
-                    grad_w.add_(pc.T @ hc[i0:i1])  # (V, d), accumulated in float32
+                    dw = torch.mm(pc.T, hc[i0:i1], out=wbuf)  # (V, d) in cdtype
+                    grad_w.add_(wbuf32.copy_(dw) if half else dw)  # accumulated in float32
         ctx.save_for_backward(grad_h if need_h else None, grad_w if need_w else None)
         ctx.weight_dtype = weight.dtype
         loss = total / n_valid.to(torch.float32)  # nan when no target counts, as F.cross_entropy

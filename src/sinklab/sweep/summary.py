@@ -47,6 +47,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -279,7 +280,9 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
         try:
             cis.append(final_ci(r))
         except Exception as e:  # noqa: BLE001 - the tracker columns stand without it; say so, once, with why
-            failed.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
+            # (paths relative to the sweep folder: an unpacked archive's location is this machine's cache)
+            msg = (str(e).splitlines()[0] if str(e) else "").replace(str(Path(r).parent.parent) + os.sep, "")
+            failed.append(f"{type(e).__name__}: {msg}".rstrip(": "))
     if failed:
         row["status"] += f" (no final re-measure for {len(failed)} of {len(done_runs)} runs: {failed[0]})"
     if cis:
