@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from sinklab.train.fingerprint import cpu_model
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -64,7 +66,7 @@ def main() -> None:
         print(f"{name:16s} {r['maps']:3d} maps  q/k {r['qk_width']:3d}  v {r['v_width']:3d}  {r['cpu_s']:.4f} s  "
               f"{r['vs_softmax']:.2f}x softmax")
     rec = {"command": "python benchmarks/diff_sdpa_cost.py " + f"--T {a.T} --B {a.B} --reps {a.reps}",
-           "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+           "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
            "load_1min": __import__("os").getloadavg()[0], "rows": out}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(rec, indent=1) + "\n")
