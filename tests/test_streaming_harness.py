@@ -145,6 +145,7 @@ def test_cli_stream_writes_results_and_resumes(tiny_model_dir, text_corpus_dir, 
     assert [c["latency_ms_per_token"] for c in again["configs"]] == [c["latency_ms_per_token"] for c in data["configs"]]
 
 
+@pytest.mark.slow  # three CLI runs, two of them timed (about 4 s): not in the unit lane
 def test_cli_stream_without_latency_gives_the_same_numbers_untimed(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
     """--no-latency: the perplexities, chunks and agreement of the timed run, bit for bit; no latency (null,
     "-" in the table), cache bytes 0; recorded in stream.json and the command. An untimed result is not resumed
