@@ -1,5 +1,7 @@
 """Chunked linear cross-entropy (sinklab.nn.loss) against F.cross_entropy on full logits."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -97,3 +99,54 @@ def test_bad_shapes():
         linear_cross_entropy(h, w, y, chunk_elems=0)
     with pytest.raises(InputError, match="min_rows"):
         linear_cross_entropy(h, w, y, min_rows=0)
+
+
+def _per_chunk_reference(h, w, y, rows, cdtype):
+    """The chunked loss written plainly: fresh tensors per chunk (the code before its buffers were reused), in
+    the same operations and order. Returns (loss, grad_h, grad_w) for d loss = 1."""
+    log2e = 1.0 / math.log(2.0)
+    N, V = h.shape[0], w.shape[0]
+    valid = y != -100
+    inv_n = 1.0 / valid.sum().clamp_min(1).to(torch.float32)
+    hc, wc = h.to(cdtype), w.to(cdtype)
+    grad_h = torch.empty(N, h.shape[1], dtype=h.dtype)
+    grad_w = torch.zeros(V, h.shape[1], dtype=torch.float32)
+    total = torch.zeros((), dtype=torch.float32)
+    for i0 in range(0, N, rows):
+        i1 = min(N, i0 + rows)
+        z = (hc[i0:i1] @ wc.T).float()
+        ok = valid[i0:i1]
+        yc = torch.where(ok, y[i0:i1], 0)
+        zy = z.gather(1, yc[:, None])
+        m = z.amax(dim=-1, keepdim=True)
+        e = z.sub_(m).mul_(log2e).exp2_()
+        s = e.sum(dim=-1, keepdim=True)
+        okf = ok.to(torch.float32)[:, None]
+        total += ((m + s.log() - zy) * okf).sum()
+        wr = okf * inv_n
+        p = e.mul_(wr / s)
+        p[torch.arange(i1 - i0), yc] -= wr[:, 0]
+        pc = p.to(cdtype)
+        grad_h[i0:i1] = (pc @ wc).to(h.dtype)
+        grad_w.add_(pc.T @ hc[i0:i1])
+    return total / valid.sum().to(torch.float32), grad_h, grad_w.to(w.dtype)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_chunks_equal_the_plain_per_chunk_formula_bit_for_bit(autocast):
+    """The loss reuses one buffer per intermediate across chunks: the loss and both gradients are those of the
+    plain per-chunk formula bit for bit (float32, and bf16 autocast), ragged last chunk included. The studies'
+    training fingerprints rest on this."""
+    g = torch.Generator().manual_seed(3)
+    N, V, d, rows = 300, 500, 24, 64  # chunks of 64 rows: 4 full and one of 44
+    h = torch.randn(N, d, generator=g)
+    w = torch.randn(V, d, generator=g) * 0.3
+    y = torch.randint(0, V, (N,), generator=g)
+    y[::7] = -100
+    h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = linear_cross_entropy(h1, w1, y, chunk_elems=rows * V, min_rows=1)
+    loss.backward()
+    ref_loss, ref_gh, ref_gw = _per_chunk_reference(h, w, y, rows, torch.bfloat16 if autocast else torch.float32)
+    assert torch.equal(loss.detach(), ref_loss)
+    assert torch.equal(h1.grad, ref_gh) and torch.equal(w1.grad, ref_gw)
