@@ -19,6 +19,7 @@ $(BIN)/sinklab: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(MAKE) --no-print-directory torch
+	@$(BIN)/python -c "import torch; print('installed torch', torch.__version__, '(CUDA ' + torch.version.cuda + ')' if torch.version.cuda else '(CPU build)')"
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(BIN)/sinklab
 
@@ -31,7 +32,6 @@ torch:
 		echo "TORCH_INDEX $(TORCH_INDEX) does not answer; installing torch $(TORCH_VERSION) from pip's own configuration (a local wheel if one is configured, else PyPI, whose Linux build is the CUDA one)"; \
 		$(BIN)/pip install -q "torch==$(TORCH_VERSION)"; \
 	fi
-	@$(BIN)/python -c "import torch; print('installed torch', torch.__version__, '(CUDA ' + torch.version.cuda + ')' if torch.version.cuda else '(CPU build)')"
 
 setup: $(BIN)/sinklab
 
