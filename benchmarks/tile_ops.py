@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,21 +28,11 @@ import torch
 
 from sinklab.nn.attention import tile_backward, tile_forward
 from sinklab.nn.ops import ATTENTION, OpContext
+from sinklab.provenance import commit_label
 from sinklab.train.fingerprint import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 def cpu_ms(fn, reps: int) -> dict:
@@ -119,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, ms in idioms.items():
         print(f"{n:<52}{ms['min']:>7.3f}{ms['min'] / base:>7.1f}x{ms['mean']:>8.3f}")
     rec = {"command": "python benchmarks/tile_ops.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "commit": _commit(), "cpu_model": cpu_model(), "torch": torch.__version__, "threads": 1,
+           "commit": commit_label(), "cpu_model": cpu_model(), "torch": torch.__version__, "threads": 1,
            "tile": {"B": 4, "H": 4, "C": a.C, "Tk": a.Tk, "d_h": 32}, "operations_ms": ops, "idioms_ms": idioms}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(rec, indent=1) + "\n")

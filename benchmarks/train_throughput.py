@@ -55,6 +55,7 @@ import torch.nn.functional as F
 
 from sinklab.nn import ATTENTION, ModelConfig, SinkLM
 from sinklab.nn.export import llama_config, llama_state_dict
+from sinklab.provenance import commit_label
 from sinklab.train.fingerprint import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -68,21 +69,6 @@ PAPER60M = dict(vocab_size=32000, d_model=768, n_layers=10, n_heads=8, d_ff=1536
 
 
 # ------------------------------------------------------------------ helpers
-def _commit() -> str:
-    """HEAD's commit (with "+dirty" when tracked files differ from it), or "unknown" outside a git checkout."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 def param_groups(model: torch.nn.Module, wd: float = 0.1) -> list[dict]:
     """AdamW groups as ``sinklab train`` (decay="matrices"): decay tensors with >= 2 dims."""
     ps = [p for p in model.parameters() if p.requires_grad]
@@ -369,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     res: dict = {"quick": args.quick, "threads": torch.get_num_threads(), "torch": torch.__version__,
                  "machine": platform.machine(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-                 "commit": _commit(), "command": " ".join(["python", "benchmarks/train_throughput.py", *(argv or sys.argv[1:])]),
+                 "commit": commit_label(), "command": " ".join(["python", "benchmarks/train_throughput.py", *(argv or sys.argv[1:])]),
                  "load_avg_start": os.getloadavg()}
     try:
         import transformers

@@ -23,6 +23,7 @@ import csv
 import sys
 from pathlib import Path
 
+from sinklab.provenance import commit_label
 from sinklab.sweep.summary import seed_values
 from sinklab.sweep.verdict import ALPHA, seeds_for_power
 
@@ -35,17 +36,6 @@ ROWS = [("attention_operation", "sigmoid (no norm)"), ("kv_bias", "k bias, v 0")
 LEVEL = 10.0
 KIND = {"sink": "one_sample", "no_sink": "one_sample", "higher": "two_sample", "lower": "two_sample",
         "similar": "equivalence"}
-
-
-def _commit() -> str:
-    """The repository's short HEAD commit (what the plan was computed at), or "unknown"."""
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _f(v: str) -> float | None:
@@ -95,7 +85,7 @@ def main() -> None:
         w.writerows(plans)
     lines = ["# Seeds for 80% power against the paper's effect\n",
              "Made by `python experiments/power.py` (from the repository root; method in its docstring) at commit "
-             f"{_commit()} from the `results/<study>/summary.csv` spreads committed then; `power.csv` has every column. *seeds* is the number "
+             f"{commit_label(7)} from the `results/<study>/summary.csv` spreads committed then; `power.csv` has every column. *seeds* is the number "
              "per row, the reference row included; *holm*: at the level 0.05 / m (m = the study's tested rows), "
              "*alone*: at 0.05. A relative row's true effect is the paper's effect, a one-sample row's true mean "
              "the paper's value (minus the 10% level below), in points and scaled to our reference level.\n",

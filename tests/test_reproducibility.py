@@ -383,3 +383,19 @@ def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, t
     here = environment()
     assert same_name(same) == (True, f"commit {same[:12]} re-run here (same CPU name, other rounding)")
     assert same_name(other) == (False, f"commit {other[:12]} re-run here (same CPU name, other rounding)")
+
+
+def test_commit_label_is_the_checkouts_head_and_says_dirty(monkeypatch):
+    """The label benchmarks and experiments write into their results: HEAD's first hex digits, "+dirty" when the
+    package's files differ from it, "unknown" outside git."""
+    from sinklab import provenance
+
+    monkeypatch.setattr(provenance, "code_version", lambda: {"commit": "0123456789abcdef" * 2 + "01234567",
+                                                             "dirty": False, "version": None, "source": None})
+    assert provenance.commit_label() == "0123456789ab" and provenance.commit_label(7) == "0123456"
+    monkeypatch.setattr(provenance, "code_version", lambda: {"commit": "f" * 40, "dirty": True, "version": None,
+                                                             "source": None})
+    assert provenance.commit_label() == "ffffffffffff+dirty"
+    monkeypatch.setattr(provenance, "code_version", lambda: {"commit": None, "dirty": None, "version": None,
+                                                             "source": None})
+    assert provenance.commit_label() == "unknown"

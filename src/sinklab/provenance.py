@@ -61,3 +61,12 @@ def code_version() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     return out
+
+
+def commit_label(width: int = 12) -> str:
+    """The code's commit as a short label for a results file: the first ``width`` hex digits of
+    :func:`code_version`'s commit, ``+dirty`` when ``src/sinklab`` differs from it, ``unknown`` outside git."""
+    cv = code_version()
+    if not cv["commit"]:
+        return "unknown"
+    return cv["commit"][:width] + ("+dirty" if cv["dirty"] else "")
