@@ -76,7 +76,10 @@ def test_log_file_output_is_clean_and_says_how_layers_are_numbered(short_context
     assert not has_sink  # this random tiny model has none at eps 0.3, and the line says so, whole
     assert len(top) == 1 and top[0].endswith("(no (sample, layer, head) puts mass > eps on any position)")
     assert len(top[0]) > 80
-    assert any(ln.startswith("largest norm ratio: ") and ln.endswith(tuple("0123456789")) for ln in lines)
+    assert any(ln.startswith("largest norm ratio: ") and ln.endswith("far above 1 marks a sink)") for ln in lines)
+    mar = json.loads((tmp_path / "out" / "results.json").read_text())["massive_activation_ratio"]
+    top = max(range(len(mar)), key=mar.__getitem__)  # the layer whose ratio the line names, as results.json has it
+    assert any(ln.startswith(f"largest massive-activation ratio: {mar[top]:.0f}x in layer {top} (") for ln in lines)
     assert not any(LONG_WARNING in m for m in transformers_log)
     assert LONG_WARNING not in io.err
 

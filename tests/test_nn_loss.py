@@ -132,21 +132,21 @@ def _per_chunk_reference(h, w, y, rows, cdtype):
     return total / valid.sum().to(torch.float32), grad_h, grad_w.to(w.dtype)
 
 
-@pytest.mark.parametrize("autocast", [False, True])
-def test_chunks_equal_the_plain_per_chunk_formula_bit_for_bit(autocast):
+@pytest.mark.parametrize("dtype,autocast", [(torch.float32, False), (torch.float32, True), (torch.float64, False)])
+def test_chunks_equal_the_plain_per_chunk_formula_bit_for_bit(dtype, autocast):
     """The loss reuses one buffer per intermediate across chunks: the loss and both gradients are those of the
-    plain per-chunk formula bit for bit (float32, and bf16 autocast), ragged last chunk included. The studies'
-    training fingerprints rest on this."""
+    plain per-chunk formula bit for bit (float32, bf16 autocast, float64), ragged last chunk included. The
+    studies' training fingerprints rest on this."""
     g = torch.Generator().manual_seed(3)
     N, V, d, rows = 300, 500, 24, 64  # chunks of 64 rows: 4 full and one of 44
-    h = torch.randn(N, d, generator=g)
-    w = torch.randn(V, d, generator=g) * 0.3
+    h = torch.randn(N, d, generator=g, dtype=dtype)
+    w = torch.randn(V, d, generator=g, dtype=dtype) * 0.3
     y = torch.randint(0, V, (N,), generator=g)
     y[::7] = -100
     h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         loss = linear_cross_entropy(h1, w1, y, chunk_elems=rows * V, min_rows=1)
     loss.backward()
-    ref_loss, ref_gh, ref_gw = _per_chunk_reference(h, w, y, rows, torch.bfloat16 if autocast else torch.float32)
+    ref_loss, ref_gh, ref_gw = _per_chunk_reference(h, w, y, rows, torch.bfloat16 if autocast else dtype)
     assert torch.equal(loss.detach(), ref_loss)
     assert torch.equal(h1.grad, ref_gh) and torch.equal(w1.grad, ref_gw)
