@@ -263,8 +263,7 @@ def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096, naive: bool 
                 torch.manual_seed(0)
                 trainees.append(Trainee(name + "@naive", make_naive(SinkLM(sink_config(T, attention=name, **SMALL)))))
         # every operation gets at least 2 timed steps (in rounds of flipped order), so that its ratio can be read
-        # off its fastest step: one step that met a hiccup of the machine (seen: 0.66x in one step, 0.88x in
-        # others) does not decide it
+        # off its fastest step: one step that met a hiccup of the machine does not decide it
         warmup, rounds, per_round = (1, 2, 1) if quick else (1, 3, 1)
         data = batches(warmup + rounds * per_round, B, T, SMALL["vocab_size"], seed=T)
         # softmax's own time is measured in every round between the others
@@ -321,12 +320,13 @@ def _print_hf_rows(h: dict) -> None:
 def targets(res: dict) -> dict:
     """The training-speed targets of the library issue (38), read off this run's CPU times: sinklab >= 1.5x
     transformers' tokens/s, and every attention operation >= 0.7x softmax's at T = 1024, each by all timed
-    steps and by the fastest step of each model. Returns the verdicts and printable lines."""
+    steps and by the fastest step of each model; the verdicts ("met") are by the fastest steps, for both. Returns
+    the verdicts and printable lines."""
     out: dict = {"lines": ["", "== targets (issue 38; CPU time of this run)"]}
     h = res.get("sinklab_vs_transformers")
     if h:
         r, f = h["cpu_ratio_sinklab_over_hf"], h["cpu_ratio_sinklab_over_hf_fastest_step"]
-        out["sinklab_over_transformers"] = {"all_steps": r, "fastest_step": f, "met": r >= 1.5 or f >= 1.5}
+        out["sinklab_over_transformers"] = {"all_steps": r, "fastest_step": f, "met": f >= 1.5}
         out["lines"].append(f"sinklab / transformers >= 1.5x: {r:.2f}x (all steps), {f:.2f}x (fastest steps): "
                             f"{'met' if out['sinklab_over_transformers']['met'] else 'NOT met'}")
     o = (res.get("attention_ops") or {}).get(1024)

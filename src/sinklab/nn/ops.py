@@ -628,8 +628,8 @@ class Softpick(AttentionOp):
     has_tile_grad = True
 
     # The tile functions use float 0/1 masks and signs, no boolean tiles: on CPU a masked_fill_ with a broadcast
-    # (C, Tk) mask, a product with a bool tile or torch.where over a tile each cost 5-40x a plain element-wise pass
-    # (1 thread, (16, 64, 1024) float32 tiles).
+    # (C, Tk) mask, a product with a bool tile or torch.where over a tile cost several times a plain element-wise
+    # pass (benchmarks/tile_ops.py).
     def tile_weights(self, scores, mask):
         m = scores.amax(dim=-1, keepdim=True).clamp_min_(0.0)  # (N, C, 1)
         em = torch.exp(-m)
