@@ -45,14 +45,32 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, obj: T | None = None, *, description: str = "") -> Callable[[T], T] | T:
-        """Register ``obj`` under ``name``; without ``obj`` act as a decorator."""
+    def register(self, name: str, obj: T | None = None, *, description: str = "",
+                 before: str | None = None) -> Callable[[T], T] | T:
+        """Register ``obj`` under ``name``; without ``obj`` act as a decorator.
+
+        Names keep their registration order (:meth:`names`, iteration); ``before`` (a registered
+        name) places the new entry in front of that one instead of at the end, for registries
+        whose order is a priority (:data:`sinklab.nn.attention.ATTENTION_PATHS`).
+
+        Raises:
+            ValueError: ``name`` is already registered.
+            UnknownNameError: ``before`` is not registered.
+        """
+        if before is not None:
+            self.get(before)
 
         def add(o: T) -> T:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             desc = description or (getattr(o, "__doc__", None) or "").strip().split("\n")[0]
-            self._entries[name] = Entry(name, o, desc)
+            entry = Entry(name, o, desc)
+            if before is None:
+                self._entries[name] = entry
+            else:
+                items = list(self._entries.items())
+                at = [n for n, _ in items].index(before)
+                self._entries = dict(items[:at] + [(name, entry)] + items[at:])
             return o
 
         if obj is not None:
@@ -78,6 +96,20 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return list(self._entries)
+
+    def items(self) -> list[tuple[str, T]]:
+        """(name, object) pairs in registration order."""
+        return [(n, e.obj) for n, e in self._entries.items()]
+
+    def remove(self, name: str) -> T:
+        """Unregister ``name`` and return its object.
+
+        Raises:
+            UnknownNameError: ``name`` is not registered.
+        """
+        obj = self.get(name)
+        del self._entries[name]
+        return obj
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -4,22 +4,25 @@
 output projection; *how* logits become weights is the operation ``self.op``, chosen
 by name from :data:`ATTENTION` (see :mod:`sinklab.nn.ops` for the list).
 
-``Attention.forward`` = projections + positions + one of these paths (tests check they agree):
+``Attention.forward`` = projections + positions + the first entry of the registry :data:`ATTENTION_PATHS`
+that takes the pass (:meth:`Attention.path` names it; tests check the paths agree):
 
-* **fast**: ``F.scaled_dot_product_attention`` for operations it expresses exactly
+* **cached**: incremental decoding with a KV cache (streaming, :class:`sinklab.streaming.SinkCache`).
+* **observed**: :func:`reference_attention`, plain matmul-mask-normalise over the full
+  T x T, used when an observer asks for the weights.
+* **flex**: ``attention_backend = "flex"``, FlexAttention (:mod:`sinklab.nn.flex`).
+* **compiled**: ``attention_backend = "compiled"``, the tile path below with its per-tile functions
+  under ``torch.compile``.
+* **sdpa**: ``F.scaled_dot_product_attention`` for operations it expresses exactly
   (``op.sdpa``): softmax, scaled softmax, and every softmax with a virtual key
   (sink token, key/value biases: an extra key/value column; off-by-one and the sink
   logit: an extra column whose logit is a constant, via one extra head dimension).
 * **tile**: operations with ``op.has_tile_grad`` (every non-SDPA operation without a virtual key) run
   in :class:`_TileAttention`, an autograd function over query tiles whose backward recomputes each
-  tile's scores and applies the operation's analytic gradient (:meth:`AttentionOp.tile_grad`);
-  ``attention_backend = "compiled"`` runs the same tiles' functions under ``torch.compile``.
-* **chunked** (memory-frugal): the other operations, queries in chunks of at most ``chunk_elems`` logits,
-  only the key range a chunk can see, each chunk under activation checkpointing when gradients are needed.
-* **flex**: ``attention_backend = "flex"``, FlexAttention (:mod:`sinklab.nn.flex`).
-* **reference**: :func:`reference_attention`, plain matmul-mask-normalise over the full
-  T x T, used when an observer asks for the weights.
-* **cached**: incremental decoding with a KV cache (streaming, :class:`sinklab.streaming.SinkCache`).
+  tile's scores and applies the operation's analytic gradient (:meth:`AttentionOp.tile_grad`).
+* **chunked** (memory-frugal, takes every pass): the other operations, queries in chunks of at most
+  ``chunk_elems`` logits, only the key range a chunk can see, each chunk under activation checkpointing
+  when gradients are needed.
 
 The tile and chunked paths walk their queries with :func:`sinklab.attention_masks.query_blocks`, the one
 blocked-attention iterator (also used by the blockwise capture and the streaming sink + window attention).
@@ -49,8 +52,10 @@ from sinklab.nn.backend import check_backend, resolve as resolve_backend
 from sinklab.nn.norm import NORM
 from sinklab.nn.ops import ATTENTION, AttentionOp
 from sinklab.nn.positional import Positional
+from sinklab.registry import Registry
 
-__all__ = ["ATTENTION", "Attention", "AttentionOptions", "AttnContext", "MaskSpec", "visible", "build_mask",
+__all__ = ["ATTENTION", "ATTENTION_PATHS", "Attention", "AttentionOptions", "AttentionPath", "AttnContext", "MaskSpec",
+           "visible", "build_mask",
            "reference_attention", "attend_block", "bind_options", "wants_raw_weights"]
 
 
@@ -505,20 +510,7 @@ class Attention(nn.Module):
         q, k = ctx.positional.apply_qk(q, k, ctx.pos_state)
         if diff:  # zero-pad q, k to the value's width: q.k is unchanged and SDPA keeps its fused kernels
             q, k = F.pad(q, (0, dh - q.shape[-1])), F.pad(k, (0, dh - k.shape[-1]))
-        if ctx.kv_cache is not None:
-            y = self._cached(q, k, v, ctx)
-        elif observer is not None:
-            y = self._reference(q, k, v, ctx, observer)
-        elif (backend := resolve_backend(self.options.attention_backend, self.op, q.device.type)) == "flex":
-            y = self._flex(q, k, v, ctx)
-        elif backend == "compiled":
-            y = self._chunked(q, k, v, ctx, compiled=True)
-        elif self.op.sdpa and not (ctx.positional.learned_bias and torch.is_grad_enabled()):
-            # (SDPA's fused CPU kernels give no gradient to a learned attn_mask: it would fall
-            # back to materialising T x T per layer, so learned biases train on the chunked path.)
-            y = self._fast(q, k, v, ctx)
-        else:
-            y = self._chunked(q, k, v, ctx)
+        y = ATTENTION_PATHS.get(self.path(ctx, observer, q.device.type)).run(self, q, k, v, ctx, observer)
         if diff and observer is None:  # (the reference path combined the two maps itself)
             y = self.op.combine(y.view(B, 2, H, T, dh))
         # y: (B, H, T, d_h)
@@ -624,24 +616,50 @@ class Attention(nn.Module):
                            positional=ctx.positional, vk=vk, vv=vv, vlogit=vlogit, cache=ctx._flex_masks,
                            compiled=self.options.flex_compiled, documents=ctx.documents)
 
-    def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, compiled: bool = False) -> Tensor:
-        """Memory-frugal path: query chunks, each under checkpointing. Shapes as in :meth:`_fast`.
-        ``compiled``: the tile loop's per-tile functions under ``torch.compile``
-        (``attention_backend = "compiled"``, :mod:`sinklab.nn.compiled`); the operation must have a
-        tile gradient and no virtual key (checked by the config)."""
+    def path(self, ctx: AttnContext, observer: Observer | None = None, device_type: str = "cpu") -> str:
+        """The name of the :data:`ATTENTION_PATHS` entry that computes this layer's attention in a pass
+        with ``ctx`` and ``observer`` on ``device_type`` ("cpu", "cuda", ...): the first registered path
+        whose ``takes`` accepts it (the last one, ``chunked``, takes every pass)."""
+        for name, p in ATTENTION_PATHS.items():
+            if p.takes(self, ctx, observer, device_type):
+                return name
+        raise RuntimeError("no attention path takes this pass (ATTENTION_PATHS lost its last entry, 'chunked')")
+
+    def takes_tile(self, ctx: AttnContext) -> bool:
+        """Whether the tile path (:class:`_TileAttention`) can compute this layer's pass: an operation with an
+        analytic tile gradient (``op.has_tile_grad``), ``options.tile_autograd``, no virtual key or logit, and
+        no learned positional bias while gradients are on (the tile gradient covers q, k, v only)."""
+        return (self.options.tile_autograd and self.op.has_tile_grad and self.op.virtual_kv(self) is None
+                and self.op.virtual_logit() is None and not (ctx.positional.learned_bias and torch.is_grad_enabled()))
+
+    def _tile(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, compiled: bool = False) -> Tensor:
+        """Tile path: :class:`_TileAttention` over query tiles of at most ``options.tile_elems`` logits.
+        ``compiled``: the per-tile functions under ``torch.compile`` (``attention_backend = "compiled"``,
+        :mod:`sinklab.nn.compiled`). Shapes as in :meth:`_fast`; only when :meth:`takes_tile`."""
         B, H, T, dh = q.shape
         k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
-        vk, vv, vlogit = self._virtual(q.dtype)
-        if (self.options.tile_autograd and self.op.has_tile_grad and vk is None and vlogit is None
-                and not (ctx.positional.learned_bias and torch.is_grad_enabled())):
-            C = max(1, min(T, self.options.tile_elems // max(1, B * H * T)))
-            phi = self.op.feature_map
-            return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.mask, ctx.positional, compiled,
-                                        ctx.documents)
-        if compiled:
+        C = max(1, min(T, self.options.tile_elems // max(1, B * H * T)))
+        phi = self.op.feature_map
+        return _TileAttention.apply(phi(q), phi(k), v, self.op, self.scale, C, ctx.mask, ctx.positional, compiled,
+                                    ctx.documents)
+
+    def _compiled_tile(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
+        """``attention_backend = "compiled"``: the tile path with compiled per-tile functions.
+
+        Raises:
+            ConfigError: the pass cannot take the tile path (:meth:`takes_tile`)."""
+        if not self.takes_tile(ctx):
             raise ConfigError(f"attention_backend='compiled' needs the tile path: attention={type(self.op).__name__} "
                               f"with positional={type(ctx.positional).__name__} and AttentionOptions.tile_autograd="
                               f"{self.options.tile_autograd} does not take it; use attention_backend='reference'")
+        return self._tile(q, k, v, ctx, compiled=True)
+
+    def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
+        """Memory-frugal path: query chunks of at most ``options.chunk_elems`` logits, each under
+        checkpointing when gradients are on. Shapes as in :meth:`_fast`. Serves every operation."""
+        B, H, T, dh = q.shape
+        k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
+        vk, vv, vlogit = self._virtual(q.dtype)
         if vk is not None:
             vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
@@ -719,3 +737,79 @@ class Attention(nn.Module):
                 w_x = w_extra * total if renorm else w_extra  # (B, H, T, 1)
                 out = out + w_x.to(vr.dtype) * repeat_kv(vv[None, :, None, :], self.n_heads // vv.shape[0])
         return self.op.normalise_heads(out) if self.op.differential else out
+
+
+# ============================================================ the paths
+@dataclass(frozen=True)
+class AttentionPath:
+    """One way :class:`Attention` computes ``softmax-like(q k^T) v`` for a pass: an entry of
+    :data:`ATTENTION_PATHS`.
+
+    Attributes:
+        takes: ``takes(layer, ctx, observer, device_type) -> bool``: whether this path computes the pass
+            of ``layer`` (an :class:`Attention`) with ``ctx`` (:class:`AttnContext`), ``observer`` (or None)
+            on ``device_type`` ("cpu", "cuda", ...). Paths are tried in registration order.
+        run: ``run(layer, q, k, v, ctx, observer) -> y``: q (B, H', T, d) after positions, k and v
+            (B, H_kv', T, d) / (B, H_kv', T, d_v) (H' = 2H, d_v = 2 d_h, q and k zero-padded for
+            differential attention), y (B, H', T, d_v). Must agree with :func:`reference_attention`
+            (the equality tests in ``tests/test_nn_attention.py`` and ``tests/test_nn_backends.py``).
+        doc: one line for listings.
+    """
+
+    takes: Callable[..., bool]
+    run: Callable[..., Tensor]
+    doc: str = ""
+
+
+def _learned_bias_training(ctx: AttnContext) -> bool:
+    # SDPA's fused CPU kernels give no gradient to a learned attn_mask: it would fall back to
+    # materialising T x T per layer, so learned biases train on the tile / chunked paths.
+    return ctx.positional.learned_bias and torch.is_grad_enabled()
+
+
+def _backend(layer: Attention, device_type: str) -> str:
+    return resolve_backend(layer.options.attention_backend, layer.op, device_type)
+
+
+#: The attention paths, in the order :meth:`Attention.path` tries them; ``Attention.forward`` is the
+#: projections, positions and the first path that takes the pass. Register another kernel with
+#: ``ATTENTION_PATHS.register(name, AttentionPath(takes, run), before="sdpa")`` (it must agree with the
+#: reference formula; ``ATTENTION_PATHS.remove(name)`` undoes it). Names (public, listed by a test):
+#:
+#: * ``cached``: incremental decoding with a KV cache (``ctx.kv_cache``; streaming, SinkCache).
+#: * ``observed``: :func:`reference_attention` over the full T x T, the weights reported to an observer
+#:   (the sink metrics, hooks on ``attn.weights``).
+#: * ``flex``: FlexAttention (``attention_backend`` "flex", or "auto" on CUDA for the softmax family).
+#: * ``compiled``: the tile path with ``torch.compile``d per-tile functions (``attention_backend = "compiled"``).
+#: * ``sdpa``: ``F.scaled_dot_product_attention`` for the operations it expresses exactly (``op.sdpa``).
+#: * ``tile``: :class:`_TileAttention`, query tiles with the operation's analytic gradient.
+#: * ``chunked``: checkpointed query chunks; every operation (the fallback, takes every pass).
+ATTENTION_PATHS: Registry[AttentionPath] = Registry("attention path")
+ATTENTION_PATHS.register("cached", AttentionPath(
+    lambda layer, ctx, observer, device: ctx.kv_cache is not None,
+    lambda layer, q, k, v, ctx, observer: layer._cached(q, k, v, ctx),
+    "incremental decoding with a KV cache"))
+ATTENTION_PATHS.register("observed", AttentionPath(
+    lambda layer, ctx, observer, device: observer is not None,
+    lambda layer, q, k, v, ctx, observer: layer._reference(q, k, v, ctx, observer),
+    "the reference formula, weights reported to the observer"))
+ATTENTION_PATHS.register("flex", AttentionPath(
+    lambda layer, ctx, observer, device: _backend(layer, device) == "flex",
+    lambda layer, q, k, v, ctx, observer: layer._flex(q, k, v, ctx),
+    "FlexAttention"))
+ATTENTION_PATHS.register("compiled", AttentionPath(
+    lambda layer, ctx, observer, device: _backend(layer, device) == "compiled",
+    lambda layer, q, k, v, ctx, observer: layer._compiled_tile(q, k, v, ctx),
+    "tiles with torch.compile'd per-tile functions"))
+ATTENTION_PATHS.register("sdpa", AttentionPath(
+    lambda layer, ctx, observer, device: layer.op.sdpa and not _learned_bias_training(ctx),
+    lambda layer, q, k, v, ctx, observer: layer._fast(q, k, v, ctx),
+    "scaled_dot_product_attention (softmax family)"))
+ATTENTION_PATHS.register("tile", AttentionPath(
+    lambda layer, ctx, observer, device: layer.takes_tile(ctx),
+    lambda layer, q, k, v, ctx, observer: layer._tile(q, k, v, ctx),
+    "query tiles with the operation's analytic gradient"))
+ATTENTION_PATHS.register("chunked", AttentionPath(
+    lambda layer, ctx, observer, device: True,
+    lambda layer, q, k, v, ctx, observer: layer._chunked(q, k, v, ctx),
+    "checkpointed query chunks (every operation)"))

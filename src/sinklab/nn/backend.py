@@ -4,9 +4,10 @@ The one place where an operation (a registered :class:`~sinklab.nn.ops.Attention
 matched to a backend; :class:`sinklab.nn.attention.Attention` asks :func:`resolve` once per forward
 and :class:`sinklab.nn.ModelConfig` calls :func:`check_backend` when it is built::
 
-    reference   today's paths: SDPA for the softmax family (``op.sdpa``), the query-chunked
-                tile loop with its analytic gradient (``op.has_tile_grad``) or checkpointed
-                chunks for the others. Serves every operation.
+    reference   the paths ``sdpa`` for the softmax family (``op.sdpa``), ``tile`` (the query-chunked
+                tile loop with its analytic gradient, ``op.has_tile_grad``) or ``chunked``
+                (checkpointed chunks) for the others (:data:`sinklab.nn.attention.ATTENTION_PATHS`).
+                Serves every operation.
     flex        FlexAttention (:mod:`sinklab.nn.flex`): the softmax family (``op.sdpa``:
                 softmax, softmax_scaled, sink_token, kv_bias, k_bias, v_bias, sink_logit,
                 softmax_off_by_one, gated_headwise, gated_elementwise, diff).
@@ -18,7 +19,8 @@ and :class:`sinklab.nn.ModelConfig` calls :func:`check_backend` when it is built
     auto        (default) ``flex`` on CUDA for the operations it serves, ``reference`` elsewhere
                 (on CPU, and for every other operation).
 
-Observers (weights for the sink metric) and KV-cache decoding always use the reference formula.
+Observers (weights for the sink metric) and KV-cache decoding always use the reference formula (the
+paths ``observed`` and ``cached``).
 """
 
 from __future__ import annotations
