@@ -12,13 +12,14 @@ layer's forward + backward (fastest of 3 after a warm-up); their ratio is the sh
 the dispatch takes. ``Attention.forward`` calls ``path`` once per layer and pass.
 
 Prints the table and writes ``benchmarks/results/attention_dispatch.json`` (with the CPU model, commit and
-command).
+command, and the 1-minute load average when it started).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,12 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "attention_dispatch.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    load = os.getloadavg()[0]
     rows = [measure(op, args.reps) for op in OPS]
     print(f"{'attention':<12}{'path':<10}{'path() us':>10}{'layer step ms':>15}{'share':>10}")
     for r in rows:
         print(f"{r['attention']:<12}{r['path']:<10}{r['path_us']:>10.1f}{r['layer_step_ms']:>15.1f}{r['share']:>10.1e}")
     out = {"cpu_model": cpu_model(), "commit": commit_label(), "torch": torch.__version__,
-           "command": "python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]), "rows": rows}
+           "load_1min_at_start": load, "command": "python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
