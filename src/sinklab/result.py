@@ -39,18 +39,33 @@ def python_call(function: str, *args: str, **kwargs: Any) -> str:
     return f"python: {function}({', '.join(parts)})"
 
 
+def package_version(name: str) -> str:
+    """The installed version of distribution ``name``: the module's ``__version__`` when it is imported
+    already, else the installed metadata's (without importing the package: importing transformers costs
+    about a CPU-second); ``"not installed"`` when there is neither."""
+    import sys
+    from importlib import metadata
+
+    mod = sys.modules.get(name)
+    if getattr(mod, "__version__", None):
+        return str(mod.__version__)
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def versions() -> dict[str, str]:
     """Versions of Python and of the packages that determine the numbers: ``sinklab``, ``torch``,
-    ``transformers``, ``python``."""
+    ``transformers``, ``python`` (:func:`package_version`: nothing is imported for it)."""
     import torch
-    import transformers
 
     import sinklab
 
     return {
         "sinklab": sinklab.__version__,
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": package_version("transformers"),
         "python": platform.python_version(),
     }
 
