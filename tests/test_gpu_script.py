@@ -25,13 +25,21 @@ def run(out: Path, *args: str, smoke: bool = True, timeout: int = 600) -> subpro
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_smoke_run_writes_json_and_summary_and_reports_cuda_steps_as_skipped(tmp_path):
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One CPU smoke run of the cuda_tests, decode, analyze and stream steps (each step is its own process, as in
+    any run; one script start serves the two tests below): the script's result and its folder."""
+    out = tmp_path_factory.mktemp("gpu-smoke")
+    return run(out, "--only", "cuda_tests", "decode", "analyze", "stream"), out
+
+
+def test_smoke_run_writes_json_and_summary_and_reports_cuda_steps_as_skipped(smoke):
     """The CUDA tests (skipped here) and the decode step at tiny sizes on the CPU: exit 0, gpu.json
     with each step's status, a summary that names the skip, the per-step logs."""
-    p = run(tmp_path, "--only", "cuda_tests", "decode")
+    p, tmp_path = smoke
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads((tmp_path / "gpu.json").read_text())
-    assert res["environment"]["smoke"] is True and res["steps_run"] == ["cuda_tests", "decode"]
+    assert res["environment"]["smoke"] is True and res["steps_run"] == ["cuda_tests", "decode", "analyze", "stream"]
     tests = res["steps"]["cuda_tests"]
     assert tests["status"] == "skipped" and tests["passed"] == 0 and tests["counts"]["skipped"] >= 25
     dec = res["steps"]["decode"]
@@ -91,11 +99,11 @@ def test_a_step_killed_at_its_limit_keeps_its_finished_rows(tmp_path):
     assert "at    256 tokens" in text and text.strip().splitlines()[-1] == "FAILED: decode"
 
 
-def test_smoke_run_of_the_analyze_and_stream_steps(tmp_path):
+def test_smoke_run_of_the_analyze_and_stream_steps(smoke):
     """The analyze (massive, depth, intervene) and stream (sinks, two policies, a 4-bit cache, pass key) steps at
     tiny sizes on the CPU, in bfloat16 as on the GPU: every run has its seconds, the dtype the Subject loaded, and
     the numbers it produced (finite perplexities, an accuracy in [0, 1])."""
-    p = run(tmp_path, "--only", "analyze", "stream")
+    p, tmp_path = smoke
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads((tmp_path / "gpu.json").read_text())
     an, st = res["steps"]["analyze"], res["steps"]["stream"]

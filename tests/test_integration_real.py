@@ -9,8 +9,10 @@ pytestmark = pytest.mark.network
 
 
 def test_smollm2_sink_on_natural_text_far_above_repeated(real_home, tmp_path):
-    nat = measure(num_samples=24, seq_len=64, out=tmp_path / "natural", progress=False)
-    rep = measure(input="repeated", num_samples=24, seq_len=64, progress=False)
+    # 8 samples of 64 tokens (24 before): Sink_1 72.2% on natural text here (70.3% over 24), 0.0% on the repeated
+    # token either way; the thresholds below are unchanged and 30 points away
+    nat = measure(num_samples=8, seq_len=64, out=tmp_path / "natural", progress=False)
+    rep = measure(input="repeated", num_samples=8, seq_len=64, progress=False)
     assert nat.model["name"] == "smollm2-135m" and nat.corpus["name"] == "sotu"
     # the paper's observation for RoPE LLaMA-family models: strong token-1 sink on natural
     # text, (almost) none on a repeated token

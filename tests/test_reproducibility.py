@@ -34,24 +34,25 @@ def _losses(run: Path) -> list[float]:
 
 @pytest.mark.integration
 def test_thread_count_from_the_environment_cannot_change_a_run(tmp_path):
-    """12 steps of the emergence-cpu model with OMP_NUM_THREADS 1 and 2 (the two processes side by side):
+    """4 steps of the emergence-cpu model with OMP_NUM_THREADS 1 and 2 (the two processes side by side):
     identical losses at every step, because sinklab train pins train.threads (1 in the preset) itself; the
     summary records 1 thread (what the environment cannot change is read from summary.json, not only from the
-    losses)."""
+    losses: on a 2-core EPYC an unpinned 2-thread run gave the 1-thread losses bit for bit over 12 steps, so
+    the losses alone could not see a lost pin, and more steps would not help them)."""
     runs, procs = {}, []
     for n in (1, 2):
         out = tmp_path / f"t{n}"
         env = {**os.environ, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
         procs.append(subprocess.Popen([sys.executable, "-c", "from sinklab.cli.main import app; app()", "train",
-                                       "emergence-cpu", "--out", str(out), "--steps", "12", "--no-progress",
-                                       "--set", "track.every=6", "--set", "train.log_every=1"], env=env,
+                                       "emergence-cpu", "--out", str(out), "--steps", "4", "--no-progress",
+                                       "--set", "track.every=2", "--set", "train.log_every=1"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         runs[n] = out
     for p in procs:
         _, err = p.communicate(timeout=280)
         assert p.returncode == 0, err.decode()[-2000:]
     a, b = _losses(runs[1]), _losses(runs[2])
-    assert len(a) == 12 and a == b
+    assert len(a) == 4 and a == b
     s1, s2 = (json.loads((runs[n] / "summary.json").read_text()) for n in (1, 2))
     assert s1["threads"] == s2["threads"] == 1
     # a training records its environment and code; the fingerprint is the study tool's (sinklab.sweep.fingerprints)
@@ -185,33 +186,57 @@ def _tiny_study(tmp_path: Path, tiny: Path, seeds: int = 2) -> Path:
     return p
 
 
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory) -> Path:
+    """A folder with tiny.toml, the 2-seed study.toml and its sweep results/tiny, trained once (two
+    ``sinklab train`` subprocesses, by the local launcher) for the two tests below, which copy the folder."""
+    root = tmp_path_factory.mktemp("tiny_sweep")
+    (root / "tiny.toml").write_text(TINY)
+    study = load_study(_tiny_study(root, root / "tiny.toml"))
+    assert run_sweep(study, root / "results" / "tiny", progress=False, poll_s=0.05) == \
+        {"softmax/seed100": "done", "softmax/seed101": "done"}
+    return root
+
+
 @pytest.mark.integration
-def test_sweep_copies_only_runs_with_the_current_fingerprint(tiny, tmp_path):
-    study = load_study(_tiny_study(tmp_path, tiny, seeds=1))
-    a, b = tmp_path / "res" / "a", tmp_path / "res" / "b"
-    assert run_sweep(study, a, progress=False, poll_s=0.05) == {"softmax/seed100": "done"}
-    assert run_sweep(load_study(study.path), b, progress=False, poll_s=0.05) == {"softmax/seed100": "copied"}
+def test_sweep_copies_only_runs_with_the_current_fingerprint(tiny_sweep, tmp_path, monkeypatch):
+    """A sibling sweep of the same configs copies the finished runs; a run whose recorded fingerprint is not
+    the current code's is trained again instead (it goes to the launcher; the other seed is still copied)."""
+    import shutil
+
+    import sinklab.sweep.run as sweep_run
+
+    shutil.copytree(tiny_sweep, tmp_path, dirs_exist_ok=True)
+    study = load_study(tmp_path / "study.toml")
+    a, b = tmp_path / "results" / "tiny", tmp_path / "results" / "b"
+    assert run_sweep(study, b, progress=False, poll_s=0.05) == {"softmax/seed100": "copied",
+                                                                 "softmax/seed101": "copied"}
     # the same config trained by code with other numerics: trained again, not copied
-    c = tmp_path / "res" / "c"
+    c = tmp_path / "results" / "c"
     s_path = a / "runs" / "softmax" / "seed100" / "summary.json"
     s = json.loads(s_path.read_text())
     s["code_fingerprint"] = "0" * 16
     s_path.write_text(json.dumps(s))
-    (b / "runs").rename(tmp_path / "b_runs")  # leave only the tampered run to copy from
+    (b / "runs").rename(tmp_path / "b_runs")  # leave only the tampered run (and the untouched seed 101) to copy from
+    # what the launcher is given to train (the trainings themselves: the fixture's sweep, test_sweep.py)
+    trained = []
+    monkeypatch.setattr(sweep_run, "_run_local", lambda st, out, todo, *a, **k: trained.extend(
+        (p.label, seed) for p, seed in todo))
     events = []
     st = run_sweep(load_study(study.path), c, progress=False, poll_s=0.05, on_event=lambda e, p: events.append(e))
-    assert st == {"softmax/seed100": "done"}
+    assert st == {"softmax/seed101": "copied"} and trained == [("softmax", 100)]
     assert any(e.startswith("not copied: training-code fingerprint 0000000000000000 there") for e in events)
 
 
 @pytest.mark.integration
-def test_summary_and_report_check_flag_stale_rows(tiny, tmp_path, monkeypatch, capsys):
+def test_summary_and_report_check_flag_stale_rows(tiny_sweep, tmp_path, monkeypatch, capsys):
     """``sinklab report --check`` (the CLI, run in-process): exit 0 while every row's fingerprint is current,
     exit 1 naming the stale row once a run's recorded fingerprint differs; without --check exit 0."""
-    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
-    study = load_study(_tiny_study(tmp_path, tiny))
+    import shutil
+
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))  # the current fingerprint computed afresh here
+    shutil.copytree(tiny_sweep, tmp_path, dirs_exist_ok=True)
     root = tmp_path / "results"
-    run_sweep(study, root / "tiny", progress=False, poll_s=0.05)
     rows = summarize_sweep(root / "tiny", plot=False, check=True)
     assert rows[0]["n_seeds"] == 2 and rows[0]["seeds"] == "100;101"
     assert rows[0]["fingerprint_current"] is True and len(rows[0]["code_fingerprint"]) == 16
@@ -340,36 +365,44 @@ def test_a_run_from_another_cpu_is_checked_by_re_running_its_commit_here(tiny, t
     assert s["code_fingerprints"] == [current]
     assert seed_is_current(run, current) == (True, "same machine")
 
-    def as_if(commit, dirty=False):
+    def write_as(commit, dirty=False):
         code = {"commit": commit, "dirty": dirty, "source": "0" * 64}  # as that commit's trainer records it
         s.update(cpu_model="Some Other CPU", code_fingerprint="0" * 16, code_fingerprints=["0" * 16],
                  code=code, code_starts=[code], fingerprint_env={"cpu_model": "Some Other CPU"})
         s_path.write_text(json.dumps(s))
+
+    def as_if(commit, dirty=False):
+        write_as(commit, dirty)
         return seed_is_current(run, current)
 
-    assert as_if(same) == (True, f"commit {same[:12]} re-run here")
-    ok, how = as_if(other)
-    assert not ok and how == f"commit {other[:12]} re-run here"
+    # Neither of these runs a commit's code: a dirty tree cannot be re-run, a missing commit cannot be exported.
     ok, how = as_if(same, dirty=True)
     assert not ok and "dirty tree" in how
     ok, how = as_if("f" * 40)
     assert not ok and "cannot compute" in how
-    # The commit's code gets the run's config.toml as that commit wrote it, not today's to_toml,
-    # whose newer keys (e.g. model.attention_backend) older code rejects as unknown.
+    # Each commit's code is run once below (a Python + torch start each, the cost of this test); the later
+    # checks of that commit read the fingerprint it cached under $SINKLAB_HOME/fingerprints/.
+    # The commit's code gets the run's config.toml as that commit wrote it, not today's to_toml, whose newer
+    # keys (e.g. model.attention_backend) older code rejects as unknown: today's to_toml writes a key the
+    # commits' code rejects for every re-run below, so a re-run that was given to_toml's text fails.
     import sinklab.runs.config as runs_config
 
     real = runs_config.to_toml
     monkeypatch.setattr(runs_config, "to_toml", lambda c: real(c).replace("[model]\n", "[model]\nnot_a_key_yet = 1\n"))
-    assert as_if(same) == (True, f"commit {same[:12]} re-run here")
-    monkeypatch.setattr(runs_config, "to_toml", real)
     # A packed study's runs are read from its table unpacked into $SINKLAB_HOME, outside any checkout: the
     # commit is then looked up in the checkout that holds the sweep folder (check_fingerprints passes it).
+    write_as(same)
     outside = tmp_path / "home" / "unpacked" / "run"
     shutil.copytree(run, outside)
-    for f in (tmp_path / "home" / "fingerprints").glob("*.json"):  # forget the commits' cached fingerprints
-        f.unlink()
+    cached = [json.loads(f.read_text()).get("commit") for f in (tmp_path / "home" / "fingerprints").glob("*.json")]
+    assert same not in cached  # nothing cached for the commit yet: the first answer is not read from the cache
     assert seed_is_current(outside, current)[1] == f"commit {same[:12]} cannot compute a fingerprint here"
     assert seed_is_current(outside, current, repo=repo / "results") == (True, f"commit {same[:12]} re-run here")
+    # the run inside the checkout (same: cached above; other: its code run here, the commit found from the run
+    # folder itself)
+    assert as_if(same) == (True, f"commit {same[:12]} re-run here")
+    ok, how = as_if(other)
+    assert not ok and how == f"commit {other[:12]} re-run here"
     # A CPU that reports this machine's model name but rounded differently (the recorded fingerprint
     # is not this machine's): decided by re-running its commit, not declared stale by the name alone.
     def same_name(commit):

@@ -46,6 +46,34 @@ def _study(tmp_path: Path, body: str) -> Path:
     return p
 
 
+TWO_POINTS = """
+seeds = 1
+[sweep]
+"optim.weight_decay" = [0.0, 0.5]
+"""
+
+
+@pytest.fixture(scope="module")
+def local_two_points(tmp_path_factory) -> Path:
+    """The two-point study TWO_POINTS (weight decay 0 and 0.5, seed 0) trained once by the local launcher (2 jobs
+    on 2 cores, nothing reused): ``<root>/loc``, beside ``tiny.toml``. The reference of the submitit launcher test,
+    and the finished sibling sweep whose runs the skip/resume and dynamics tests copy instead of training their
+    seed 0 again (the same resolved configs, threads and code)."""
+    root = tmp_path_factory.mktemp("two_points")
+    study = load_study(_study(root, TWO_POINTS))
+    status = run_sweep(study, root / "loc", jobs=2, cores=2, progress=False, poll_s=0.2, reuse=False)
+    assert status == {"0/seed0": "done", "0.5/seed0": "done"}, status
+    return root
+
+
+def _sibling(local_two_points: Path, tmp_path: Path) -> Path:
+    """A copy of the fixture's finished local sweep as ``tmp_path/loc``: a sibling that a sweep under
+    ``tmp_path`` copies finished runs from."""
+    import shutil
+
+    return Path(shutil.copytree(local_two_points / "loc", tmp_path / "loc"))
+
+
 def test_grid_expansion_labels_overrides_paper():
     s = parse_study({"base": "emergence-cpu", "set": {"train.steps": 7},
                      "sweep": {"optim.weight_decay": [0.0, 0.5], "optim.lr": [1e-3, 3e-3]},
@@ -194,7 +222,12 @@ def test_summary_aggregates_seeds_last_fifth_and_flags(tmp_path, monkeypatch):
 
 
 @pytest.mark.integration
-def test_sweep_skips_finished_resumes_interrupted_and_summarises(tmp_path):
+def test_sweep_skips_finished_resumes_interrupted_and_summarises(local_two_points, tmp_path):
+    """Seed 0 of both points is copied from a finished sibling sweep (the fixture's), seed 1 is trained: point 0's
+    from scratch, point 0.5's resumed from a run stopped after 2 of 4 steps; then a second run skips everything,
+    the summary and report, and a second study reuses the finished runs."""
+    import shutil
+
     path = _study(tmp_path, """
 seeds = 2
 [sweep]
@@ -222,8 +255,10 @@ expect = "higher"
     cmd = train_command(study, p05, d05, 1)
     assert "--resume" in cmd and "train.seed=1" in cmd
 
+    sibling = _sibling(local_two_points, tmp_path)
     status = run_sweep(study, out, jobs=2, cores=2, progress=False, poll_s=0.2)
-    assert status == {f"{s}/seed{k}": "done" for s in ("0", "0.5") for k in (0, 1)}
+    assert status == {f"{s}/seed{k}": "copied" if k == 0 else "done" for s in ("0", "0.5") for k in (0, 1)}
+    shutil.rmtree(sibling)  # the report below reads the sweeps under tmp_path: this one only
     steps = [json.loads(x)["step"] for x in (d05 / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # resumed at step 3, not restarted
     assert "--resume" in (d05 / "train.log").read_text()
@@ -300,16 +335,18 @@ def test_raw_weights_observer_gives_unrenormalised_rows():
 
 
 @pytest.mark.integration
-def test_study_dynamics_table_follows_the_tracker(tmp_path):
-    """dynamics.csv holds every tracker line of every seed, at the row's own sink position."""
+def test_study_dynamics_table_follows_the_tracker(local_two_points, tmp_path):
+    """dynamics.csv holds every tracker line of every seed, at the row's own sink position. (Seed 0 is copied
+    from the fixture's finished sweep, the same config; seed 1 is trained.)"""
     import csv as _csv
 
     from sinklab.sweep.dynamics import study_dynamics, tracker_records
 
-    p = _study(tmp_path, 'seeds = 2\n[[points]]\nlabel = "a"\nposition = 2\n')
+    p = _study(tmp_path, 'seeds = 2\n[[points]]\nlabel = "a"\nposition = 2\nset = { "optim.weight_decay" = 0.0 }\n')
     s = load_study(p)
     out = tmp_path / "sw"
-    run_sweep(s, out, progress=False, poll_s=0.05)
+    _sibling(local_two_points, tmp_path)
+    assert run_sweep(s, out, jobs=2, cores=2, progress=False, poll_s=0.05) == {"a/seed0": "copied", "a/seed1": "done"}
     study = json.loads((out / "study.json").read_text())
     assert study_dynamics(out, study) == out / "dynamics.png"
     rows = list(_csv.DictReader(open(out / "dynamics.csv")))
@@ -452,12 +489,6 @@ def test_report_out_follows_the_dynamics_rule(tmp_path, capsys, monkeypatch, giv
 
 # ----------------------------------------------------------------------------- launchers (submitit)
 
-TWO_POINTS = """
-seeds = 1
-[sweep]
-"optim.weight_decay" = [0.0, 0.5]
-"""
-
 #: summary.csv columns that depend on when and how fast the runs went, not on what they computed
 TIMING_COLUMNS = {"wall_s", "load_1min"}
 
@@ -468,7 +499,7 @@ def _csv_rows(path: Path) -> list[dict]:
 
 
 @pytest.mark.integration
-def test_submitit_launcher_gives_the_local_launchers_files_and_summary(tmp_path):
+def test_submitit_launcher_gives_the_local_launchers_files_and_summary(local_two_points, tmp_path):
     """A two-point study through submitit's local executor (one job per point and seed; one run stopped
     after 2 of 4 steps beforehand, so its job resumes it) gives the summary.csv of the local launcher
     in every column but the timing ones, the same run files, and the same skip and copy rules."""
@@ -493,7 +524,7 @@ def test_submitit_launcher_gives_the_local_launchers_files_and_summary(tmp_path)
     assert rec["launcher"] == "submitit" and rec["job_id"] and rec["returncode"] == 0 and rec["threads"] == 1
     assert list((sub / "submitit").glob("*_log.out"))  # submitit's own logs beside the runs
 
-    assert set(run_sweep(study, loc, jobs=2, cores=2, progress=False, poll_s=0.2, reuse=False).values()) == {"done"}
+    _sibling(local_two_points, tmp_path)  # the local launcher's sweep of the same study (2 jobs, 2 cores, trained)
     for p in study.points:
         a, b = run_dir(sub, p, 0), run_dir(loc, p, 0)
         assert sorted(x.name for x in a.iterdir()) == sorted(x.name for x in b.iterdir())

@@ -270,15 +270,18 @@ def test_collectives_are_on_the_device_once_per_step(sgd_two_ranks):
 @pytest.mark.integration
 def test_two_ranks_masked_diffusion_equal_one_process(corpus, tmp_path):
     """Masked diffusion: every rank draws its rows' masks from (seed, global sample index), so 2 ranks
-    give the one-process losses (issue 14)."""
+    give the one-process losses (issue 14). Launched by torchrun directly (sinklab's --nproc launcher,
+    one more Python + torch start, is the ddp-sinklab case's)."""
     over = ["train.objective=masked_diffusion", "train.steps=2"]
     ref = loop.train(from_dict(apply_overrides(raw_cfg(corpus), over)), tmp_path / "one", progress=False).losses
     cfg_file = tmp_path / "cfg.toml"
     cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), [*over, "train.parallel=ddp"]))))
-    p = subprocess.run([sys.executable, "-m", "sinklab", "train", str(cfg_file), "--out", str(tmp_path / "two"),
-                        "--no-progress", "--nproc", "2"], env=env(), capture_output=True, text=True, timeout=180)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                        "sinklab", "train", str(cfg_file), "--out", str(tmp_path / "two"), "--no-progress"],
+                       env=env(), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     two = losses(tmp_path / "two")
     assert sorted(two) == [1, 2]
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["processes"] == 2
     for s in two:
         assert two[s] == pytest.approx(ref[s], abs=2e-5), (s, two, ref)
