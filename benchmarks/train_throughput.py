@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from sinklab.nn import ATTENTION, ModelConfig, SinkLM
+from sinklab.nn.attention import paths_taken
 from sinklab.nn.export import llama_config, llama_state_dict
 from sinklab.provenance import commit_label
 from sinklab.train.fingerprint import cpu_model
@@ -256,8 +257,7 @@ def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096, naive: bool 
             torch.manual_seed(0)
             m = SinkLM(sink_config(T, attention=name, **SMALL))
             t = Trainee(name, m)
-            op = m.layers[0].attn.op
-            t.path = "sdpa" if op.sdpa else ("tile" if op.has_tile_grad and m.layers[0].attn.options.tile_autograd else "chunked")
+            t.path = paths_taken(m, torch.zeros(1, T, dtype=torch.long))[0]  # the path its training step takes
             trainees.append(t)
             if naive:
                 torch.manual_seed(0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sinklab.errors import UnknownNameError
-from sinklab.nn.attention import ATTENTION_PATHS, AttentionOptions, AttentionPath, reference_attention
+from sinklab.nn.attention import ATTENTION_PATHS, AttentionOptions, AttentionPath, paths_taken, reference_attention
 from sinklab.registry import Registry
 from helpers import tiny_sinklm
 
@@ -18,27 +18,6 @@ PATHS = ["cached", "observed", "flex", "compiled", "sdpa", "tile", "chunked"]
 def test_the_path_names_are_public_and_in_priority_order():
     assert ATTENTION_PATHS.names() == PATHS
     assert all(isinstance(p, AttentionPath) and p.doc for _, p in ATTENTION_PATHS.items())
-
-
-def _paths_taken(model, ids, **kw) -> list[str]:
-    """The path each layer would take in ``model(ids, **kw)``: a spy registered in front takes every pass (so
-    no kernel runs, nothing compiles) and records its arguments; with the spy removed, ``Attention.path``
-    names the path for them."""
-    seen = []
-
-    def spy(layer, ctx, observer, device):
-        seen.append((layer, ctx, observer, device))
-        return True
-
-    def zeros(layer, q, k, v, ctx, observer):
-        return q.new_zeros(*q.shape[:-1], v.shape[-1])  # (B, H, T, d_v)
-
-    ATTENTION_PATHS.register("spy", AttentionPath(spy, zeros, "spy"), before="cached")
-    try:
-        model(ids, **kw)
-    finally:
-        ATTENTION_PATHS.remove("spy")
-    return [layer.path(ctx, observer, device) for layer, ctx, observer, device in seen]
 
 
 @pytest.mark.parametrize("att,pos,backend,grad,want", [
@@ -56,7 +35,8 @@ def test_each_kind_of_pass_takes_its_path(att, pos, backend, grad, want):
     m = tiny_sinklm(att, pos, backend)
     ids = torch.randint(0, 32, (1, 8))
     with torch.set_grad_enabled(grad):
-        assert _paths_taken(m, ids) == [want, want]
+        assert paths_taken(m, ids) == [want, want]
+    assert ATTENTION_PATHS.names() == PATHS  # the probe is gone
 
 
 def test_an_observer_and_a_kv_cache_take_the_reference_paths():
@@ -65,13 +45,13 @@ def test_an_observer_and_a_kv_cache_take_the_reference_paths():
     m = tiny_sinklm("softmax", "rope")
     ids = torch.randint(0, 32, (1, 8))
     with torch.no_grad():
-        assert _paths_taken(m, ids, observer=lambda *a, **k: None) == ["observed", "observed"]
-        assert _paths_taken(m, ids, cache=SinkCache(m, 1, 16)) == ["cached", "cached"]
+        assert paths_taken(m, ids, observer=lambda *a, **k: None) == ["observed", "observed"]
+        assert paths_taken(m, ids, cache=SinkCache(m, 1, 16)) == ["cached", "cached"]
 
 
 def test_tile_autograd_off_sends_tile_operations_to_the_chunked_path():
     m = tiny_sinklm("sigmoid", "rope", options=AttentionOptions(tile_autograd=False))
-    assert _paths_taken(m, torch.randint(0, 32, (1, 8))) == ["chunked", "chunked"]
+    assert paths_taken(m, torch.randint(0, 32, (1, 8))) == ["chunked", "chunked"]
 
 
 def test_a_registered_path_computes_the_attention_and_is_removed_again():

@@ -55,7 +55,7 @@ from sinklab.nn.positional import Positional
 from sinklab.registry import Registry
 
 __all__ = ["ATTENTION", "ATTENTION_PATHS", "Attention", "AttentionOptions", "AttentionPath", "AttnContext", "MaskSpec",
-           "visible", "build_mask",
+           "paths_taken", "visible", "build_mask",
            "reference_attention", "attend_block", "bind_options", "wants_raw_weights"]
 
 
@@ -813,3 +813,32 @@ ATTENTION_PATHS.register("chunked", AttentionPath(
     lambda layer, ctx, observer, device: True,
     lambda layer, q, k, v, ctx, observer: layer._chunked(q, k, v, ctx),
     "checkpointed query chunks (every operation)"))
+
+
+def paths_taken(model: nn.Module, input_ids: Tensor, **forward_kwargs) -> list[str]:
+    """The :data:`ATTENTION_PATHS` entry each :class:`Attention` layer of ``model`` takes in
+    ``model(input_ids, **forward_kwargs)`` (a :class:`sinklab.nn.SinkLM`; input_ids (B, T) int), one name per
+    layer call in order, under the current grad mode, without computing any attention: a probe path
+    registered in front takes every pass, records it and returns zeros (so nothing compiles, and the model's
+    output is discarded); :meth:`Attention.path` then names the path for each recorded pass. Not
+    thread-safe (the registry is global while the probe is in it).
+
+    Raises:
+        whatever ``model(input_ids, **forward_kwargs)`` raises; the registry is restored either way.
+    """
+    seen: list[tuple] = []
+
+    def probe(layer, ctx, observer, device):
+        seen.append((layer, ctx, observer, device))
+        return True
+
+    def zeros(layer, q, k, v, ctx, observer):
+        return q.new_zeros(*q.shape[:-1], v.shape[-1])  # (B, H', T, d_v)
+
+    name = "_paths_taken_probe"
+    ATTENTION_PATHS.register(name, AttentionPath(probe, zeros, "probe of paths_taken"), before=ATTENTION_PATHS.names()[0])
+    try:
+        model(input_ids, **forward_kwargs)
+    finally:
+        ATTENTION_PATHS.remove(name)
+    return [layer.path(ctx, observer, device) for layer, ctx, observer, device in seen]
