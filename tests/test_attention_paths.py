@@ -30,6 +30,7 @@ def test_the_path_names_are_public_and_in_priority_order():
     ("sigmoid", "rope", "compiled", True, "compiled"),
     ("softmax", "rope", "flex", True, "flex"),
     ("softmax", "rope", "auto", True, "sdpa"),          # auto is FlexAttention on CUDA only
+    ("diff", "rope", "reference", True, "sdpa"),        # differential attention's two maps through SDPA
 ])
 def test_each_kind_of_pass_takes_its_path(att, pos, backend, grad, want):
     m = tiny_sinklm(att, pos, backend)
@@ -47,6 +48,9 @@ def test_an_observer_and_a_kv_cache_take_the_reference_paths():
     with torch.no_grad():
         assert paths_taken(m, ids, observer=lambda *a, **k: None) == ["observed", "observed"]
         assert paths_taken(m, ids, cache=SinkCache(m, 1, 16)) == ["cached", "cached"]
+        # differential attention: the observed path returns the two maps combined (the probe's zeros follow it)
+        assert paths_taken(tiny_sinklm("diff", "rope"), ids, observer=lambda *a, **k: None) == ["observed", "observed"]
+    assert ATTENTION_PATHS.names() == PATHS
 
 
 def test_tile_autograd_off_sends_tile_operations_to_the_chunked_path():
@@ -55,7 +59,8 @@ def test_tile_autograd_off_sends_tile_operations_to_the_chunked_path():
 
 
 def test_a_registered_path_computes_the_attention_and_is_removed_again():
-    """A user's float64 path, registered before ``sdpa``, takes softmax passes without observer: the model's
+    """A user's path (the reference formula over the full matrix, its inputs cast to float64; the logits and weights
+    are float32 in it), registered before ``sdpa``, takes softmax passes without observer: the model's
     logits equal the built-in path's to 1e-5, the path ran once per layer, and a path that returns zeros
     instead changes the logits (so its output is what the model uses)."""
     m = tiny_sinklm("softmax", "rope")
@@ -66,7 +71,7 @@ def test_a_registered_path_computes_the_attention_and_is_removed_again():
 
     def float64(layer, q, k, v, ctx, observer):
         calls.append(layer.layer_idx)
-        vk, vv, vlogit = layer._virtual(torch.float64)
+        vk, vv, vlogit = layer.virtual(torch.float64)
         out, _, _ = reference_attention(layer.op, q.double(), k.double(), v.double(), scale=layer.scale,
                                         mask=ctx.mask, bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit)
         return out.to(q.dtype)  # (B, H, T, d_h)
@@ -129,13 +134,13 @@ def test_the_api_pages_example_runs_and_equals_the_built_in_path():
 
         def counted(layer, *a):
             calls.append(layer.layer_idx)
-            return scope["float64"](layer, *a)
+            return scope["full_matrix"](layer, *a)
 
-        ATTENTION_PATHS.register("float64", AttentionPath(scope["takes"], counted, "t"), before="sdpa")
+        ATTENTION_PATHS.register("full_matrix", AttentionPath(scope["takes"], counted, "t"), before="sdpa")
         try:
             got = model(ids).logits
         finally:
-            ATTENTION_PATHS.remove("float64")
+            ATTENTION_PATHS.remove("full_matrix")
     assert calls == [0, 1]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert scope["logits"].shape == (2, 16, 64)

@@ -57,7 +57,8 @@ def package_version(name: str) -> str:
 
 def versions() -> dict[str, str]:
     """Versions of Python and of the packages that determine the numbers: ``sinklab``, ``torch``,
-    ``transformers``, ``python`` (:func:`package_version`: nothing is imported for it)."""
+    ``transformers``, ``python``. transformers' is :func:`package_version`'s (not imported for it; its
+    ``__version__`` when imported already, else the installed metadata's, ``"not installed"`` without one)."""
     import torch
 
     import sinklab

@@ -10,7 +10,8 @@ that takes the pass (:meth:`Attention.path` names it; tests check the paths agre
 * **cached**: incremental decoding with a KV cache (streaming, :class:`sinklab.streaming.SinkCache`).
 * **observed**: :func:`reference_attention`, plain matmul-mask-normalise over the full
   T x T, used when an observer asks for the weights.
-* **flex**: ``attention_backend = "flex"``, FlexAttention (:mod:`sinklab.nn.flex`).
+* **flex**: FlexAttention (:mod:`sinklab.nn.flex`): ``attention_backend = "flex"``, or ``"auto"`` on CUDA for the
+  softmax family.
 * **compiled**: ``attention_backend = "compiled"``, the tile path below with its per-tile functions
   under ``torch.compile``.
 * **sdpa**: ``F.scaled_dot_product_attention`` for operations it expresses exactly
@@ -521,8 +522,10 @@ class Attention(nn.Module):
         return self.o_proj(y)
 
     # ---------------------------------------------------------- virtual key
-    def _virtual(self, dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """(vk, vv) (H_kv, d_h) each or None; vlogit (H,) or None."""
+    def virtual(self, dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """This layer's virtual key, as :func:`reference_attention` and :func:`attend_block` take it: (vk, vv)
+        (H_kv, d_h) each in ``dtype`` (sink token, key / value biases) or None; vlogit (H,) float, the logit of a
+        virtual key with value 0 (sink logit, off-by-one's zero logit), or None."""
         kv = self.op.virtual_kv(self)
         vlogit = self.op.virtual_logit()
         vk = vv = None
@@ -545,7 +548,7 @@ class Attention(nn.Module):
         kpos = torch.arange(k_all.shape[-2], device=q.device)
         mask = kpos[None, :] <= qpos[:, None]  # (T, K + T)
         bias = ctx.positional.logit_bias(qpos, kpos) if ctx.positional.logit_bias_kind else None
-        vk, vv, vlogit = self._virtual(q.dtype)
+        vk, vv, vlogit = self.virtual(q.dtype)
         if vk is not None:
             vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
@@ -560,7 +563,7 @@ class Attention(nn.Module):
         """SDPA path (softmax family). q (B, H, T, d_h); k, v (B, H_kv, T, d_h) -> (B, H, T, d_h)."""
         B, H, T, dh = q.shape
         Hkv, dv = k.shape[1], v.shape[-1]  # dv = dh, or 2 dh for differential attention's maps
-        vk, vv, vlogit = self._virtual(q.dtype)
+        vk, vv, vlogit = self.virtual(q.dtype)
         gqa = Hkv != H
         virtual = vk is not None or vlogit is not None
         out_dtype = q.dtype
@@ -611,19 +614,21 @@ class Attention(nn.Module):
         Shapes as in :meth:`_fast`."""
         from sinklab.nn.flex import flex_attend
 
-        vk, vv, vlogit = self._virtual(q.dtype)
+        vk, vv, vlogit = self.virtual(q.dtype)
         return flex_attend(self.op, q, k, v, scale=self.scale, mask=ctx.mask,
                            positional=ctx.positional, vk=vk, vv=vv, vlogit=vlogit, cache=ctx._flex_masks,
                            compiled=self.options.flex_compiled, documents=ctx.documents)
 
-    def path(self, ctx: AttnContext, observer: Observer | None = None, device_type: str = "cpu") -> str:
+    def path(self, ctx: AttnContext, observer: Observer | None = None, device_type: str | None = None) -> str:
         """The name of the :data:`ATTENTION_PATHS` entry that computes this layer's attention in a pass
-        with ``ctx`` and ``observer`` on ``device_type`` ("cpu", "cuda", ...): the first registered path
-        whose ``takes`` accepts it (the last one, ``chunked``, takes every pass)."""
-        for name, p in ATTENTION_PATHS.items():
-            if p.takes(self, ctx, observer, device_type):
-                return name
-        raise RuntimeError("no attention path takes this pass (ATTENTION_PATHS lost its last entry, 'chunked')")
+        with ``ctx`` and ``observer`` on ``device_type`` ("cpu", "cuda", ...; None: the device of the layer's
+        weights), under the current grad mode: the first registered path whose ``takes`` accepts it (the last
+        one, ``chunked``, takes every pass).
+
+        Raises:
+            RuntimeError: no registered path takes the pass (``chunked`` was removed)."""
+        device_type = self.q_proj.weight.device.type if device_type is None else device_type
+        return _first_path(ATTENTION_PATHS.items(), self, ctx, observer, device_type)
 
     def takes_tile(self, ctx: AttnContext) -> bool:
         """Whether the tile path (:class:`_TileAttention`) can compute this layer's pass: an operation with an
@@ -659,7 +664,7 @@ class Attention(nn.Module):
         checkpointing when gradients are on. Shapes as in :meth:`_fast`. Serves every operation."""
         B, H, T, dh = q.shape
         k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
-        vk, vv, vlogit = self._virtual(q.dtype)
+        vk, vv, vlogit = self.virtual(q.dtype)
         if vk is not None:
             vk = repeat_kv(vk[None, :, None, :], H // vk.shape[0])  # (1, H, 1, d_h)
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
@@ -699,7 +704,7 @@ class Attention(nn.Module):
         interventions): the output is recomputed as ``weights @ v`` (+ the virtual key's
         unchanged share of its value). Returning None (the usual case) changes nothing.
         """
-        vk, vv, vlogit = self._virtual(q.dtype)
+        vk, vv, vlogit = self.virtual(q.dtype)
         out, w, w_extra = reference_attention(
             self.op, q, k, v, scale=self.scale, mask=ctx.mask,
             bias=ctx.full_bias(), vk=vk, vv=vv, vlogit=vlogit, documents=ctx.documents,
@@ -749,10 +754,13 @@ class AttentionPath:
         takes: ``takes(layer, ctx, observer, device_type) -> bool``: whether this path computes the pass
             of ``layer`` (an :class:`Attention`) with ``ctx`` (:class:`AttnContext`), ``observer`` (or None)
             on ``device_type`` ("cpu", "cuda", ...). Paths are tried in registration order.
-        run: ``run(layer, q, k, v, ctx, observer) -> y``: q (B, H', T, d) after positions, k and v
-            (B, H_kv', T, d) / (B, H_kv', T, d_v) (H' = 2H, d_v = 2 d_h, q and k zero-padded for
-            differential attention), y (B, H', T, d_v). Must agree with :func:`reference_attention`
-            (the equality tests in ``tests/test_nn_attention.py`` and ``tests/test_nn_backends.py``).
+        run: ``run(layer, q, k, v, ctx, observer) -> y``: q (B, H, T, d_h) after positions, k and v
+            (B, H_kv, T, d_h); y (B, H, T, d_h). Differential attention (``layer.op.differential``) passes its two
+            maps as 2H query and 2H_kv key / value heads, q and k zero-padded from d_h/2 to d_h: y is then
+            (B, 2H, T, d_h), the two maps' outputs, which ``forward`` combines; except with an observer, where
+            ``y`` is the combined (B, H, T, d_h) (the ``observed`` path combines the maps itself). Must agree
+            with :func:`reference_attention` (the equality tests in ``tests/test_nn_attention.py`` and
+            ``tests/test_nn_backends.py``).
         doc: one line for listings.
     """
 
@@ -765,6 +773,13 @@ def _learned_bias_training(ctx: AttnContext) -> bool:
     # SDPA's fused CPU kernels give no gradient to a learned attn_mask: it would fall back to
     # materialising T x T per layer, so learned biases train on the tile / chunked paths.
     return ctx.positional.learned_bias and torch.is_grad_enabled()
+
+
+def _first_path(paths, layer: Attention, ctx: AttnContext, observer, device_type: str) -> str:
+    for name, p in paths:
+        if p.takes(layer, ctx, observer, device_type):
+            return name
+    raise RuntimeError("no attention path takes this pass (ATTENTION_PATHS lost its last entry, 'chunked')")
 
 
 def _backend(layer: Attention, device_type: str) -> str:
@@ -818,27 +833,32 @@ ATTENTION_PATHS.register("chunked", AttentionPath(
 def paths_taken(model: nn.Module, input_ids: Tensor, **forward_kwargs) -> list[str]:
     """The :data:`ATTENTION_PATHS` entry each :class:`Attention` layer of ``model`` takes in
     ``model(input_ids, **forward_kwargs)`` (a :class:`sinklab.nn.SinkLM`; input_ids (B, T) int), one name per
-    layer call in order, under the current grad mode, without computing any attention: a probe path
-    registered in front takes every pass, records it and returns zeros (so nothing compiles, and the model's
-    output is discarded); :meth:`Attention.path` then names the path for each recorded pass. Not
-    thread-safe (the registry is global while the probe is in it).
+    layer call in order, without computing any attention: a probe path registered in front takes every pass,
+    names the path that would have taken it (:meth:`Attention.path`, at that moment: grad mode, context,
+    device) and returns zeros of the shape that path returns (so nothing compiles; the model's output is
+    discarded). Not thread-safe (the registry is global while the probe is in it).
 
     Raises:
         whatever ``model(input_ids, **forward_kwargs)`` raises; the registry is restored either way.
     """
-    seen: list[tuple] = []
+    names: list[str] = []
+    rest = ATTENTION_PATHS.items()
 
     def probe(layer, ctx, observer, device):
-        seen.append((layer, ctx, observer, device))
+        names.append(_first_path(rest, layer, ctx, observer, device))
         return True
 
     def zeros(layer, q, k, v, ctx, observer):
-        return q.new_zeros(*q.shape[:-1], v.shape[-1])  # (B, H', T, d_v)
+        B, H, T, _ = q.shape  # H = 2 x the layer's heads for differential attention's two maps
+        if observer is not None and layer.op.differential:
+            H = layer.n_heads  # the observed path returns the combined map
+        return q.new_zeros(B, H, T, v.shape[-1])
 
     name = "_paths_taken_probe"
-    ATTENTION_PATHS.register(name, AttentionPath(probe, zeros, "probe of paths_taken"), before=ATTENTION_PATHS.names()[0])
+    first = ATTENTION_PATHS.names()[0] if len(ATTENTION_PATHS) else None
+    ATTENTION_PATHS.register(name, AttentionPath(probe, zeros, "probe of paths_taken"), before=first)
     try:
         model(input_ids, **forward_kwargs)
     finally:
         ATTENTION_PATHS.remove(name)
-    return [layer.path(ctx, observer, device) for layer, ctx, observer, device in seen]
+    return names
