@@ -144,3 +144,16 @@ def test_the_api_pages_example_runs_and_equals_the_built_in_path():
     assert calls == [0, 1]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert scope["logits"].shape == (2, 16, 64)
+
+
+def test_the_compiled_path_refuses_a_pass_the_tile_path_cannot_take():
+    """``attention_backend='compiled'`` with ``tile_autograd=False``: ``paths_taken`` names ``compiled`` (the backend
+    asked for), and the forward raises the ConfigError that says why and what to use, before compiling anything."""
+    from sinklab.errors import ConfigError
+
+    m = tiny_sinklm("sigmoid", "rope", "compiled", options=AttentionOptions(attention_backend="compiled",
+                                                                            tile_autograd=False))
+    ids = torch.randint(0, 32, (1, 8))
+    assert paths_taken(m, ids) == ["compiled", "compiled"]
+    with pytest.raises(ConfigError, match="attention_backend='compiled' needs the tile path.*use attention_backend='reference'"):
+        m(ids)
