@@ -41,8 +41,8 @@ def python_call(function: str, *args: str, **kwargs: Any) -> str:
 
 def package_version(name: str) -> str:
     """The installed version of distribution ``name``: the module's ``__version__`` when it is imported
-    already, else the installed metadata's (without importing the package: importing transformers costs
-    about a CPU-second); ``"not installed"`` when there is neither."""
+    already, else the installed metadata's (without importing the package); ``"not installed"`` when there
+    is neither."""
     import sys
     from importlib import metadata
 

@@ -511,7 +511,7 @@ class Attention(nn.Module):
         q, k = ctx.positional.apply_qk(q, k, ctx.pos_state)
         if diff:  # zero-pad q, k to the value's width: q.k is unchanged and SDPA keeps its fused kernels
             q, k = F.pad(q, (0, dh - q.shape[-1])), F.pad(k, (0, dh - k.shape[-1]))
-        y = ATTENTION_PATHS.get(self.path(ctx, observer, q.device.type)).run(self, q, k, v, ctx, observer)
+        y = _first_path(ATTENTION_PATHS.items(), self, ctx, observer, q.device.type)[1].run(self, q, k, v, ctx, observer)
         if diff and observer is None:  # (the reference path combined the two maps itself)
             y = self.op.combine(y.view(B, 2, H, T, dh))
         # y: (B, H, T, d_h)
@@ -628,7 +628,7 @@ class Attention(nn.Module):
         Raises:
             RuntimeError: no registered path takes the pass (``chunked`` was removed)."""
         device_type = self.q_proj.weight.device.type if device_type is None else device_type
-        return _first_path(ATTENTION_PATHS.items(), self, ctx, observer, device_type)
+        return _first_path(ATTENTION_PATHS.items(), self, ctx, observer, device_type)[0]
 
     def takes_tile(self, ctx: AttnContext) -> bool:
         """Whether the tile path (:class:`_TileAttention`) can compute this layer's pass: an operation with an
@@ -775,10 +775,11 @@ def _learned_bias_training(ctx: AttnContext) -> bool:
     return ctx.positional.learned_bias and torch.is_grad_enabled()
 
 
-def _first_path(paths, layer: Attention, ctx: AttnContext, observer, device_type: str) -> str:
+def _first_path(paths, layer: Attention, ctx: AttnContext, observer, device_type: str) -> tuple[str, AttentionPath]:
+    """The first (name, path) of ``paths`` whose ``takes`` accepts the pass (what ``forward`` runs)."""
     for name, p in paths:
         if p.takes(layer, ctx, observer, device_type):
-            return name
+            return name, p
     raise RuntimeError("no attention path takes this pass (ATTENTION_PATHS lost its last entry, 'chunked')")
 
 
@@ -845,7 +846,7 @@ def paths_taken(model: nn.Module, input_ids: Tensor, **forward_kwargs) -> list[s
     rest = ATTENTION_PATHS.items()
 
     def probe(layer, ctx, observer, device):
-        names.append(_first_path(rest, layer, ctx, observer, device))
+        names.append(_first_path(rest, layer, ctx, observer, device)[0])
         return True
 
     def zeros(layer, q, k, v, ctx, observer):
