@@ -66,12 +66,12 @@ def tiny_gpt2(vocab_size: int = 80):
     return GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128)).eval()
 
 
-def tiny_neox(vocab_size: int = 80):
+def tiny_neox(vocab_size: int = 80, **kw):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(0)
     cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, max_position_embeddings=128)
+                        num_attention_heads=4, max_position_embeddings=128, **kw)
     return GPTNeoXForCausalLM(cfg).eval()
 
 

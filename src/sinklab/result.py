@@ -159,15 +159,64 @@ class Result:
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
-        """Read a result saved by :meth:`save` (its folder or its :attr:`FILE`).
+        """Read a result saved by :meth:`save` (its folder or its :attr:`FILE`). On this base class,
+        ``Result.load(path)`` reads any feature's result: the class is the one whose main file
+        (:data:`RESULT_FILES`) ``path`` is or holds.
 
         Raises:
-            InputError: no such file. CorruptFileError: the file is not valid JSON.
+            InputError: no such file; on the base class, a folder with no result file or with several (names
+                them). CorruptFileError: the file is not valid JSON.
         """
         from sinklab.fileio import read_json
 
+        if cls is Result:
+            return _result_class(path).load(path)
         f = resolve_file(path, cls.FILE, cls.WHAT)
         return cls.from_dict(read_json(f, cls.WHAT), f.parent)
+
+
+#: each feature's main result file -> the :class:`Result` subclass that reads it (module, class name), for
+#: :meth:`Result.load` on the base class; named as strings and imported on use, as the package's own
+#: top-level names are (``sinklab.__init__``): this core module imports no feature
+RESULT_FILES: dict[str, tuple[str, str]] = {
+    "results.json": ("sinklab.measure.run", "MeasureResult"),
+    "compare.json": ("sinklab.measure.compare", "CompareResult"),
+    "analysis.json": ("sinklab.analyze.common", "AnalysisResult"),
+    "stream.json": ("sinklab.streaming.run", "StreamResult"),
+    "passkey.json": ("sinklab.streaming.run", "PasskeyResult"),
+    "tasks.json": ("sinklab.streaming.longctx", "TaskResult"),
+    "train_result.json": ("sinklab.train.loop", "TrainResult"),
+}
+
+
+def _result_class(path: str | Path) -> type:
+    """The :class:`Result` subclass of the result file ``path`` (by its name) or of the one result file in the
+    folder ``path``.
+
+    Raises:
+        InputError: no such file or folder; a file that is no result file; a folder with none or several.
+    """
+    import importlib
+
+    from sinklab.errors import InputError
+
+    p = Path(path)
+    known = ", ".join(RESULT_FILES)
+    if p.is_dir():
+        found = [name for name in RESULT_FILES if (p / name).is_file()]
+        if len(found) != 1:
+            what = "no sinklab result file" if not found else f"several result files ({', '.join(found)})"
+            raise InputError(f"{what} in {p}: Result.load reads a folder with one of {known}; load several with "
+                             "their own classes (e.g. MeasureResult.load)")
+        name = found[0]
+    elif p.is_file():
+        if p.name not in RESULT_FILES:
+            raise InputError(f"{p} is not a sinklab result file ({known})")
+        name = p.name
+    else:
+        raise InputError(f"no result at {p}: no such file or folder")
+    module, attr = RESULT_FILES[name]
+    return getattr(importlib.import_module(module), attr)
 
 
 def _clip(text: Any, n: int = 100) -> str:
@@ -233,4 +282,4 @@ class DictResult(Result, dict):
         return cls(data)
 
 
-__all__ = ["Result", "DictResult", "command_of", "python_call", "versions", "resolve_file", "percents"]
+__all__ = ["Result", "DictResult", "RESULT_FILES", "command_of", "python_call", "versions", "resolve_file", "percents"]

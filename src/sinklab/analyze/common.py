@@ -6,6 +6,7 @@ Positions are 0-based everywhere (position 0 is the paper's token 1); layers and
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from sinklab.metrics import sink_rate
 from sinklab.metrics.summary import rankable_positions
 from sinklab.registry import Registry
 from sinklab.result import Result
-from sinklab.subject import ProbeSpec, Subject
+from sinklab.subject import ProbeSpec, Subject, eval_mode
 
 #: every analysis by name (``sinklab analyze KIND``): its one entry point, ``fn(model, **settings) ->
 #: AnalysisResult``; the CLI makes one subcommand per entry, with one option per keyword of ``fn``
@@ -35,12 +36,29 @@ DEFAULT_SEQ_LEN = 64
 def analysis(name: str, *, help: dict[str, str] | None = None):
     """Function decorator: register an analysis entry point under ``name`` (description = the docstring's
     first line). ``help``: one line per keyword of the entry point that is the analysis' own (not the
-    probe's), shown by ``sinklab analyze NAME --help``; kept on the function as ``cli_help``."""
+    probe's), shown by ``sinklab analyze NAME --help``; kept on the function as ``cli_help``.
+
+    The registered function runs a model object it is given (an ``nn.Module`` or a :class:`Subject`'s) in eval
+    mode and gives it back in the mode it had (:func:`sinklab.subject.eval_mode`); a model loaded from a name
+    is in eval mode already."""
     def add(fn):
-        fn.cli_help = dict(help or {})
-        return ANALYSES.register(name)(fn)
+        @functools.wraps(fn)
+        def entry(model=_NO_MODEL, *args, **kwargs):
+            if model is _NO_MODEL:
+                return fn(*args, **kwargs)
+            module = model.model if isinstance(model, Subject) else model
+            if not isinstance(module, nn.Module):
+                return fn(model, *args, **kwargs)
+            with eval_mode(module):
+                return fn(model, *args, **kwargs)
+
+        entry.cli_help = dict(help or {})
+        return ANALYSES.register(name)(entry)
 
     return add
+
+
+_NO_MODEL = object()  # an entry point called without a model: its own default
 
 
 @dataclass

@@ -64,7 +64,7 @@ def comparison_tables(folders: Sequence[str | Path]):
     import pandas as pd
 
     if len(folders) < 2:
-        raise InputError(f"sinklab compare needs at least two result folders, got {len(folders)}")
+        raise InputError(f"compare needs at least two results (folders or measure results), got {len(folders)}")
     results = [(_load(f), _label(f)) for f in folders]
     eps = sorted({r["eps"] for r, _ in results})
     if len(eps) > 1:

