@@ -16,7 +16,8 @@ import torch
 from helpers import char_tokenizer, run_cli_captured
 from sinklab.errors import InputError
 from sinklab.streaming.harness import CacheSpec, policy_specs, token_stream
-from sinklab.streaming.passkey import NEEDLE, QUESTION, _answer, evaluate_passkey, passkey_samples
+from sinklab.streaming.passkey import NEEDLE, QUESTION, evaluate_passkey, passkey_samples
+from sinklab.streaming.tasks.scoring import first_number
 from test_streaming_cache import llama
 
 
@@ -52,9 +53,22 @@ def test_samples_bad_input():
         passkey_samples(tok, DOCS, 160, keys=0)
 
 
-def test_answer_is_the_first_five_digits():
-    assert _answer(" 12345. Remember") == "12345" and _answer("key 1234 or 98765432") == "98765"
-    assert _answer("no digits") == ""
+@pytest.mark.parametrize("reply,right", [("{key}. Remember", True), (" {key}1.", False), (" 1234 or {key}", False),
+                                         ("{key}{key}", False), ("no digits", False)])
+def test_the_answer_is_the_first_number_and_must_be_the_key_exactly(monkeypatch, reply, right):
+    """The pass key's rule is the long-context tasks' first_number: the first run of digits, the key exactly (the
+    earlier rule took the first 5 digits anywhere and scored "604941" right for the key 60494). The model's
+    decoded reply is set by hand (the tokenizer's decode), so the rule alone decides."""
+    tok = char_tokenizer()
+    m = llama(layers=1, attn="sdpa").float()
+    m.resize_token_embeddings(len(tok))
+    samples = passkey_samples(tok, DOCS, 100, keys=2, depths=[0.0], seed=1)
+    replies = iter([reply.format(key=s.key) for s in samples])
+    monkeypatch.setattr(tok, "decode", lambda ids, **kw: next(replies))
+    res = evaluate_passkey(m, tok, samples, CacheSpec("full", "full", None, None, policy="full"), batch=2,
+                           max_context=128, progress=False)
+    assert [r["correct"] for r in res.samples] == [right, right] and res.accuracy == float(right)
+    assert [r["answer"] for r in res.samples] == [first_number(reply.format(key=s.key)) for s in samples]
 
 
 @pytest.mark.parametrize("chunk", [1, 16])

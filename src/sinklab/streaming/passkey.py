@@ -6,7 +6,9 @@ StreamEval, Xiao et al. 2024, sec. 4.3 / Fig. 9: the answer must survive the cac
 Each sample is ``filler[:at] + NEEDLE + filler[at:] + QUESTION``, all samples of a run the same
 length N; the stream is fed through the cache under test (token by token by default, cache
 positions for a :class:`~sinklab.streaming.SinkCache`, absolute ones for the full cache), then
-``answer_tokens`` tokens are decoded greedily and the first run of 5 digits is the answer.
+``answer_tokens`` tokens are decoded greedily; the answer is the first run of digits, correct when it is the key
+exactly (:func:`sinklab.streaming.tasks.scoring.first_number`, the rule of the long-context tasks' ``passkey``:
+``604941`` or ``6049`` for the key ``60494`` is wrong).
 Accuracy is the share of samples whose answer is the key, per depth and over all.
 
 Depth d in [0, 1] (0-based token positions): the needle starts at token ``P + round(d (F - P))``
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from sinklab.errors import InputError, param
+from sinklab.streaming.tasks.scoring import first_number
 from sinklab.progress import progress as show_progress
 
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
@@ -50,7 +52,7 @@ class PasskeyResult:
     """One configuration's retrieval (one object of ``passkey.json``'s ``configs``).
 
     accuracy: share of samples answered right, in [0, 1]; accuracy_by_depth: {str(depth): share};
-    samples: per sample {depth, key, answer (the 5 digits found, "" if none), text, correct};
+    samples: per sample {depth, key, answer (the first run of digits, "" if none), text, correct};
     wall_s: time to feed and answer every sample.
     """
 
@@ -113,11 +115,6 @@ def passkey_samples(tokenizer, documents: Sequence[str], n_tokens: int, *, keys:
     return out
 
 
-def _answer(text: str) -> str:
-    m = re.search(r"\d{5}", text)
-    return m.group(0) if m else ""
-
-
 @torch.no_grad()
 def evaluate_passkey(model, tokenizer, samples: Sequence[PasskeySample], spec, *, batch: int = 20, chunk: int = 1,
                      answer_tokens: int = 8, max_context: int | None = None,
@@ -176,7 +173,7 @@ def evaluate_passkey(model, tokenizer, samples: Sequence[PasskeySample], spec, *
             out = torch.cat(gen, dim=1).tolist()
             for s, toks in zip(group, out):
                 text = tokenizer.decode(toks, skip_special_tokens=True)
-                ans = _answer(text)
+                ans = first_number(text)
                 rows.append({"depth": s.depth, "key": s.key, "answer": ans, "text": text, "correct": ans == s.key})
     by_depth: dict[str, list[bool]] = {}
     for r in rows:
