@@ -159,3 +159,26 @@ def test_load_model_names_a_bad_dtype_before_reading_anything(tmp_path):
     tiny_llama(vocab_size=len(tok)).save_pretrained(folder)
     tok.save_pretrained(folder)
     assert next(sinklab.load_model(str(folder), dtype="bfloat16").model.parameters()).dtype == torch.bfloat16
+
+
+def test_an_analysis_takes_a_module_with_its_tokenizer(tmp_path, text_corpus_dir):
+    """``analyze.X(module, tokenizer=tok, ...)`` probes the module as ``analyze.X(folder, ...)`` probes the same
+    model saved to a folder (same windows, same numbers), runs it in eval mode and gives its mode back."""
+    import pandas as pd
+
+    tok = make_tokenizer()
+    m = _training_gpt2(len(tok))
+    before = _modes(m)
+    folder = tmp_path / "m"
+    m.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    kw = dict(corpus=str(text_corpus_dir), num_samples=3, seq_len=16, seed=2)
+    want = sinklab.analyze.massive(str(folder), **kw)
+    got = sinklab.analyze.massive(m, tokenizer=tok, **kw)
+    assert _modes(m) == before
+    pd.testing.assert_frame_equal(got.table(), want.table(), rtol=1e-5, atol=1e-6)
+    assert got.summary["sink_rate"] == pytest.approx(want.summary["sink_rate"], abs=1e-6)
+    with pytest.raises(InputError, match="tokenizer goes with a model object"):
+        sinklab.analyze.massive(str(folder), tokenizer=tok, **kw)
+    with pytest.raises(InputError, match="tokenizer"):  # a natural-text probe needs the module's tokenizer
+        sinklab.analyze.massive(m, **kw)

@@ -7,6 +7,7 @@ Positions are 0-based everywhere (position 0 is the paper's token 1); layers and
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 from dataclasses import dataclass, field
@@ -38,18 +39,31 @@ def analysis(name: str, *, help: dict[str, str] | None = None):
     first line). ``help``: one line per keyword of the entry point that is the analysis' own (not the
     probe's), shown by ``sinklab analyze NAME --help``; kept on the function as ``cli_help``.
 
-    The registered function runs a model object it is given (an ``nn.Module`` or a :class:`Subject`'s) in eval
-    mode and gives it back in the mode it had (:func:`sinklab.subject.eval_mode`); a model loaded from a name
-    is in eval mode already."""
+    The registered function also takes a model object: an ``nn.Module`` with ``tokenizer=`` (probed as a name is,
+    with the entry point's probe settings; it stays on its device and in its dtype unless ``device`` / ``dtype``
+    / ``device_map`` are given) or a :class:`Subject` (used as it is). A model object runs in eval mode and is
+    given back in the mode it had (:func:`sinklab.subject.eval_mode`); a model loaded from a name is in eval
+    mode already.
+
+    Raises (besides the entry point's own):
+        InputError: ``tokenizer`` given with anything but an ``nn.Module``."""
     def add(fn):
+        defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+
         @functools.wraps(fn)
-        def entry(model=_NO_MODEL, *args, **kwargs):
+        def entry(model=_NO_MODEL, *args, tokenizer=None, **kwargs):
+            if tokenizer is not None and not isinstance(model, nn.Module):
+                raise InputError(f"{param('tokenizer')} goes with a model object (an nn.Module); a model loaded from "
+                                 "disk, or a Subject, has its own")
             if model is _NO_MODEL:
                 return fn(*args, **kwargs)
-            module = model.model if isinstance(model, Subject) else model
-            if not isinstance(module, nn.Module):
+            if isinstance(model, nn.Module):
+                model = _module_subject(model, tokenizer, {**defaults, **kwargs},
+                                        placed={k: kwargs[k] for k in ("device", "dtype", "device_map") if k in kwargs})
+            if not isinstance(model, Subject):
                 return fn(model, *args, **kwargs)
-            with eval_mode(module):
+            with eval_mode(model.model):
                 return fn(model, *args, **kwargs)
 
         entry.cli_help = dict(help or {})
@@ -379,10 +393,31 @@ def resolve_subject(model: "str | Subject", *, corpus: str | None = None, num_sa
     """
     if isinstance(model, Subject):
         return model
+    _check_probe(num_samples, seq_len)
+    return _probe(Subject.load(model, device=device, dtype=dtype, device_map=device_map), corpus=corpus,
+                  num_samples=num_samples, seq_len=seq_len, seed=seed, bos=bos)
+
+
+def _check_probe(num_samples: int, seq_len: int | None) -> None:
     if num_samples < 1:
         raise InputError(f"{param('num_samples')} must be >= 1, got {num_samples}")
     if seq_len is not None and seq_len < 4:
         raise InputError(f"{param('seq_len')} must be >= 4, got {seq_len}")
+
+
+def _probe(subj: Subject, *, corpus: str | None, num_samples: int, seq_len: int | None, seed: int,
+           bos: str) -> Subject:
+    """``subj`` with the probe :func:`resolve_subject` gives a model it loads."""
     spec = ProbeSpec(input="auto", corpus=corpus, num_samples=num_samples, seq_len=seq_len, bos=bos, seed=seed)
-    subj = Subject.load(model, device=device, dtype=dtype, device_map=device_map)
     return subj.with_probe(spec, seq_len=DEFAULT_SEQ_LEN)
+
+
+def _module_subject(module: nn.Module, tokenizer: Any, settings: dict[str, Any], placed: dict[str, Any]) -> Subject:
+    """A model object given to an analysis entry point: a :class:`Subject` where it is (moved only as ``placed``
+    says), with the probe of the entry point's ``settings`` (its defaults and the caller's keywords), as
+    :func:`resolve_subject` probes a model it loads."""
+    probe = {k: settings[k] for k in ("corpus", "num_samples", "seq_len", "seed", "bos") if k in settings}
+    _check_probe(probe.get("num_samples", 32), probe.get("seq_len"))
+    return _probe(Subject.load(module, tokenizer=tokenizer, **placed), **{"corpus": None, "num_samples": 32,
+                                                                          "seq_len": None, "seed": 0, "bos": "auto",
+                                                                          **probe})
