@@ -159,8 +159,8 @@ def stream(model: Any = DEFAULT_MODEL, corpus: str | None = None, options: Strea
     with torch_threads(opts.threads):
         if isinstance(model, Subject):
             if placed:
-                raise InputError(f"{' / '.join(param(f) for f in placed)} place a model object; this Subject is "
-                                 "already placed")
+                raise InputError(f"{' / '.join(param(f) for f in placed)} cannot move a Subject: it is already "
+                                 "placed (Subject.load places a model)")
             subject = model
         elif isinstance(model, nn.Module):
             subject = Subject.load(model, tokenizer=tokenizer, **placed)
@@ -374,7 +374,8 @@ def _passkey(subject, o: PasskeyOptions, *, model, resume: dict | None, on_resul
             "definitions": {
                 "depth": "the needle starts after this fraction of the filler (0: right after the BOS, 1: right "
                          "before the question)",
-                "accuracy": "share of samples whose first 5-digit run in the greedy answer is the key",
+                "accuracy": "share of samples whose greedy answer's first run of digits is the key exactly "
+                            "(first_number)",
                 "feeding": f"{o.chunk} token(s) per call through the cache (cache positions for sink caches, "
                            "absolute for the full cache), then 8 greedy tokens",
             }}

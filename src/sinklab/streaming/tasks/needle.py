@@ -10,8 +10,7 @@ Scoring: ``first_number`` (the first run of digits of the continuation is the va
 
 ``passkey``: the items of :func:`sinklab.streaming.passkey.passkey_samples` (Mohtashami & Jaggi
 2023; a 5-digit key stated twice at a depth of the real-text stream), one key per item, scored by
-``first_number`` (stricter than ``sinklab stream --task passkey``, which takes the first five digits
-of a longer number).
+``first_number``, as ``sinklab stream passkey`` is.
 """
 
 from __future__ import annotations
