@@ -128,6 +128,41 @@ def test_random_sinklm_against_naive_float64(op):
     assert not torch.allclose(stats.gated_mass, stats.mass * 0.5, atol=1e-3)  # the gates are not all 0.5
 
 
+@pytest.mark.parametrize("op", ["gated_headwise", "gated_elementwise"])
+def test_prefix_lm_gate_weighted_mass_counts_the_queries_i_ge_j(op):
+    """With a bidirectional prefix of 5 (prefix LM), queries before key j inside the prefix see j, but the
+    gate-weighted mass, like the plain one (Gu et al. Eq. 2), is the mean over the queries i >= j: recomputed
+    in float64 from the layer's own weights under the prefix mask. (It used to sum every query that saw j and
+    divide by T - j: up to 1.65x the plain mass although a gate is at most 1.)"""
+    P = 5
+    model = _sinklm(op, n_layers=1, seed=4)
+    with torch.no_grad():
+        model.layers[0].attn.gate_proj.weight.mul_(8.0)
+    ids = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(5))
+    stats = collect(model, ids, prefix_len=P)
+    m64 = copy.deepcopy(model).double()
+    inputs = []
+    handle = m64.layers[0].register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
+    with torch.no_grad():
+        m64(ids, prefix_len=P)
+    handle.remove()
+    B, T = ids.shape
+    H, dh = 2, 4
+    blk = m64.layers[0]
+    xn = blk.attn_norm(inputs[0])
+    a = blk.attn
+    q = (xn @ a.q_proj.weight.T).view(B, T, H, dh).transpose(1, 2)
+    k = (xn @ a.k_proj.weight.T).view(B, T, -1, dh).transpose(1, 2).repeat_interleave(H // a.n_kv_heads, dim=1)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    hidden = (j > i) & ~((i < P) & (j < P))  # causal, except inside the prefix
+    A = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(hidden, float("-inf")), dim=-1)
+    assert float(A[..., 0, 1:P].sum()) > 0.1  # the prefix's first query does attend to later prefix keys
+    g = torch.sigmoid(xn @ a.gate_proj.weight.T).view(B, T, H, -1).abs().mean(dim=-1).transpose(1, 2)  # (B, H, T)
+    torch.testing.assert_close(stats.mass[:, 0], naive_mass(A), atol=1e-6, rtol=0)
+    torch.testing.assert_close(stats.gated_mass[:, 0], naive_mass(A * g[..., None]), atol=1e-6, rtol=0)
+    assert bool((stats.gated_mass <= stats.mass + 1e-9).all())  # a gate is at most 1
+
+
 def test_sinklm_gate_site_edit_is_the_models_gate():
     """``attn.gate`` on a SinkLM: a hook that closes head 1's gate changes the output exactly as zeroing
     that head's gate weights to -inf would (head 1 contributes nothing), and the recorder sees the edit."""

@@ -117,18 +117,20 @@ class SinkLMSeam:
                                           renormalised=renormalised)
             if rec is not None:
                 rec.attn_calls += 1
+                # the paper's mass counts the queries i >= j; a prefix lets earlier queries see j too
+                causal = weights.tril() if prefix_len > 1 else weights
                 rec.add_attention(
                     layer,
                     weights.sum(dim=-2, dtype=torch.float64),
                     spec,
-                    causal_column_sums=weights.tril().sum(dim=-2, dtype=torch.float64) if prefix_len > 1 else None,
+                    causal_column_sums=causal.sum(dim=-2, dtype=torch.float64) if prefix_len > 1 else None,
                     key=key,
                     value=value,
                     extra=extra,
                     renormalised=renormalised,
                     entropy=attention_entropy(weights, extra) if rec.wants_entropy else None,
                     gated_column_sums=(None if (gate := rec.gate_of(layer)) is None
-                                       else gate_weighted_column_sums(weights, gate)),
+                                       else gate_weighted_column_sums(causal, gate)),
                 )
             return weights if edited else None
 
