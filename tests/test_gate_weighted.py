@@ -140,7 +140,7 @@ def test_prefix_lm_gate_weighted_mass_counts_the_queries_i_ge_j(op):
         model.layers[0].attn.gate_proj.weight.mul_(8.0)
     ids = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(5))
     stats = collect(model, ids, prefix_len=P)
-    m64 = copy.deepcopy(model).double()
+    m64 = copy.deepcopy(model).double().requires_grad_(False)
     inputs = []
     handle = m64.layers[0].register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
     with torch.no_grad():
