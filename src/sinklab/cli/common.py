@@ -31,10 +31,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import typer
 from typer.core import TyperGroup
 
+from sinklab.models.load import DTYPE_NAMES  # the dtype names of ``--dtype`` (one list: load_model's)
 from sinklab.zoo.models import DEFAULT_MODEL
-
-#: dtype names of ``--dtype`` (``sinklab.subject.DTYPES`` maps them to torch dtypes)
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 def split_list(values: str | Sequence[str] | None, cast: Callable[[str], Any] = str, flag: str = "") -> list | None:

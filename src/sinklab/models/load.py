@@ -326,7 +326,8 @@ def _load_hub(name_or_path: str, *, dtype, attn_implementation, device, device_m
     return LoadedModel(model, tok, info)
 
 
-#: the dtype names :func:`load_model` takes besides torch dtypes (the CLI's ``--dtype`` values)
+#: the dtype names :func:`load_model` takes besides torch dtypes; the one list (the CLI's ``--dtype`` values,
+#: :data:`sinklab.subject.DTYPES`)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import InputError, UnknownNameError, param
+from sinklab.models.load import DTYPE_NAMES
 
 if TYPE_CHECKING:
     from sinklab.capture.adapter import ModelAdapter
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from sinklab.runs import Run
 
 #: ``--dtype`` names -> torch dtypes (the model's parameter dtype; statistics are reduced in float32/float64)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 #: ``ProbeSpec.input`` values besides the probe generators of :data:`sinklab.probe.INPUTS`
 AUTO_INPUTS = ("auto", "run")
 #: the probe of a model that is not a ``sinklab train`` run, when the caller gives no size (``sinklab measure``'s)
