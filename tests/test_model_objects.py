@@ -182,3 +182,15 @@ def test_an_analysis_takes_a_module_with_its_tokenizer(tmp_path, text_corpus_dir
         sinklab.analyze.massive(str(folder), tokenizer=tok, **kw)
     with pytest.raises(InputError, match="tokenizer"):  # a natural-text probe needs the module's tokenizer
         sinklab.analyze.massive(m, **kw)
+
+
+def test_subject_load_returns_a_subject_as_it_is_and_refuses_to_move_it():
+    """The one place a Subject given as a model is handled (measure, stream and the analyses pass theirs through
+    it): the same object back, and a placement refused by name."""
+    tok = make_tokenizer()
+    s = Subject.load(tiny_llama(vocab_size=len(tok)), tokenizer=tok)
+    assert Subject.load(s) is s
+    with pytest.raises(InputError, match="dtype cannot move a Subject: it is already placed"):
+        Subject.load(s, dtype="float32")
+    with pytest.raises(InputError, match="device / device_map cannot move a Subject"):
+        Subject.load(s, device="cpu", device_map="auto")

@@ -328,16 +328,15 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     placed = {}
     if held is not None:  # a model object or a Subject: it stays where it is unless told otherwise
         placed = {k: overrides.pop(k) for k in ("device", "dtype", "device_map") if k in overrides}
-        if isinstance(held, Subject) and placed:
-            raise InputError(f"{param('device')} / {param('dtype')} place a model object; this Subject is already "
-                             "placed")
+        if isinstance(held, Subject):
+            held = Subject.load(held, **placed)  # refuses a placement before any work
         overrides["model"] = f"<{type(held.model if isinstance(held, Subject) else held).__name__} in memory>"
     if overrides:
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
     if out is not None:  # before any model or corpus work
         check_writable(out, param("out"))
     if held is not None:
-        subj = held if isinstance(held, Subject) else Subject.load(held, tokenizer=tokenizer, **placed)
+        subj = Subject.load(held, tokenizer=tokenizer, **placed)
         run = subj.run
         dev = str(subj.device)
         cfg = replace(cfg, device="cpu", dtype=str(subj.dtype).removeprefix("torch."), device_map=None)

@@ -157,12 +157,7 @@ def stream(model: Any = DEFAULT_MODEL, corpus: str | None = None, options: Strea
     placed = {f: getattr(opts, f) for f in ("device", "dtype", "device_map")
               if f in overrides or (options is not None and getattr(options, f) != defaults[f])}
     with torch_threads(opts.threads):
-        if isinstance(model, Subject):
-            if placed:
-                raise InputError(f"{' / '.join(param(f) for f in placed)} cannot move a Subject: it is already "
-                                 "placed (Subject.load places a model)")
-            subject = model
-        elif isinstance(model, nn.Module):
+        if held:  # a Subject is used as it is (a placement is refused), a module stays where it is unless placed
             subject = Subject.load(model, tokenizer=tokenizer, **placed)
         else:
             subject = Subject.load(model, device=opts.device, dtype=opts.dtype, device_map=opts.device_map)

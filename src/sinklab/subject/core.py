@@ -203,15 +203,16 @@ class Subject:
 
     # ------------------------------------------------------------------ the model
     @classmethod
-    def load(cls, model: "str | Run | nn.Module", *, tokenizer: Any = None, device: str | None = None,
+    def load(cls, model: "str | Run | nn.Module | Subject", *, tokenizer: Any = None, device: str | None = None,
              dtype: "str | torch.dtype | None" = None, device_map: str | None = None, accept_license: bool = False,
              attn_implementation: str | None = "sdpa") -> "Subject":
         """Load (or wrap) a model.
 
         Args:
             model: a zoo name, a Hugging Face folder or hub id, a sinklab-trained model folder, a
-                ``sinklab train`` run folder or its ``final/``, a :class:`~sinklab.runs.Run`, or an
-                ``nn.Module`` already in memory (a ``transformers`` model or a SinkLM).
+                ``sinklab train`` run folder or its ``final/``, a :class:`~sinklab.runs.Run`, an
+                ``nn.Module`` already in memory (a ``transformers`` model or a SinkLM), or a Subject (returned
+                as it is: it is placed already).
             tokenizer: the tokenizer of a model object (ignored when loading from disk, which reads its own).
             device: ``cpu`` | ``cuda`` | ``cuda:N`` | ``auto`` (CUDA when available). None: ``cpu`` for a model
                 loaded here; a model object stays where it is unless a device is given.
@@ -226,13 +227,20 @@ class Subject:
             A :class:`Subject` without a probe (``input_ids`` (0, 0)); see :meth:`with_probe`.
 
         Raises:
-            InputError: a bad device / dtype, CUDA asked for but not available here, and as
+            InputError: a bad device / dtype, CUDA asked for but not available here, a device / dtype / device
+                map for a Subject, and as
                 :func:`sinklab.models.load_model` (a path that does not exist, a run without ``final/``...).
             UnknownNameError / FetchError / ChecksumError / CaptureError: as :func:`sinklab.models.load_model`.
         """
         from sinklab.models import check_model_spec, load_model
         from sinklab.runs import Run
 
+        if isinstance(model, Subject):
+            placed = [n for n, v in (("device", device), ("dtype", dtype), ("device_map", device_map)) if v is not None]
+            if placed:
+                raise InputError(f"{' / '.join(param(n) for n in placed)} cannot move a Subject: it is already placed "
+                                 "(Subject.load places a model)")
+            return model
         if isinstance(model, nn.Module):
             return cls._wrap(model, tokenizer, device, dtype, device_map)
         torch_dtype = dtype if isinstance(dtype, torch.dtype) else None
