@@ -58,9 +58,10 @@ def analysis(name: str, *, help: dict[str, str] | None = None):
                                  "disk, or a Subject, has its own")
             if model is _NO_MODEL:
                 return fn(*args, **kwargs)
-            if isinstance(model, nn.Module):
-                model = _module_subject(model, tokenizer, {**defaults, **kwargs},
-                                        placed={k: kwargs[k] for k in ("device", "dtype", "device_map") if k in kwargs})
+            if isinstance(model, nn.Module):  # probed as resolve_subject probes a name, left where it is unless placed
+                placed = {k: kwargs[k] for k in ("device", "dtype", "device_map") if k in kwargs}
+                module = model
+                model = _probe(lambda: Subject.load(module, tokenizer=tokenizer, **placed), **{**defaults, **kwargs})
             if not isinstance(model, Subject):
                 return fn(model, *args, **kwargs)
             with eval_mode(model.model):
@@ -393,31 +394,17 @@ def resolve_subject(model: "str | Subject", *, corpus: str | None = None, num_sa
     """
     if isinstance(model, Subject):
         return model
-    _check_probe(num_samples, seq_len)
-    return _probe(Subject.load(model, device=device, dtype=dtype, device_map=device_map), corpus=corpus,
+    return _probe(lambda: Subject.load(model, device=device, dtype=dtype, device_map=device_map), corpus=corpus,
                   num_samples=num_samples, seq_len=seq_len, seed=seed, bos=bos)
 
 
-def _check_probe(num_samples: int, seq_len: int | None) -> None:
+def _probe(load: Callable[[], Subject], *, corpus: str | None = None, num_samples: int = 32,
+           seq_len: int | None = None, seed: int = 0, bos: str = "auto", **_settings) -> Subject:
+    """The Subject of ``load()`` with the probe :func:`resolve_subject` describes (the probe settings are checked
+    before ``load`` runs); other keywords of an entry point's settings are ignored."""
     if num_samples < 1:
         raise InputError(f"{param('num_samples')} must be >= 1, got {num_samples}")
     if seq_len is not None and seq_len < 4:
         raise InputError(f"{param('seq_len')} must be >= 4, got {seq_len}")
-
-
-def _probe(subj: Subject, *, corpus: str | None, num_samples: int, seq_len: int | None, seed: int,
-           bos: str) -> Subject:
-    """``subj`` with the probe :func:`resolve_subject` gives a model it loads."""
     spec = ProbeSpec(input="auto", corpus=corpus, num_samples=num_samples, seq_len=seq_len, bos=bos, seed=seed)
-    return subj.with_probe(spec, seq_len=DEFAULT_SEQ_LEN)
-
-
-def _module_subject(module: nn.Module, tokenizer: Any, settings: dict[str, Any], placed: dict[str, Any]) -> Subject:
-    """A model object given to an analysis entry point: a :class:`Subject` where it is (moved only as ``placed``
-    says), with the probe of the entry point's ``settings`` (its defaults and the caller's keywords), as
-    :func:`resolve_subject` probes a model it loads."""
-    probe = {k: settings[k] for k in ("corpus", "num_samples", "seq_len", "seed", "bos") if k in settings}
-    _check_probe(probe.get("num_samples", 32), probe.get("seq_len"))
-    return _probe(Subject.load(module, tokenizer=tokenizer, **placed), **{"corpus": None, "num_samples": 32,
-                                                                          "seq_len": None, "seed": 0, "bos": "auto",
-                                                                          **probe})
+    return load().with_probe(spec, seq_len=DEFAULT_SEQ_LEN)
