@@ -44,6 +44,33 @@ def test_eager_collector_matches_output_attentions(arch):
     torch.testing.assert_close(stats.median_abs[:, 0], h1.median(dim=1).values)
 
 
+@pytest.mark.parametrize("multi_query", [True, False])
+@pytest.mark.parametrize("collector", ["eager", "blockwise"])
+def test_falcon_alibi_bias_in_the_float_mask_is_kept(collector, multi_query):
+    """Falcon with ``alibi=True`` (falcon-rw-1b/7b) passes its ALiBi bias inside the float
+    ``attention_mask``: every collector must add it, as transformers' eager attention does. The eager
+    collector turned the mask into a boolean and dropped the bias (0.3 off in attention mass; found by an
+    outside audit, 2026-12-07). Reference: the model's own eager attention in float64; the layer outputs
+    (and so the loss) also follow the biased weights."""
+    import copy
+
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.FalconConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=96,
+                                    new_decoder_architecture=False, multi_query=multi_query, alibi=True,
+                                    parallel_attn=True)
+    model = transformers.FalconForCausalLM(cfg).eval()
+    with torch.no_grad():  # peakier attention than the default init, so that the bias matters
+        for n, p in model.named_parameters():
+            if "query_key_value" in n and p.dim() == 2:
+                p.mul_(20)
+    ids = torch.randint(3, 96, (3, 24), generator=torch.Generator().manual_seed(2))
+    mass, out = reference(copy.deepcopy(model).double(), ids, causal=True)
+    stats = collect(model, ids, collector=collector)
+    torch.testing.assert_close(stats.mass, mass, rtol=0, atol=1e-5)
+
+
 def test_model_restored_and_outputs_unchanged():
     model = tiny_llama()
     ids = torch.randint(4, 80, (2, 10), generator=torch.Generator().manual_seed(1))

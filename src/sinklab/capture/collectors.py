@@ -71,7 +71,9 @@ def eager_collector(
     """Plain matmul-mask-softmax attention that also returns the column sums.
 
     Scores are ``scaling * q k^T`` (``scaling`` defaults to ``1/sqrt(D)``), optionally
-    soft-capped (``softcap * tanh(s / softcap)``, Gemma 2), masked, and normalised with
+    soft-capped (``softcap * tanh(s / softcap)``, Gemma 2), plus an additive float
+    ``attention_mask``'s values where it does not mask (the ALiBi bias Falcon and MPT pass in
+    it), masked (-inf where :func:`layer_mask` says hidden), and normalised with
     a softmax in float32; ``sinks`` (H_q,) are per-head sink logits added to the
     softmax denominator (gpt-oss) and receive no output. Memory: O(B H T_q T_k) for
     this one layer. ``edit`` (used by :mod:`sinklab.analyze`): a callable that gets the
@@ -92,6 +94,11 @@ def eager_collector(
     scores = torch.matmul(query.float(), k.float().transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        # an additive float mask may carry a bias besides its masked entries (Falcon and MPT pass ALiBi in
+        # it): its values are added, as transformers' eager attention does; the masked entries become -inf
+        scores = scores + attention_mask.float().masked_fill(
+            attention_mask <= torch.finfo(attention_mask.dtype).min / 2, 0.0)
     mask = layer_mask(attention_mask, is_causal, Tq, Tk, query.device, sliding_window)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
