@@ -71,6 +71,40 @@ def test_falcon_alibi_bias_in_the_float_mask_is_kept(collector, multi_query):
     torch.testing.assert_close(stats.mass, mass, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("collector", ["eager", "blockwise"])
+def test_chunked_attention_mask_aware_mass_counts_the_queries_in_the_chunk(collector):
+    """Llama 4's chunked attention (query i sees key j iff j <= i and i // C == j // C) comes as the layer's
+    own mask tensor: the mask-aware mass divides by the queries that chunk rule lets see each key (it
+    divided by T - j, as for plain causal attention, and reported no mask; outside audit, 2026-12-07).
+    Reference: the model's own float64 eager weights, the counts from the chunk rule written here."""
+    import copy
+
+    import transformers
+
+    C, T = 5, 24
+    torch.manual_seed(0)
+    cfg = transformers.Llama4TextConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=96, max_position_embeddings=128, attention_chunk_size=C,
+        num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=1, no_rope_layers=[1, 0],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = transformers.Llama4ForCausalLM(cfg).eval()
+    assert model.config.layer_types == ["chunked_attention", "full_attention"]
+    ids = torch.randint(3, 96, (3, T), generator=torch.Generator().manual_seed(1))
+    mass, out = reference(copy.deepcopy(model).double(), ids, causal=True)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    rules = {"chunked_attention": (j <= i) & (i // C == j // C), "full_attention": j <= i}
+    visible = []
+    for a, kind in zip(out.attentions, model.config.layer_types):
+        seen = rules[kind]
+        assert bool(((a != 0) <= seen).all())  # the model's weights lie inside the rule
+        visible.append((a * seen).sum(dim=-2) / seen.sum(dim=0))  # (N, H, T)
+    stats = collect(model, ids, collector=collector)
+    torch.testing.assert_close(stats.mass, mass, rtol=0, atol=1e-5)
+    assert stats.mass_visible is not None and stats.mask.get("from_mask_tensor") is True
+    torch.testing.assert_close(stats.mass_visible, torch.stack(visible, dim=1), rtol=0, atol=1e-5)
+
+
 def test_model_restored_and_outputs_unchanged():
     model = tiny_llama()
     ids = torch.randint(4, 80, (2, 10), generator=torch.Generator().manual_seed(1))

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from sinklab.attention_masks import MaskSpec, repeat_kv
-from sinklab.capture.collectors import COLLECTORS
+from sinklab.capture.collectors import COLLECTORS, layer_mask
 from sinklab.capture.gates import gate_reader
 from sinklab.capture.masks import capture_mask, set_capture_active, skipped_window
 from sinklab.capture.recorder import BatchRecorder
@@ -120,8 +120,15 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         # gpt-oss style sink logits: every query's weights on the real keys sum to 1 - (its weight on the
         # virtual sink), so the mean weight on the sink over the T_q queries is 1 - sum(col) / T_q
         extra = (1.0 - col.sum(dim=-1) / query.shape[2]).unsqueeze(-1)  # (B, H, 1)
+    counts = None
+    if attention_mask is not None and query.shape[2] == key.shape[2]:
+        # the layer's own mask tensor (chunked attention, Llama 4; a window or a prefix the model passes as a
+        # tensor): the queries that may see each key, counted from it, (B or 1, H or 1, T_k)
+        allowed = layer_mask(attention_mask, bool(is_causal), query.shape[2], key.shape[2], query.device)
+        counts = allowed.expand(*allowed.shape[:-2], query.shape[2], key.shape[2]).sum(dim=-2)
     recorder.add_attention(layer, col, MaskSpec(causal=bool(is_causal), window=window), key=key, value=value,
-                           extra=extra, entropy=ent[0] if ent else None, gated_column_sums=gated[0] if gated else None)
+                           extra=extra, entropy=ent[0] if ent else None, gated_column_sums=gated[0] if gated else None,
+                           visible_counts=counts)
     return out, None
 
 

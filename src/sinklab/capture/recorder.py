@@ -132,6 +132,7 @@ class BatchRecorder:
         causal_column_sums: Tensor | None = None,
         entropy: Tensor | None = None,
         gated_column_sums: Tensor | None = None,
+        visible_counts: Tensor | None = None,
     ) -> None:
         """Record a layer's attention.
 
@@ -153,6 +154,10 @@ class BatchRecorder:
             renormalised: rows were renormalised to sum to 1 before the column sums.
             entropy: (B, H, T_q) each query's attention entropy in nats, or None; its mean over
                 the T_q queries is kept, (B, H).
+            visible_counts: (B or 1, H or 1, T) number of queries the layer's own mask tensor lets see each
+                key (a transformers model that passes one: chunked attention, a padded batch), or None: the
+                counts of ``mask``. Used, and the layer counted as masked, when it differs from the plain
+                causal / bidirectional counts.
             gated_column_sums: (B, H, T) for a gated layer, ``sum_i A[b, h, i, j] * m[b, h, i]`` with ``m`` the
                 gate magnitude of :meth:`gate_of`; its mass (the paper's denominator) is the gate-weighted
                 attention mass.
@@ -166,7 +171,13 @@ class BatchRecorder:
         paper_sums = column_sums if causal_column_sums is None else causal_column_sums
         self.mass[layer] = attention_mass_from_column_sums(paper_sums, causal=causal).cpu()
         T = column_sums.shape[-1]
-        if prefix_len or (window is not None and window < T):
+        plain = visible_key_counts(T, MaskSpec(causal=causal), device=column_sums.device)
+        if visible_counts is not None and not bool((visible_counts.to(plain.device) == plain).all()):
+            self.masked = True  # the mask tensor hides keys the plain mask shows (chunked attention)
+            self.mask = {**mask.to_dict(), "from_mask_tensor": True}
+            counts = visible_counts.to(device=column_sums.device, dtype=torch.float64).clamp_min(1.0)
+            self.mass_visible[layer] = (column_sums.to(torch.float64) / counts).cpu()  # a key no query sees: 0
+        elif prefix_len or (window is not None and window < T):
             self.masked = True
             self.mask = mask.to_dict()
             counts = visible_key_counts(T, mask)
