@@ -65,3 +65,8 @@ def test_measure_cli_names_the_ssm_blocks(tokenizer, text_corpus_dir, tmp_path, 
     import pandas as pd
 
     assert sorted(pd.read_csv(out / "attention.csv")["layer"].unique().tolist()) == [1, 3]
+    # the console names the block of the largest massive-activation ratio (it printed the list index: "layer 0",
+    # a Mamba block; outside audit, 2026-12-07)
+    mar = summary["massive_activation_ratio"]
+    top = summary["layer_ids"][max(range(len(mar)), key=mar.__getitem__)]
+    assert f"largest massive-activation ratio: {max(mar):.0f}x in layer {top} " in stdout

@@ -237,9 +237,10 @@ def summary_lines(result: _Result) -> list[str]:
     lines.append(f"largest norm ratio: {s['max_norm_ratio']:.2f} at token {s['max_norm_ratio_position'] + 1} "
                  f"(Sink'_k: the token's hidden-state norm over the mean norm of its sequence, averaged over layers; "
                  f"far above 1 marks a sink)")
-    mar = s["massive_activation_ratio"]  # per layer (0-based)
+    mar = s["massive_activation_ratio"]  # per attention layer, in the order of layer_ids
     top = max(range(len(mar)), key=mar.__getitem__)
-    lines.append(f"largest massive-activation ratio: {mar[top]:.0f}x in layer {top} (the layer's largest |h| entry over "
+    block = (s.get("layer_ids") or list(range(len(mar))))[top]  # a hybrid's block number, as the other lines
+    lines.append(f"largest massive-activation ratio: {mar[top]:.0f}x in layer {block} (the layer's largest |h| entry over "
                  f"its median |h|; Sun et al. 2024 report about 1000x, `sinklab analyze massive` calls 100x massive)")
     if _no_interval(s):
         lines.append("note: N = 1: one sample has no confidence interval (the bootstrap resamples samples); "
