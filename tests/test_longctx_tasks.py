@@ -165,6 +165,14 @@ def test_bad_grids_are_refused():
         needle_items(tok, DOCS, lengths=[300], n=0, words=WORDS)
     with pytest.raises(InputError, match="fewer than"):
         needle_items(tok, DOCS[:1], lengths=[400], words=WORDS)
+    # a repeated length or depth gives token-identical items that the tables would count as independent ones
+    # (n 4 for one item; outside audit, 2026-12-07): refused
+    same = needle_items(tok, DOCS, lengths=[300], depths=[0.5], n=1, words=WORDS)
+    assert len(same) == 1
+    with pytest.raises(InputError, match=r"lengths repeats a value, \[300, 300\]"):
+        needle_items(tok, DOCS, lengths=[300, 300], depths=[0.5], n=1, words=WORDS)
+    with pytest.raises(InputError, match=r"depths repeats a value, \[0.5, 0.5\]"):
+        needle_items(tok, DOCS, lengths=[300], depths=[0.5, 0.5], n=1, words=WORDS)
 
 
 @pytest.mark.parametrize("output, answers, score", [

@@ -51,6 +51,8 @@ def test_samples_bad_input():
         passkey_samples(tok, DOCS, 160, depths=[1.5])
     with pytest.raises(InputError, match="keys must lie in"):
         passkey_samples(tok, DOCS, 160, keys=0)
+    with pytest.raises(InputError, match=r"repeats a depth, \[0.0, 1.0, 1.0\]"):  # copies counted twice
+        passkey_samples(tok, DOCS, 160, keys=2, depths=[0.0, 1.0, 1.0])
 
 
 @pytest.mark.parametrize("reply,right", [("{key}. Remember", True), (" {key}1.", False), (" 1234 or {key}", False),

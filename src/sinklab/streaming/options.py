@@ -208,7 +208,7 @@ class PerplexityOptions(StreamOptions):
 
 @dataclass(frozen=True)
 class PasskeyOptions(StreamOptions):
-    """``sinklab stream passkey``: retrieve a 5-digit key stated once in the stream (accuracy per depth;
+    """``sinklab stream passkey``: retrieve a 5-digit key (one needle stating it twice) at a depth of the stream (accuracy per depth;
     :mod:`sinklab.streaming.passkey`)."""
 
     TASK: ClassVar[str] = "passkey"

@@ -1,6 +1,6 @@
-"""Pass-key retrieval through a cache: ``sinklab stream --task passkey``.
+"""Pass-key retrieval through a cache: ``sinklab stream passkey``.
 
-A random 5-digit pass key is stated once at a chosen depth of a long stream of real text and asked
+A random 5-digit pass key is inserted at a chosen depth of a long stream of real text (one needle, NEEDLE, that states it twice) and asked
 for at the end (the pass-key task of Mohtashami & Jaggi 2023, used as a stream by StreamingLLM's
 StreamEval, Xiao et al. 2024, sec. 4.3 / Fig. 9: the answer must survive the cache's evictions).
 Each sample is ``filler[:at] + NEEDLE + filler[at:] + QUESTION``, all samples of a run the same
@@ -82,17 +82,20 @@ def passkey_samples(tokenizer, documents: Sequence[str], n_tokens: int, *, keys:
     every sample, cut to fit the needle, whose length may differ by key).
 
     Raises:
-        InputError: ``keys`` outside 1..90000, a depth outside [0, 1], or ``n_tokens`` too short for the
+        InputError: ``keys`` outside 1..90000, a depth outside [0, 1] or given twice, or ``n_tokens`` too short for the
             needle and the question (the message gives the minimum); a corpus shorter than the filler.
     """
     from sinklab.probe.inputs import bos_tokens, tokenize_plain
     from sinklab.streaming.harness import token_stream
 
     if not 1 <= keys <= 90000:
-        raise InputError(f"{param('passkey_keys')} must lie in 1..90000, got {keys}")
+        raise InputError(f"{param('keys')} must lie in 1..90000, got {keys}")
     bad = [d for d in depths if not 0.0 <= d <= 1.0]
     if bad or not depths:
-        raise InputError(f"{param('passkey_depths')} must lie in [0, 1], got {list(depths)}")
+        raise InputError(f"{param('depths')} must lie in [0, 1], got {list(depths)}")
+    if len(set(depths)) != len(depths):
+        raise InputError(f"{param('depths')} repeats a depth, {list(depths)}: its samples would be the same "
+                         "prompts counted twice; give each once (more keys give more samples)")
     rng = random.Random(seed)
     key_list = [str(k) for k in rng.sample(range(10000, 100000), keys)]
     question = list(tokenize_plain(tokenizer, QUESTION))

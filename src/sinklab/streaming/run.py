@@ -529,7 +529,7 @@ register_task(StreamTask(
     "t-intervals over streams and paired comparisons."))
 register_task(StreamTask(
     "passkey", PasskeyOptions, _passkey, PasskeyResult,
-    "Pass-key retrieval: a 5-digit key stated once in a stream of filler text, asked for at the end; accuracy "
+    "Pass-key retrieval: a 5-digit key, in one needle that states it twice, at a depth of a stream of filler text, asked for at the end; accuracy "
     "per depth for every cache configuration."))
 
 __all__ = ["stream", "StreamResult", "PasskeyResult", "torch_threads", "DEFAULT_SINKS"]

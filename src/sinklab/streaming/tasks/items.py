@@ -75,12 +75,17 @@ def check_grid(lengths: Sequence[int], depths: Sequence[float] | None, n: int) -
     """Refuse an empty or bad grid.
 
     Raises:
-        InputError: no lengths, a length < 1, a depth outside [0, 1], or ``n`` < 1.
+        InputError: no lengths, a length < 1, a depth outside [0, 1], a length or depth given twice (its items
+            would be token-identical copies counted as independent ones), or ``n`` < 1.
     """
     if not lengths or any(not isinstance(t, int) or t < 1 for t in lengths):
         raise InputError(f"{param('lengths')} must be integers >= 1 (tokens), got {list(lengths)}")
     if depths is not None and (not depths or any(not 0.0 <= d <= 1.0 for d in depths)):
         raise InputError(f"{param('depths')} must lie in [0, 1], got {list(depths)}")
+    for name, values in (("lengths", lengths), ("depths", depths or ())):
+        if len(set(values)) != len(values):
+            raise InputError(f"{param(name)} repeats a value, {list(values)}: its items would be the same prompts "
+                             "counted twice; give each once (more items per cell give more samples)")
     if n < 1:
         raise InputError(f"{param('n')} (items per length and depth) must be >= 1, got {n}")
 
