@@ -632,3 +632,22 @@ def test_point_folder_keeps_runs_under_a_new_label(tmp_path):
         {"label": "old name", "slug": "old_name", "overrides": {}, "x": None, "paper": None, "expect": ""}]}))
     study = refresh_study_json(sw)
     assert [(p["label"], p["slug"]) for p in study["points"]] == [("new name", "old_name"), ("added", "added")]
+
+
+def test_report_header_gives_the_most_seeds_of_any_row(tmp_path):
+    """The report's "up to N seeds each" is the largest seed count in the study's table, not the
+    ``seeds`` of the last sweep in ``study.json`` (weight_decay: the last sweep ran 5 seeds, three
+    rows have 10; the outside audit of 2026-12-07 found "up to 5")."""
+    import shutil
+
+    from sinklab.sweep.report import _sweep_section
+
+    src = Path(__file__).resolve().parents[1] / "results" / "weight_decay"
+    sw = tmp_path / "weight_decay"
+    sw.mkdir()
+    for name in ("study.json", "summary.csv"):
+        shutil.copy(src / name, sw / name)
+    counts = [int(r["n_seeds"]) for r in _csv_rows(sw / "summary.csv")]
+    assert json.loads((sw / "study.json").read_text())["seeds"] == 5 and max(counts) == 10
+    parts, _ = _sweep_section(sw, tmp_path, resummarize=False, check=False)
+    assert f"up to {max(counts)} seeds each" in parts[1]

@@ -138,10 +138,12 @@ def _sweep_section(sw: Path, base: Path, *, resummarize: bool, check: bool) -> t
     title = study.get("title") or study["name"]
     parts.append(f"## {title}\n")
     commits = sorted({c for r in rows for c in (r.get("commits") or "").split(";") if c})
+    # the most seeds any row has (study.json's ``seeds`` is only the last sweep's --seeds)
+    max_seeds = max((int(r.get("n_seeds") or 0) for r in rows), default=0)
     sf = study_file(sw, study)
     meta = [f"Study file `{_rel(sf, base) if sf is not None else study['name']}`; "
             f"base config `{Path(study['base']).name if '/' in study['base'] else study['base']}`; "
-            f"{n_done}/{len(rows)} points finished, up to {study.get('seeds', 1)} seeds each "
+            f"{n_done}/{len(rows)} points finished, up to {max_seeds} seeds each "
             f"(column *seeds*); "
             f"code {', '.join('`' + c + '`' for c in commits) or 'not recorded'}"
             + (" (**mixed code versions**)" if len(commits) > 1 else "") + "."]
