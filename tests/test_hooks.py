@@ -381,3 +381,50 @@ def test_an_intervention_with_hooks_at_other_sites_runs_them_around_the_pass():
     plain = run_model(model, IDS, nll=True)
     assert torch.equal(got.nll, want.nll) and torch.equal(got.stats.mass, want.stats.mass)
     assert not torch.allclose(got.nll, plain.nll)
+
+
+def _gpt_oss_and_gemma2():
+    """A tiny gpt-oss (sink logits s_aux, made O(1) as in trained models) and a tiny Gemma 2 (soft-capping),
+    both eager-only types whose attention SDPA cannot compute."""
+    import transformers
+
+    torch.manual_seed(0)
+    oss = transformers.AutoModelForCausalLM.from_config(transformers.GptOssConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=5, num_local_experts=4, num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"])).eval()
+    with torch.no_grad():
+        for blk in oss.model.layers:
+            blk.self_attn.sinks.normal_(0, 2.0)
+    gemma2 = transformers.AutoModelForCausalLM.from_config(transformers.Gemma2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=5)).eval()
+    return {"gpt_oss": oss, "gemma2": gemma2}
+
+
+@pytest.mark.parametrize("kind", ["gpt_oss", "gemma2"])
+def test_layers_not_hooked_at_the_weights_keep_sink_logits_and_softcapping(kind):
+    """A read-only hook at attn.query, and a weights edit on one layer, leave the other layers exactly as the
+    model computes them. The layers not hooked at attn.weights went to transformers' SDPA, which drops
+    gpt-oss's sink logits silently (0.15 in the logits) and refuses Gemma 2's soft-capping (outside audit,
+    2026-12-07). References: the unhooked model; the edit applied on top of a no-op weights hook on the
+    other layer (which always took the eager path)."""
+    model = _gpt_oss_and_gemma2()[kind]
+    x = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def halve0(w, ctx):
+        w = w.clone()
+        w[..., 0] *= 0.5
+        return w / w.sum(-1, keepdim=True)
+
+    with torch.no_grad():
+        base = model(x).logits
+        with hooked(model, Hook("attn.query", lambda q, ctx: None)):
+            read = model(x).logits
+        with hooked(model, Hook("attn.weights", halve0, layers=[1])):
+            one = model(x).logits
+        with hooked(model, Hook("attn.weights", halve0, layers=[1]), Hook("attn.weights", lambda w, c: None, layers=[0])):
+            one_ref = model(x).logits
+    torch.testing.assert_close(read, base, rtol=0, atol=1e-5)
+    torch.testing.assert_close(one, one_ref, rtol=0, atol=1e-5)
+    assert (one - base).abs().max() > 1e-3  # the edit itself changes the output

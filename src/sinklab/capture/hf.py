@@ -71,7 +71,10 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         key = state.apply("attn.key", layer, key)[0]
         value = state.apply("attn.value", layer, value)[0]
     hooked_weights = bool(state.at("attn.weights", layer))
-    if recorder is None and not hooked_weights:
+    # SDPA ignores gpt-oss's sink logits (s_aux) and refuses Gemma 2's soft-capping: a layer with either is
+    # computed by the eager collector even when nothing reads it
+    sdpa_exact = kwargs.get("s_aux") is None and kwargs.get("softcap") is None
+    if recorder is None and not hooked_weights and sdpa_exact:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
@@ -91,6 +94,8 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
             return new if edited else None
 
         more["edit"] = edit
+    elif recorder is None:  # a layer SDPA cannot compute (above), nothing recorded
+        collector = COLLECTORS.get("eager")
     else:
         collector = COLLECTORS.get(state.collector)
     # The window of a sliding layer whose mask capture_mask skipped (None otherwise):
