@@ -70,3 +70,19 @@ def test_measure_cli_names_the_ssm_blocks(tokenizer, text_corpus_dir, tmp_path, 
     mar = summary["massive_activation_ratio"]
     top = summary["layer_ids"][max(range(len(mar)), key=mar.__getitem__)]
     assert f"largest massive-activation ratio: {max(mar):.0f}x in layer {top} " in stdout
+
+
+def test_intervene_refuses_a_block_without_attention_and_edits_the_attention_block():
+    """``analyze.intervene(layers=[0])`` on Jamba (block 0 is Mamba) removed nothing and reported a loss change
+    of 0 as if the sink did not matter (outside audit, 2026-12-07): a block without attention is refused,
+    naming the attention blocks; an attention block is edited (its loss moves)."""
+    from sinklab import analyze
+    from sinklab.errors import InputError
+
+    m = tiny_jamba()
+    ids = torch.randint(3, 80, (3, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(InputError, match=r"layer 0 of JambaForCausalLM has no attention .*attention layers are \[1, 3\]"):
+        analyze.intervene(analyze.Subject(m, ids), only=["remove-sink"], layers=[0, 1], allow_non_sink=True)
+    r = analyze.intervene(analyze.Subject(m, ids), only=["remove-sink"], layers=[1], allow_non_sink=True)
+    t = r.tables["interventions"].set_index("intervention")
+    assert abs(t.loc["remove-sink", "loss"] - t.loc["baseline", "loss"]) > 1e-6

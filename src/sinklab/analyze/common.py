@@ -235,9 +235,21 @@ def _check_indices(values: list[int] | None, n: int, what: str, owner: str) -> l
     return sorted(set(values))
 
 
-def check_layers(layers: list[int] | None, num_layers: int) -> list[int]:
-    """The 0-based layers to act on (None = all). Raises InputError for an index out of range."""
-    return _check_indices(layers, num_layers, "layer", "the model has")
+def check_layers(layers: list[int] | None, num_layers: int, model: nn.Module | None = None) -> list[int]:
+    """The 0-based layers to act on (None = all).
+
+    Raises:
+        InputError: an index out of range; with ``model``, a layer given by the caller that holds no
+            attention (an SSM / Mamba block of a hybrid: an attention edit there would change nothing).
+    """
+    chosen = _check_indices(layers, num_layers, "layer", "the model has")
+    if layers is not None and model is not None:
+        attn = adapt(model).attention_layers
+        bad = [i for i in chosen if i not in attn]
+        if bad:
+            raise InputError(f"layer {bad[0]} of {type(model).__name__} has no attention (an SSM / Mamba block of a "
+                             f"hybrid model): its attention layers are {attn}")
+    return chosen
 
 
 def check_heads(heads: list[int] | None, num_heads: int) -> list[int]:

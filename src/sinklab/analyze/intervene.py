@@ -170,7 +170,7 @@ def intervene(
     m, ids = subj.model, subj.input_ids
     N, T = ids.shape
     L, lm = subj.num_layers, not subj.is_encoder
-    layers = check_layers(layers, L)
+    layers = check_layers(layers, L, m)  # a block without attention given by name is refused
     want, learned = _chosen(m, only, lm, token, swap_to, T)
     diff = diffusion_probe(subj, seed)
     clean, (ids, weights) = ids, (diff if diff is not None else (ids, None))  # every variant is fed the masked probe

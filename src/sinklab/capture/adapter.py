@@ -68,6 +68,12 @@ class ModelAdapter:
         raise NotImplementedError
 
     @property
+    def attention_layers(self) -> list[int]:
+        """The 0-based blocks that hold an attention layer: every block, but for a hybrid (Jamba, Bamba,
+        Qwen3-Next...) only those that are not SSM / linear-attention blocks."""
+        return list(range(self.n_layers))
+
+    @property
     def embeddings(self) -> nn.Embedding:
         """The input token-embedding table (rows = token ids)."""
         raise NotImplementedError
@@ -174,6 +180,12 @@ class HFAdapter(ModelAdapter):
     @property
     def n_heads(self) -> int:
         return self.config.num_attention_heads
+
+    @property
+    def attention_layers(self) -> list[int]:
+        from sinklab.capture.hf import find_layers, has_attention
+
+        return [i for i, block in enumerate(find_layers(self.model)) if has_attention(block)]
 
     @property
     def embeddings(self) -> nn.Embedding:
