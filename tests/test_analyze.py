@@ -66,6 +66,76 @@ def test_head_statistics_match_naive_loops(causal):
             assert got["cos_other"][b, h] == pytest.approx(sum(co) / len(co), abs=1e-9)
 
 
+def test_head_statistics_under_a_sliding_window_count_only_the_visible_pairs():
+    """With the layer's own mask (a window of 3 here, as the hook context gives it), the queries that
+    "see p" and the "visible pairs" are those of the window: naive loops over the window rule. Before, the
+    causal triangle was used whatever the window (cos_other changed sign on a Mistral head; outside audit,
+    2026-12-07)."""
+    g = torch.Generator().manual_seed(1)
+    B, H, T, D, p, W = 2, 3, 9, 4, 1, 3
+    seen = torch.tensor([[0 <= i - j < W for j in range(T)] for i in range(T)])
+    w = torch.randn(B, H, T, T, generator=g).masked_fill(~seen, float("-inf")).softmax(-1)
+    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
+    got = head_statistics(w, q, k, v, p, visible=seen[None, None])
+    w, q, k, v = w.double(), q.double(), k.double(), v.double()
+    cos = lambda a, c: float(a @ c / (a.norm() * c.norm()))  # noqa: E731
+    for b in range(B):
+        for h in range(H):
+            rows = [i for i in range(T) if seen[i, p]]
+            assert rows == [1, 2, 3]
+            att = sum(float(w[b, h, i, p]) for i in rows) / len(rows)
+            nsh = [float(w[b, h, i, p] * v[b, h, p].norm() / sum(w[b, h, i, j] * v[b, h, j].norm() for j in range(T)))
+                   for i in rows]
+            cs = [cos(q[b, h, i], k[b, h, p]) for i in rows if i != p]
+            co = [cos(q[b, h, i], k[b, h, j]) for i in range(T) for j in range(T) if j != p and seen[i, j]]
+            assert got["attention_share"][b, h] == pytest.approx(att, abs=1e-6)
+            assert got["value_norm_share"][b, h] == pytest.approx(sum(nsh) / len(nsh), abs=1e-6)
+            assert got["cos_sink"][b, h] == pytest.approx(sum(cs) / len(cs), abs=1e-9)
+            assert got["cos_other"][b, h] == pytest.approx(sum(co) / len(co), abs=1e-9)
+
+
+def test_hook_context_mask_is_the_layers_own_mask():
+    """At attn.weights the hook context's ``mask`` is what the layer applied: Mistral's sliding window (a
+    transformers model; the weights are 0 exactly outside it) and a sinklab model's window and prefix."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from sinklab.attention_masks import MaskSpec, build_mask
+    from sinklab.hooks import Hook, hooked
+
+    torch.manual_seed(0)
+    T, W = 12, 4
+    hf = MistralForCausalLM(MistralConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, sliding_window=W)).eval()
+    seen = []
+    with torch.no_grad(), hooked(hf, Hook("attn.weights", lambda w, ctx: seen.append((w, ctx.mask)))):
+        hf(_ids(2, T))
+    rule = torch.tensor([[0 <= i - j < W for j in range(T)] for i in range(T)])
+    assert len(seen) == 2
+    for w, mask in seen:
+        assert torch.equal(mask.expand(2, 4, T, T), rule.expand(2, 4, T, T))
+        assert bool((w[..., ~rule] == 0).all())
+    sl = _sinklm(sliding_window=3)
+    got = []
+    from sinklab.capture.native import native_hooks
+
+    with torch.no_grad(), native_hooks(sl, [Hook("attn.weights", lambda w, ctx: got.append(ctx.mask))]):
+        sl(_ids(2, 10), prefix_len=4)
+    assert len(got) == 2
+    want = build_mask(10, 10, MaskSpec(prefix_len=4, window=3))
+    for mask in got:
+        assert torch.equal(mask, want)
+
+
+def test_keybias_on_a_hybrid_numbers_its_attention_blocks():
+    """keybias on Jamba (attention in blocks 1 and 3) raised IndexError (block 0 has no attention; outside
+    audit, 2026-12-07); its rows carry the block numbers, as measure's tables do."""
+    from test_hybrid import tiny_jamba
+
+    res = keybias(Subject(tiny_jamba(), _ids(3, 12), model_info={"name": "tiny"}), eps=0.05, long_seq_len=None,
+                  position=0)
+    assert sorted(set(res.tables["heads"]["layer"])) == [1, 3]
+
+
 def test_keybias_shares_of_a_real_llama_layer_match_a_manual_recomputation():
     """Layer 0 of a tiny LLaMA: q, k, v recomputed from the weights (RMSNorm, projections, RoPE), weights from
     eager output_attentions; the seam's per-head statistics must agree."""

@@ -121,6 +121,27 @@ def test_self_attention_statistics_match_loops():
             assert float(got["qk_cos_other"][b, h]) == pytest.approx(sum(other) / len(other), abs=1e-9)
 
 
+def test_self_attention_statistics_under_a_window_count_the_windows_keys():
+    """With the layer's own mask (a window of 3), a head spreading evenly gives 1 / (keys in the window) and
+    the other visible keys are the window's: naive loops."""
+    from sinklab.analyze.repeat import self_attention_statistics
+
+    g = torch.Generator().manual_seed(2)
+    B, H, T, D, W = 2, 3, 8, 4, 3
+    seen = torch.tensor([[0 <= i - j < W for j in range(T)] for i in range(T)])
+    w = torch.randn(B, H, T, T, generator=g).masked_fill(~seen, float("-inf")).softmax(-1)
+    q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, H, T, D, generator=g)
+    got = self_attention_statistics(w, q, k, start=2, visible=seen)
+    cos = lambda a, c: float(a.double() @ c.double() / (a.double().norm() * c.double().norm()))  # noqa: E731
+    rows = range(2, T)
+    for b in range(B):
+        for h in range(H):
+            assert float(got["uniform_share"][b, h]) == pytest.approx(
+                sum(1 / min(i + 1, W) for i in rows) / len(rows), abs=1e-12)
+            other = [cos(q[b, h, i], k[b, h, j]) for i in rows for j in range(T) if j != i and seen[i, j]]
+            assert float(got["qk_cos_other"][b, h]) == pytest.approx(sum(other) / len(other), abs=1e-9)
+
+
 def test_forcing_every_first_layer_head_to_self_attend_makes_the_position_a_first_token():
     """With every head of layer 0 attending only to itself, position p's layer-0 output is what token x_p
     gives as the first token of a sequence (the value has no RoPE; RMSNorm and the MLP act per position);

@@ -18,16 +18,19 @@ from sinklab.zoo.models import DEFAULT_MODEL
 
 
 def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, position: int, *,
-                    causal: bool = True) -> dict[str, Tensor]:
+                    causal: bool = True, visible: Tensor | None = None) -> dict[str, Tensor]:
     """Per-head statistics of one layer for the sink at ``position`` (0-based).
 
     Args:
         weights: (B, H, T, T) attention weights (rows = queries). query: (B, H, T, D);
             key, value: (B, H, T, D) (grouped-query heads repeated to H).
         position: the sink position p. causal: query i sees key j iff j <= i (else all keys).
+        visible: the layer's own mask, bool, broadcastable to (B, H, T, T), True where query i sees key j
+            (:attr:`sinklab.capture.sites.HookContext.mask`: a sliding window, chunks, a prefix); given, it
+            replaces ``causal``.
 
     Returns:
-        (B, H) float64 tensors:
+        (B, H) float64 tensors ("see" under ``visible``, else under ``causal``):
         ``attention_share``: mean over the queries that see p (i >= p; all i for an encoder) of A[i, p];
         ``output_share``: mean over the same queries of ``||A[i, p] v_p|| / ||sum_j A[i, j] v_j||``
         (0 where the head output is 0);
@@ -38,10 +41,13 @@ def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, 
     """
     B, H, T, _ = weights.shape
     w = weights.double()
-    vis = torch.ones(T, T, dtype=torch.bool, device=w.device)
-    if causal:
-        vis = vis.tril()
-    rows = vis[:, position]  # (T,) queries that see p
+    if visible is None:
+        vis = torch.ones(T, T, dtype=torch.bool, device=w.device)
+        vis = vis.tril() if causal else vis
+    else:
+        vis = visible.to(device=w.device, dtype=torch.bool)
+    rows = vis[..., position].double()  # (..., T): 1 for the queries that see p (the mask's own leading dims)
+    n_rows = rows.sum(dim=-1)  # (...), broadcast against (B, H) below
     out = torch.matmul(w, value.double())  # (B, H, T, D)
     on = w[..., position] * value.double()[:, :, position].norm(dim=-1)[..., None]  # (B, H, T)
     on_norm = out.norm(dim=-1)
@@ -50,15 +56,23 @@ def head_statistics(weights: Tensor, query: Tensor, key: Tensor, value: Tensor, 
     nshare = torch.where(parts > 0, on / parts.clamp_min(1e-300), torch.zeros_like(on))
     cos = torch.matmul(F.normalize(query.double(), dim=-1), F.normalize(key.double(), dim=-1).transpose(-1, -2))
     others = rows.clone()
-    others[position] = False
+    others[..., position] = 0.0  # the queries i != p that see p
     other_pairs = vis.clone()
-    other_pairs[:, position] = False
+    other_pairs[..., position] = False  # the visible pairs (i, j), j != p
+    other_pairs = other_pairs.double()
+    n_others = others.sum(dim=-1)
+
+    def over_rows(x: Tensor) -> Tensor:  # (B, H, T) -> the mean over the queries that see p, (B, H)
+        return (x * rows).sum(dim=-1) / n_rows.clamp_min(1)
+
+    n_others = n_others.expand(B, H)
     return {
-        "attention_share": w[..., rows, position].mean(dim=-1),
-        "output_share": share[..., rows].mean(dim=-1),
-        "value_norm_share": nshare[..., rows].mean(dim=-1),
-        "cos_sink": cos[..., others, position].mean(dim=-1) if others.any() else torch.full((B, H), float("nan"), device=w.device),
-        "cos_other": (cos * other_pairs).sum(dim=(-1, -2)) / other_pairs.sum().clamp_min(1),
+        "attention_share": over_rows(w[..., position]),
+        "output_share": over_rows(share),
+        "value_norm_share": over_rows(nshare),
+        "cos_sink": torch.where(n_others > 0, (cos[..., position] * others).sum(dim=-1) / n_others.clamp_min(1),
+                                torch.full_like(n_others, float("nan"))),
+        "cos_other": (cos * other_pairs).sum(dim=(-1, -2)) / other_pairs.sum(dim=(-1, -2)).clamp_min(1),
     }
 
 
@@ -83,19 +97,21 @@ def detection(scores: Tensor, truth: Tensor, k: int) -> tuple[float, float]:
 
 
 def _layer_stats(subj: Subject, position: int, batch_size: int):
-    """Run the subject with an inspecting edit; per-layer (N, H) statistics of :func:`head_statistics`."""
-    L = subj.num_layers
-    per_layer: list[list[dict]] = [[] for _ in range(L)]
+    """Run the subject with an inspecting edit: the pass, the (N, L', H) statistics of :func:`head_statistics`
+    of its L' attention layers, and their 0-based block numbers."""
+    per_layer: dict[int, list[dict]] = {}  # the blocks with attention (a hybrid's others never call inspect)
 
-    def inspect(layer, w, *, query, key, value):
-        st = head_statistics(w, query, key, value, position, causal=not subj.is_encoder)  # float64, on the model's device
-        per_layer[layer].append({k: v.cpu() for k, v in st.items()})  # (B, H) each: the reduced statistics only
+    def inspect(layer, w, *, query, key, value, mask=None):
+        st = head_statistics(w, query, key, value, position, causal=not subj.is_encoder,
+                             visible=mask)  # float64, on the model's device; under the layer's own mask
+        per_layer.setdefault(layer, []).append({k: v.cpu() for k, v in st.items()})  # (B, H) each
         return None
 
     res = run_model(subj.model, subj.input_ids, edit=inspect, batch_size=batch_size)
-    stacked = {name: torch.stack([torch.cat([d[name] for d in per_layer[l]]) for l in range(L)], dim=1)
-               for name in per_layer[0][0]}  # name -> (N, L, H)
-    return res, stacked
+    layers = sorted(per_layer)
+    stacked = {name: torch.stack([torch.cat([d[name] for d in per_layer[l]]) for l in layers], dim=1)
+               for name in per_layer[layers[0]][0]}  # name -> (N, L', H), L' the blocks with attention
+    return res, stacked, layers
 
 
 def _detection_rows(stats, eps: float, min_rate: float, T: int, ks=(1, 2, 4)) -> list[dict]:
@@ -165,11 +181,11 @@ def keybias(
                            device=device, dtype=dtype, device_map=device_map)
     base = run_model(subj.model, subj.input_ids, batch_size=batch_size)
     pos, rate = sink_position(base.stats, eps, position)
-    res, st = _layer_stats(subj, pos, batch_size)
+    res, st, blocks = _layer_stats(subj, pos, batch_size)
     stats = res.stats
     N, L, H = st["attention_share"].shape
     T = subj.input_ids.shape[1]
-    heads = _head_table(st, stats, pos, eps)
+    heads = _head_table(st, stats, pos, eps, blocks)
     det = _detection_rows(base.stats, eps, min_rate, T)
     long_note = None
     if long_seq_len is not None and subj.documents is not None and long_seq_len != T:
@@ -191,10 +207,12 @@ def keybias(
                           subj.model_info, subj.corpus_info, command_line("keybias", settings, subj))
 
 
-def _head_table(st: dict[str, Tensor], stats, pos: int, eps: float):
+def _head_table(st: dict[str, Tensor], stats, pos: int, eps: float, blocks: list[int]):
     """One row per (layer, head): the means over samples of :func:`head_statistics` (``st``: (N, L, H)
-    tensors), the key / value norms at the sink against the other positions (``stats``: the pass's
-    :class:`~sinklab.capture.stats.ProbeStats`), and ``has_sink`` (attention share > eps)."""
+    tensors over the L attention layers, whose 0-based block numbers are ``blocks``: a hybrid's), the key /
+    value norms at the sink against the other positions (``stats``: the pass's
+    :class:`~sinklab.capture.stats.ProbeStats`, its layers in the same order), and ``has_sink`` (attention
+    share > eps)."""
     import pandas as pd
 
     N, L, H = st["attention_share"].shape
@@ -207,7 +225,7 @@ def _head_table(st: dict[str, Tensor], stats, pos: int, eps: float):
     for l in range(L):
         for h in range(H):
             g = h // rep
-            row = {"layer": l, "head": h, "kv_head": g}
+            row = {"layer": blocks[l], "head": h, "kv_head": g}
             for name, t in st.items():
                 row[name] = float(t[:, l, h].mean())
             if kn is not None:

@@ -38,7 +38,7 @@ SELF_START = 2
 
 
 def self_attention_statistics(weights: Tensor, query: Tensor, key: Tensor, *, start: int = SELF_START,
-                              causal: bool = True) -> dict[str, Tensor]:
+                              causal: bool = True, visible: Tensor | None = None) -> dict[str, Tensor]:
     """How much each head attends to the query's own token, and why.
 
     Args:
@@ -47,6 +47,9 @@ def self_attention_statistics(weights: Tensor, query: Tensor, key: Tensor, *, st
             angle, so ``cos(q_i, k_i)`` is the same before and after it.
         start: first 0-based query position counted (default 2).
         causal: query i sees keys j <= i (else every key).
+        visible: the layer's own mask, bool, broadcastable to (B, H, T, T), True where query i sees key j
+            (:attr:`sinklab.capture.sites.HookContext.mask`: a sliding window, chunks, a prefix); given, it
+            replaces ``causal`` for the visible keys of ``uniform_share`` and ``qk_cos_other``.
 
     Returns:
         (B, H) float64 tensors over the queries ``i >= start``: ``self_share`` the mean of ``A[i, i]``;
@@ -61,20 +64,23 @@ def self_attention_statistics(weights: Tensor, query: Tensor, key: Tensor, *, st
     if not 0 <= start < T:
         raise InputError(f"start {start} is outside [0, T={T})")
     dev = weights.device
-    rows = torch.arange(start, T, device=dev)
     diag = weights.double().diagonal(dim1=-2, dim2=-1)[..., start:]  # (B, H, T - start)
-    n_vis = (rows + 1).double() if causal else torch.full((T - start,), float(T), dtype=torch.float64, device=dev)
+    if visible is None:
+        vis = torch.ones(T, T, dtype=torch.bool, device=dev)
+        vis = vis.tril() if causal else vis
+    else:
+        vis = visible.to(device=dev, dtype=torch.bool)
+    n_vis = vis[..., start:, :].sum(dim=-1).double()  # (..., T - start) keys each query sees
     cos = torch.matmul(F.normalize(query.double(), dim=-1), F.normalize(key.double(), dim=-1).transpose(-1, -2))
-    vis = torch.ones(T, T, dtype=torch.bool, device=dev)
-    if causal:
-        vis = vis.tril()
-    vis[torch.arange(T, device=dev), torch.arange(T, device=dev)] = False  # the other keys
-    vis[:start] = False
+    other = vis.clone()  # (..., T, T), the mask's own leading dims
+    other[..., torch.arange(T, device=dev), torch.arange(T, device=dev)] = False  # the other keys
+    other[..., :start, :] = False
+    other = other.double()
     return {
         "self_share": diag.mean(dim=-1),
-        "uniform_share": (1.0 / n_vis).mean().expand(B, H),
+        "uniform_share": (1.0 / n_vis.clamp_min(1)).mean(dim=-1).expand(B, H),
         "qk_cos_self": cos.diagonal(dim1=-2, dim2=-1)[..., start:].mean(dim=-1),
-        "qk_cos_other": (cos * vis).sum(dim=(-1, -2)) / vis.sum().clamp_min(1),
+        "qk_cos_other": (cos * other).sum(dim=(-1, -2)) / other.sum(dim=(-1, -2)).clamp_min(1),
     }
 
 
@@ -461,8 +467,8 @@ def _mechanism(subj: Subject, batch_size: int, causal: bool):
     :func:`self_attention_statistics` per layer with attention, and the unedited pass (hidden states kept)."""
     per_layer: dict[int, list[dict]] = {}
 
-    def inspect(layer, w, *, query, key, value):
-        per_layer.setdefault(layer, []).append(self_attention_statistics(w, query, key, causal=causal))
+    def inspect(layer, w, *, query, key, value, mask=None):
+        per_layer.setdefault(layer, []).append(self_attention_statistics(w, query, key, causal=causal, visible=mask))
         return None
 
     res = run_model(subj.model, subj.input_ids, edit=inspect, hidden=True, batch_size=batch_size)

@@ -32,9 +32,10 @@ from sinklab.metrics.sink import gate_weighted_column_sums
 
 ATTN_NAME = "sinklab_capture"
 
-#: An intervention on attention weights: ``edit(layer, weights, *, query, key, value)`` with 0-based
+#: An intervention on attention weights: ``edit(layer, weights, *, query, key, value, mask)`` with 0-based
 #: ``layer``, ``weights`` (B, H, T_q, T_k) float32 after softmax, ``query`` (B, H, T_q, D) after RoPE,
-#: ``key``/``value`` (B, H, T_k, D) with grouped-query heads repeated to H; returns replacement
+#: ``key``/``value`` (B, H, T_k, D) with grouped-query heads repeated to H, ``mask`` the layer's visibility
+#: (:attr:`~sinklab.capture.sites.HookContext.mask`); returns replacement
 #: weights of the same shape, or None to leave them unchanged (an inspection). Kept for the analyses'
 #: ``run_model(edit=...)``: it is run as an ``attn.weights`` :class:`~sinklab.capture.sites.Hook`
 #: (:func:`~sinklab.capture.sites.legacy_hooks`).
@@ -88,7 +89,10 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         collector = COLLECTORS.get("eager")
 
         def edit(w, q=query, k=key, v=value):
-            new, edited = state.apply("attn.weights", layer, w, query=q, key=k, value=v)
+            seen = layer_mask(attention_mask, bool(is_causal) and q.shape[2] > 1, q.shape[2], k.shape[2], q.device,
+                              window)  # what the collector applies; None: every key
+            seen = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device) if seen is None else seen
+            new, edited = state.apply("attn.weights", layer, w, query=q, key=k, value=v, mask=seen)
             if gate is not None:
                 gated.append(gate_weighted_column_sums(new, gate))
             return new if edited else None

@@ -108,13 +108,13 @@ class SinkLMSeam:
         state, rec, spec, prefix_len = self.state, self.state.recorder, self.spec, self.prefix_len
 
         def observer(layer: int, weights: Tensor, *, renormalised: bool, extra=None, key=None, value=None,
-                     query=None):
+                     query=None, mask=None):
             for site, x in (("attn.query", query), ("attn.key", key), ("attn.value", value)):
                 if x is not None and state.apply(site, layer, x)[1]:
                     raise InputError(f"a hook edited {site!r} of a sinklab model: that site is read-only there "
                                      "(edit attn.weights, attn.out or the residual stream instead)")
             weights, edited = state.apply("attn.weights", layer, weights, query=query, key=key, value=value,
-                                          renormalised=renormalised)
+                                          renormalised=renormalised, mask=mask)
             if rec is not None:
                 rec.attn_calls += 1
                 # the paper's mass counts the queries i >= j; a prefix lets earlier queries see j too
@@ -135,6 +135,7 @@ class SinkLMSeam:
             return weights if edited else None
 
         observer.wants_query = True
+        observer.wants_mask = True
         observer.raw_weights = self.raw_weights
         return observer
 

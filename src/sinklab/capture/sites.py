@@ -61,6 +61,9 @@ class HookContext:
         renormalised: at ``attn.weights`` of a SinkLM whose operation's rows do not sum to 1 (sigmoid,
             ReLU, kernels...): the weights were renormalised to rows summing to 1 (an edit is given back in
             the same normalisation); False otherwise.
+        mask: at ``attn.weights`` only, a bool tensor broadcastable to the weights (B, H, T_q, T_k), True where
+            the layer's own mask lets query i see key j (0-based; causal, sliding window, chunks, prefix,
+            documents, padding as the layer applies them); None at other sites.
     """
 
     site: str
@@ -70,6 +73,7 @@ class HookContext:
     key: Tensor | None = None
     value: Tensor | None = None
     renormalised: bool = False
+    mask: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,8 @@ def legacy_hooks(edit: Callable | None = None, hidden_edit: Callable | None = No
     if edit is not None:
         def weights(w, ctx):
             n_rep = ctx.query.shape[1] // ctx.key.shape[1]
-            return edit(ctx.layer, w, query=ctx.query, key=repeat_kv(ctx.key, n_rep), value=repeat_kv(ctx.value, n_rep))
+            return edit(ctx.layer, w, query=ctx.query, key=repeat_kv(ctx.key, n_rep), value=repeat_kv(ctx.value, n_rep),
+                        mask=ctx.mask)
 
         out.append(Hook("attn.weights", weights))
     if hidden_edit is not None:

@@ -124,7 +124,8 @@ def wants_raw_weights(observer: "Observer") -> bool:
 
 
 #: Observer signature: observer(layer_idx, weights (B, H, T, T), *, renormalised, extra (B, H, T) | None,
-#: key (B, H_kv, T, d_h), value (B, H_kv, T, d_h)).
+#: key (B, H_kv, T, d_h), value (B, H_kv, T, d_h)), plus ``query`` and ``mask`` when it asks for them
+#: (``wants_query`` / ``wants_mask``, see ``Attention._observed``).
 Observer = Callable[..., None]
 
 
@@ -699,7 +700,8 @@ class Attention(nn.Module):
         (sink token, key bias, sink logit, off-by-one's implicit zero logit) or None.
 
         An observer with the attribute ``wants_query = True`` also gets ``query`` (B, H, T, d_h),
-        after positions. An observer that returns a tensor (B, H, T, T) replaces the weights on
+        after positions; one with ``wants_mask = True`` gets ``mask``, the bool (T, T) visibility of
+        :func:`~sinklab.attention_masks.build_mask` ((B, 1, T, T) with documents; True = may attend). An observer that returns a tensor (B, H, T, T) replaces the weights on
         the real keys (same normalisation as it was given; used by :mod:`sinklab.analyze` for
         interventions): the output is recomputed as ``weights @ v`` (+ the virtual key's
         unchanged share of its value). Returning None (the usual case) changes nothing.
@@ -729,6 +731,8 @@ class Attention(nn.Module):
             w = w / total
             w_extra = None if w_extra is None else w_extra / total
         more = {"query": q.detach()} if getattr(observer, "wants_query", False) else {}
+        if getattr(observer, "wants_mask", False):  # (T_q, T_k), or (B, 1, T_q, T_k) with documents
+            more["mask"] = build_mask(q.shape[2], k.shape[2], ctx.mask, device=q.device, documents=ctx.documents)
         edited = observer(self.layer_idx, w.detach(), renormalised=renorm,
                           extra=None if w_extra is None else w_extra.squeeze(-1).detach(),
                           key=k.detach(), value=v.detach(), **more)
