@@ -394,3 +394,94 @@ def test_a_stopped_stacked_run_keeps_every_finished_budget(monkeypatch):
     for name, r in saved.items():
         assert r.ppl == whole[name].ppl and r.ppl_by_chunk == whole[name].ppl_by_chunk
         assert r.cache_bytes == whole[name].cache_bytes
+
+
+def _mistral(sliding_window: int, layers: int = 2):
+    """A random float64 Mistral whose every layer has a sliding window (as Mistral-7B-v0.1: 4096)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=sliding_window,
+                        max_position_embeddings=128, attn_implementation="eager")
+    return MistralForCausalLM(cfg).eval().double()
+
+
+def test_a_sliding_window_wider_than_the_budget_keeps_the_sinks():
+    """Every layer of Mistral is a sliding layer. With a model window (30) wider than the budget (4 + 5), the
+    cache kept the model's 29 recent tokens and no sinks whatever n_sink and window said (the sinks and
+    window rows were the full cache's; outside audit, 2026-12-07). The window cannot hide a kept token here,
+    so each layer keeps the sinks and the window: a one-layer model's decode equals a fresh forward over
+    exactly those tokens at positions 0.. (with more layers the cached keys keep their own past context),
+    and the parallel scorer equals the decode of a two-layer model."""
+    T, n_sink, window = 40, 4, 5
+    ids = torch.randint(0, 80, (1, T), generator=torch.Generator().manual_seed(7))
+    one = _mistral(30, layers=1)
+    cache = SinkCache(one, n_sink=n_sink, window=window)
+    got = stream_logits(one, ids, cache, cache_positions=True)
+    with torch.no_grad():
+        for t in range(T):
+            kept = list(range(t + 1)) if t <= n_sink + window else [*range(n_sink), *range(t - window, t + 1)]
+            fresh = one(ids[:, kept]).logits[0, -1]
+            torch.testing.assert_close(got[0, t], fresh, rtol=0, atol=1e-6)  # the model's float32 RoPE angles
+    assert cache.kept_length() == n_sink + window
+    m = _mistral(30)
+    got = stream_logits(m, ids, SinkCache(m, n_sink=n_sink, window=window), cache_positions=True)
+    torch.testing.assert_close(parallel_logits(m, ids, n_sink, window), got, rtol=0, atol=1e-6)
+    # n_sink matters now (it did not)
+    assert (stream_logits(m, ids, SinkCache(m, n_sink=0, window=window), cache_positions=True) - got).abs().max() > 1e-3
+
+
+def _gpt_oss():
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(GptOssConfig(
+        vocab_size=80, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=6, num_local_experts=4, num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=128)).eval()
+    with torch.no_grad():
+        for blk in m.model.layers:
+            blk.self_attn.sinks.normal_(0, 2.0)  # trained gpt-oss sink logits are O(1)
+    return m
+
+
+def _granite():
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    torch.manual_seed(0)
+    return GraniteForCausalLM(GraniteConfig(
+        vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, logits_scaling=4.0, attention_multiplier=0.3,
+        embedding_multiplier=3.0, residual_multiplier=0.5)).eval()
+
+
+@pytest.mark.parametrize("build", [_gpt_oss, _granite])
+def test_parallel_scorer_keeps_sink_logits_and_logits_scaling(build):
+    """The parallel scorer dropped gpt-oss's sink logits (s_aux) from its softmax and Granite's division of
+    the logits by ``logits_scaling`` (outside audit, 2026-12-07: Granite's perplexity 3.4M against 66k).
+    Reference: the token-by-token decode, in which the model computes its own attention and logits."""
+    m = build()
+    ids = torch.randint(0, 80, (40,), generator=torch.Generator().manual_seed(3))
+    for spec in (CacheSpec("full", "full", None, None), CacheSpec("sinks_2", "sink", 2, 7)):
+        par = stream_nll(m, ids, spec, max_context=128, block=8)
+        dec = stream_nll_decode(m, ids, spec, max_context=128, progress=False)
+        assert sorted(par) == sorted(dec) == list(range(39))
+        assert max(abs(par[t] - dec[t]) for t in par) < 1e-4, spec.name
+
+
+def test_parallel_scorer_refuses_logits_it_cannot_reproduce(monkeypatch):
+    """A model whose own logits are not the output embedding of its hidden states (after the known scalings)
+    is refused in one line naming --mode decode, not scored with other numbers."""
+    m = llama(layers=1).float()
+    ids = torch.randint(0, 80, (20,), generator=torch.Generator().manual_seed(3))
+    real = type(m).forward
+
+    def scaled(self, *a, **k):  # a family sinklab does not know: its forward halves the logits
+        out = real(self, *a, **k)
+        out.logits = out.logits * 0.5
+        return out
+
+    monkeypatch.setattr(type(m), "forward", scaled)
+    with pytest.raises(InputError, match="differ by .*use mode='decode'"):
+        stream_nll(m, ids, CacheSpec("full", "full", None, None), max_context=128, block=8)

@@ -20,7 +20,9 @@ default there). The cache warns once (``warnings.warn``) at the first call that 
 than its budget (``model.generate`` with a long prompt: use :func:`sinklab.streaming.prefill.generate`;
 sinklab's own feeders, which choose their chunks, run inside :func:`long_calls_expected` and do not
 warn), and once when a call uses a position past the model's trained context. Layers the model declares as sliding-window layers (Gemma 3's local layers) keep their
-own window of ``sliding_window - 1`` tokens and no sinks, as the model was trained.
+own window of ``sliding_window - 1`` tokens and no sinks, as the model was trained, unless the budget fits
+inside that window (then the window cannot hide a kept token and the layer keeps what a full layer keeps;
+:func:`own_window`).
 
 That is the default policy, ``sinks``; others keep other tokens at the same budget
 (:mod:`sinklab.streaming.policies`: window, H2O, TOVA, with or without sinks, and the sinks
@@ -90,6 +92,24 @@ def layer_windows(model) -> list[int | None]:
     if bad:
         raise InputError(f"SinkCache supports full and sliding attention layers, this model has {', '.join(bad)}")
     return [int(kw["sliding_window"]) if t == "sliding_attention" else None for t, kw in zip(types, kws)]
+
+
+def own_window(model_window: int | None, budget: int | None) -> int | None:
+    """The window a layer keeps on its own under a cache of ``budget`` tokens (``n_sink + window``; None: the
+    full cache), or None when the cache's policy applies to it.
+
+    A full-attention layer (``model_window`` None) takes the cache's policy. A sliding layer of window
+    ``w`` (query i sees keys i - w < j <= i) whose budget fits inside that window (``budget < w``) takes it
+    too: the kept tokens sit at cache positions 0 .. budget - 1 and the query at ``budget``, so the model's
+    window never hides one of them and the layer is a full layer over the kept tokens (Mistral-7B-v0.1,
+    whose every layer has a 4096-token window, under StreamingLLM's 4 + 1020). Otherwise (``budget >= w``,
+    or the full cache) it keeps its own ``w - 1`` recent tokens and no sinks, as the model was trained
+    (Gemma 3's local layers); with the sinks policy that is what a forward over the kept tokens gives
+    whenever ``window >= w - 1``.
+    """
+    if model_window is None or (budget is not None and budget < model_window):
+        return None
+    return model_window - 1
 
 
 def _position_start(kwargs: dict, recorded: Tensor | None, default: int) -> int:
@@ -730,7 +750,8 @@ def _native_layers(model, budget: int, max_context: int | None, make) -> list[Si
 
 
 def _hf_layers(model, budget: int, max_context: int | None, make) -> list[SinkCacheLayer]:
-    """Cache layers for a ``transformers`` RoPE decoder (sliding layers keep their own window, no sinks).
+    """Cache layers for a ``transformers`` RoPE decoder (a sliding layer keeps its own window and no sinks
+    unless the budget fits inside that window: :func:`own_window`).
 
     Raises:
         InputError: not a transformers model, a budget (``n_sink + window``) above the context, an
@@ -746,7 +767,7 @@ def _hf_layers(model, budget: int, max_context: int | None, make) -> list[SinkCa
         raise InputError(f"n_sink + window = {budget} exceeds the model's context of {max_context} tokens")
     windows = layer_windows(model)
     rotations = key_rotations(model, [("full_attention" if w is None else "sliding_attention") for w in windows])
-    return [make(rot) if w is None else SinkCacheLayer(0, w - 1, rot, is_sliding=True)
+    return [make(rot) if (own := own_window(w, budget)) is None else SinkCacheLayer(0, own, rot, is_sliding=True)
             for w, rot in zip(windows, rotations)]
 
 

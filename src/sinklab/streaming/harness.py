@@ -431,6 +431,38 @@ def stream_nll(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, 
     return scores.nll
 
 
+def logits_from_hidden(model, hidden: Tensor) -> Tensor:
+    """A ``transformers`` causal LM's logits (..., V) from its last hidden states (..., d), as its own
+    forward computes them: the output embedding, then Granite's division by ``logits_scaling`` and
+    Gemma 2 / 3's final soft-capping where the config has them."""
+    cfg = model.config.get_text_config(decoder=True)
+    logits = model.get_output_embeddings()(hidden)
+    scaling = getattr(cfg, "logits_scaling", None)
+    if scaling not in (None, 1, 1.0):
+        logits = logits / scaling
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def _check_logits_from_hidden(model, x: Tensor, n: int = 8) -> None:
+    """Refuse a model whose own logits are not :func:`logits_from_hidden` of its last hidden states (checked
+    on the first ``n`` tokens of ``x`` (B, T)): the parallel scorer would give other numbers.
+
+    Raises:
+        InputError: the two differ by more than 1e-3 of the logits' scale (names ``--mode decode``).
+    """
+    ids = x[:1, : max(2, min(n, x.shape[1]))]
+    own = model(input_ids=ids, use_cache=False).logits.float()
+    hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+    ours = logits_from_hidden(model, hidden).float()
+    gap = float((own - ours).abs().max())
+    if gap > 1e-3 * (1.0 + float(own.abs().max())):
+        raise InputError(f"{type(model).__name__} computes its logits from the last hidden state in a way the "
+                         f"parallel scorer does not reproduce (they differ by {gap:.3g}): use {param('mode', 'decode')}")
+
+
 @torch.no_grad()
 def _stream_nll_rows(model, ids: Tensor, spec: CacheSpec, *, max_context: int | None, block: int = 256,
                      scores: list[Scores], keep: list | None = None) -> None:
@@ -444,13 +476,10 @@ def _stream_nll_rows(model, ids: Tensor, spec: CacheSpec, *, max_context: int | 
     with sink_window_mode(model, spec.n_sink or 0, window, block=block):
         hidden = model.base_model(input_ids=x, position_ids=torch.arange(n, device=x.device)[None],
                                   use_cache=False).last_hidden_state  # (B, n, d)
-    head = model.get_output_embeddings()
-    cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
+    _check_logits_from_hidden(model, x)
     for a in range(0, n - 1, block):
         b = min(n - 1, a + block)
-        logits = head(hidden[:, a:b])  # (B, q, V)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
+        logits = logits_from_hidden(model, hidden[:, a:b])  # (B, q, V)
         if keep is not None:
             keep.append(logits)
         for r, sc in enumerate(scores):

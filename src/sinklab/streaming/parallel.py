@@ -12,8 +12,9 @@ the stream at its true positions, in which every layer attends to
 * the sinks ``c < n_sink, c <= j`` with the query rotated to position ``min(j, n_sink + window)``,
   which puts sink c at the cache distance ``min(j, n_sink + window) - c``
 
-in one softmax. Layers that the model declares sliding-window keep their own window and no sinks,
-as in the cache. This is what ``sinklab stream`` uses for perplexity (tests check it against
+in one softmax. Layers that the model declares sliding-window keep their own window and no sinks
+unless the budget fits inside that window, as in the cache (:func:`~sinklab.streaming.cache.own_window`).
+This is what ``sinklab stream`` uses for perplexity (tests check it against
 the token-by-token cache); decode latency is measured with the real cache.
 
 The attention function plugs into ``transformers``' ``AttentionInterface`` (see
@@ -31,6 +32,7 @@ from torch import Tensor
 
 from sinklab.attention_masks import MaskSpec, query_blocks
 from sinklab.errors import InputError
+from sinklab.streaming.cache import own_window
 from sinklab.streaming.rope import KeyRotation
 
 NAME = "sinklab_sink_window"
@@ -53,7 +55,8 @@ PLAN_ATTR = "sinklab_sink_window_plan"
 
 
 def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, window: int | None,
-                          rotation: KeyRotation | None, scaling: float, block: int = 256) -> Tensor:
+                          rotation: KeyRotation | None, scaling: float, block: int = 256,
+                          sink_logits: Tensor | None = None) -> Tensor:
     """Attention of every stream position under the sinks + window cache.
 
     Args:
@@ -63,6 +66,8 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
         rotation: the layer's RoPE (None for a model without RoPE: sinks keep true distances).
         scaling: logit scale (the model's, usually d^-1/2).
         block: query rows per step.
+        sink_logits: (H,) learned logits of a virtual key with no value in every softmax's denominator
+            (gpt-oss's ``sinks``, passed as ``s_aux``), not scaled; None: none.
 
     Returns:
         (B, H, T, d) attention outputs in ``v``'s dtype; scores, softmax and the weighted sum computed in
@@ -97,7 +102,12 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
             ss = ss.masked_fill(~(pos[None, :s] <= j), float("-inf"))
             sc = torch.cat((ss, sc), dim=-1)
             vv = torch.cat((v[:, :, :s], vv), dim=-2)
-        out[:, :, a:b] = (torch.softmax(sc, dim=-1) @ vv.to(acc)).to(v.dtype)
+        if sink_logits is not None:  # the virtual key's logit joins the denominator, its weight is dropped
+            sl = sink_logits.to(device=sc.device, dtype=acc).reshape(1, H, 1, 1).expand(B, H, b - a, 1)
+            p = torch.softmax(torch.cat((sc, sl), dim=-1), dim=-1)[..., :-1]
+        else:
+            p = torch.softmax(sc, dim=-1)
+        out[:, :, a:b] = (p @ vv.to(acc)).to(v.dtype)
     return out
 
 
@@ -111,12 +121,14 @@ def _attention(module, query, key, value, attention_mask, *, scaling=None, dropo
     layer = getattr(module, "layer_idx", 0)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     sw = plan.sliding[layer] if layer < len(plan.sliding) else None
-    if sw is not None:  # the model's own local layer: its window, no sinks
-        y = sink_window_attention(query, key, value, n_sink=0, window=sw - 1, rotation=None, scaling=scale,
-                                  block=plan.block)
+    own = own_window(sw, None if plan.window is None else plan.n_sink + plan.window)
+    logits = kwargs.get("s_aux")  # gpt-oss's sink logits (H,)
+    if own is not None:  # the model's own local layer: its window, no sinks (as SinkCache keeps it)
+        y = sink_window_attention(query, key, value, n_sink=0, window=own, rotation=None, scaling=scale,
+                                  block=plan.block, sink_logits=logits)
     else:
         y = sink_window_attention(query, key, value, n_sink=plan.n_sink, window=plan.window,
-                                  rotation=plan.rotations[layer], scaling=scale, block=plan.block)
+                                  rotation=plan.rotations[layer], scaling=scale, block=plan.block, sink_logits=logits)
     return y.transpose(1, 2).contiguous(), None
 
 
