@@ -119,3 +119,21 @@ def test_bad_rules(llama):
         frames(Subject(llama, ids), excess=1.5)
     with pytest.raises(InputError, match="dominance must lie in"):
         frames(Subject(llama, ids), dominance=0.0)
+
+
+def test_a_window_shorter_than_the_probe_is_refused():
+    """frames' uniform reference and visible keys are those of plain causal attention: a sliding window
+    shorter than T would compare the weights with a uniform spread over keys the layer cannot see (outside
+    audit, 2026-12-07). Refused in one line; at T within the window it runs."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from sinklab import analyze
+    from sinklab.errors import InputError
+
+    torch.manual_seed(0)
+    m = MistralForCausalLM(MistralConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, sliding_window=6)).eval()
+    ids = torch.randint(0, 80, (2, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(InputError, match="mask of layer 0 hides keys that causal attention shows at T = 12"):
+        analyze.frames(analyze.Subject(m, ids))
+    assert len(analyze.frames(analyze.Subject(m, ids[:, :6])).tables["layers"]) == 2

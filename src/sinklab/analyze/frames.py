@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from sinklab.analyze.common import AnalysisResult, Subject, analysis, command_line, num_heads, resolve_subject, run_model
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 from sinklab.metrics.summary import rankable_positions
 from sinklab.zoo.models import DEFAULT_MODEL
 
@@ -221,9 +221,14 @@ def frames(
         raise InputError(f"frames keeps every layer's attention weights: {N} x {subj.num_layers} x {H} x {T}^2 "
                          "floats exceed 2 GiB; lower num_samples or seq_len")
     kept: dict[int, list[Tensor]] = {}
+    hidden: dict[int, int] = {}  # layer -> query-key pairs its own mask hides that the plain mask shows
 
-    def inspect(layer, w, **_):
+    def inspect(layer, w, *, mask=None, **_):
         kept.setdefault(layer, []).append(w.detach().float())
+        if mask is not None:
+            plain = torch.ones(w.shape[-2:], dtype=torch.bool, device=mask.device)
+            plain = plain.tril() if not subj.is_encoder else plain
+            hidden[layer] = hidden.get(layer, 0) + int((plain & ~mask).sum())
         return None
 
     res = run_model(subj.model, ids, edit=inspect, batch_size=batch_size)
@@ -232,6 +237,12 @@ def frames(
     layer_ids = stats.block_ids
     if not layer_ids:
         raise InputError("this model has no attention layers to analyse")
+    narrowed = sorted(layer for layer, n in hidden.items() if n)
+    if narrowed:  # the uniform reference and the visible keys below are those of plain causal / full attention
+        raise InputError(f"frames: the mask of layer {narrowed[0]} hides keys that {'causal' if causal else 'full'} "
+                         f"attention shows at T = {T} (a sliding window or chunks shorter than T): its uniform "
+                         f"reference is defined for plain causal or bidirectional attention; lower "
+                         f"{param('seq_len')} below the window")
     visible = torch.ones(T, T, dtype=torch.bool)
     if causal:
         visible = visible.tril()
