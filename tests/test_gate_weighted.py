@@ -161,6 +161,54 @@ def test_prefix_lm_gate_weighted_mass_counts_the_queries_i_ge_j(op):
     torch.testing.assert_close(stats.mass[:, 0], naive_mass(A), atol=1e-6, rtol=0)
     torch.testing.assert_close(stats.gated_mass[:, 0], naive_mass(A * g[..., None]), atol=1e-6, rtol=0)
     assert bool((stats.gated_mass <= stats.mass + 1e-9).all())  # a gate is at most 1
+    # the mask-aware gate-weighted mass: every query that sees j (the prefix's earlier ones too), over their number
+    seen = ~hidden
+    gv = (A * g[..., None] * seen).sum(dim=-2) / seen.sum(dim=0)
+    torch.testing.assert_close(stats.gated_mass_visible[:, 0], gv, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("op", ["gated_headwise", "gated_elementwise"])
+def test_sliding_window_gate_weighted_mass_has_a_mask_aware_variant(op):
+    """Under a sliding window of 4 at T = 12 the paper's denominator T - j keeps key 0's mass at most
+    W / T = 0.33 whatever the model does; the mask-aware gate-weighted mass divides the gate-weighted column sums by the queries the
+    window lets see each key (it had no such variant: only the plain mass did). Reference: float64 from
+    the layer's own weights and gate, the window rule written here; and the summary's rate from it."""
+    from sinklab.nn import ModelConfig, SinkLM
+
+    W = 4
+    torch.manual_seed(4)
+    model = SinkLM(ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16, attention=op,
+                               positional="nope", max_seq_len=32, sliding_window=W)).eval()
+    with torch.no_grad():
+        model.layers[0].attn.gate_proj.weight.mul_(8.0)
+    ids = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(5))
+    stats = collect(model, ids)
+    m64 = copy.deepcopy(model).double().requires_grad_(False)
+    inputs = []
+    handle = m64.layers[0].register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
+    with torch.no_grad():
+        m64(ids)
+    handle.remove()
+    B, T = ids.shape
+    H, dh = 2, 4
+    blk = m64.layers[0]
+    xn = blk.attn_norm(inputs[0])
+    a = blk.attn
+    q = (xn @ a.q_proj.weight.T).view(B, T, H, dh).transpose(1, 2)
+    k = (xn @ a.k_proj.weight.T).view(B, T, -1, dh).transpose(1, 2).repeat_interleave(H // a.n_kv_heads, dim=1)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    seen = (i - j >= 0) & (i - j < W)
+    A = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(~seen, float("-inf")), dim=-1)
+    g = torch.sigmoid(xn @ a.gate_proj.weight.T).view(B, T, H, -1).abs().mean(dim=-1).transpose(1, 2)  # (B, H, T)
+    gv = (A * g[..., None]).sum(dim=-2) / seen.sum(dim=0)
+    torch.testing.assert_close(stats.gated_mass[:, 0], naive_mass(A * g[..., None]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(stats.gated_mass_visible[:, 0], gv, atol=1e-6, rtol=0)
+    eps = 0.1
+    s = summarize(stats, eps=eps, positions=4)
+    mine = [100.0 * float((gv[..., p] > eps).double().mean()) for p in range(4)]  # per sample, head; one layer
+    assert s["sink_rate_gated_visible"] == pytest.approx(mine, abs=1e-4)
+    assert max(mine) > 0  # the window lets a key pass eps
+    assert s["attention_mass_first_gated_visible"] == pytest.approx(float(gv[..., 0].mean()), abs=1e-6)
 
 
 def test_sinklm_gate_site_edit_is_the_models_gate():

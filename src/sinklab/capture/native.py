@@ -131,6 +131,8 @@ class SinkLMSeam:
                     entropy=attention_entropy(weights, extra) if rec.wants_entropy else None,
                     gated_column_sums=(None if (gate := rec.gate_of(layer)) is None
                                        else gate_weighted_column_sums(causal, gate)),
+                    gated_visible_sums=(None if gate is None or prefix_len <= 1
+                                        else gate_weighted_column_sums(weights, gate)),  # every query that sees j
                 )
             return weights if edited else None
 

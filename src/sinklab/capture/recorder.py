@@ -82,6 +82,7 @@ class BatchRecorder:
         #: attention, the gate-weighted attention mass (B, H, T) and the mean gate magnitude over queries (B, H)
         self.gate: list[Tensor | None] = [None] * num_layers
         self.gated_mass: list[Tensor | None] = [None] * num_layers
+        self.gated_mass_visible: list[Tensor | None] = [None] * num_layers  # the mask-aware gate-weighted mass
         self.gate_mean: list[Tensor | None] = [None] * num_layers
         self.key_norms: list[Tensor | None] = [None] * num_layers
         self.value_norms: list[Tensor | None] = [None] * num_layers
@@ -133,6 +134,7 @@ class BatchRecorder:
         entropy: Tensor | None = None,
         gated_column_sums: Tensor | None = None,
         visible_counts: Tensor | None = None,
+        gated_visible_sums: Tensor | None = None,
     ) -> None:
         """Record a layer's attention.
 
@@ -154,6 +156,9 @@ class BatchRecorder:
             renormalised: rows were renormalised to sum to 1 before the column sums.
             entropy: (B, H, T_q) each query's attention entropy in nats, or None; its mean over
                 the T_q queries is kept, (B, H).
+            gated_visible_sums: (B, H, T) the gate-weighted sums over every query that sees key ``j`` (with a
+                prefix, the queries before ``j`` too), for the mask-aware gate-weighted mass; default
+                ``gated_column_sums`` (the same without a prefix).
             visible_counts: (B or 1, H or 1, T) number of queries the layer's own mask tensor lets see each
                 key (a transformers model that passes one: chunked attention, a padded batch), or None: the
                 counts of ``mask``. Used, and the layer counted as masked, when it differs from the plain
@@ -172,26 +177,29 @@ class BatchRecorder:
         self.mass[layer] = attention_mass_from_column_sums(paper_sums, causal=causal).cpu()
         T = column_sums.shape[-1]
         plain = visible_key_counts(T, MaskSpec(causal=causal), device=column_sums.device)
+        counts = None
         if visible_counts is not None and not bool((visible_counts.to(plain.device) == plain).all()):
             self.masked = True  # the mask tensor hides keys the plain mask shows (chunked attention)
             self.mask = {**mask.to_dict(), "from_mask_tensor": True}
-            counts = visible_counts.to(device=column_sums.device, dtype=torch.float64).clamp_min(1.0)
-            self.mass_visible[layer] = (column_sums.to(torch.float64) / counts).cpu()  # a key no query sees: 0
+            counts = visible_counts.to(device=column_sums.device, dtype=torch.float64).clamp_min(1.0)  # no query: 0
         elif prefix_len or (window is not None and window < T):
             self.masked = True
             self.mask = mask.to_dict()
-            counts = visible_key_counts(T, mask)
-            self.mass_visible[layer] = attention_mass_visible_from_column_sums(column_sums, counts).cpu()
+            counts = visible_key_counts(T, mask, device=column_sums.device)
         else:
             if not self.masked:
                 self.mask["causal"] = causal
-            self.mass_visible[layer] = self.mass[layer]
+        self.mass_visible[layer] = (self.mass[layer] if counts is None
+                                    else attention_mass_visible_from_column_sums(column_sums, counts).cpu())
         if extra is not None:
             self.extra[layer] = extra.to(torch.float64).mean(dim=-1).cpu()
         if gated_column_sums is not None:
             if self.gate[layer] is None:
                 raise CaptureError(f"gate-weighted attention of layer {layer} without its gate")
             self.gated_mass[layer] = attention_mass_from_column_sums(gated_column_sums, causal=causal).cpu()
+            gv = gated_column_sums if gated_visible_sums is None else gated_visible_sums
+            self.gated_mass_visible[layer] = (self.gated_mass[layer] if counts is None
+                                              else attention_mass_visible_from_column_sums(gv, counts).cpu())
             self.gate[layer] = None  # used: no (B, H, T_q) per layer outlives its attention call
         if entropy is not None:
             self.entropy[layer] = entropy.to(torch.float64).mean(dim=-1).cpu()
@@ -238,17 +246,20 @@ class BatchRecorder:
         keep = [i for i, m in enumerate(self.mass) if m is not None]
         if len(keep) < self.num_layers:
             for name in ("mass", "mass_visible", "extra", "key_norms", "value_norms", "hidden", "entropy",
-                         "gated_mass", "gate_mean"):
+                         "gated_mass", "gated_mass_visible", "gate_mean"):
                 setattr(self, name, [getattr(self, name)[i] for i in keep])
 
         def stack(items: list, dim: int = 1) -> Tensor | None:
             return None if any(x is None for x in items) else torch.stack(items, dim=dim)
 
         hid = list(zip(*self.hidden))  # 5 lists of per-layer tensors
-        gated_mass = gate_mean = None
+        gated_mass = gated_visible = gate_mean = None
         if any(g is not None for g in self.gated_mass):
             # a layer without a gate multiplies its heads' outputs by 1: its gate-weighted mass is its mass
             gated_mass = torch.stack([m if g is None else g for m, g in zip(self.mass, self.gated_mass)], dim=1)
+            if self.masked:
+                gated_visible = torch.stack([m if g is None else g for m, g in
+                                             zip(self.mass_visible, self.gated_mass_visible)], dim=1)
             gate_mean = torch.stack([torch.ones(m.shape[:2], dtype=torch.float64) if g is None else g
                                      for m, g in zip(self.mass, self.gate_mean)], dim=1)
         return ProbeStats(
@@ -263,6 +274,7 @@ class BatchRecorder:
             extra_mass=stack(self.extra),
             attention_entropy=stack(self.entropy),
             gated_mass=gated_mass,
+            gated_mass_visible=gated_visible,
             gate_mean=gate_mean,
             causal=self.causal,
             renormalised=self.renormalised,

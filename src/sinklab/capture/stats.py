@@ -52,6 +52,9 @@ class ProbeStats:
             ``m`` the head's gate magnitude for query i (:func:`sinklab.metrics.gate_magnitude`: ``|g|``, or the
             mean ``|g|`` over the head's channels for an element-wise gate), the paper's denominator as
             ``mass``; a layer without a gate counts as gate 1 (its ``mass``). None for a model without gates.
+        gated_mass_visible: (N, L, H, T) the mask-aware gate-weighted attention mass (the sum over every query
+            the layer's mask lets see key j, divided by their number, as ``mass_visible``), when the model is
+            gated and some layer's mask hides keys (``mass_visible`` is set); else None.
         gate_mean: (N, L, H) float64 mean over queries of each head's gate magnitude (1 for a layer without a
             gate), with ``gated_mass``; else None.
     """
@@ -76,6 +79,7 @@ class ProbeStats:
     attention_entropy: Tensor | None = None
     gated_mass: Tensor | None = None
     gate_mean: Tensor | None = None
+    gated_mass_visible: Tensor | None = None
 
     @property
     def block_ids(self) -> list[int]:
@@ -130,6 +134,7 @@ class ProbeStats:
             other_layers=dict(first.other_layers),
             attention_entropy=None if any(p.attention_entropy is None for p in parts) else cat("attention_entropy"),
             gated_mass=None if any(p.gated_mass is None for p in parts) else cat("gated_mass"),
+            gated_mass_visible=None if any(p.gated_mass_visible is None for p in parts) else cat("gated_mass_visible"),
             gate_mean=None if any(p.gate_mean is None for p in parts) else cat("gate_mean"),
         )
 

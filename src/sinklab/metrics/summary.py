@@ -99,7 +99,9 @@ def summarize(
         capture recorded entropies, for models whose heads are gated after attention (DESIGN "gate-weighted
         attention", ``stats.gated_mass``) ``sink_rate_gated`` (K,) percent with ``sink_rate_gated_ci``,
         ``sink_rate_gated_per_layer`` (L, K), ``sink_rate_gated_per_head`` (L, H, K), ``attention_mass_gated``
-        (L, H, K), ``attention_mass_first_gated`` (the same metrics on the gate-weighted attention mass) and
+        (L, H, K), ``attention_mass_first_gated`` (the same metrics on the gate-weighted attention mass; with a
+        mask that hides keys also ``sink_rate_gated_visible``, ``sink_rate_gated_visible_per_layer``,
+        ``attention_mass_gated_visible``, ``attention_mass_first_gated_visible``, the mask-aware ones) and
         ``gate_mean`` (L, H) each head's mean gate magnitude over samples and queries, plus ``eps``, ``positions``,
         ``num_samples``, ``seq_len``, ``causal``, ``renormalised``, ``collector``.
 
@@ -157,6 +159,12 @@ def summarize(
         out["sink_rate_gated_per_head"] = _r(sink_rate_per_head(g, eps, K), 2)
         out["attention_mass_gated"] = _r(g[..., :K].mean(dim=0))
         out["attention_mass_first_gated"] = round(float(g[..., 0].mean()), 6)
+        gv = stats.gated_mass_visible
+        if gv is not None:  # some layer's mask hides keys: the mask-aware variant, as sink_rate_visible
+            out["sink_rate_gated_visible"] = _r(sink_rate(gv, eps, K), 4)
+            out["sink_rate_gated_visible_per_layer"] = _r(sink_rate_per_layer(gv, eps, K), 4)
+            out["attention_mass_gated_visible"] = _r(gv[..., :K].mean(dim=0))
+            out["attention_mass_first_gated_visible"] = round(float(gv[..., 0].mean()), 6)
         out["gate_mean"] = _r(stats.gate_mean.to(torch.float64).mean(dim=0), 4)
     return out
 
