@@ -345,7 +345,20 @@ def test_diffusion_resume_is_exact(tmp_path):
     straight = train(cfg, tmp_path / "a", progress=False)
     train(cfg, tmp_path / "b", progress=False, stop_after=2)
     rest = train(cfg, tmp_path / "b", resume=True, progress=False)
-    assert {**{k: v for k, v in straight.losses.items() if k <= 2}, **rest.losses} == straight.losses
+    # the resumed run's result holds every step's loss, the first start's too (it held steps 3-4 only; outside
+    # audit, 2026-12-07), and its train_result.json as well
+    assert rest.losses == straight.losses
+    from sinklab.train.loop import TrainResult
+
+    assert TrainResult.load(tmp_path / "b").losses == straight.losses
+    # a checkpoint written before the losses were kept in it: the first start's come from metrics.jsonl (6 decimals)
+    train(cfg, tmp_path / "c", progress=False, stop_after=2)
+    ck = torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=False)
+    del ck["losses"]
+    torch.save(ck, tmp_path / "c" / "checkpoint.pt")
+    old = train(cfg, tmp_path / "c", resume=True, progress=False)
+    assert sorted(old.losses) == [1, 2, 3, 4]
+    assert all(abs(old.losses[k] - straight.losses[k]) < 1e-6 for k in (1, 2, 3, 4))
 
 
 def test_measure_denoise_intervene_on_a_diffusion_run(diffusion_run):

@@ -178,8 +178,10 @@ class OptimConfig:
         lr: peak learning rate.
         beta1, beta2, eps: AdamW moments.
         weight_decay: decoupled weight decay.
-        decay: "matrices" (weight matrices and embeddings only; norms and biases not decayed)
-            or "all" (every parameter, as the paper's code does).
+        decay: "matrices" (every parameter with 2 or more dimensions: weight matrices, embeddings and the
+            per-head (H_kv, d_h) key / value biases of ``kv_bias``, ``k_bias``, ``v_bias``; vectors such as norm
+            gains, linear biases, the sink token and sink logits are not decayed) or "all" (every parameter, as
+            the paper's code does).
         schedule: "cosine" (to ``min_lr_ratio * lr`` at the last step) or "constant".
         warmup_steps: linear warm-up steps.
         min_lr_ratio: floor of the cosine schedule as a fraction of ``lr``.

@@ -166,7 +166,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay: str) -> lis
     """AdamW parameter groups.
 
     ``decay="matrices"``: parameters with 2 or more dimensions (weight matrices, embeddings, per-head
-    bias tables) are decayed; vectors (norm gains, biases, per-head scalars) are not.
+    bias tables, and the (H_kv, d_h) key / value biases of ``kv_bias`` / ``k_bias`` / ``v_bias``) are decayed;
+    vectors (norm gains, linear biases, the sink token, per-head scalars such as sink logits) are not.
     ``decay="all"``: every parameter is decayed (the paper's code).
     """
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -519,6 +520,7 @@ class _Trainer:
 
         self.result = TrainResult(out=out, steps=cfg.train.steps, history=self.data.tracker.history, note=note,
                                   command=command, versions=versions())
+        self.result.losses.update(self.earlier_losses)
         if canonical:
             from sinklab.train.fingerprint import data_digest
 
@@ -555,11 +557,18 @@ class _Trainer:
         self.opt = build_optimizer(model, cfg, device)
         self.start = int(ckpt["step"]) if ckpt is not None else 0
         self.log = _MetricsLog(self.out, t_cfg.tensorboard, self.start, enabled=dd.is_main)
+        self.earlier_losses: dict[int, float] = {}
         if ckpt is not None:
             distributed.load_state(dd, model, self.opt, ckpt["model"], ckpt["optimizer"])
             set_rng_state(ckpt["rng"])
             self.data.tracker.history = list(ckpt.get("tracker", []))
             self.log.truncate_after(self.start)
+            # the earlier starts' losses: TrainResult.losses covers every step, not only this start's (a checkpoint
+            # written before they were kept gives the logged ones, every log_every steps, to 6 decimals)
+            earlier = ckpt.get("losses")
+            if earlier is None and self.log.path.exists():
+                earlier = {r["step"]: r["loss"] for r in read_jsonl(self.log.path, "training log") if "loss" in r}
+            self.earlier_losses = {int(k): float(v) for k, v in (earlier or {}).items() if int(k) <= self.start}
         else:
             self.log.truncate_after(-1)
         if dd.is_main:
@@ -698,6 +707,7 @@ class _Trainer:
             "data_position": {"samples": step * t_cfg.grad_accum * t_cfg.batch_size, "seed": t_cfg.seed},
             "config": self.cfg.to_dict(),
             "tracker": self.data.tracker.history,
+            "losses": {k: v for k, v in self.result.losses.items() if k <= step},  # a resume's result has them all
             "wall_s": self.wall_before + time.perf_counter() - self.t_start,
             "code_starts": self.code_starts,
         })

@@ -12,8 +12,10 @@ def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
 
     Warm-up: ``lr * (step + 1) / warmup_steps`` for ``step < warmup_steps``. Then ``constant``
     keeps ``lr``; ``cosine`` follows ``lr_min + (lr - lr_min) * (1 + cos(pi * s)) / 2`` with
-    ``s = (step - warmup) / (total - warmup)`` going from 0 to 1 at the last step and
-    ``lr_min = min_lr_ratio * lr``.
+    ``s = (step - warmup) / (total - 1 - warmup)`` (at least 1 in the denominator) going from 0 at the
+    first step after the warm-up to 1 at the last step (0-based ``total - 1``), and
+    ``lr_min = min_lr_ratio * lr``. The peak ``lr`` is thus used twice: at the last warm-up step and the
+    first cosine step.
     """
     lr, warm = optim.lr, optim.warmup_steps
     if step < warm:
