@@ -117,6 +117,28 @@ def test_other_inputs(tiny_model_dir, kind):
         assert all(len(set(row)) == 1 for row in r.probe.input_ids.tolist())
 
 
+def test_text_input_is_one_sample_and_records_one(tiny_model_dir):
+    """``input="text"`` measures the text itself, one sample: a sample count other than 1 is refused (it was
+    ignored and recorded, 5 or the default 100, in ``config.num_samples``; outside audit, 2026-12-07)."""
+    text = " ".join(["alpha beta gamma delta"] * 20)
+    with pytest.raises(InputError, match="text itself.*num_samples=5 cannot apply"):
+        measure(model=str(tiny_model_dir), input="text", text=text, num_samples=5, seq_len=9, progress=False)
+    r = measure(model=str(tiny_model_dir), input="text", text=text, seq_len=9, progress=False)
+    assert r.probe.input_ids.shape[0] == 1 and r.to_dict()["config"]["num_samples"] == 1
+
+
+def test_long_context_stops_at_a_learned_position_table(tokenizer, tmp_path):
+    """Past a learned absolute position table no input exists, so ``allow_long_context`` cannot help: a
+    one-line error (it ran into the model's own shape error, a traceback; outside audit, 2026-12-07)."""
+    from helpers import tiny_gpt2
+
+    d = tmp_path / "gpt2"
+    tiny_gpt2(vocab_size=len(tokenizer)).save_pretrained(d)  # n_positions 128
+    tokenizer.save_pretrained(d)
+    with pytest.raises(InputError, match="learned position table of 128 positions"):
+        measure(model=str(d), input="random", num_samples=2, seq_len=140, allow_long_context=True, progress=False)
+
+
 def test_config_validation():
     with pytest.raises(InputError, match="eps"):
         MeasureConfig(eps=1.2)

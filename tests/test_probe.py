@@ -56,6 +56,26 @@ def test_random_excludes_special_tokens(tokenizer):
     assert content.max() < len(tokenizer) and len(content.unique()) > 30
 
 
+def test_random_and_repeated_exclude_added_tokens_flagged_special():
+    """An added token the tokenizer flags ``special`` but does not list in ``all_special_ids`` (SmolLM2's
+    ``<repo_name>`` ... at ids 3-16) is no probe token either (it was: 89 of 5000 random SmolLM2 windows held
+    one; outside audit, 2026-12-07)."""
+    from tokenizers import AddedToken
+
+    from helpers import make_tokenizer
+    from sinklab.probe.inputs import candidate_token_ids
+
+    tok = make_tokenizer()
+    tok.add_tokens([AddedToken("<repo_name>", special=True), AddedToken("plainword", special=False)])
+    flagged, plain = tok.convert_tokens_to_ids(["<repo_name>", "plainword"])
+    assert flagged not in tok.all_special_ids  # the case: flagged special, not listed
+    pool = candidate_token_ids(tok).tolist()
+    assert flagged not in pool and plain in pool
+    assert sorted(pool) == [i for i in range(len(tok)) if i not in set(tok.all_special_ids) | {flagged}]
+    p = make_probe("random", tok, num_samples=200, seq_len=20, seed=0)
+    assert not (p.input_ids[:, 1:] == flagged).any()
+
+
 def test_repeated(tokenizer):
     p = make_probe("repeated", tokenizer, num_samples=6, seq_len=9, seed=0)
     for row, t in zip(p.input_ids.tolist(), p.details["token"]):

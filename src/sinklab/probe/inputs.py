@@ -119,8 +119,14 @@ def _assemble(content: Tensor, prefix: list[int], suffix: list[int]) -> Tensor:
 
 
 def candidate_token_ids(tokenizer) -> Tensor:
-    """Token ids eligible for random/repeated probes: the vocabulary minus special tokens. (V',) int64."""
+    """Token ids eligible for random/repeated probes: the vocabulary minus special tokens, (V',) int64.
+
+    Special: the tokenizer's ``all_special_ids`` and every added token it flags ``special`` (SmolLM2's
+    ``<repo_name>``, ``<file_sep>``, ``<jupyter_*>`` ... at ids 3-16 are flagged so but are not in
+    ``all_special_ids``, which lists only ids 0-2)."""
     special = set(int(i) for i in tokenizer.all_special_ids)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
     ids = torch.arange(len(tokenizer), dtype=torch.int64)
     keep = torch.tensor([int(i) not in special for i in range(len(tokenizer))])
     return ids[keep]

@@ -141,8 +141,14 @@ class ProbeSpec:
         Otherwise: ``natural`` on ``sotu``, N = ``num_samples``, T = ``seq_len``, seed 0.
 
         Raises:
-            InputError: ``input="run"`` without a run; natural text for a run trained on a synthetic task.
+            InputError: ``input="run"`` without a run; natural text for a run trained on a synthetic task;
+                ``input="text"`` (one sample) with ``num_samples`` other than 1.
         """
+        if self.input == "text":  # one sample, the text itself: a sample count other than 1 would be recorded, not used
+            if self.num_samples not in (None, 1):
+                raise InputError(f"{param('input', 'text')} is one sample (the text itself): "
+                                 f"{param('num_samples', self.num_samples)} cannot apply; leave it out")
+            num_samples = 1
         if run is None:
             if self.input == "run":
                 raise InputError(f"{param('input', 'run')} needs a model trained by `sinklab train` (its run folder or final/)")
@@ -158,7 +164,7 @@ class ProbeSpec:
                 f"its own held-out data (the default, {param('input', 'run')}) or on {param('input', 'random')} or repeated")
         return replace(
             self, input=inp, corpus=self.corpus or (DEFAULT_CORPUS if inp == "natural" else None),
-            num_samples=self.num_samples or t.n_probe,
+            num_samples=self.num_samples or (1 if inp == "text" else t.n_probe),
             seq_len=self.seq_len or (run.probe_len(self.bos) if inp == "run" else t.probe_len),
             seed=t.seed if self.seed is None else self.seed,
             # the run's own probe applies its packing itself; other inputs follow the run's BOS policy
@@ -354,6 +360,17 @@ class Subject:
 
     def _check_len(self, seq_len: int, allow_long_context: bool | None) -> None:
         limit = self.model_info.get("max_context")
+        if limit is not None and seq_len > limit and allow_long_context:
+            from sinklab.capture.adapter import adapt
+
+            try:
+                table = adapt(self.model).position_table()
+            except (InputError, NotImplementedError, AttributeError):
+                table = None
+            if table is not None and seq_len > table.num_embeddings:  # no position past the table exists
+                raise InputError(f"{param('seq_len', seq_len)} is past {self.model_info.get('name')}'s learned position "
+                                 f"table of {table.num_embeddings} positions: no model input exists past it, long "
+                                 "context allowed or not")
         if limit is not None and seq_len > limit and not allow_long_context:
             raise InputError(f"{param('seq_len', seq_len)} is past {self.model_info.get('name')}'s context of {limit} tokens"
                              + ("; pass --allow-long-context to try anyway (only meaningful for RoPE models)"
