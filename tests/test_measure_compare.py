@@ -127,3 +127,27 @@ def test_compare_shows_intervals_and_warns_when_probes_differ(tmp_path, capsys, 
     c = _results(tmp_path / "c", "gamma", n=100, kind="natural", sink1=50.0, ci=[48.0, 52.0])
     code, stdout, err = run_cli_captured(["compare", str(a), str(c), "--out", str(tmp_path / "cmp2")], capsys)
     assert code == 0 and "warning" not in stdout
+
+
+def test_compare_gives_the_mask_aware_sink_rate_of_a_window_model(tmp_path, capsys):
+    """A window run's plain Sink_1 is capped at w / T: compare showed 0.00 for a run whose mask-aware Sink_1 was 99%
+    and said nothing (outside audit, 2026-12-07). Now the mask-aware Sink_1 (and per layer) stands beside it, in
+    the console, compare.csv and compare_layers.csv, with a warning naming the mask."""
+    a = _results(tmp_path / "a", "causal", n=100, kind="run", sink1=6.88, ci=[5.6, 8.1])
+    b = _results(tmp_path / "b", "window", n=100, kind="run", sink1=0.0, ci=[0.0, 0.0])
+    r = json.loads((b / "results.json").read_text())
+    r.update(mask={"causal": True, "prefix_len": 0, "window": 8}, mask_aware_differs=True,
+             sink_rate_visible=[99.125, 0.0], sink_rate_visible_ci=[[98.4, 99.8], [0.0, 0.0]],
+             sink_rate_visible_per_layer=[[98.25, 0.0], [100.0, 0.0]], attention_mass_first_visible=0.9)
+    (b / "results.json").write_text(json.dumps(r))
+    code, stdout, err = run_cli_captured(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")], capsys)
+    assert code == 0, err
+    row = next(ln for ln in stdout.splitlines() if ln.startswith("window"))
+    assert "99.12" in row
+    assert any(ln.startswith("warning: a model's own mask hides keys in window (window 8: mask-aware Sink_1 99.1%)")
+               for ln in stdout.splitlines())
+    models = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+    assert models.sink_rate_visible_1.tolist()[1] == 99.125 and pd.isna(models.sink_rate_visible_1.tolist()[0])
+    assert models["mask"].tolist()[1] == "window 8"
+    layers = pd.read_csv(tmp_path / "cmp" / "compare_layers.csv")
+    assert layers[layers.model == "window"].sink_rate_visible_1.tolist() == [98.25, 100.0]

@@ -182,6 +182,30 @@ def test_top_sink_line_applies_eps_per_sample_and_names_the_mean_mass_share():
     assert "heads above eps on average" not in top
 
 
+def test_a_window_model_gets_its_top_sink_and_strongest_layers_from_the_mask_aware_mass():
+    """Under a window the plain mass of a key cannot pass w / T: a model with mask-aware Sink_1 99% read "this
+    model has no sink" and "no layer has a sink" (outside audit, 2026-12-07). Hand-made masses: plain 0.1 on
+    token 1 everywhere (below eps), mask-aware 0.9 in layer 1 and 0.5 in layer 0 on token 2."""
+    mass = torch.full((2, 2, 2, 6), 0.1, dtype=torch.float64)
+    vis = torch.full((2, 2, 2, 6), 0.1, dtype=torch.float64)
+    vis[:, 1, :, 0] = 0.9
+    vis[:, 0, :, 1] = 0.5
+    stats = ProbeStats(mass=mass, hidden_norms=torch.ones(2, 2, 6), max_abs=torch.ones(2, 2),
+                       median_abs=torch.ones(2, 2), max_position=torch.zeros(2, 2, dtype=torch.long),
+                       max_channel=torch.zeros(2, 2, dtype=torch.long), mass_visible=vis,
+                       mask={"causal": True, "prefix_len": 0, "window": 2})
+    s = summarize(stats, 0.3, 4, n_boot=10)
+    assert s["has_sink"] is False and s["top_sink_rate"] == 0.0  # the plain ones, as before
+    # Sink_k per position over (sample, layer, head): token 1 50% (layer 1 only), token 2 50% (layer 0 only)
+    assert s["has_sink_visible"] is True and s["top_sink_position_visible"] == 0
+    assert s["top_sink_rate_visible"] == pytest.approx(50.0)
+    assert s["strongest_layers_visible"][0] == 1 and s["top_sink_mean_mass_head_share_visible"] == pytest.approx(0.5)
+    lines = report.summary_lines(SimpleNamespace(summary=s, stats=stats))
+    assert lines[0].startswith("strongest mask-aware sink layers for token 1") and "layer 1 (100%)" in lines[0]
+    assert lines[1].startswith("top mask-aware sink position: token 1 (sink rate 50.0%")
+    assert "plain: no sink at any position" in lines[2]
+
+
 def test_train_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
     """`sinklab train` without --no-progress, stderr not a terminal: no carriage-return bar lines, but plain
     progress lines (issue 21: a log file used to get nothing for minutes)."""

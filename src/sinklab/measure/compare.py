@@ -47,14 +47,17 @@ def comparison_tables(folders: Sequence[str | Path]):
     otherwise) ``sink_rate_virtual`` (Sink*: percent of (sample, layer, head) triples whose attention on the
     virtual key exceeds eps) and ``virtual_mass`` (its mean attention mass), for a model whose heads are gated
     after attention (empty otherwise) ``sink_rate_gated_1`` (the gate-weighted Sink_1, percent) and
-    ``attention_mass_first_gated``, and from ``measure --cloze``
+    ``attention_mass_first_gated``, for a model whose own mask hides keys (a window shorter than T, a prefix,
+    chunks; empty otherwise) ``mask`` (in words), ``sink_rate_visible_1`` with ``visible_ci_low`` /
+    ``visible_ci_high`` and ``attention_mass_first_visible`` (the mask-aware ones), and from ``measure --cloze``
     (empty otherwise): ``cloze_accuracy`` (percent, length-normalised), ``cloze_ci_lo`` /
     ``cloze_ci_hi`` (Wilson 95%), ``cloze_items``, ``cloze_source``, ``heldout_loss`` (nats/token on
     the probe windows).
     ``layers`` columns: ``model``, ``layer`` (0-based block of the full stack: a hybrid model's attention blocks
     keep their numbers, as in ``attention.csv``), ``depth`` (block / (blocks - 1)), ``sink_rate_1``
     (percent of heads x samples of that layer with mass on token 1 above eps), ``sink_rate_virtual`` (the
-    layer's Sink*; empty without a virtual sink or in a results.json written before it was kept per layer) and
+    layer's Sink*; empty without a virtual sink or in a results.json written before it was kept per layer),
+    ``sink_rate_visible_1`` (the layer's mask-aware Sink_1; empty when the mask hides nothing) and
     ``sink_rate_gated_1`` (the layer's gate-weighted Sink_1; empty for an ungated model).
 
     Raises:
@@ -83,8 +86,15 @@ def comparison_tables(folders: Sequence[str | Path]):
         virtual_layers = r.get("sink_rate_virtual_per_layer") or [None] * L
         gated = r.get("sink_rate_gated")
         gated_layers = [row[0] for row in r["sink_rate_gated_per_layer"]] if gated is not None else [None] * L
+        masked = bool(r.get("mask_aware_differs")) and r.get("sink_rate_visible") is not None
+        vci = (r.get("sink_rate_visible_ci") or [[None, None]])[0] if masked else [None, None]
+        vis_layers = [row[0] for row in r["sink_rate_visible_per_layer"]] if masked else [None] * L
         models.append({"model": name, "folder": f, "sink_rate_1": r["sink_rate"][0],
                        "ci_low": ci[0], "ci_high": ci[1],
+                       "mask": _mask_text(r.get("mask")) if masked else "",
+                       "sink_rate_visible_1": r["sink_rate_visible"][0] if masked else None,
+                       "visible_ci_low": vci[0], "visible_ci_high": vci[1],
+                       "attention_mass_first_visible": r.get("attention_mass_first_visible") if masked else None,
                        "sink_rate_virtual": r.get("sink_rate_virtual"),
                        "virtual_mass": (None if virtual is None
                                         else round(sum(v for row in virtual for v in row) / sum(map(len, virtual)), 6)),
@@ -99,8 +109,18 @@ def comparison_tables(folders: Sequence[str | Path]):
         for l, v in enumerate(per_layer):
             b = ids[l]
             layers.append({"model": name, "layer": b, "depth": b / (blocks - 1) if blocks > 1 else 0.0, "sink_rate_1": v,
+                           "sink_rate_visible_1": vis_layers[l],
                            "sink_rate_virtual": virtual_layers[l], "sink_rate_gated_1": gated_layers[l]})
     return pd.DataFrame(models), pd.DataFrame(layers)
+
+
+def _mask_text(mask: dict[str, Any] | None) -> str:
+    """A results.json ``mask`` in words: ``window 8``, ``prefix 4``, ``layer masks`` (chunked attention)."""
+    m = mask or {}
+    parts = ([f"window {m['window']}"] if m.get("window") is not None else []) + \
+            ([f"prefix {m['prefix_len']}"] if m.get("prefix_len") else []) + \
+            (["layer masks"] if m.get("from_mask_tensor") else [])
+    return ", ".join(parts) or "masked"
 
 
 def _downstream_columns(d: dict[str, Any] | None) -> dict[str, Any]:
@@ -114,8 +134,8 @@ def _downstream_columns(d: dict[str, Any] | None) -> dict[str, Any]:
 def comparison_warnings(models) -> list[str]:
     """Why the bars of :func:`comparison_tables`' ``models`` may not be comparable: different sample sizes
     N (their intervals differ in width), sequence lengths T (the mass on token 1 is a mean over T - 1
-    queries) or probe kinds (natural text, repeated tokens, ... give different sink rates), and models
-    with no interval (N = 1). Each a one-line message naming the values per model; [] when none applies."""
+    queries) or probe kinds (natural text, repeated tokens, ... give different sink rates), models
+    with no interval (N = 1), and models whose own mask hides keys (their plain Sink_1 is capped). Each a one-line message naming the values per model; [] when none applies."""
     out = []
 
     def per_model(col: str) -> str:
@@ -127,6 +147,13 @@ def comparison_warnings(models) -> list[str]:
     none = [m for m, lo in zip(models["model"], models["ci_low"]) if lo is None or lo != lo]
     if none:
         out.append(f"no confidence interval for {', '.join(none)} (N = 1, or none in the file)")
+    masked = [] if "mask" not in models else [  # (a table written before the mask columns has none)
+        f"{m} ({mask}: mask-aware Sink_1 {v:.1f}%)" for m, mask, v in
+        zip(models["model"], models["mask"], models["sink_rate_visible_1"]) if isinstance(mask, str) and mask]
+    if masked:
+        out.append(f"a model's own mask hides keys in {', '.join(masked)}: its plain Sink_1 (the bars) counts the hidden "
+                   "queries as 0 (under a window of w a key's plain mass cannot pass w / T); compare the mask-aware "
+                   "column sink_rate_visible_1")
     return out
 
 

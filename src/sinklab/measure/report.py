@@ -198,31 +198,42 @@ def summary_lines(result: _Result) -> list[str]:
                  f"blocks {', '.join(sorted(other, key=int))} have no attention ({', '.join(kinds)})")
     else:
         where = f"layers numbered 0 to {n_layers - 1}"
-    sinking = [l for l in s["strongest_layers"] if per_layer[l][0] > 0]
+    # a model whose own mask hides keys: the strongest layers and the top sink as the mask-aware rate sees them
+    # (the plain mass of a key under a window of w cannot pass w / T, whatever the model learned)
+    vis = "_visible" if mask_aware(s) and "top_sink_position_visible" in s else ""
+    per_layer_k = s["sink_rate_visible_per_layer"] if vis else per_layer
+    kind = "mask-aware " if vis else ""
+    sinking = [l for l in s["strongest_layers" + vis] if per_layer_k[l][0] > 0]
     if sinking:
-        strongest = ", ".join(f"layer {ids[l]} ({per_layer[l][0]:.0f}%)" for l in sinking)
-        layers_line = f"strongest sink layers for token 1 ({where}): {strongest}"
+        strongest = ", ".join(f"layer {ids[l]} ({per_layer_k[l][0]:.0f}%)" for l in sinking)
+        layers_line = f"strongest {kind}sink layers for token 1 ({where}): {strongest}"
     else:
-        layers_line = (f"strongest sink layers for token 1 ({where}): none, no layer has a sink at token 1 "
-                       f"(no (sample, head) puts mass > eps = {eps} on it)")
-    if s.get("has_sink", s["top_sink_rate"] > 0):
-        top_line = (f"top sink position: token {s['top_sink_position'] + 1} (sink rate {s['top_sink_rate']:.1f}%: "
-                    f"mass > eps in that share of (sample, layer, head) triples; "
-                    f"{100 * s['top_sink_mean_mass_head_share']:.0f}% of (layer, head) pairs have a mean mass over the "
-                    f"samples > eps)")
+        layers_line = (f"strongest {kind}sink layers for token 1 ({where}): none, no layer has a sink at token 1 "
+                       f"(no (sample, head) puts {kind}mass > eps = {eps} on it)")
+    rate = s["top_sink_rate" + vis]
+    if s.get("has_sink" + vis, rate > 0):
+        top_line = (f"top {kind}sink position: token {s['top_sink_position' + vis] + 1} (sink rate {rate:.1f}%: "
+                    f"{kind}mass > eps in that share of (sample, layer, head) triples; "
+                    f"{100 * s['top_sink_mean_mass_head_share' + vis]:.0f}% of (layer, head) pairs have a mean mass over "
+                    f"the samples > eps)")
     else:
-        top_line = (f"top sink position: none, this model has no sink at eps = {eps} (no (sample, layer, head) puts "
-                    f"mass > eps on any position)")
+        top_line = (f"top {kind}sink position: none, this model has no sink at eps = {eps} (no (sample, layer, head) "
+                    f"puts {kind}mass > eps on any position)")
     lines = [layers_line, top_line]
     if mask_aware(s):
         m = s.get("mask") or {}
         how = (f"sliding window of {m['window']} tokens" if m.get("window") is not None else "") + \
               (" and " if m.get("window") is not None and m.get("prefix_len") else "") + \
               (f"bidirectional prefix of {m['prefix_len']} tokens" if m.get("prefix_len") else "")
+        if m.get("from_mask_tensor") and not how:
+            how = "the layers' own mask, e.g. chunked attention"
+        later = "every later query" if s.get("causal", True) else "every query"
         lines.append(f"mask-aware Sink_1 {s['sink_rate_visible'][0]:.1f}%, plain Sink_1 {s['sink_rate'][0]:.1f}%: this "
                      f"model's own mask ({how}, T = {s['seq_len']}) hides keys from some queries; the mask-aware rate "
                      f"averages each key's mass over the queries that may see it, the plain one (Gu et al. 2025, Eq. 2) "
-                     f"over every later query, counting the hidden ones as 0")
+                     f"over {later}, counting the hidden ones as 0"
+                     + ((f"; plain top sink: token {s['top_sink_position'] + 1} ({s['top_sink_rate']:.1f}%)"
+                         if s.get("has_sink", True) else "; plain: no sink at any position") if vis else ""))
     if s.get("extra_mass") is not None:  # learned sink logits / sink token / key bias: DESIGN "virtual sink"
         mass = [v for row in s["extra_mass"] for v in row]
         lines.append(f"virtual sink (a key outside the sequence: sink logits, sink token or key bias): mean attention "

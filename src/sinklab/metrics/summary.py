@@ -172,7 +172,10 @@ def summarize(
 def _add_mask_aware(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int, *, n_boot: int, level: float,
                     seed: int) -> None:
     """:func:`summarize`'s mask-aware keys (``mask``, ``mask_aware_differs``, ``sink_rate_visible*``,
-    ``attention_mass*_visible``), added to ``out`` in place (after ``sink_rate_ci``, which they reuse)."""
+    ``attention_mass*_visible``; with a mask that hides keys also ``top_sink_position_visible``,
+    ``top_sink_rate_visible``, ``has_sink_visible``, ``top_sink_mean_mass_head_share_visible`` and
+    ``strongest_layers_visible``, the plain ones' mask-aware twins), added to ``out`` in place (after
+    ``sink_rate_ci``, which they reuse)."""
     vis = stats.visible_mass
     out["mask"] = dict(stats.mask) or MaskSpec(causal=stats.causal).to_dict()
     out["mask_aware_differs"] = stats.mass_visible is not None
@@ -182,6 +185,15 @@ def _add_mask_aware(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int,
     out["sink_rate_visible_per_layer"] = _r(sink_rate_per_layer(vis, eps, K), 4)
     out["attention_mass_visible"] = _r(vis[..., :K].mean(dim=0))
     out["attention_mass_first_visible"] = round(float(vis[..., 0].mean()), 6)
+    if stats.mass_visible is not None:  # the top sink and strongest layers as the mask-aware rate sees them
+        curve = sink_rate(vis, eps)  # (T,)
+        top = int(curve[: rankable_positions(stats.seq_len, stats.causal)].argmax())
+        per_layer = sink_rate_per_layer(vis, eps, K)
+        out["top_sink_position_visible"] = top
+        out["top_sink_rate_visible"] = round(float(curve[top]), 4)
+        out["has_sink_visible"] = bool(float(curve[top]) > 0)
+        out["top_sink_mean_mass_head_share_visible"] = round(float((vis[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4)
+        out["strongest_layers_visible"] = [int(i) for i in per_layer[:, 0].argsort(descending=True, stable=True)[:3]]
 
 
 def _add_captured_extras(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int) -> None:
