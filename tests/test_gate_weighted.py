@@ -43,6 +43,27 @@ def naive_mass(a: torch.Tensor) -> torch.Tensor:
     return torch.stack([a[..., j:, j].mean(dim=-1) for j in range(a.shape[-1])], dim=-1)
 
 
+def _weights_and_gate(model, ids: torch.Tensor, seen: torch.Tensor, **forward) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer 0 of a one-layer gated SinkLM (2 heads of 4, NoPE) recomputed in float64 from its own weights: the
+    attention (B, H, T, T) under the visibility ``seen`` (T, T) and the gate magnitude (B, H, T)."""
+    m64 = copy.deepcopy(model).double().requires_grad_(False)
+    inputs = []
+    handle = m64.layers[0].register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
+    with torch.no_grad():
+        m64(ids, **forward)
+    handle.remove()
+    B, T = ids.shape
+    H, dh = 2, 4
+    blk = m64.layers[0]
+    xn = blk.attn_norm(inputs[0])
+    a = blk.attn
+    q = (xn @ a.q_proj.weight.T).view(B, T, H, dh).transpose(1, 2)
+    k = (xn @ a.k_proj.weight.T).view(B, T, -1, dh).transpose(1, 2).repeat_interleave(H // a.n_kv_heads, dim=1)
+    A = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(~seen, float("-inf")), dim=-1)
+    g = torch.sigmoid(xn @ a.gate_proj.weight.T).view(B, T, H, -1).abs().mean(dim=-1).transpose(1, 2)  # (B, H, T)
+    return A, g
+
+
 # ------------------------------------------------------------------ hand-worked
 @pytest.mark.parametrize("op", ["gated_headwise", "gated_elementwise"])
 def test_hand_worked_one_layer_gate(op):
@@ -140,24 +161,11 @@ def test_prefix_lm_gate_weighted_mass_counts_the_queries_i_ge_j(op):
         model.layers[0].attn.gate_proj.weight.mul_(8.0)
     ids = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(5))
     stats = collect(model, ids, prefix_len=P)
-    m64 = copy.deepcopy(model).double().requires_grad_(False)
-    inputs = []
-    handle = m64.layers[0].register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
-    with torch.no_grad():
-        m64(ids, prefix_len=P)
-    handle.remove()
-    B, T = ids.shape
-    H, dh = 2, 4
-    blk = m64.layers[0]
-    xn = blk.attn_norm(inputs[0])
-    a = blk.attn
-    q = (xn @ a.q_proj.weight.T).view(B, T, H, dh).transpose(1, 2)
-    k = (xn @ a.k_proj.weight.T).view(B, T, -1, dh).transpose(1, 2).repeat_interleave(H // a.n_kv_heads, dim=1)
+    T = ids.shape[1]
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     hidden = (j > i) & ~((i < P) & (j < P))  # causal, except inside the prefix
-    A = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(hidden, float("-inf")), dim=-1)
+    A, g = _weights_and_gate(model, ids, ~hidden, prefix_len=P)
     assert float(A[..., 0, 1:P].sum()) > 0.1  # the prefix's first query does attend to later prefix keys
-    g = torch.sigmoid(xn @ a.gate_proj.weight.T).view(B, T, H, -1).abs().mean(dim=-1).transpose(1, 2)  # (B, H, T)
     torch.testing.assert_close(stats.mass[:, 0], naive_mass(A), atol=1e-6, rtol=0)
     torch.testing.assert_close(stats.gated_mass[:, 0], naive_mass(A * g[..., None]), atol=1e-6, rtol=0)
     assert bool((stats.gated_mass <= stats.mass + 1e-9).all())  # a gate is at most 1
@@ -170,8 +178,8 @@ def test_prefix_lm_gate_weighted_mass_counts_the_queries_i_ge_j(op):
 @pytest.mark.parametrize("op", ["gated_headwise", "gated_elementwise"])
 def test_sliding_window_gate_weighted_mass_has_a_mask_aware_variant(op):
     """Under a sliding window of 4 at T = 12 the paper's denominator T - j keeps key 0's mass at most
-    W / T = 0.33 whatever the model does; the mask-aware gate-weighted mass divides the gate-weighted column sums by the queries the
-    window lets see each key (it had no such variant: only the plain mass did). Reference: float64 from
+    W / T = 0.33 whatever the model does; the mask-aware gate-weighted mass divides the gate-weighted column
+    sums by the queries the window lets see each key (it had no such variant: only the plain mass did). Reference: float64 from
     the layer's own weights and gate, the window rule written here; and the summary's rate from it."""
     from sinklab.nn import ModelConfig, SinkLM
 
@@ -183,23 +191,10 @@ def test_sliding_window_gate_weighted_mass_has_a_mask_aware_variant(op):
         model.layers[0].attn.gate_proj.weight.mul_(8.0)
     ids = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(5))
     stats = collect(model, ids)
-    m64 = copy.deepcopy(model).double().requires_grad_(False)
-    inputs = []
-    handle = m64.layers[0].register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
-    with torch.no_grad():
-        m64(ids)
-    handle.remove()
-    B, T = ids.shape
-    H, dh = 2, 4
-    blk = m64.layers[0]
-    xn = blk.attn_norm(inputs[0])
-    a = blk.attn
-    q = (xn @ a.q_proj.weight.T).view(B, T, H, dh).transpose(1, 2)
-    k = (xn @ a.k_proj.weight.T).view(B, T, -1, dh).transpose(1, 2).repeat_interleave(H // a.n_kv_heads, dim=1)
+    T = ids.shape[1]
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     seen = (i - j >= 0) & (i - j < W)
-    A = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(~seen, float("-inf")), dim=-1)
-    g = torch.sigmoid(xn @ a.gate_proj.weight.T).view(B, T, H, -1).abs().mean(dim=-1).transpose(1, 2)  # (B, H, T)
+    A, g = _weights_and_gate(model, ids, seen)
     gv = (A * g[..., None]).sum(dim=-2) / seen.sum(dim=0)
     torch.testing.assert_close(stats.gated_mass[:, 0], naive_mass(A * g[..., None]), atol=1e-6, rtol=0)
     torch.testing.assert_close(stats.gated_mass_visible[:, 0], gv, atol=1e-6, rtol=0)
