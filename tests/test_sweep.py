@@ -651,3 +651,34 @@ def test_report_header_gives_the_most_seeds_of_any_row(tmp_path):
     assert json.loads((sw / "study.json").read_text())["seeds"] == 5 and max(counts) == 10
     parts, _ = _sweep_section(sw, tmp_path, resummarize=False, check=False)
     assert f"up to {max(counts)} seeds each" in parts[1]
+
+
+def test_a_mask_aware_study_plots_the_mask_aware_dynamics(tmp_path):
+    """The sliding-window study's verdicts use the mask-aware Sink_1; its dynamics.csv / .png showed the plain one
+    (0% for windows 8 and 16, whose mask-aware Sink_1 is 90% and 55%; outside audit, 2026-12-07). Now the
+    dynamics follow the study's metric: recomputed from the packed tracker lines of the committed study."""
+    import pandas as pd
+
+    from sinklab.sweep.dynamics import study_dynamics
+
+    src = Path(__file__).resolve().parents[1] / "results" / "sliding_window"
+    study = json.loads((src / "study.json").read_text())
+    assert study["metric"] == "visible"
+    lines = pd.read_json(src / "runs.jsonl.gz", lines=True)
+    tracker = [(r.point, r.seed, json.loads(r.text)) for r in lines[lines.file == "metrics.jsonl"].itertuples()]
+    tracker = [(p, s, t) for p, s, t in tracker if "sink_rate" in t]
+    import shutil
+
+    out = tmp_path / "sliding_window"
+    shutil.copytree(src, out)
+    study_dynamics(out, study)
+    got = pd.read_csv(out / "dynamics.csv")
+    label = {p["slug"]: p["label"] for p in study["points"]}
+    want = {(str(label[p]), int(t["step"])): [] for p, s, t in tracker}
+    for p, s, t in tracker:
+        want[(str(label[p]), int(t["step"]))].append(t["sink_rate_visible"][0])
+    mean = got.groupby([got["label"].astype(str), "step"]).sink.mean()
+    assert len(mean) == len(want)
+    for key, values in want.items():
+        assert mean[key] == pytest.approx(sum(values) / len(values), abs=1e-9)
+    assert mean[("8", int(got.step.max()))] > 50  # the window-8 row's mask-aware rate, not the plain 0

@@ -142,7 +142,8 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
 
     Writes ``out/dynamics.csv`` (one line per row, seed and tracker step: ``label``, ``seed``,
     ``step``, ``sink`` = the sink rate at the row's position in percent, ``mass1`` = attention mass
-    on token 1, ``val_loss``) and ``out/dynamics.png`` (three panels against step: the seed mean of
+    on token 1, ``val_loss``; both the mask-aware ones for a study whose verdicts use them,
+    ``study["metric"] == "visible"``) and ``out/dynamics.png`` (three panels against step: the seed mean of
     the sink rate with its min-max band over seeds, the mean mass on token 1, the mean validation
     loss; one line per row). Positions are 1-based. Returns the PNG's path, or None when no row has
     a tracker line yet.
@@ -155,6 +156,11 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
     import matplotlib.pyplot as plt
 
     out = Path(out)
+    # the study's verdict metric: a mask-aware study (``metric = "visible"``, the sliding window) plots the
+    # mask-aware rate and mass, as its tables do (the plain ones of a window run are capped at w / T)
+    visible = study.get("metric") == "visible"
+    rate_key, mass_key = (("sink_rate_visible", "attention_mass_first_visible") if visible
+                          else ("sink_rate", "attention_mass_first"))
     rows: list[dict] = []
     for p in study["points"]:
         k = int(p.get("position") or 1) - 1
@@ -164,8 +170,8 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
             except InputError:
                 continue
             seed = run.name[4:] if run.name.startswith("seed") else ""
-            rows += [{"label": p["label"], "seed": seed, "step": r["step"], "sink": r["sink_rate"][k],
-                      "mass1": r["attention_mass_first"], "val_loss": r["val_loss"]} for r in recs]
+            rows += [{"label": p["label"], "seed": seed, "step": r["step"], "sink": r[rate_key][k],
+                      "mass1": r[mass_key], "val_loss": r["val_loss"]} for r in recs]
     if not rows:
         return None
     with open(out / "dynamics.csv", "w", newline="") as f:
@@ -189,8 +195,9 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
         axes[1].plot(steps, [sum(r["mass1"] for r in by[s]) / len(by[s]) for s in steps], "-", color=color, lw=1.3)
         axes[2].plot(steps, [sum(r["val_loss"] for r in by[s]) / len(by[s]) for s in steps], "-", color=color, lw=1.3)
     axes[0].axhline(level, ls="--", color="gray", lw=0.8)
-    for ax, yl in zip(axes, ["sink rate at the row's position (%)\nseed mean, band = min-max",
-                             "attention mass on token 1 (seed mean)", "validation loss (nats, seed mean)"]):
+    kind = "mask-aware " if visible else ""
+    for ax, yl in zip(axes, [f"{kind}sink rate at the row's position (%)\nseed mean, band = min-max",
+                             f"{kind}attention mass on token 1 (seed mean)", "validation loss (nats, seed mean)"]):
         ax.set_xlabel("training step")
         ax.set_ylabel(yl, fontsize=8)
     axes[0].set_ylim(-3, 103)
