@@ -246,6 +246,23 @@ def test_remove_key_matches_a_loop_and_leaves_untouched_rows_bit_identical():
         remove_key(w, 5)
 
 
+def test_remove_key_renormalises_rows_that_are_almost_all_sink():
+    """A strong sink leaves the rest of a row tiny: ``total - removed`` in float32 cancelled, leaving such rows
+    unedited (rest 0) or 10% off (outside audit, 2026-12-07, on a trained prefix model). The rest is summed directly
+    now: each row equals the float64 renormalisation of its other weights."""
+    g = torch.Generator().manual_seed(1)
+    T = 16
+    tail = torch.rand(2, 3, T, T - 1, generator=g, dtype=torch.float64) * 1e-6  # the other keys' tiny weights
+    w64 = torch.cat([1.0 - tail.sum(-1, keepdim=True), tail], dim=-1)  # rows of 1, key 0 holding nearly all
+    w = w64.float()
+    new = remove_key(w, 0).double()
+    others = w.double().clone()
+    others[..., 0] = 0
+    ref = others / others.sum(-1, keepdim=True) * w.double().sum(-1, keepdim=True)
+    assert bool((new[..., 0] == 0).all())
+    torch.testing.assert_close(new, ref, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("which", ["llama", "sinklm"])
 def test_noop_intervention_is_bit_identical(which):
     """noop equals baseline exactly; remove-sink, through the same path, does not, and its loss equals one

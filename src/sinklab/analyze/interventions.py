@@ -53,12 +53,15 @@ def remove_key(weights: Tensor, position: int) -> Tensor:
     if not 0 <= position < weights.shape[-1]:
         raise InputError(f"position {position} is outside the {weights.shape[-1]} keys")
     removed = weights[..., position : position + 1]  # (B, H, T_q, 1)
-    total = weights.sum(dim=-1, keepdim=True)
-    rest = total - removed
-    act = (removed != 0) & (rest > 0)
     new = weights.clone()
     new[..., position] = 0
-    new = new * (total / torch.where(act, rest, torch.ones_like(rest)))
+    # the rest summed directly, in float64: ``total - removed`` cancels when the key holds nearly all of a
+    # row's weight (a strong sink), and in float32 left rows at 0 (unedited) or 10% off
+    total = weights.sum(dim=-1, keepdim=True, dtype=torch.float64)
+    rest = new.sum(dim=-1, keepdim=True, dtype=torch.float64)
+    act = (removed != 0) & (rest > 0)
+    scale = total / torch.where(act, rest, torch.ones_like(rest))  # (B, H, T_q, 1) float64
+    new = (new.to(torch.float64) * scale).to(weights.dtype)
     return torch.where(act, new, weights)
 
 
