@@ -4,6 +4,7 @@ a planted sink that moves with a position swap, and bad input through the CLI.""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -742,3 +743,36 @@ def test_intervene_plot_shows_where_the_sink_and_the_mass_went(monkeypatch):
     lines = {ln.get_label(): ln for ln in mass_ax.get_lines()}
     assert set(lines) == {"baseline", "remove-sink"}
     assert list(lines["remove-sink"].get_ydata()) == pytest.approx(cut[:16].tolist(), rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["massive", "keybias", "intervene", "overmix", "repeat", "attention", "frames", "depth"])
+def test_a_prefix_lm_run_is_refused_by_every_analysis(kind):
+    """The analyses run a model plain causal and score every target; a prefix-LM run was trained with a
+    bidirectional prefix (and its training loss leaves the prefix's targets out): every analysis gave another
+    model's numbers (intervene's baseline was the plain-causal loss; outside audit, 2026-12-07). Refused in one
+    line until they apply the prefix."""
+    from sinklab import analyze
+
+    subj = Subject(_sinklm(), _ids(2, 12), model_info={"name": "prefix-run", "prefix_len": 4})
+    with pytest.raises(InputError, match=r"prefix LM \(train.prefix_len=4\)"):
+        getattr(analyze, kind)(subj)
+
+
+def test_the_sink_position_of_a_window_model_comes_from_the_mask_aware_mass():
+    """Under a window the plain mass of key 0 cannot pass w / T: an analysis picked position 28 at 1.6% on a
+    window-6 model whose mask-aware Sink_1 was 100% (outside audit, 2026-12-07). Hand-made masses: plain 0.1
+    everywhere with 0.35 at position 5 in one head; mask-aware 0.9 at position 0 in every head."""
+    from sinklab.analyze.common import sink_position
+    from sinklab.capture.stats import ProbeStats
+
+    N, L, H, T = 2, 2, 2, 12
+    plain = torch.full((N, L, H, T), 0.1, dtype=torch.float64)
+    plain[:, 0, 0, 5] = 0.35
+    vis = plain.clone()
+    vis[..., 0] = 0.9
+    stats = ProbeStats(mass=plain, hidden_norms=torch.ones(N, L, T), max_abs=torch.ones(N, L),
+                       median_abs=torch.ones(N, L), max_position=torch.zeros(N, L, dtype=torch.long),
+                       max_channel=torch.zeros(N, L, dtype=torch.long), mass_visible=vis,
+                       mask={"causal": True, "prefix_len": 0, "window": 3})
+    assert sink_position(stats, 0.3) == (0, 100.0)
+    assert sink_position(replace(stats, mass_visible=None), 0.3) == (5, 25.0)  # the plain mass, unmasked model

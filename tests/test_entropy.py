@@ -193,3 +193,18 @@ def test_measure_writes_per_head_entropy_to_results_json(tiny_model_dir, text_co
     table = pd.read_csv(tmp_path / "m" / "attention.csv")
     first = table[table["position"] == 0].sort_values(["layer", "head"])
     np.testing.assert_allclose(first["attention_entropy"].to_numpy(), ref.flatten().numpy(), atol=1e-4)
+
+
+def test_uniform_entropy_counts_the_keys_each_query_sees_under_any_mask():
+    """Hand-counted keys per query at T = 6: a bidirectional window of 2 sees [2, 3, 3, 3, 3, 2] (it was log T
+    whatever the window; outside audit, 2026-12-07), a causal window of 2 [1, 2, 2, 2, 2, 2], a prefix of 3
+    [3, 3, 3, 4, 5, 6]."""
+    import math
+
+    from sinklab.attention_masks import MaskSpec
+    from sinklab.metrics.entropy import uniform_attention_entropy
+
+    for mask, n in ((MaskSpec(causal=False, window=2), [2, 3, 3, 3, 3, 2]), (MaskSpec(window=2), [1, 2, 2, 2, 2, 2]),
+                    (MaskSpec(prefix_len=3), [3, 3, 3, 4, 5, 6]), (MaskSpec(), [1, 2, 3, 4, 5, 6]),
+                    (MaskSpec(causal=False), [6] * 6)):
+        assert uniform_attention_entropy(6, mask) == pytest.approx(sum(map(math.log, n)) / 6, abs=1e-12), mask

@@ -14,7 +14,7 @@ import functools
 import torch
 from torch import Tensor
 
-from sinklab.attention_masks import MaskSpec
+from sinklab.attention_masks import MaskSpec, build_mask
 from sinklab.analyze.common import (AnalysisResult, Subject, analysis, check_heads, check_layers, command_line, num_heads,
                                     resolve_subject, run_model)
 from sinklab.errors import InputError, param
@@ -129,13 +129,14 @@ def attention(
     missing = [l for l in layers if l not in rows_of]
     if missing:
         raise InputError(f"layer {missing[0]} has no attention (blocks with attention: {block_ids})")
-    uniform = uniform_attention_entropy(T, MaskSpec(causal=stats.causal))
+    mask = MaskSpec.from_dict(stats.mask, causal=stats.causal)  # the probe's mask (a window, a prefix)
+    uniform = uniform_attention_entropy(T, mask)
     k = rankable_positions(T, stats.causal)  # keys seen by at least 10% of the queries
     ent = stats.attention_entropy[0]  # (L', H)
-    mass = stats.mass[0]  # (L', H, T)
+    mass = stats.visible_mass[0]  # (L', H, T)
     tokens = (subj.tokenizer.convert_ids_to_tokens(ids[0].tolist()) if subj.tokenizer is not None
               else [str(int(t)) for t in ids[0]])
-    tables = _tables(ent, mass, weights, block_ids, layers, heads, tokens, uniform, stats.causal)
+    tables = _tables(ent, mass, weights, block_ids, layers, heads, tokens, uniform, mask)
     head_ent = {f"{l}.{h}": float(ent[rows_of[l], h]) for l in layers for h in heads}
     layer_ent = ent.double().mean(dim=1)
     summary = {
@@ -157,7 +158,7 @@ def attention(
 
 
 def _tables(ent: Tensor, mass: Tensor, weights: Tensor | None, block_ids: list[int], layers: list[int],
-            heads: list[int], tokens: list[str], uniform: float, causal: bool) -> dict:
+            heads: list[int], tokens: list[str], uniform: float, mask: MaskSpec) -> dict:
     """The ``entropy`` (every (layer, head)), ``mass`` (shown heads, every key) and, with ``weights``
     (len(layers), len(heads), T, T), ``weights`` (the visible ``A[i, j]`` of the shown heads) tables.
     ``ent``: (L', H) entropies (nats); ``mass``: (L', H, T); ``block_ids``: the L' layers with attention."""
@@ -172,7 +173,7 @@ def _tables(ent: Tensor, mass: Tensor, weights: Tensor | None, block_ids: list[i
     tables = {"entropy": pd.DataFrame(ent_rows), "mass": pd.DataFrame(mass_rows)}
     if weights is not None:
         w = weights.double()
-        vis = torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.ones(T, T, dtype=torch.bool)
+        vis = build_mask(T, T, mask)  # the visible pairs under the probe's mask (causal, window, prefix)
         qi, kj = vis.nonzero(as_tuple=True)
         frames = []
         for a, l in enumerate(layers):

@@ -159,7 +159,8 @@ def run_model(
 
 def sink_position(stats: ProbeStats, eps: float = 0.3, requested: int | None = None, *,
                   require_sink: bool = True) -> tuple[int, float]:
-    """The sink position to analyse (0-based) and its sink rate Sink^eps (percent).
+    """The sink position to analyse (0-based) and its sink rate Sink^eps (percent), on the mask-aware mass
+    (``stats.visible_mass``: the plain mass when the model's own mask hides no key).
 
     Default: the position with the highest sink rate among those seen by at least 10% of the
     queries (:func:`~sinklab.metrics.summary.rankable_positions`). ``requested`` is checked; with
@@ -170,7 +171,7 @@ def sink_position(stats: ProbeStats, eps: float = 0.3, requested: int | None = N
         InputError: ``requested`` outside [0, T) or a position the model never uses as a sink
             (sink rate 0: the message names the top sink position and its rate).
     """
-    rates = sink_rate(stats.mass, eps)  # (T,) percent
+    rates = sink_rate(stats.visible_mass, eps)  # (T,) percent
     T = rates.shape[0]
     k = rankable_positions(T, stats.causal)
     top = int(rates[:k].argmax())
@@ -400,14 +401,20 @@ def resolve_subject(model: "str | Subject", *, corpus: str | None = None, num_sa
     :data:`DEFAULT_SEQ_LEN` (64).
 
     Raises:
-        InputError: ``num_samples < 1``, ``seq_len < 4``, and as :meth:`Subject.load` / :meth:`Subject.with_probe`
-            (a bad device or dtype, CUDA asked for but not available, T past the model's context...).
+        InputError: ``num_samples < 1``, ``seq_len < 4``, a prefix-LM run (the analyses do not apply its prefix),
+            and as :meth:`Subject.load` / :meth:`Subject.with_probe` (a bad device or dtype, CUDA asked for but not
+            available, T past the model's context...).
         UnknownNameError / FetchError: as :func:`sinklab.models.load_model`.
     """
-    if isinstance(model, Subject):
-        return model
-    return _probe(lambda: Subject.load(model, device=device, dtype=dtype, device_map=device_map), corpus=corpus,
-                  num_samples=num_samples, seq_len=seq_len, seed=seed, bos=bos)
+    subj = model if isinstance(model, Subject) else _probe(
+        lambda: Subject.load(model, device=device, dtype=dtype, device_map=device_map), corpus=corpus,
+        num_samples=num_samples, seq_len=seq_len, seed=seed, bos=bos)
+    prefix = int(subj.model_info.get("prefix_len") or 0)
+    if prefix > 1:  # the analyses run the model plain causal and score every target: not what it was trained as
+        raise InputError(f"{subj.model_info.get('name') or 'this run'} is a prefix LM (train.prefix_len={prefix}): the "
+                         "analyses do not apply its bidirectional prefix (nor leave the prefix's targets out of the "
+                         "loss) yet, so they would study another model; `sinklab measure` applies it")
+    return subj
 
 
 def _probe(load: Callable[[], Subject], *, corpus: str | None = None, num_samples: int = 32,

@@ -71,11 +71,11 @@ def step_row(st, kinds: Tensor, eps: float, prompt_len: int, sink_level: float) 
     T = kinds.shape[1]
     N = kinds.shape[0]
     k_rank = rankable_positions(T, False)
-    rate = sink_rate(st.mass, eps)  # (T,) percent
+    rate = sink_rate(st.visible_mass, eps)  # (T,) percent
     top = int(rate[:k_rank].argmax())
-    mean_mass = st.mass.mean(dim=(0, 1, 2))  # (T,)
+    mean_mass = st.visible_mass.mean(dim=(0, 1, 2))  # (T,)
     top_kind = torch.bincount(kinds[:, top], minlength=len(KINDS))
-    per_key = st.mass  # (N, L, H, T)
+    per_key = st.visible_mass  # (N, L, H, T)
     is_mask, is_bos = (kinds == KINDS.index("mask")), (kinds == KINDS.index("bos"))
     head_top = per_key.argmax(dim=-1)  # (N, L, H)
     head_kind = kinds.gather(1, head_top.flatten(1)).flatten()  # kinds of each head's top key

@@ -120,7 +120,7 @@ def layer_statistics(stats, hidden: Tensor, *, eps: float = 0.3, top_k: int = 3,
         sink rates of layer l come from its attention, which reads the output of layer l - 1; the norm
         ratio and the entropy are those of layer l's own output.
     """
-    mass = stats.mass.double()  # (N, L', H, T)
+    mass = stats.visible_mass.double()  # (N, L', H, T)
     N, Lp, H, T = mass.shape
     k = rankable_positions(T, stats.causal)
     hot = (mass > eps).double()  # (N, L', H, T)
@@ -199,7 +199,7 @@ def depth(
         ckpts = run_checkpoints(model)
         subj = _run_subject(Path(model), ckpts, corpus, num_samples, seq_len, seed, device, dtype)
     elif isinstance(model, Subject):
-        subj = model
+        subj = resolve_subject(model)  # as given, once its checks pass (a prefix-LM run is refused)
     else:
         subj = resolve_subject(model, corpus=corpus, num_samples=num_samples, seq_len=seq_len, seed=seed,
                                device=device, dtype=dtype, device_map=device_map)
@@ -328,9 +328,10 @@ def _run_subject(folder: Path, ckpts: list[Checkpoint], corpus, num_samples: int
 
     run = Run(load_config(folder / "config.toml"), folder.resolve())
     probe = run.probe(num_samples, run.probe_len("auto") if seq_len is None else seq_len, seed, "auto")
-    info = {"name": str(folder.resolve()), "run": str(folder.resolve()), "architecture": f"sinklab:{run.config.model.attention}"}
-    return Subject(Subject.load(ckpts[-1].load(), device=device, dtype=dtype).model, probe.input_ids, None, info,
-                   {"name": "run", **probe.details}, False, seed, source=str(folder))
+    info = {"name": str(folder.resolve()), "run": str(folder.resolve()), "architecture": f"sinklab:{run.config.model.attention}",
+            "prefix_len": run.config.train.prefix_len}
+    return resolve_subject(Subject(Subject.load(ckpts[-1].load(), device=device, dtype=dtype).model, probe.input_ids,
+                                   None, info, {"name": "run", **probe.details}, False, seed, source=str(folder)))
 
 
 def _corr(a, b) -> float:

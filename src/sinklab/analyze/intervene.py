@@ -189,7 +189,7 @@ def intervene(
         edited_ratio = _massive_setup(target, base.hidden, massive_layer, dims, lm, warnings)
         massive_layer, dims = target.massive_layer, target.dims
     out = _run_variants(m, ids, base, want, target, run, _Rows(eps, pos, lm, weights))
-    table, mass_table = out.tables(sink_rate(base.stats.mass, eps)[swap_to] if learned else None)
+    table, mass_table = out.tables(sink_rate(base.stats.visible_mass, eps)[swap_to] if learned else None)
     summary = {"sink_position": pos, "sink_rate": rate, "num_samples": N, "seq_len": T,
                "readout": _readout_name(lm, diff is not None), "massive_dims": dims, "massive_layer": massive_layer,
                "results": table.to_dict(orient="records"), "warnings": warnings,
@@ -293,7 +293,7 @@ class _Rows:
     def add(self, name: str, res, extra: dict, *, first_dropped: bool = False) -> None:
         """One variant's row: sink rates at 0, at the sink and at the top position after the change, the note,
         the readout (LM) and ``extra``'s other columns; its mass rows (positions of the full window)."""
-        r = sink_rate(res.stats.mass, self.eps)
+        r = sink_rate(res.stats.visible_mass, self.eps)
         pos = self.pos
         top = int(r[: rankable_positions(len(r), res.stats.causal)].argmax())
         row = {"intervention": name, "sink_rate_pos0": float(r[0]),
@@ -304,7 +304,7 @@ class _Rows:
         row.update({k: v for k, v in extra.items() if k != "note"})
         self.rows.append(row)
         shift = 1 if first_dropped else 0  # the shortened sequence's position j is the window's j + 1
-        mean_mass = res.stats.mass.mean(dim=(0, 1, 2))  # (T,) mean over samples, layers, heads
+        mean_mass = res.stats.visible_mass.mean(dim=(0, 1, 2))  # (T,) mean over samples, layers, heads
         for j in range(len(r)):
             self.mass.append({"intervention": name, "position": j + shift, "attention_mass": float(mean_mass[j]),
                               "sink_rate": float(r[j])})

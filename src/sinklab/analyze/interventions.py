@@ -345,7 +345,7 @@ class PositionReplace(Intervention):
 
     def describe(self, res, eps: float) -> dict:
         t = self.target.swap_to
-        r = sink_rate(res.stats.mass, eps)
+        r = sink_rate(res.stats.visible_mass, eps)
         what = f"positions 0 and {t} swapped" if self.swap else f"position 0 given the embedding of position {t}"
         return {"note": what + f"; Sink at 0: {float(r[0]):.2f}%, at {t}: {float(r[t]):.2f}%",
                 "sink_rate_swap_to": float(r[t])}

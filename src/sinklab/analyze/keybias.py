@@ -116,7 +116,7 @@ def _layer_stats(subj: Subject, position: int, batch_size: int):
 
 def _detection_rows(stats, eps: float, min_rate: float, T: int, ks=(1, 2, 4)) -> list[dict]:
     k_max = rankable_positions(T, stats.causal)
-    truth = sink_rate_per_sample(stats.mass, eps)[:, :k_max] >= min_rate  # (N, T')
+    truth = sink_rate_per_sample(stats.visible_mass, eps)[:, :k_max] >= min_rate  # (N, T')
     by_hidden = stats.hidden_norms.double().mean(dim=1)[:, :k_max]  # (N, T'), mean over layers
     rows = []
     methods = {"hidden_norm": by_hidden}
@@ -217,7 +217,7 @@ def _head_table(st: dict[str, Tensor], stats, pos: int, eps: float, blocks: list
 
     N, L, H = st["attention_share"].shape
     kn, vn = stats.key_norms, stats.value_norms  # (N, L, H_kv, T)
-    T = stats.mass.shape[-1]
+    T = stats.visible_mass.shape[-1]
     rep = H // kn.shape[2] if kn is not None else 1
     others = torch.ones(T, dtype=torch.bool)
     others[pos] = False

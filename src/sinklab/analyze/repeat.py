@@ -307,13 +307,13 @@ def _repeats(m, ids: Tensor, toks: Tensor, counts: list[int], prompt_len: int, c
         start = max(1, prompt_len)
         res = run_model(m, seq, hidden=True, batch_size=batch_size)
         cos = cosine_to_first(res.hidden, start)  # (N, L, n or n - 1)
-        rate = sink_rate(res.stats.mass, eps)  # (T',)
+        rate = sink_rate(res.stats.visible_mass, eps)  # (T',)
         Tn = seq.shape[1]
         rankable = rankable_positions(Tn, res.stats.causal)
         rep = rate[start:rankable]
         natural = float("nan")
         if Tn <= control.shape[1]:
-            natural = float(sink_rate(run_model(m, control[:, :Tn], batch_size=batch_size).stats.mass, eps)[0])
+            natural = float(sink_rate(run_model(m, control[:, :Tn], batch_size=batch_size).stats.visible_mass, eps)[0])
         sink_rows.append({"repeats": n, "seq_len": Tn, "sink_rate_pos0": float(rate[0]),
                           "max_sink_rate_repeated": float(rep.max()) if len(rep) else float("nan"),
                           "sink_rate_pos0_natural_same_len": natural})
@@ -354,7 +354,7 @@ def _inject(m, ids: Tensor, base, variants: dict, position: int, inject_layers: 
         else:
             res = run_model(m, ids, edit=force_self_attention(position, {l: hs for l in inject_layers}), hidden=True,
                             batch_size=batch_size)
-        mass = res.stats.mass.double()  # (N, L', H, T)
+        mass = res.stats.visible_mass.double()  # (N, L', H, T)
         cos_p = F.cosine_similarity(res.hidden[:, :, position].double(), res.hidden[:, :, 0].double(), dim=-1)  # (N, L')
         for i, b in enumerate(res.stats.block_ids):
             rows.append({

@@ -57,23 +57,21 @@ def uniform_attention_entropy(seq_len: int, mask: MaskSpec = CAUSAL) -> float:
     """The reference for :func:`attention_entropy`: the mean over the T queries of ``log n_i``, the
     entropy of a head that spreads each query's attention evenly over the ``n_i`` keys it may see.
 
-    ``n_i`` (0-based query i) under ``mask`` (:class:`~sinklab.attention_masks.MaskSpec`): ``T`` for
-    bidirectional attention; causal ``i + 1``, at most ``mask.window`` with a sliding window; a prefix
-    LM's queries ``i < mask.prefix_len`` see the whole prefix.
+    ``n_i`` (0-based query i) is counted from ``mask`` (:class:`~sinklab.attention_masks.MaskSpec`, the rule of
+    :func:`~sinklab.attention_masks.build_mask`): ``T`` for bidirectional attention, ``i + 1`` for causal, a
+    prefix LM's queries ``i < mask.prefix_len`` see the whole prefix, and a sliding window (causal or
+    bidirectional) keeps only the keys within it.
 
     Raises:
         InputError: ``seq_len`` < 1 (a negative prefix or a window < 1 is refused by :class:`MaskSpec`).
     """
-    causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
+    from sinklab.attention_masks import build_mask
+
     if seq_len < 1:
         raise InputError(f"need seq_len >= 1, got {seq_len}")
-    if not causal:
+    if not mask.causal and mask.window is None:
         return math.log(seq_len)
-    n = torch.arange(1, seq_len + 1, dtype=torch.float64)  # i + 1
-    if prefix_len:
-        n = torch.maximum(n, torch.tensor(float(min(prefix_len, seq_len)), dtype=torch.float64))
-    if window is not None:
-        n = n.clamp_max(float(window))
+    n = build_mask(seq_len, seq_len, mask).sum(dim=-1).to(torch.float64)  # (T,) keys each query sees
     return float(n.log().mean())
 
 
