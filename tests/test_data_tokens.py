@@ -166,3 +166,33 @@ def test_interrupted_tokenization_resumes_after_the_last_complete_chunk(tmp_path
         assert np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens)) and np.array_equal(a.offsets, b.offsets)
     assert not list((tmp_path / "resumed").glob(".*.partial"))
     assert resumed.folder.name == clean.folder.name
+
+
+def test_a_special_tokens_text_inside_a_document_is_text(tmp_path):
+    """A document that contains the text "<|endoftext|>" or "<|bos|>" (web text, code) was stored with the EOS /
+    BOS id in its middle: a fake document boundary for the packing and the document mask (outside audit,
+    2026-12-07). Now no document holds a special id, and each decodes back to its text."""
+    docs = [f"plain words {i} and more words" for i in range(8)]
+    docs[2] = f"before {EOS} after and more words"
+    docs[5] = f"start {BOS} middle {EOS} end"
+    tc = tokenize_corpus(docs, vocab_size=300, val_fraction=0.25, split_seed=0, cache_root=tmp_path)
+    specials = set(special_ids(tc.tokenizer))
+    for split, idx in ((tc.train, tc.meta["train_docs"]), (tc.val, tc.meta["val_docs"])):
+        for d, src in enumerate(idx):
+            ids = split.doc(d).tolist()
+            assert not specials & set(ids), (docs[src], ids)
+            assert tc.tokenizer.decode(ids) == docs[src]
+
+
+def test_probe_tokenization_keeps_a_special_tokens_text_as_text():
+    """The probe's tokenize_plain on a byte-level BPE wrapped by transformers: "<|endoftext|>" inside a text is
+    text, not the tokenizer's EOS id."""
+    from transformers import PreTrainedTokenizerFast
+
+    from sinklab.probe.inputs import tokenize_plain
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=train_bpe(DOCS, 300), eos_token=EOS, bos_token=BOS)
+    text = f"alpha {EOS} beta"
+    ids = tokenize_plain(tok, text)
+    assert tok.eos_token_id not in ids and tok.bos_token_id not in ids
+    assert tok.decode(ids) == text

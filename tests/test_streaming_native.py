@@ -95,7 +95,9 @@ def test_cli_stream_on_a_sinklab_run_and_its_own_data(tmp_path, capsys):
     loop.train(load_config(cfg, []), run, progress=False)
     ids = run_stream(run, 40)
     tc = Run(load_config(cfg, []), run).corpus
-    assert ids[0] == tc.bos_id and ids[1:].tolist() == list(tc.val.tokens[:39])
+    docs = Run(load_config(cfg, []), run).validation_documents()
+    want = [int(tc.bos_id)] + [t for d in docs for t in [*map(int, d), int(tc.eos_id)]]
+    assert ids.tolist() == want[:40]  # each document followed by EOS, as in training
     out = tmp_path / "st"
     code, stdout, err = run_cli_captured(["stream", "perplexity", "--model", str(run), "--corpus", "run", "--tokens", "40",
                                           "--window", "60", "--sinks", "0,2", "--chunk", "8", "--out", str(out)], capsys)

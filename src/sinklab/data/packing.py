@@ -74,7 +74,7 @@ class Packer:
 
     def stream(self, split: TokenSplit) -> np.ndarray:
         """1-D stream of the split's documents, each followed by EOS. Shape (n_tokens + n_docs,)."""
-        return _join(split, self.ctx.eos_id, None)
+        return join_documents(split, self.ctx.eos_id, None)
 
     def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Turn ``chunk`` (L stream tokens) into a window of L + n_inserted tokens.
@@ -104,7 +104,7 @@ class Packer:
 PACKING: Registry[type[Packer]] = Registry("packing strategy")
 
 
-def _join(split: TokenSplit, eos: int, bos: int | None) -> np.ndarray:
+def join_documents(split: TokenSplit, eos: int, bos: int | None) -> np.ndarray:
     """Documents joined as ``[BOS] doc EOS`` (BOS only when given). Shape (n_tokens + k * n_docs,)."""
     n_docs, n_tok = split.n_docs, split.n_tokens
     extra = 1 + (bos is not None)
@@ -134,7 +134,7 @@ class BosPacker(Packer):
     n_probe_inserted = 1
 
     def stream(self, split: TokenSplit) -> np.ndarray:
-        return _join(split, self.ctx.eos_id, self.ctx.bos_id)
+        return join_documents(split, self.ctx.eos_id, self.ctx.bos_id)
 
     def probe(self, chunk: np.ndarray, index: int) -> np.ndarray:
         # probe text is cut inside a document: give it the BOS a tokenizer that adds BOS would give

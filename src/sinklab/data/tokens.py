@@ -34,7 +34,9 @@ from sinklab.errors import InputError
 from sinklab.fileio import atomic_write, publish, read_json, reading
 from sinklab.progress import progress as show_progress
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version of the stored token folders (part of the cache key). 2: a special token's text inside a document
+(``<|endoftext|>``, ``<|bos|>``) is encoded as ordinary text, not as the special id (1 stored it as the id)."""
 
 
 @dataclass
@@ -140,6 +142,8 @@ def _encode_split(folder: Path, name: str, tok: Tokenizer, docs: Sequence[str], 
     with open(bin_path, "ab") as f, open(len_path, "ab") as lf, show_progress(
             total=len(docs), initial=n_done, desc=f"tokenizing {name}", unit="document",
             enabled=len(docs) > ENCODE_CHUNK) as bar:
+        # a special token's text inside a document is text: only the packing puts EOS / BOS between documents
+        tok.encode_special_tokens = True
         for s in range(n_done, len(docs), ENCODE_CHUNK):
             lengths = []
             for e in tok.encode_batch(list(docs[s : s + ENCODE_CHUNK]), add_special_tokens=False):

@@ -19,11 +19,17 @@ from sinklab.paths import cache_dir
 from sinklab.probe.inputs import tokenize_plain
 
 
+#: how :func:`~sinklab.probe.inputs.tokenize_plain` encodes (part of the key). 2: a special token's text inside a
+#: document is encoded as text (1 encoded it as the special id).
+ENCODING_VERSION = 2
+
+
 def _key(tokenizer, documents: Sequence[str]) -> str | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # slow tokenizers have no stable serialised form: do not cache
         return None
-    h = hashlib.sha256(backend.to_str().encode())
+    h = hashlib.sha256(f"encoding {ENCODING_VERSION}\n".encode())
+    h.update(backend.to_str().encode())
     for doc in documents:
         h.update(hashlib.sha256(doc.encode()).digest())
     return h.hexdigest()[:32]

@@ -52,7 +52,8 @@ LONG_SEQUENCE_WARNING = "sequence-length-is-longer-than-the-specified-maximum"
 
 
 def tokenize_plain(tokenizer, texts):
-    """Token ids of ``texts`` (a string or a list of strings), no special tokens, without that warning.
+    """Token ids of ``texts`` (a string or a list of strings), no special tokens (a special token's text inside them
+    is encoded as text), without that warning.
 
     sinklab tokenizes whole documents and cuts its windows of T tokens itself, so a document longer
     than the model's maximum length is expected: the tokenizer's "sequence length is longer than the
@@ -60,12 +61,13 @@ def tokenize_plain(tokenizer, texts):
     tokenizer warns as before on later calls of the user's own).
     """
     flags = getattr(tokenizer, "deprecation_warnings", None)
+    # split_special_tokens: a special token's text inside the text ("<|endoftext|>") is encoded as text, not as the id
     if not isinstance(flags, dict):
-        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     had, before = LONG_SEQUENCE_WARNING in flags, flags.get(LONG_SEQUENCE_WARNING)
     flags[LONG_SEQUENCE_WARNING] = True
     try:
-        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     finally:
         if had:
             flags[LONG_SEQUENCE_WARNING] = before

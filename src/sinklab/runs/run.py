@@ -275,16 +275,19 @@ class Run:
         return [val.doc(d) for d in range(val.n_docs)]
 
     def validation_stream(self, n_tokens: int) -> torch.Tensor:
-        """The held-out stream: BOS, then the validation documents in order, the first ``n_tokens`` ids
-        ((n_tokens,) int64).
+        """The held-out stream: BOS, then the validation documents in order, each followed by EOS as the
+        training stream joins them; the first ``n_tokens`` ids ((n_tokens,) int64). (Before 2026-12-07 the
+        documents were joined with no separator, so two documents ran into each other mid-word.)
 
         Raises:
             InputError: fewer validation tokens than ``n_tokens`` (says how many).
         """
+        from sinklab.data.packing import join_documents
+
         tc = self.corpus
-        ids = np.concatenate([[int(tc.bos_id)], np.asarray(tc.val.tokens, dtype=np.int64)])
+        ids = np.concatenate([[int(tc.bos_id)], join_documents(tc.val, int(tc.eos_id), None)])
         if ids.size < n_tokens:
-            raise InputError(f"the validation split of {self.folder} has {ids.size} tokens in all (BOS included), "
+            raise InputError(f"the validation split of {self.folder} has {ids.size} tokens in all (BOS and EOS included), "
                              f"fewer than {param('tokens', n_tokens)}")
         return torch.from_numpy(ids[:n_tokens].copy())
 
