@@ -13,7 +13,7 @@ from sinklab.cli.main import cli
 @cli.command("compare")
 def compare_cmd(
     folders: list[Path] = typer.Argument(..., help="result folders written by sinklab measure (two or more)"),
-    out: Path = typer.Option(Path("runs/compare"), help="output folder: compare.csv, compare_layers.csv, compare.png"),
+    out: Path = typer.Option(Path("runs/compare"), help="output folder: compare.csv, compare_layers.csv, compare.png, compare.json"),
 ) -> None:
     """Print and plot the sink rates of measured models side by side (Sink_1, and beside it the mask-aware Sink_1 of
     a model whose own mask hides keys, Sink* of a virtual sink and the gate-weighted Sink_1 where a model has them;
@@ -44,4 +44,4 @@ def compare_cmd(
                    f"N={r.num_samples} T={r.seq_len}")
     for w in comparison_warnings(models):
         typer.echo(f"warning: {w}")
-    typer.echo(f"wrote {out}/compare.csv, compare_layers.csv and compare.png")
+    typer.echo(f"wrote {out}/compare.csv, compare_layers.csv, compare.json and compare.png")
