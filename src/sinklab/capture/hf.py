@@ -89,10 +89,8 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         collector = COLLECTORS.get("eager")
 
         def edit(w, q=query, k=key, v=value):
-            seen = layer_mask(attention_mask, bool(is_causal) and q.shape[2] > 1, q.shape[2], k.shape[2], q.device,
-                              window)  # what the collector applies; None: every key
-            seen = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device) if seen is None else seen
-            new, edited = state.apply("attn.weights", layer, w, query=q, key=k, value=v, mask=seen)
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device) if seen is None else seen
+            new, edited = state.apply("attn.weights", layer, w, query=q, key=k, value=v, mask=mask)
             if gate is not None:
                 gated.append(gate_weighted_column_sums(new, gate))
             return new if edited else None
@@ -108,6 +106,12 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
     window = None
     if attention_mask is None and skipped_window() is not None:
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", skipped_window()))
+    # the visibility the collector applies (None: every key), for the hooks' context and the recorder's counts of a
+    # mask tensor; only built when one of them needs it (a causal T x T mask is what the blockwise collector avoids)
+    square = query.shape[2] == key.shape[2]
+    seen = (layer_mask(attention_mask, bool(is_causal) and query.shape[2] > 1, query.shape[2], key.shape[2],
+                       query.device, window)
+            if "edit" in more or (recorder is not None and attention_mask is not None and square) else None)
     if recorder is not None and recorder.wants_entropy:
         more["entropy"] = True
     out, col, *ent = collector(
@@ -130,11 +134,10 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         # virtual sink), so the mean weight on the sink over the T_q queries is 1 - sum(col) / T_q
         extra = (1.0 - col.sum(dim=-1) / query.shape[2]).unsqueeze(-1)  # (B, H, 1)
     counts = None
-    if attention_mask is not None and query.shape[2] == key.shape[2]:
+    if attention_mask is not None and square:
         # the layer's own mask tensor (chunked attention, Llama 4; a window or a prefix the model passes as a
         # tensor): the queries that may see each key, counted from it, (B or 1, H or 1, T_k)
-        allowed = layer_mask(attention_mask, bool(is_causal), query.shape[2], key.shape[2], query.device)
-        counts = allowed.expand(*allowed.shape[:-2], query.shape[2], key.shape[2]).sum(dim=-2)
+        counts = seen.expand(*seen.shape[:-2], query.shape[2], key.shape[2]).sum(dim=-2)
     recorder.add_attention(layer, col, MaskSpec(causal=bool(is_causal), window=window), key=key, value=value,
                            extra=extra, entropy=ent[0] if ent else None, gated_column_sums=gated[0] if gated else None,
                            visible_counts=counts)

@@ -176,9 +176,9 @@ class BatchRecorder:
         paper_sums = column_sums if causal_column_sums is None else causal_column_sums
         self.mass[layer] = attention_mass_from_column_sums(paper_sums, causal=causal).cpu()
         T = column_sums.shape[-1]
-        plain = visible_key_counts(T, MaskSpec(causal=causal), device=column_sums.device)
         counts = None
-        if visible_counts is not None and not bool((visible_counts.to(plain.device) == plain).all()):
+        if visible_counts is not None and not bool(
+                (visible_counts == visible_key_counts(T, MaskSpec(causal=causal), device=visible_counts.device)).all()):
             self.masked = True  # the mask tensor hides keys the plain mask shows (chunked attention)
             self.mask = {**mask.to_dict(), "from_mask_tensor": True}
             counts = visible_counts.to(device=column_sums.device, dtype=torch.float64).clamp_min(1.0)  # no query: 0

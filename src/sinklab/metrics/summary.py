@@ -113,7 +113,8 @@ def summarize(
     K = min(positions, stats.seq_len)
     mass = stats.mass
     curve = sink_rate(mass, eps)  # (T,)
-    top = int(curve[: rankable_positions(stats.seq_len, stats.causal)].argmax())
+    sink = _top_sink(mass, curve, eps, K, stats.causal)
+    top = sink["top_sink_position"]
     ratio = norm_ratio(stats.hidden_norms, "mean").mean(dim=0)  # (T,)
     ratio_med = norm_ratio(stats.hidden_norms, "median").mean(dim=0)
     per_layer = sink_rate_per_layer(mass, eps, K)
@@ -138,11 +139,7 @@ def summarize(
         "norm_ratio_median": _r(ratio_med[:K], 4),
         "max_norm_ratio": round(float(ratio.max()), 4),
         "max_norm_ratio_position": int(ratio.argmax()),
-        "top_sink_position": top,
-        "top_sink_rate": round(float(curve[top]), 4),
-        "has_sink": bool(float(curve[top]) > 0),
-        "top_sink_mean_mass_head_share": round(float((mass[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4),
-        "strongest_layers": [int(i) for i in per_layer[:, 0].argsort(descending=True, stable=True)[:3]],
+        **sink,
         "layer_ids": stats.block_ids,
         "other_layers": {str(i): name for i, name in stats.other_layers.items()},
         "hidden_norm_sink": _r(hn[:, top], 4),
@@ -169,6 +166,21 @@ def summarize(
     return out
 
 
+def _top_sink(mass: torch.Tensor, curve: torch.Tensor, eps: float, K: int, causal: bool) -> dict[str, Any]:
+    """:func:`summarize`'s top-sink keys of ``mass`` (N, L, H, T) with its sink-rate ``curve`` (T,):
+    ``top_sink_position``, ``top_sink_rate``, ``has_sink``, ``top_sink_mean_mass_head_share`` and
+    ``strongest_layers`` (by Sink_1 over the first ``K`` positions' per-layer rates)."""
+    top = int(curve[: rankable_positions(mass.shape[-1], causal)].argmax())
+    per_layer = sink_rate_per_layer(mass, eps, K)
+    return {
+        "top_sink_position": top,
+        "top_sink_rate": round(float(curve[top]), 4),
+        "has_sink": bool(float(curve[top]) > 0),
+        "top_sink_mean_mass_head_share": round(float((mass[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4),
+        "strongest_layers": [int(i) for i in per_layer[:, 0].argsort(descending=True, stable=True)[:3]],
+    }
+
+
 def _add_mask_aware(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int, *, n_boot: int, level: float,
                     seed: int) -> None:
     """:func:`summarize`'s mask-aware keys (``mask``, ``mask_aware_differs``, ``sink_rate_visible*``,
@@ -186,14 +198,7 @@ def _add_mask_aware(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int,
     out["attention_mass_visible"] = _r(vis[..., :K].mean(dim=0))
     out["attention_mass_first_visible"] = round(float(vis[..., 0].mean()), 6)
     if stats.mass_visible is not None:  # the top sink and strongest layers as the mask-aware rate sees them
-        curve = sink_rate(vis, eps)  # (T,)
-        top = int(curve[: rankable_positions(stats.seq_len, stats.causal)].argmax())
-        per_layer = sink_rate_per_layer(vis, eps, K)
-        out["top_sink_position_visible"] = top
-        out["top_sink_rate_visible"] = round(float(curve[top]), 4)
-        out["has_sink_visible"] = bool(float(curve[top]) > 0)
-        out["top_sink_mean_mass_head_share_visible"] = round(float((vis[..., top].mean(dim=0) > eps).to(torch.float64).mean()), 4)
-        out["strongest_layers_visible"] = [int(i) for i in per_layer[:, 0].argsort(descending=True, stable=True)[:3]]
+        out.update({f"{k}_visible": v for k, v in _top_sink(vis, sink_rate(vis, eps), eps, K, stats.causal).items()})
 
 
 def _add_captured_extras(out: dict[str, Any], stats: _ProbeStats, eps: float, K: int) -> None:
