@@ -682,3 +682,35 @@ def test_a_mask_aware_study_plots_the_mask_aware_dynamics(tmp_path):
     for key, values in want.items():
         assert mean[key] == pytest.approx(sum(values) / len(values), abs=1e-9)
     assert mean[("8", int(got.step.max()))] > 50  # the window-8 row's mask-aware rate, not the plain 0
+
+
+def test_per_seed_columns_read_back_exactly_so_the_statistics_use_the_raw_values():
+    """The ``X_seeds`` columns are what every interval and test reads (``seed_values``): written at full
+    precision (the outside audit of 2026-12-07: a mass of 0.1000145 was stored as "0.1", the test's level,
+    and p moved from 2.098e-05 to 2.289e-05); whole numbers stay short."""
+    from sinklab.sweep.summary import _join, seed_values
+
+    vals = [0.1000145, 1 / 3, 25.0, 11.71875, 1e-05]
+    s = _join(vals)
+    assert seed_values({"x_seeds": s}, "x") == vals
+    assert s.split(";")[2] == "25" and _join([100, 101]) == "100;101"
+
+
+def test_the_table_shows_every_status_but_a_plain_done():
+    """Unfinished seeds and a failed final re-measure are shown in the report's table (a status starting
+    with "done" was hidden), the failure's message left to summary.csv."""
+    from sinklab.sweep.summary import table_status
+
+    failed = ("done (no final re-measure for 5 of 5 runs: InputError: x/seed100/final/sinklab_model.json not found: "
+              "not a sinklab model folder (expected sinklab_model.json and model.safetensors))")
+    assert table_status(failed) == "done (no final re-measure for 5 of 5 runs; see summary.csv)"
+    assert table_status("done (3 of 5 seeds)") == "done (3 of 5 seeds)"
+    from sinklab.sweep.summary import COLUMNS, markdown_table
+
+    def row(label, status):
+        return {**{c: None for c in COLUMNS}, "label": label, "status": status, "n_seeds": 3, "sink1_seeds": "1;2;3"}
+
+    rows = [row("a", "done (3 of 5 seeds)"), row("b", "done")]
+
+    table = markdown_table(rows)
+    assert "| a (done (3 of 5 seeds)) |" in table and "| b |" in table

@@ -48,6 +48,7 @@ import csv
 import json
 import math
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -204,8 +205,15 @@ def fingerprints_mixed(per: list[dict[str, Any]]) -> bool:
     return any(len(fps) > 1 for fps in groups.values())
 
 
-def _join(vals: list[Any], nd: int = 4) -> str:
-    return ";".join("" if v is None else (f"{v:.{nd}g}" if isinstance(v, float) else str(v)) for v in vals)
+def _exact(v: float) -> str:
+    """``v`` as the shortest string that reads back as the same float ("25" for 25.0): the per-seed columns
+    are what the statistics read (:func:`seed_values`), so they are never rounded."""
+    r = repr(float(v))
+    return r[:-2] if r.endswith(".0") else r
+
+
+def _join(vals: list[Any]) -> str:
+    return ";".join("" if v is None else (_exact(v) if isinstance(v, float) else str(v)) for v in vals)
 
 
 def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") -> dict[str, Any]:
@@ -609,6 +617,14 @@ def paper_text(row: dict[str, Any]) -> str:
     return out
 
 
+def table_status(status: Any) -> str:
+    """A row's status as the tables show it: every status but a plain "done" (unfinished seeds, divergence, a
+    final re-measure that failed), the failure's message left to summary.csv's ``status``."""
+    s = str(status)
+    m = re.match(r"(.*?no final re-measure for \d+ of \d+ runs)", s)
+    return f"{m.group(1)}; see summary.csv)" if m else s
+
+
 def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
     """The summary rows as a Markdown table: mean ± std over seeds of Sink_1 (last 20% of training)
     with its 95% interval, the per-seed values and sink heads (final Sink_1 x L*H / 100 per seed, of
@@ -639,7 +655,7 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
         ci = "" if r.get("ci_lo") in (None, "") else f" [{float(r['ci_lo']):.1f}, {float(r['ci_hi']):.1f}]"
         eff = _interval(r, "effect", "effect_lo", "effect_hi", sign=True)
         exp = f"{r['expect']} ({r['expect_by']})" if r.get("expect") else "–"
-        status = "" if str(r.get("status", "")).startswith("done") and "diverged" not in str(r.get("status")) else f" ({r['status']})"
+        status = "" if str(r.get("status", "")) == "done" else f" ({table_status(r.get('status'))})"
         sp = r.get("sink_position")
         status += f" (Sink_{sp})" if sp not in (None, "", 1, "1") else ""
         mkey = "mass1_visible_mean" if r.get("metric") == "sink1_visible" else "mass1_mean"
