@@ -474,3 +474,30 @@ def test_remove_attention_to_bos_loss_equals_a_naive_float64_computation():
     assert t.loc["remove-sink", "loss"] == pytest.approx(loss(True), abs=1e-6)
     assert abs(loss(True) - loss(False)) > 1e-4  # the edit moves the loss 100x the tolerance (4.9e-4 here)
     assert "masked diffusion loss" in res.summary["readout"]
+
+
+def test_denoise_top3_agrees_with_the_top_sink_and_is_empty_without_one():
+    """``top3_positions`` starts with ``top_sink_position`` (ties by position) and lists only positions whose
+    sink rate is above 0: an outside audit found "42;43;44" beside a top sink of 0 at a step where no position
+    passed eps."""
+    from types import SimpleNamespace
+
+    from sinklab.analyze.denoise import step_row
+
+    N, L, H, T = 2, 1, 2, 16
+    kinds = torch.zeros(N, T, dtype=torch.long)
+    norms = torch.ones(N, L, T)
+
+    def stats(mass):
+        return SimpleNamespace(visible_mass=mass, hidden_norms=norms, key_norms=None)
+
+    flat = stats(torch.full((N, L, H, T), 1.0 / T, dtype=torch.float64))
+    row, _ = step_row(flat, kinds, eps=0.3, prompt_len=4, sink_level=50.0)
+    assert row["top_sink_position"] == 0 and row["top_sink_rate"] == 0 and row["top3_positions"] == ""
+    assert not row["has_sink"]
+    mass = torch.full((N, L, H, T), 0.01, dtype=torch.float64)
+    mass[:, :, :, 5] = 0.5  # every (sample, head): 100%
+    mass[0, :, :, 2] = 0.5  # half of them: 50% each at 2 and 7, tied
+    mass[0, :, :, 7] = 0.5
+    row, _ = step_row(stats(mass), kinds, eps=0.3, prompt_len=4, sink_level=50.0)
+    assert row["top_sink_position"] == 5 and row["top3_positions"] == "5;2;7" and row["has_sink"]

@@ -65,7 +65,7 @@ def test_measure_many_then_compare(two_models, text_corpus_dir, tmp_path, capsys
 def test_compare_bad_input(two_models, text_corpus_dir, tmp_path, capsys):
     code, _, err = run_cli_captured(["compare", str(tmp_path)], capsys)
     assert code == 2 and "at least two" in err
-    code, _, err = run_cli_captured(["compare", str(tmp_path), str(tmp_path)], capsys)
+    code, _, err = run_cli_captured(["compare", str(tmp_path), str(tmp_path / "other")], capsys)
     assert code == 2 and "no results.json" in err
     for eps, name in ((0.3, "a"), (0.5, "b")):
         code, _, err = run_cli_captured(["measure", "--model", two_models[0], "--corpus", str(text_corpus_dir), "-n", "2",
@@ -151,3 +151,36 @@ def test_compare_gives_the_mask_aware_sink_rate_of_a_window_model(tmp_path, caps
     assert models["mask"].tolist()[1] == "window 8"
     layers = pd.read_csv(tmp_path / "cmp" / "compare_layers.csv")
     assert layers[layers.model == "window"].sink_rate_visible_1.tolist() == [98.25, 100.0]
+
+
+def test_compare_warns_when_corpus_dtype_or_first_token_differ_and_refuses_a_folder_twice(tmp_path, capsys):
+    """An outside audit (2026-12-07): probes that differed in BOS, corpus and dtype stood side by side with
+    no warning (Sink_1 80.5 / 76.5 / 83.0, all "natural N=6 T=32"), and one folder given twice gave two
+    rows. Now each difference is a warning and a column of compare.csv; a repeated folder is refused."""
+    def write(name, *, corpus, bos, prefix, dtype):
+        f = _results(tmp_path / name, name, n=6, kind="natural", sink1=80.0, ci=[70.0, 90.0], T=32)
+        r = json.loads((f / "results.json").read_text())
+        r["probe"].update(corpus=corpus, bos=bos)
+        r.update(bos_prefix=prefix, config={"dtype": dtype})
+        (f / "results.json").write_text(json.dumps(r))
+        return f
+
+    a = write("auto", corpus="sotu", bos="auto", prefix=[], dtype="float32")
+    b = write("always", corpus="sotu", bos="always", prefix=[1], dtype="float32")
+    c = write("shak", corpus="shakespeare", bos="auto", prefix=[], dtype="bfloat16")
+    models, _ = comparison_tables([a, b, c])
+    assert models.corpus.tolist() == ["sotu", "sotu", "shakespeare"] and models.special_first.tolist() == [False, True, False]
+    assert models.dtype.tolist() == ["float32", "float32", "bfloat16"] and models.bos.tolist() == ["auto", "always", "auto"]
+    from sinklab.measure.compare import comparison_warnings
+
+    w = comparison_warnings(models)
+    assert w == ["different corpora (auto sotu, always sotu, shak shakespeare): the bars are not measured alike",
+                 "different dtypes (auto float32, always float32, shak bfloat16): the bars are not measured alike",
+                 "a special token (BOS / CLS) starts the windows of always but not of the others (bos settings: auto "
+                 "auto, always always, shak auto): Sink_1 is the mass on a different kind of first token"]
+    assert comparison_warnings(comparison_tables([a, write("a2", corpus="sotu", bos="auto", prefix=[],
+                                                             dtype="float32")])[0]) == []
+    with pytest.raises(InputError, match="given twice"):
+        comparison_tables([a, tmp_path / "auto" / ".." / "auto"])
+    code, _, err = run_cli_captured(["compare", str(a), str(a)], capsys)
+    assert code == 2 and "given twice" in err

@@ -72,7 +72,9 @@ def step_row(st, kinds: Tensor, eps: float, prompt_len: int, sink_level: float) 
     N = kinds.shape[0]
     k_rank = rankable_positions(T, False)
     rate = sink_rate(st.visible_mass, eps)  # (T,) percent
-    top = int(rate[:k_rank].argmax())
+    # positions by sink rate, ties by position (the first of equal rates, as argmax): top3 starts with top
+    order = torch.sort(rate[:k_rank], descending=True, stable=True).indices
+    top = int(order[0])
     mean_mass = st.visible_mass.mean(dim=(0, 1, 2))  # (T,)
     top_kind = torch.bincount(kinds[:, top], minlength=len(KINDS))
     per_key = st.visible_mass  # (N, L, H, T)
@@ -84,7 +86,7 @@ def step_row(st, kinds: Tensor, eps: float, prompt_len: int, sink_level: float) 
         "masked_share": float(is_mask[:, prompt_len:].double().mean()),
         "top_sink_position": top,
         "top_sink_rate": float(rate[top]),
-        "top3_positions": ";".join(str(int(j)) for j in rate[:k_rank].topk(min(3, k_rank)).indices),
+        "top3_positions": ";".join(str(int(j)) for j in order[:3] if float(rate[j]) > 0),
         "has_sink": bool(float(rate[top]) >= sink_level),
         "top_sink_kind": KINDS[int(top_kind.argmax())],
         "top_sink_kind_share": float(top_kind.max()) / N,
@@ -145,7 +147,8 @@ def denoise(
         :class:`AnalysisResult` with tables ``steps`` (one row per step: ``masked_share`` of the
         generated positions, ``top_sink_position``, ``top_sink_rate`` (Sink^eps, percent),
         ``top_sink_kind`` (the most common token kind there over samples) and ``top_sink_kind_share``,
-        ``top3_positions`` (the three positions with the highest sink rates, ``;``-separated), ``mass_top``, ``mass_bos``, ``mass_mask`` (attention mass summed over the BOS / mask keys, mean
+        ``top3_positions`` (the three positions with the highest sink rates, ties by position, ``;``-separated;
+        only positions whose rate is above 0, so empty when no position passes eps), ``mass_top``, ``mass_bos``, ``mass_mask`` (attention mass summed over the BOS / mask keys, mean
         over samples, layers and heads), ``mask_key_share`` (share of keys that are mask tokens: what
         ``mass_mask`` would be under uniform attention), ``head_top_KIND`` (share of (sample, layer,
         head) whose largest-mass key is of that kind), ``hidden_norm_ratio`` and ``key_norm_ratio``

@@ -11,7 +11,7 @@ gated after attention its gate-weighted Sink_1 (DESIGN "gate-weighted attention"
 Outputs (:func:`write_comparison`): ``compare.csv`` (one row per model), ``compare_layers.csv``
 (one row per model and layer), ``compare.png`` (Sink_1 bars with their 95% intervals, Sink* and
 gate-weighted Sink_1 bars beside them where a model has them; per-layer curves over depth) and ``compare.json`` (the folders, the command, versions, and the warnings of
-:func:`comparison_warnings`: sample sizes, lengths or probe kinds that differ).
+:func:`comparison_warnings`: sample sizes, lengths, probe kinds, corpora, dtypes or first tokens that differ).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ def comparison_tables(folders: Sequence[str | Path]):
     ``models`` columns: ``model``, ``folder``, ``sink_rate_1`` (percent), ``ci_low`` / ``ci_high`` (its
     95% bootstrap interval from ``sink_rate_ci``; empty for N = 1 or a file without one),
     ``attention_mass_first``, ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``, ``probe``
-    (the probe kind measured: natural, run, random, repeated, text), for a model with a virtual sink (learned
+    (the probe kind measured: natural, run, random, repeated, text), ``corpus`` (a natural probe's corpus; empty
+    otherwise), ``bos`` (the ``bos`` setting: auto, always, never), ``special_first`` (whether a special token,
+    BOS or CLS, was put before every window), ``dtype`` (the measurement's), for a model with a virtual sink (learned
     sink logits as in gpt-oss, sinklab's sink token / key bias / sink logit / softmax-off-by-one; empty
     otherwise) ``sink_rate_virtual`` (Sink*: percent of (sample, layer, head) triples whose attention on the
     virtual key exceeds eps) and ``virtual_mass`` (its mean attention mass), for a model whose heads are gated
@@ -61,13 +63,19 @@ def comparison_tables(folders: Sequence[str | Path]):
     ``sink_rate_gated_1`` (the layer's gate-weighted Sink_1; empty for an ungated model).
 
     Raises:
-        InputError: fewer than two folders, a folder without results.json, or results measured
-            with different eps (their sink rates are not comparable).
+        InputError: fewer than two folders, a folder without results.json, the same folder (or result) given
+            twice, or results measured with different eps (their sink rates are not comparable).
     """
     import pandas as pd
 
     if len(folders) < 2:
         raise InputError(f"compare needs at least two results (folders or measure results), got {len(folders)}")
+    seen: dict[Any, Any] = {}
+    for f in folders:
+        key = id(f) if hasattr(f, "to_dict") else Path(f).resolve()
+        if key in seen:
+            raise InputError(f"the same results were given twice ({seen[key]} and {f}): compare each measurement once")
+        seen[key] = f
     results = [(_load(f), _label(f)) for f in folders]
     eps = sorted({r["eps"] for r, _ in results})
     if len(eps) > 1:
@@ -103,6 +111,8 @@ def comparison_tables(folders: Sequence[str | Path]):
                        "attention_mass_first": r.get("attention_mass_first"), "n_layers": L,
                        "num_samples": r["probe"]["num_samples"], "seq_len": r["probe"]["seq_len"],
                        "eps": r["eps"], "input": r.get("input"), "probe": r["probe"].get("kind", r.get("input")),
+                       "corpus": r["probe"].get("corpus") or "", "bos": r["probe"].get("bos") or "",
+                       "special_first": bool(r.get("bos_prefix")), "dtype": (r.get("config") or {}).get("dtype") or "",
                        **_downstream_columns(r.get("downstream"))})
         ids = r.get("layer_ids") or list(range(L))  # block index of each measured layer (a hybrid's attention blocks)
         blocks = len(ids) + len(r.get("other_layers") or {})  # the full stack, blocks without attention included
@@ -134,16 +144,24 @@ def _downstream_columns(d: dict[str, Any] | None) -> dict[str, Any]:
 def comparison_warnings(models) -> list[str]:
     """Why the bars of :func:`comparison_tables`' ``models`` may not be comparable: different sample sizes
     N (their intervals differ in width), sequence lengths T (the mass on token 1 is a mean over T - 1
-    queries) or probe kinds (natural text, repeated tokens, ... give different sink rates), models
+    queries), probe kinds (natural text, repeated tokens, ... give different sink rates), corpora or dtypes,
+    a special first token (BOS / CLS) before some models' windows and not others', models
     with no interval (N = 1), and models whose own mask hides keys (their plain Sink_1 is capped). Each a one-line message naming the values per model; [] when none applies."""
     out = []
 
     def per_model(col: str) -> str:
         return ", ".join(f"{m} {v}" for m, v in zip(models["model"], models[col]))
 
-    for col, what in (("num_samples", "sample sizes N"), ("seq_len", "sequence lengths T"), ("probe", "probe kinds")):
-        if models[col].nunique() > 1:
+    for col, what in (("num_samples", "sample sizes N"), ("seq_len", "sequence lengths T"), ("probe", "probe kinds"),
+                      ("corpus", "corpora"), ("dtype", "dtypes")):
+        # (a table built before a column was kept has none; only natural-text probes have a corpus, and a
+        # probe kind that differs is its own warning)
+        if col in models and len({v for v in models[col] if v != ""}) > 1:
             out.append(f"different {what} ({per_model(col)}): the bars are not measured alike")
+    if "special_first" in models and models["special_first"].nunique() > 1:
+        first = [m for m, v in zip(models["model"], models["special_first"]) if v]
+        out.append(f"a special token (BOS / CLS) starts the windows of {', '.join(first)} but not of the others "
+                   f"(bos settings: {per_model('bos')}): Sink_1 is the mass on a different kind of first token")
     none = [m for m, lo in zip(models["model"], models["ci_low"]) if lo is None or lo != lo]
     if none:
         out.append(f"no confidence interval for {', '.join(none)} (N = 1, or none in the file)")
