@@ -703,8 +703,11 @@ def test_the_table_shows_every_status_but_a_plain_done():
 
     failed = ("done (no final re-measure for 5 of 5 runs: InputError: x/seed100/final/sinklab_model.json not found: "
               "not a sinklab model folder (expected sinklab_model.json and model.safetensors))")
-    assert table_status(failed) == "done (no final re-measure for 5 of 5 runs; see summary.csv)"
-    assert table_status("done (3 of 5 seeds)") == "done (3 of 5 seeds)"
+    assert table_status(failed) == "no final re-measure for 5 of 5 runs; see summary.csv"
+    assert table_status("done (3 of 5 seeds)") == "3 of 5 seeds"
+    assert table_status("diverged: every seed (2), at steps 7, 9") == "diverged: every seed (2), at steps 7, 9"
+    both = "done (3 of 5 seeds) (no final re-measure for 1 of 3 runs: E: x (y))"
+    assert table_status(both) == "done (3 of 5 seeds) (no final re-measure for 1 of 3 runs; see summary.csv)"
     from sinklab.sweep.summary import COLUMNS, markdown_table
 
     def row(label, status):
@@ -713,4 +716,4 @@ def test_the_table_shows_every_status_but_a_plain_done():
     rows = [row("a", "done (3 of 5 seeds)"), row("b", "done")]
 
     table = markdown_table(rows)
-    assert "| a (done (3 of 5 seeds)) |" in table and "| b |" in table
+    assert "| a (3 of 5 seeds) |" in table and "| b |" in table

@@ -618,11 +618,14 @@ def paper_text(row: dict[str, Any]) -> str:
 
 
 def table_status(status: Any) -> str:
-    """A row's status as the tables show it: every status but a plain "done" (unfinished seeds, divergence, a
-    final re-measure that failed), the failure's message left to summary.csv's ``status``."""
+    """A row's status as the tables show it, in the row's parentheses: every status but a plain "done" (unfinished
+    seeds, divergence, a final re-measure that failed; "done (...)" shows what is in its parentheses), the
+    failure's message left to summary.csv's ``status``."""
     s = str(status)
     m = re.match(r"(.*?no final re-measure for \d+ of \d+ runs)", s)
-    return f"{m.group(1)}; see summary.csv)" if m else s
+    s = f"{m.group(1)}; see summary.csv)" if m else s
+    inner = re.fullmatch(r"done \(([^()]*)\)", s)  # "done (3 of 5 seeds)": "3 of 5 seeds"
+    return inner.group(1) if inner else s
 
 
 def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
