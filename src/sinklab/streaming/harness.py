@@ -849,10 +849,11 @@ def evaluate_stream(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: in
             bytes the timing measures: full, window and sinks at 16 bits).
         done: results already computed, by name (a resumed run); they are kept as they are.
         on_result: called with each new result (to save it at once).
-        stack: the configurations decoded token by token (other policies, quantised caches) run up
-            to ``stack`` at a time as the rows of one batch, one batch per budget (pyramidkv in its own)
-            (:func:`decode_stacked`); their latency is then timed for each alone at the end of the
-            stream (:func:`decode_latency`). 0: one at a time, latency from their own last steps.
+        stack: the configurations decoded token by token at 16 bits (the policies beyond full, window and
+            sinks) run up to ``stack`` at a time as the rows of one batch, one batch per budget (pyramidkv in
+            its own) (:func:`decode_stacked`), a quantised cache alone (:func:`evaluate_streams`); their
+            latency is then timed for each alone at the end of the stream (:func:`decode_latency`). 0: one at
+            a time, latency from their own last steps.
         agreement: also score every configuration against the full cache (``kl``, ``top1``: the full
             cache's logits are computed once per stream, by the ``full`` configuration when it is in
             ``specs``, else by :func:`full_logits`, kept on the model's device as (min(N, max_context) - 1, V)).
@@ -874,17 +875,20 @@ def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: i
                      stack: int = 32, agreement: bool = True) -> list[list[StreamConfigResult]]:
     """Evaluate every configuration of ``specs`` on B streams of equal length at once, each configuration
     once over the batch: the numbers of :func:`evaluate_stream` on each stream alone (to float rounding:
-    the batched matrix products sum in another order; tests check 1e-5 in NLL and KL).
+    the batched matrix products sum in another order; tests check 1e-5 in NLL and KL; a quantised cache's
+    exactly, as it is decoded alone).
 
     How each configuration batches: full, window and sinks at 16 bits run one parallel forward over the
     B streams (or, with ``mode="decode"``, one cache of B rows token by token); the configurations decoded
-    token by token (every other policy, quantised caches) run in :func:`decode_stacked` as configuration x
+    token by token (every other policy at 16 bits) run in :func:`decode_stacked` as configuration x
     stream rows, each configuration's stream 0 in a one-row cache of its own and its other streams in one
     cache of B - 1 rows, whose rows keep their own tokens: the scoring policies (h2o, tova, sinks+h2o,
     sinks+tova, detected-sinks, and snapkv, pyramidkv, knorm, which score calls of more than one token)
-    select per row from that row's attention weights or keys, and a quantised store quantises per row (the
-    lossless copies of ``sinks_full_precision="detected"`` per row as well); recompute runs each window
-    forward over the B streams. No configuration runs row by row.
+    select per row from that row's attention weights or keys; recompute runs each window forward over the B
+    streams. A quantised cache (``kv_bits`` < 16) decodes each stream alone, one configuration at a time:
+    a code near a rounding boundary flips with the float rounding of a batch's layout, and the flip runs
+    through the later layers, so batched its numbers would depend on the other rows far beyond float
+    rounding; alone they are exactly :func:`evaluate_stream`'s on that stream with that configuration only.
 
     Args:
         ids: (B, N) int64, B >= 1 streams of N >= 2 tokens (no padding).
@@ -903,12 +907,15 @@ def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: i
         Per stream (row order) the results in the order of ``specs``.
 
     Raises:
-        InputError: ``ids`` not (B, N) with N >= 2, ``done`` of another length, B > 1 on a model trained
+        InputError: ``ids`` not (B, N) with N >= 2, ``chunk`` or ``recompute_every`` below 1, ``done`` of another
+            length, B > 1 on a model trained
             with ``sinklab train`` (decoded token by token, one stream at a time), and as
             :func:`evaluate_stream`.
     """
     if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 2:
         raise InputError(f"the streams need shape (B, N) with N >= 2 tokens, got {tuple(ids.shape)}")
+    if chunk < 1 or recompute_every < 1:
+        raise InputError(f"chunk and recompute_every must be >= 1, got {chunk} and {recompute_every}")
     if mode not in ("parallel", "decode"):
         raise InputError(f"unknown mode {mode!r}: parallel | decode")
     B, n = ids.shape
@@ -959,8 +966,13 @@ def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: i
             budget = group[0].budget
             if max_context is not None and budget > max_context:
                 raise InputError(f"n_sink + window = {budget} exceeds the model's context of {max_context} tokens")
-            for a in range(0, len(group), stack):
-                part = group[a : a + stack]
+            # a quantised store decodes each stream alone: a code near a rounding boundary flips with the float
+            # rounding of the batch's layout (and with the attention kernel the batch's policies need), and the
+            # flip runs through the later layers, so stacked it would depend on its batch by far more than float
+            # rounding (an outside audit: ~1% in perplexity, SmolLM2 at 4 bits); alone it depends on nothing else
+            stacked = [s for s in group if s.kv_bits == 16]
+            for a in range(0, len(stacked), stack):
+                part = stacked[a : a + stack]
                 scores = {s.name: _row_scores(ref, B) for s in part}
                 got = _decode_stacked_rows(model, ids, part, progress=progress, scores=scores, ref=ref)
                 for s in part:
@@ -968,6 +980,16 @@ def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: i
                     finished([_stacked_result(model, ids[b], s, scores[s.name][b], 0 if b else nbytes, 0 if b else state,
                                               chunk=chunk, recompute_every=recompute_every,
                                               latency_steps=0 if b else latency_steps) for b in range(B)])
+            for s in (s for s in group if s.kv_bits != 16):
+                rows = []
+                for b in range(B):
+                    scores = {s.name: _row_scores(None if ref is None else ref[b : b + 1], 1)}
+                    nbytes, state = _decode_stacked_rows(model, ids[b : b + 1], [s], progress=progress, scores=scores,
+                                                         ref=None if ref is None else ref[b : b + 1])[s.name]
+                    rows.append(_stacked_result(model, ids[b], s, scores[s.name][0], 0 if b else nbytes,
+                                                0 if b else state, chunk=chunk, recompute_every=recompute_every,
+                                                latency_steps=0 if b else latency_steps))
+                finished(rows)
     bar = show_progress(specs, desc="caches", unit="configuration", enabled=progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)

@@ -199,10 +199,13 @@ def _perplexity(subject, o: PerplexityOptions, *, model, resume: dict | None, on
     """The ``perplexity`` task: perplexity, agreement with the full cache, latency and memory of every
     configuration, on one stream (``streams=1``: the corpus's documents in order) or on many (one
     document each, with intervals over streams: :mod:`sinklab.streaming.streams`)."""
+    for name in ("chunk", "recompute_every"):  # (0 is not "the default": None is)
+        if getattr(o, name) is not None and getattr(o, name) < 1:
+            raise InputError(f"{param(name)} must be >= 1, got {getattr(o, name)}")
     specs = _specs(o, "perplexity")
     native, ctx = _check_subject(subject, model, o.corpus, specs, "perplexity")
-    chunk = o.chunk or o.window
-    every = o.recompute_every or max(1, math.ceil(o.tokens / 128))
+    chunk = o.chunk if o.chunk is not None else o.window
+    every = o.recompute_every if o.recompute_every is not None else max(1, math.ceil(o.tokens / 128))
     if o.streams > 1:
         return _stream_set(subject, o, specs, chunk=chunk, every=every, ctx=ctx, native=native, resume=resume,
                            on_result=on_result, progress=progress, command=command)
