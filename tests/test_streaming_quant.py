@@ -215,8 +215,11 @@ def test_bad_quantisation_options(kw, msg):
 def test_group_that_does_not_divide_head_dim_is_refused():
     m = llama(layers=1)
     cache = SinkCache(m, policy="sinks", budget=8, kv_bits=4, kv_group=3)
-    with pytest.raises(InputError, match="kv_group 3 must divide head_dim 8"):
+    with pytest.raises(InputError, match="kv_group 3 must divide head_dim 8 .*the channels of one token's key and value"):
         m(torch.ones(1, 2, dtype=torch.long), cache=cache, use_cache=True)
+    cache = SinkCache(m, policy="sinks", budget=8, kv_bits=4, kv_group=3, key_quant="channel")
+    with pytest.raises(InputError, match="kv_group 3 must divide head_dim 8 .*the values' channels of one token"):
+        m(torch.ones(1, 2, dtype=torch.long), cache=cache, use_cache=True)  # (a channel-mode key block is in tokens)
     store = QuantKV(3, 8)
     with pytest.raises(InputError, match="head_dim 12 is not a multiple of 8"):
         store.init(torch.zeros(1, 1, 1, 12), torch.zeros(1, 1, 1, 12))

@@ -291,8 +291,10 @@ class QuantKV:
         if d % 8:
             raise InputError(f"kv_bits {self.bits} packs codes in runs of 8 channels; head_dim {d} is not a multiple of 8")
         if d % min(self.group, d):
+            what = ("the values' channels of one token (the keys' blocks of kv_group tokens per channel share it)"
+                    if self.key_quant == "channel" else "the channels of one token's key and value")
             raise InputError(f"kv_group {self.group} must divide head_dim {d} (or be at least head_dim): it groups "
-                             "the channels of one token")
+                             f"{what}")
         self.d, self.dtype = d, key_states.dtype
         dev, dt = key_states.device, key_states.dtype
         nb, ng = d * self.bits // 8, d // self._cgroup()
