@@ -238,12 +238,16 @@ def test_the_cli_records_the_command_as_typed(tiny_model_dir, text_corpus_dir, t
     code, _, err = run_cli_captured(argv, capsys)
     assert code == 0, err
     assert json.loads((out / "results.json").read_text())["command"] == "sinklab " + " ".join(argv)
-    code, _, err = run_cli_captured(["compare", str(out), str(out), "--out", str(tmp_path / "c")], capsys)
+    import shutil
+
+    out2 = tmp_path / "m2"  # (the same folder twice is refused)
+    shutil.copytree(out, out2)
+    code, _, err = run_cli_captured(["compare", str(out), str(out2), "--out", str(tmp_path / "c")], capsys)
     assert code == 0, err
     from sinklab.measure.compare import CompareResult
 
     c = CompareResult.load(tmp_path / "c")
-    assert c.command == f"sinklab compare {out} {out} --out {tmp_path / 'c'}"
+    assert c.command == f"sinklab compare {out} {out2} --out {tmp_path / 'c'}"
     assert c.table()["num_samples"].tolist() == [3, 3]
 
 
