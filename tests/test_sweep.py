@@ -717,3 +717,9 @@ def test_the_table_shows_every_status_but_a_plain_done():
 
     table = markdown_table(rows)
     assert "| a (3 of 5 seeds) |" in table and "| b |" in table
+    from sinklab.sweep.report import _headline
+
+    for r in rows:
+        r.update(expect="sink", metric="sink1")
+    head = "\n".join(_headline([("study", r) for r in rows]))
+    assert "| study | a (3 of 5 seeds) |" in head and "| study | b |" in head  # the headline table too
