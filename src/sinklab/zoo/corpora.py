@@ -14,6 +14,7 @@ each, sorted by file name) given by path works as a corpus too.
 
 from __future__ import annotations
 
+import bisect
 import bz2
 import gzip
 import html
@@ -297,9 +298,14 @@ def read_sword_ztext(module_dir: Path) -> list[str]:
         bzz = (module_dir / f"{testament}.bzz").read_bytes()
         blocks = [struct.unpack_from("<III", bzs, i) for i in range(0, len(bzs) - 11, 12)]
         recs = [struct.unpack_from("<IIH", bzv, i) for i in range(0, len(bzv) - 9, 10)]
+        starts: dict[int, list[int]] = {}  # block -> the sorted starts of its non-empty entries
+        for block, start, size in recs:
+            if size:
+                starts.setdefault(block, []).append(start)
+        starts = {b: sorted(set(v)) for b, v in starts.items()}
         cache: dict[int, bytes] = {}
         prev = None
-        for n, rec in enumerate(recs):
+        for rec in recs:
             block, start, size = rec
             if size == 0 or rec == prev:
                 continue
@@ -308,9 +314,10 @@ def read_sword_ztext(module_dir: Path) -> list[str]:
                 off, csize, usize = blocks[block]
                 cache = {block: zlib.decompress(bzz[off: off + csize])}  # blocks are read in order
             data = cache[block]
-            # where the entry can end at the latest: the next later entry of this block, else the block's end
-            ends = [s for b, s, z in recs[n + 1:] if b == block and z and s > start][:1] or [len(data)]
-            gap = ends[0] - (start + size)
+            # where the entry can end at the latest: the next entry of this block, else the block's end
+            block_starts = starts[block]
+            k = bisect.bisect_right(block_starts, start)
+            gap = (block_starts[k] if k < len(block_starts) else len(data)) - (start + size)
             if gap > 0 and gap % 65536 == 0:  # the size wrapped around its 16 bits
                 size += gap
             entries.append(data[start: start + size].decode("utf-8", errors="replace"))
