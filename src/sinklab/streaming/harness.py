@@ -934,8 +934,9 @@ def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: i
     def missing(spec: CacheSpec) -> bool:
         return any(spec.name not in d for d in done)
 
-    def finished(results: Sequence[StreamConfigResult]) -> None:
-        for b, res in enumerate(results):
+    def finished(results: Sequence[StreamConfigResult], first: int = 0) -> None:
+        """Keep (and report) the results of streams ``first``, ``first + 1``, ..."""
+        for b, res in enumerate(results, start=first):
             if res.name in done[b]:
                 continue
             new[b][res.name] = res
@@ -959,6 +960,19 @@ def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: i
             finished(results)
         else:
             ref = full_logits(model, ids, max_context=max_context, mode=mode, progress=progress)
+
+    def decode_rows(part: Sequence[CacheSpec], b0: int, b1: int) -> None:
+        """The configurations ``part`` x the streams ``b0 .. b1 - 1`` as the rows of one stacked decode
+        (:func:`_decode_stacked_rows`); stream 0 is timed and its bytes kept, the others' are not."""
+        sub_ref = None if ref is None else ref[b0:b1]
+        scores = {s.name: _row_scores(sub_ref, b1 - b0) for s in part}
+        got = _decode_stacked_rows(model, ids[b0:b1], part, progress=progress, scores=scores, ref=sub_ref)
+        for s in part:
+            nbytes, state = got[s.name]
+            finished([_stacked_result(model, ids[b], s, scores[s.name][b - b0], 0 if b else nbytes, 0 if b else state,
+                                      chunk=chunk, recompute_every=recompute_every,
+                                      latency_steps=0 if b else latency_steps) for b in range(b0, b1)], first=b0)
+
     if stack and parallel:  # the token-by-token configurations, one batched decode per budget
         todo = [s for s in specs if s.kind == "sink" and not s.parallel_ok and missing(s)]
         for key in dict.fromkeys(_stack_key(s) for s in todo):
@@ -972,24 +986,11 @@ def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: i
             # rounding (an outside audit: ~1% in perplexity, SmolLM2 at 4 bits); alone it depends on nothing else
             stacked = [s for s in group if s.kv_bits == 16]
             for a in range(0, len(stacked), stack):
-                part = stacked[a : a + stack]
-                scores = {s.name: _row_scores(ref, B) for s in part}
-                got = _decode_stacked_rows(model, ids, part, progress=progress, scores=scores, ref=ref)
-                for s in part:
-                    nbytes, state = got[s.name]
-                    finished([_stacked_result(model, ids[b], s, scores[s.name][b], 0 if b else nbytes, 0 if b else state,
-                                              chunk=chunk, recompute_every=recompute_every,
-                                              latency_steps=0 if b else latency_steps) for b in range(B)])
-            for s in (s for s in group if s.kv_bits != 16):
-                rows = []
-                for b in range(B):
-                    scores = {s.name: _row_scores(None if ref is None else ref[b : b + 1], 1)}
-                    nbytes, state = _decode_stacked_rows(model, ids[b : b + 1], [s], progress=progress, scores=scores,
-                                                         ref=None if ref is None else ref[b : b + 1])[s.name]
-                    rows.append(_stacked_result(model, ids[b], s, scores[s.name][0], 0 if b else nbytes,
-                                                0 if b else state, chunk=chunk, recompute_every=recompute_every,
-                                                latency_steps=0 if b else latency_steps))
-                finished(rows)
+                decode_rows(stacked[a : a + stack], 0, B)
+            for s in group:
+                if s.kv_bits != 16:
+                    for b in range(B):
+                        decode_rows([s], b, b + 1)
     bar = show_progress(specs, desc="caches", unit="configuration", enabled=progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)
