@@ -21,7 +21,9 @@ import torch  # noqa: E402
 if _WORKERS:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-from helpers import USER_HOME, WORDS, make_tokenizer, tiny_llama
+from helpers import USER_HOME, WORDS, make_tokenizer, share_compiled_kernels_between_checkouts, tiny_llama
+
+share_compiled_kernels_between_checkouts()
 
 
 @pytest.fixture

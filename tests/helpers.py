@@ -145,3 +145,36 @@ def tiny_sinklm(att, pos, backend="reference", window=None, seed=0, options=None
             if p.dim() == 1 or "positional" in n:
                 p.add_(torch.randn_like(p) * 0.5)
     return m
+
+
+def share_compiled_kernels_between_checkouts() -> None:
+    """Let every checkout on this machine reuse the C++ kernels that ``torch.compile`` built in another one.
+
+    Inductor keys each kernel's shared library by its source and its compile command, and the command names
+    the torch headers and libraries by the venv's path: a new clone (``make setup`` puts ``.venv`` inside it)
+    found every FX graph in ``/tmp/torchinductor_*`` but ran the C++ compiler again for every kernel (about
+    110 CPU-s of the compile lane, benchmarks/results/test_times.md). Here inductor is pointed at the venv's
+    torch through a link whose path names only torch's version and build, ``<tmp>/sinklab-torch-<version>-
+    <git sha>``, so the command, and so the key, is the same in every checkout of the same torch build; the
+    headers behind it are the same files. Test set-up only: the library never does this. If torch no longer has
+    the private names patched here, nothing is changed."""
+    import tempfile
+
+    import torch.utils.cpp_extension as ext
+
+    here = getattr(ext, "_TORCH_PATH", None)
+    if not isinstance(here, str) or not isinstance(getattr(ext, "TORCH_LIB_PATH", None), str):
+        return
+    build = (getattr(torch.version, "git_version", None) or "unknown")[:12]
+    link = Path(tempfile.gettempdir()) / f"sinklab-torch-{torch.__version__}-{build}".replace("+", "_")
+    try:
+        if not (link.is_symlink() and link.resolve() == Path(here).resolve()):
+            # a link left by another checkout (or one whose venv is gone): point it here, atomically
+            tmp = link.with_name(f"{link.name}.{os.getpid()}")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(here, target_is_directory=True)
+            os.replace(tmp, link)
+    except OSError:
+        return
+    ext._TORCH_PATH = str(link)
+    ext.TORCH_LIB_PATH = str(link / "lib")

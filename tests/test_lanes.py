@@ -30,3 +30,18 @@ def test_tests_import_shared_code_from_helpers_not_conftest():
     offenders = [p.name for p in (REPO / "tests").glob("*.py") if re.search(r"^\s*(from|import) conftest\b",
                                                                         p.read_text(), re.M)]
     assert offenders == []
+
+
+def test_compiled_kernels_are_keyed_by_the_torch_build_not_the_checkouts_venv():
+    """conftest points inductor's compile command at a link named by torch's version and build, so a new clone's
+    venv path does not change the kernels' cache keys (helpers.share_compiled_kernels_between_checkouts)."""
+    import torch
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
+
+    torch_dir = Path(torch.__file__).resolve().parent
+    command = CppBuilder(name="o", sources="i", BuildOption=CppTorchDeviceOptions(device_type="cpu")).get_command_line()
+    includes = [a[2:] for a in command.split() if a.startswith("-I") and "torch" in a]
+    assert includes, command
+    for inc in includes:
+        assert f"sinklab-torch-{torch.__version__}".replace("+", "_") in inc and str(REPO) not in inc
+        assert Path(inc).resolve().is_relative_to(torch_dir)
