@@ -101,6 +101,10 @@ BAD = [
     (["stream", "perplexity", "9000", "--model", MODEL, "--corpus", CORPUS, "--out", TMP + "/s"], "unexpected extra argument"),
     (["stream", "perplexity", "--model", MODEL, "--mode", "fast", "--corpus", CORPUS, "--window", "8", "--tokens", "20",
       "--out", TMP + "/s"], "unknown mode"),
+    (["stream", "perplexity", "--model", MODEL, "--corpus", CORPUS, "--policy", "sinks", "--kv-bits", "16",
+      "--sinks-full-precision", "4", "--out", TMP + "/s"], "--sinks-full-precision 4 set(s) quantised storage"),
+    (["stream", "perplexity", "--model", MODEL, "--corpus", CORPUS, "--policy", "sinks", "--budget", "8", "--kv-bits", "4",
+      "--sinks-full-precision", "9", "--out", TMP + "/s"], "--sinks-full-precision 9 exceeds the --budget 8"),
     (["stream", "retrieval"], "unknown stream task"),
     (["stream", "--model", MODEL, "--out", TMP + "/s"], "takes a task first: sinklab stream perplexity"),
     # analyze (more in tests/test_analyze.py)

@@ -151,12 +151,13 @@ def test_cache_keeps_the_detected_sinks_exact(policy, key_quant):
         assert cache.nbytes == per_token + 2 * B * 2 * M * 8 * 8 + B * K * 8
 
 
-def test_detected_needs_eager_attention_and_is_ignored_at_16_bits():
+def test_detected_needs_eager_attention_and_is_refused_at_16_bits():
     with pytest.raises(InputError, match="sinks_full_precision='detected' needs the attention weights"):
         SinkCache(llama(layers=1, attn="sdpa"), policy="sinks", budget=8, kv_bits=4, sinks_full_precision="detected")
     m = llama(layers=1, attn="sdpa")
-    c = SinkCache(m, policy="sinks", budget=8, kv_bits=16, sinks_full_precision="detected")  # nothing to keep
-    assert not c.needs_weights
+    with pytest.raises(InputError, match="a 16-bit cache stores keys and values as given"):
+        SinkCache(m, policy="sinks", budget=8, kv_bits=16, sinks_full_precision="detected")  # nothing to keep
+    assert not SinkCache(m, policy="sinks", budget=8, kv_bits=16).needs_weights
 
 
 def test_parse_and_specs():

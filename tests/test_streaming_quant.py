@@ -15,6 +15,7 @@ import torch
 
 from sinklab.errors import InputError
 from sinklab.streaming import SinkCache
+from sinklab.streaming.harness import policy_specs
 from sinklab.streaming.quant import QuantKV, dequantize, pack_codes, quantize_minmax, unpack_codes
 from test_streaming_cache import llama, stream_logits
 
@@ -87,9 +88,33 @@ def test_16_bits_is_bit_identical_to_the_unquantised_cache(policy):
     m = llama(layers=2)
     ids = torch.randint(0, 80, (2, 30), generator=torch.Generator().manual_seed(3))
     a = stream_logits(m, ids, SinkCache(m, policy=policy, budget=8), cache_positions=True)
-    b = stream_logits(m, ids, SinkCache(m, policy=policy, budget=8, kv_bits=16, key_quant="channel",
-                                         sinks_full_precision=3), cache_positions=True)
+    b = stream_logits(m, ids, SinkCache(m, policy=policy, budget=8, kv_bits=16, kv_group=4), cache_positions=True)
     assert torch.equal(a, b)
+
+
+def test_options_that_would_do_nothing_are_refused():
+    """Storage options on a 16-bit cache, more lossless tokens than the budget, an eps no part of the cache uses:
+    each is refused in one line instead of being accepted and ignored (SinkCache and the stream tasks' specs)."""
+    m = llama(layers=1)
+    for kw, match in [(dict(key_quant="channel"), "key_quant='channel'"),
+                      (dict(sinks_full_precision=3), "sinks_full_precision=3"),
+                      (dict(sinks_full_precision="detected"), "sinks_full_precision='detected'")]:
+        with pytest.raises(InputError, match=f"{match} set\\(s\\) quantised storage.*kv_bits below 16"):
+            SinkCache(m, policy="sinks", budget=8, kv_bits=16, **kw)
+    with pytest.raises(InputError, match="sinks_full_precision=9 exceeds the budget 8"):
+        SinkCache(m, policy="sinks", budget=8, kv_bits=4, kv_group=4, sinks_full_precision=9)
+    SinkCache(m, policy="sinks", budget=8, kv_bits=4, kv_group=4, sinks_full_precision=8)  # all of it: allowed
+    with pytest.raises(InputError, match="eps=0.2 is used by the detected-sinks policy .* this cache \\(sinks, 4 bits\\)"):
+        SinkCache(m, policy="sinks", budget=8, kv_bits=4, kv_group=4, eps=0.2)
+    m_eager = llama(layers=1, attn="eager")
+    SinkCache(m_eager, policy="detected-sinks", budget=8, eps=0.2)
+    SinkCache(m_eager, policy="sinks", budget=8, kv_bits=4, kv_group=4, sinks_full_precision="detected", eps=0.2)
+    with pytest.raises(InputError, match="sinks_full_precision=4, kv_group=8 set\\(s\\) quantised storage"):
+        policy_specs(["sinks"], [64], kv_bits=[16], sinks_full_precision=[0, 4], kv_group=8)
+    with pytest.raises(InputError, match="sinks_full_precision=128 exceeds the budget 64"):
+        policy_specs(["sinks"], [64, 256], kv_bits=[16, 4], sinks_full_precision=[0, 128])
+    specs = policy_specs(["sinks"], [64], kv_bits=[16, 4], sinks_full_precision=[0, 4], kv_group=8)
+    assert [s.name for s in specs] == ["full", "sinks@64", "sinks@64:kv4-token-fp0", "sinks@64:kv4-token-fp4", "recompute"]
 
 
 def _side_by_side(key_quant: str, bits: int, group: int, lossless: int, T: int = 30, policy: str = "sinks"):

@@ -57,9 +57,10 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from sinklab.capture.families import check_sink_cache
-from sinklab.errors import InputError
-from sinklab.streaming.policies import POLICIES, CachePolicy, DetectedSinksPolicy, SinkMetric, make_policy
-from sinklab.streaming.quant import DETECTED, DenseKV, QuantKV, make_store, parse_sinks_full_precision
+from sinklab.errors import InputError, param
+from sinklab.streaming.policies import DEFAULT_EPS, POLICIES, CachePolicy, DetectedSinksPolicy, SinkMetric, make_policy
+from sinklab.streaming.quant import (DETECTED, DenseKV, QuantKV, check_storage_options, make_store,
+                                    parse_sinks_full_precision)
 from sinklab.streaming.rope import KeyRotation, key_rotations
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -922,7 +923,8 @@ class SinkCache(Cache):
             the full-attention layers, :func:`sinklab.streaming.policies.pyramid_budgets`).
         recent: ``h2o``'s recent window (default half of ``budget - n_sink``).
         eps: the threshold on the attention mass of ``detected-sinks`` and of ``sinks_full_precision =
-            "detected"`` (default 0.3, the sink rate's).
+            "detected"`` (default 0.3, the sink rate's); another value given to a cache that uses neither
+            is refused.
         kv_bits: 16 (stored as given) or 8 / 4 / 3 / 2 (asymmetric min-max codes, :mod:`sinklab.streaming.quant`).
         kv_group: channels per group (per-token) or tokens per block (per-channel keys); default 32.
         key_quant: keys per ``"token"`` or per ``"channel"`` (KIVI); values are always per token.
@@ -930,7 +932,8 @@ class SinkCache(Cache):
             or ``"detected"``: the tokens sinklab's sink metric flags (attention mass above ``eps`` in
             a head, measured on the fly as ``detected-sinks`` does; :mod:`sinklab.streaming.quant`
             says when a token gets and loses its copy). ``"detected"`` needs the attention weights,
-            so eager attention, whatever the policy. Ignored at 16 bits.
+            so eager attention, whatever the policy. At most ``budget`` tokens. A 16-bit cache takes
+            only the defaults of ``key_quant`` and ``sinks_full_precision`` (it stores everything as given).
         max_context: refuse a budget above this many tokens (default: the model's
             ``max_position_embeddings``; None in the config = no check). Independently, the cache warns
             once (``warnings.warn``) when a call uses a position at or past the model's trained context,
@@ -942,7 +945,9 @@ class SinkCache(Cache):
 
     Raises:
         InputError: ``window < 1``, ``n_sink < 0``, a budget above the model's context or not above
-            ``n_sink``, a window that disagrees with the budget, quantisation options out of range,
+            ``n_sink``, a window that disagrees with the budget, quantisation options out of range or
+            given to a 16-bit cache, ``sinks_full_precision`` above the budget, an ``eps`` that no part of
+            the cache uses,
             an attention-based policy on a model whose attention returns no weights, a layer type
             other than full or sliding attention, or a model without a supported RoPE (the message
             names what is missing).
@@ -968,7 +973,11 @@ class SinkCache(Cache):
             raise InputError(f"n_sink + window = {n_sink + window} disagrees with budget {budget}: give one of them")
         make_policy(policy, budget, n_sink, recent=recent, eps=eps, options=policy_options)  # checks the arguments
         make_store(kv_bits, kv_group, key_quant, sinks_full_precision)
+        check_storage_options(budget, kv_bits, key_quant, sinks_full_precision)
         detect = sinks_full_precision == DETECTED and kv_bits != 16
+        if eps != DEFAULT_EPS and not (detect or policy == "detected-sinks"):
+            raise InputError(f"{param('eps', eps)} is used by the detected-sinks policy and by "
+                             f"sinks_full_precision='detected' only, and this cache ({policy}, {kv_bits} bits) has neither")
         if detect:
             SinkMetric(eps)  # checks eps
         from sinklab.capture.adapter import adapt

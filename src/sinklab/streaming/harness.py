@@ -176,18 +176,23 @@ def policy_specs(policies: Sequence[str], budgets: Sequence[int], *, n_sink: int
                  key_quant: Sequence[str] = ("token",), sinks_full_precision: Sequence[int | str] = (0,), kv_group: int = 32,
                  window: int = 256, full: bool = True, recompute: bool = True) -> list[CacheSpec]:
     """The cross product policies x budgets x kv_bits x key_quant x sinks_full_precision, between
-    ``full`` and ``recompute`` (over ``window`` tokens). A 16-bit cache ignores the quantisation
-    options (one configuration, not one per combination); ``n_sink`` goes to the policies with sinks.
+    ``full`` and ``recompute`` (over ``window`` tokens). A 16-bit cache is one configuration, not one per
+    combination of the quantisation options (which go to the quantised ones; given with 16 bits alone, they
+    are refused: :func:`sinklab.streaming.quant.check_storage_options`); ``n_sink`` goes to the policies with sinks.
 
     Raises:
         UnknownNameError: an unknown policy. InputError: a bad budget, n_sink or quantisation option
         (:func:`sinklab.streaming.policies.make_policy`, :func:`sinklab.streaming.quant.check_kv_options`).
     """
     from sinklab.streaming.policies import POLICIES, make_policy
-    from sinklab.streaming.quant import check_kv_options, parse_sinks_full_precision
+    from sinklab.streaming.quant import check_kv_options, check_storage_options, parse_sinks_full_precision
 
     if window < 1:
         raise InputError(f"{param('window')} must be >= 1, got {window}")
+    fps = list(dict.fromkeys(map(parse_sinks_full_precision, sinks_full_precision)))
+    if all(int(b) == 16 for b in kv_bits):  # storage options with no quantised cache to apply to
+        check_storage_options(min(budgets, default=1), 16, "channel" if "channel" in key_quant else "token",
+                              next((fp for fp in fps if fp != 0), 0), kv_group)
     specs = [CacheSpec("full", "full", None, None, policy="full")] if full else []
     seen = set()
     for policy in dict.fromkeys(policies):
@@ -196,8 +201,9 @@ def policy_specs(policies: Sequence[str], budgets: Sequence[int], *, n_sink: int
             make_policy(policy, int(budget), ns)
             for bits in dict.fromkeys(kv_bits):
                 for kq in dict.fromkeys(key_quant) if bits != 16 else ["token"]:
-                    for fp in dict.fromkeys(map(parse_sinks_full_precision, sinks_full_precision)) if bits != 16 else [0]:
+                    for fp in fps if bits != 16 else [0]:
                         check_kv_options(int(bits), kv_group, kq, fp)
+                        check_storage_options(int(budget), int(bits), kq, fp)
                         name = spec_name(policy, int(budget), int(bits), kq, fp)
                         if name in seen:
                             continue

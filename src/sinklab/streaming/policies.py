@@ -43,6 +43,9 @@ from torch import Tensor
 from sinklab.errors import InputError, param
 from sinklab.registry import Registry
 
+#: the sink metric's default threshold on a token's attention mass (the sink rate's eps)
+DEFAULT_EPS = 0.3
+
 #: cache policies by name; each entry a class built per layer as ``cls(budget, n_sink=, recent=, eps=, **options)``
 POLICIES: Registry[type] = Registry("cache policy")
 
@@ -566,4 +569,4 @@ def make_policy(name: str, budget: int, n_sink: int | None = None, *, recent: in
     return cls(budget, n_sink, recent, eps, **(options or {}))
 
 
-__all__ = ["POLICIES", "CachePolicy", "PrefillPolicy", "SinkMetric", "make_policy", "pool_scores", "pyramid_budgets"]
+__all__ = ["DEFAULT_EPS", "POLICIES", "CachePolicy", "PrefillPolicy", "SinkMetric", "make_policy", "pool_scores", "pyramid_budgets"]

@@ -40,7 +40,7 @@ import math
 import torch
 from torch import Tensor
 
-from sinklab.errors import InputError
+from sinklab.errors import InputError, param
 
 #: the ``kv_bits`` accepted: 16 = stored as given, else integer codes of that width
 KV_BITS = (16, 8, 4, 3, 2)
@@ -171,6 +171,27 @@ def check_kv_options(kv_bits: int, kv_group: int, key_quant: str, sinks_full_pre
         raise InputError(f"key_quant must be token or channel, got {key_quant!r}")
     if sinks_full_precision != DETECTED and (not isinstance(sinks_full_precision, int) or sinks_full_precision < 0):
         raise InputError(f"sinks_full_precision must be an integer >= 0 or {DETECTED!r}, got {sinks_full_precision!r}")
+
+
+def check_storage_options(budget: int, kv_bits: int, key_quant: str, sinks_full_precision: int | str,
+                          kv_group: int | None = None) -> None:
+    """Refuse storage options that would be accepted and silently do nothing: ``key_quant``,
+    ``sinks_full_precision`` (and ``kv_group``, where given) other than their defaults on a 16-bit cache,
+    which stores keys and values as given; more lossless first tokens than the ``budget`` a layer keeps.
+
+    Raises:
+        InputError: naming the option and what to change.
+    """
+    if kv_bits == 16:
+        given = [param(name, value) for name, value, default in
+                 (("key_quant", key_quant, "token"), ("sinks_full_precision", sinks_full_precision, 0),
+                  ("kv_group", kv_group, None if kv_group is None else 32)) if value != default]
+        if given:
+            raise InputError(f"{', '.join(given)} set(s) quantised storage, and a 16-bit cache stores keys and values "
+                             f"as given: add a {param('kv_bits')} below 16 (e.g. 4)")
+    elif isinstance(sinks_full_precision, int) and sinks_full_precision > budget:
+        raise InputError(f"{param('sinks_full_precision', sinks_full_precision)} exceeds the {param('budget')} "
+                         f"{budget}: a layer keeps at most that many tokens")
 
 
 def _nbytes(*ts: Tensor | None) -> int:
@@ -505,5 +526,5 @@ def make_store(kv_bits: int = 16, kv_group: int = 32, key_quant: str = "token",
     return QuantKV(kv_bits, kv_group, key_quant, sinks_full_precision)
 
 
-__all__ = ["KV_BITS", "KEY_QUANT", "DETECTED", "parse_sinks_full_precision", "quantize_minmax", "dequantize", "pack_codes", "unpack_codes", "DenseKV", "QuantKV",
+__all__ = ["KV_BITS", "KEY_QUANT", "DETECTED", "parse_sinks_full_precision", "check_storage_options", "quantize_minmax", "dequantize", "pack_codes", "unpack_codes", "DenseKV", "QuantKV",
            "make_store", "check_kv_options"]
