@@ -211,9 +211,24 @@ def test_analysis_result_saves_and_loads_back(tmp_path):
     back = AnalysisResult.load(tmp_path / "a")
     assert back.kind == "attention" and back.command == res.command and back.command.startswith("python: ")
     assert back.summary["lowest_entropy_head"] == pytest.approx(res.summary["lowest_entropy_head"])
-    assert back.table()["attention_entropy"].tolist() == pytest.approx(res.table()["attention_entropy"].tolist(), abs=1e-6)
+    assert back.table()["attention_entropy"].tolist() == res.table()["attention_entropy"].tolist()  # every digit
     assert back.csv_only == ("weights",) and len(back.tables["weights"]) == len(res.tables["weights"])
     assert AnalysisResult.load(tmp_path / "a" / "analysis.json").kind == "attention"  # the file works too
+
+
+def test_an_analysis_reads_back_small_values_exactly(tmp_path):
+    """analysis.json kept 6 decimals: an overmix sensitivity of 1.0834e-5 came back as 1.1e-5, 3e-7 as 0."""
+    import pandas as pd
+
+    from sinklab.analyze import AnalysisResult
+
+    vals = [1.0834171234e-05, 3.0e-7, 0.1000145, -2.5e-12, 123456.789012345]
+    res = AnalysisResult(kind="overmix", summary={"sensitivity": vals[0], "nan": float("nan")},
+                         tables={"t": pd.DataFrame({"layer": range(5), "value": vals})}, settings={}, model="m")
+    res.save(tmp_path / "a")
+    back = AnalysisResult.load(tmp_path / "a")
+    assert back.table()["value"].tolist() == vals and back.summary["sensitivity"] == vals[0]
+    assert back.summary["nan"] is None  # NaN is written as JSON null
 
 
 def test_measure_result_loads_back_with_the_same_table(tiny_model_dir, text_corpus_dir, tmp_path):
