@@ -135,3 +135,37 @@ def test_cli_passkey_writes_results_and_resumes(text_corpus_dir, tmp_path, capsy
     assert code == 0, err
     again = json.loads((out / "passkey.json").read_text())
     assert [c["wall_s"] for c in again["configs"]] == [c["wall_s"] for c in data["configs"]]  # reused, not rerun
+
+
+def test_an_answer_ends_at_eos_as_in_the_long_context_tasks():
+    """A reply of EOS then the key is wrong (empty answer) in `sinklab stream passkey` as in the long-context tasks'
+    evaluate_items: digits decoded after EOS used to count. The model is built by hand so that each next token
+    depends on the current one only (attention and MLP outputs zeroed): ... 's' -> EOS -> the key's digits -> '.'."""
+    from sinklab.streaming.tasks import evaluate_items
+    from sinklab.streaming.tasks.items import TaskItem
+
+    tok = char_tokenizer()
+    m = llama(layers=1, attn="sdpa").float()
+    m.resize_token_embeddings(len(tok))
+    s = next(s for seed in range(100) for s in passkey_samples(tok, DOCS, 100, keys=1, depths=[0.5], seed=seed)
+             if len(set(s.key)) == 5)
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = m.model.embed_tokens.weight
+        m.lm_head.weight.zero_()
+        chain = [tok.convert_tokens_to_ids("s"), tok.eos_token_id] + tok.convert_tokens_to_ids(list(s.key + "."))
+        for a, b in zip(chain, chain[1:]):
+            m.lm_head.weight[b] = 20 * emb[a] / emb[a].norm()
+    full = CacheSpec("full", "full", None, None, policy="full")
+    with torch.no_grad():
+        first = m(s.ids[None]).logits[0, -1].argmax().item()
+    assert first == tok.eos_token_id  # the reply starts with EOS
+    res = evaluate_passkey(m, tok, [s], full, batch=1, max_context=128, progress=False)
+    assert res.samples[0]["text"] == "" and res.samples[0]["answer"] == "" and res.accuracy == 0.0
+    q = len(tok(QUESTION, add_special_tokens=False)["input_ids"])
+    ids = s.ids.tolist()
+    item = TaskItem("passkey", 0, 100, 0.5, ids[:-q], ids[-q:], [s.key], 0, s.at)
+    df = evaluate_items(m, tok, [item], None, 8, progress=False)
+    assert df["output"].tolist() == [""] and df["score"].tolist() == [0.0]

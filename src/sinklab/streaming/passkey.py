@@ -6,7 +6,8 @@ StreamEval, Xiao et al. 2024, sec. 4.3 / Fig. 9: the answer must survive the cac
 Each sample is ``filler[:at] + NEEDLE + filler[at:] + QUESTION``, all samples of a run the same
 length N; the stream is fed through the cache under test (token by token by default, cache
 positions for a :class:`~sinklab.streaming.SinkCache`, absolute ones for the full cache), then
-``answer_tokens`` tokens are decoded greedily; the answer is the first run of digits, correct when it is the key
+``answer_tokens`` tokens are decoded greedily, up to the first EOS (what follows it is not part of the answer, as in
+the long-context tasks); the answer is the first run of digits, correct when it is the key
 exactly (:func:`sinklab.streaming.tasks.scoring.first_number`, the rule of the long-context tasks' ``passkey``:
 ``604941`` or ``6049`` for the key ``60494`` is wrong).
 Accuracy is the share of samples whose answer is the key, per depth and over all.
@@ -123,7 +124,8 @@ def evaluate_passkey(model, tokenizer, samples: Sequence[PasskeySample], spec, *
                      answer_tokens: int = 8, max_context: int | None = None,
                      progress: bool = True) -> PasskeyResult:
     """Feed every sample through ``spec``'s cache (rows of equal length batched ``batch`` at a time,
-    ``chunk`` tokens per call), decode ``answer_tokens`` greedily, score the answers.
+    ``chunk`` tokens per call), decode ``answer_tokens`` greedily (a row's answer ends at its first EOS), score
+    the answers.
 
     Args:
         spec: a :class:`sinklab.streaming.harness.CacheSpec` of kind ``full`` or ``sink``.
@@ -145,6 +147,7 @@ def evaluate_passkey(model, tokenizer, samples: Sequence[PasskeySample], spec, *
         raise InputError(f"the full cache needs {n + answer_tokens} positions, more than the model's context of "
                          f"{max_context}")
     device = next(model.parameters()).device
+    eos = getattr(tokenizer, "eos_token_id", None)
     rows: list[dict] = []
     t_start = time.perf_counter()
     groups = [list(samples[i : i + batch]) for i in range(0, len(samples), batch)]
@@ -175,6 +178,8 @@ def evaluate_passkey(model, tokenizer, samples: Sequence[PasskeySample], spec, *
                 t += 1
             out = torch.cat(gen, dim=1).tolist()
             for s, toks in zip(group, out):
+                if eos is not None and eos in toks:  # the answer ends at EOS (the rows decode on together)
+                    toks = toks[: toks.index(eos) + 1]
                 text = tokenizer.decode(toks, skip_special_tokens=True)
                 ans = first_number(text)
                 rows.append({"depth": s.depth, "key": s.key, "answer": ans, "text": text, "correct": ans == s.key})
