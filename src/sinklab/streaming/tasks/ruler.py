@@ -17,7 +17,8 @@ Tasks without real text:
 
 * ``variable_tracking`` -- a chain of 5 variables (5 capital letters each): ``VAR A = 12345.``, then
   ``VAR B = VAR A.`` ... (4 hops), hidden in a repeated noise sentence, the first assignment at the
-  depth and each later one at a seeded noise-sentence boundary after it; asked for every variable that
+  depth (moved to the nearest noise-sentence end within ``snap`` tokens, as a needle to a sentence end) and
+  each later one at a seeded noise-sentence boundary after it; asked for every variable that
   holds the value. Exactly ``length`` tokens.
 * ``common_words`` -- a numbered list of words from the corpus's word pool: 10 common words repeated
   ``6`` times each (``30`` from 4096 tokens on) and as many other words as fit, ``1`` time each (``3``);
@@ -36,7 +37,7 @@ from typing import Sequence
 
 from sinklab.errors import InputError
 from sinklab.streaming.tasks.items import (
-    TaskItem, depth_position, distinct, finish, insert_needles, item_rng, number, plain_ids, prefix_ids, snap_to,
+    TaskItem, depth_position, distinct, finish, insert_needles, item_rng, number, plain_ids, prefix_ids,
     too_short,
 )
 from sinklab.streaming.tasks.registry import TaskSource, TaskSpec, make_items, register
@@ -120,7 +121,9 @@ def build_variable_tracking(src: TaskSource, length: int, depth: float, index: i
         raise too_short(name, length, length - body_n)
     body = (noise * math.ceil(body_n / len(noise)))[:body_n]
     bounds = list(range(0, body_n + 1, len(noise)))  # whole noise sentences before each statement
-    first = snap_to(int(round(depth * body_n)), bounds, len(noise))
+    # the first assignment at the depth's token, moved to a noise-sentence end within ``snap`` tokens as every
+    # needle is (snap 0: exactly at the token; it then cuts a noise sentence)
+    first = depth_position(depth, body_n, bounds, src.snap)
     later = sorted(rng.choice([b for b in bounds if b >= first]) for _ in range(hops))
     ids, starts = insert_needles(body, list(zip([first] + later, chain_ids)))
     return finish(name, tok, index, length, depth, prefix + ids, question, names, seed, len(prefix) + starts[0],
