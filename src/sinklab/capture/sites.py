@@ -40,7 +40,9 @@ SITES: dict[str, str] = {
                  "in a layer without a gate",
     "attn.out": "(B, T, d) the output of block l's attention sublayer: after the output projection, before the "
                 "residual add (BERT's BertAttention module includes its residual add and LayerNorm)",
-    "block.out": "(B, T, d) the output of block l (= output_hidden_states[l + 1], before any final norm)",
+    "block.out": "(B, T, d) the output of block l, before any final norm (= output_hidden_states[l + 1], except "
+                 "for the last block of models whose last hidden state is taken after the final norm, as "
+                 "transformers' LLaMA)",
 }
 #: sites computed inside the attention function (a model must route attention through the seam)
 ATTENTION_SITES = ("attn.query", "attn.key", "attn.value", "attn.weights")
