@@ -408,17 +408,24 @@ class _TileAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
 
 
+def _tile_mask_bias(i0: int, i1: int, j0: int, j1: int, mask: MaskSpec, positional: Positional, device,
+                    documents: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """The tile of queries [i0, i1) and keys [j0, j1) (0-based): its (C, Tk) bool mask under ``mask`` ((B, 1, C, Tk)
+    with ``documents`` (B, T): :func:`~sinklab.attention_masks.same_document` ANDed in) and its (H, C, Tk) logit
+    bias (or None). What every tiled path of the model (tile, compiled tile, chunked) attends a tile with."""
+    qpos = torch.arange(i0, i1, device=device)
+    kpos = torch.arange(j0, j1, device=device)
+    m = visible(qpos, kpos, mask)
+    if documents is not None:
+        m = m & same_document(documents, qpos, kpos)
+    return m, positional.logit_bias(qpos, kpos)
+
+
 def _tiles(T: int, chunk: int, mask: MaskSpec, positional: Positional, device, documents: Tensor | None = None):
-    """Query chunks [i0, i1) (0-based) with their key ranges [j0, j1), (C, Tk) bool masks under ``mask``
-    ((B, 1, C, Tk) with ``documents`` (B, T): :func:`~sinklab.attention_masks.same_document` ANDed in)
-    and (H, C, Tk) biases (or None)."""
+    """Query chunks [i0, i1) (0-based) of :func:`~sinklab.attention_masks.query_blocks` with their key ranges
+    [j0, j1), masks and biases (:func:`_tile_mask_bias`)."""
     for i0, i1, j0, j1 in query_blocks(T, chunk, mask):
-        qpos = torch.arange(i0, i1, device=device)
-        kpos = torch.arange(j0, j1, device=device)
-        m = visible(qpos, kpos, mask)
-        if documents is not None:
-            m = m & same_document(documents, qpos, kpos)
-        yield i0, i1, j0, j1, m, positional.logit_bias(qpos, kpos)
+        yield (i0, i1, j0, j1, *_tile_mask_bias(i0, i1, j0, j1, mask, positional, device, documents))
 
 
 # ============================================================ the module
@@ -675,12 +682,8 @@ class Attention(nn.Module):
         spec, documents = ctx.mask, ctx.documents
 
         def block(qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
-            qpos = torch.arange(i0, i0 + qc.shape[2], device=qc.device)
-            kpos = torch.arange(j0, j0 + kc.shape[2], device=qc.device)
-            mask = visible(qpos, kpos, spec)  # (C, Tk)
-            if documents is not None:
-                mask = mask & same_document(documents, qpos, kpos)  # (B, 1, C, Tk)
-            bias = positional.logit_bias(qpos, kpos)  # (H, C, Tk) or None
+            mask, bias = _tile_mask_bias(i0, i0 + qc.shape[2], j0, j0 + kc.shape[2], spec, positional, qc.device,
+                                         documents)  # (C, Tk) or (B, 1, C, Tk); (H, C, Tk) or None
             return attend_block(op, qc, kc, vc, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
 
         outs = []
