@@ -165,3 +165,17 @@ def test_probe_set_inside_documents_and_seeded():
     assert (b[:, 0] == BOS).all()
     with pytest.raises(InputError, match="probe windows"):
         probe_set(split, p, n=1000, length=4)
+
+
+@pytest.mark.parametrize("name,position,inserted", [("concat", 0, ()), ("bos", 0, ()), ("random_first", 0, (0,)),
+                                                    ("random_first2", 0, (0, 1)), ("fixed_token", 2, (2,))])
+def test_inserted_positions_are_exactly_the_tokens_not_from_the_stream(name, position, inserted):
+    """``inserted_positions`` (what masked diffusion never masks) names every token a packing adds to a window:
+    taking those positions out leaves the stream's own chunk (random_first2 named only position 0 before)."""
+    p = make_packer(name, PackingContext(eos_id=EOS, bos_id=BOS, vocab_size=40, position=position, seed=3))
+    assert p.inserted_positions == inserted and len(inserted) == p.n_inserted
+    data = PackedData(split_of(DOCS), p, seq_len=5)
+    for w in range(data.n_windows):
+        ids, _ = data.window(w, index=w)
+        kept = [t for i, t in enumerate(ids.tolist()) if i not in inserted]
+        assert kept == data.stream[w * data.chunk : w * data.chunk + len(kept)].tolist()

@@ -67,13 +67,13 @@ def diffusion_probe(subj: Subject, seed: int) -> tuple[Tensor, Tensor] | None:
     if mask_id is None:
         raise InputError("this bidirectional model's tokenizer has no mask token (<|mask|>): not a masked diffusion run")
     ids = subj.input_ids
-    run = _run_of(subj)  # mask as the run was trained: its eps, never BOS or the token its packing inserts
+    run = _run_of(subj)  # mask as the run was trained: its eps, never BOS or the tokens its packing inserts
     d = run.config.data if run is not None else None
     bos = getattr(tok, "bos_token_id", None)
     objective = MaskedDiffusionObjective(
         mask_id=int(mask_id), eps=run.config.train.mask_eps if run is not None else 1e-3, seed=seed, eval_seed=seed,
         keep_ids=() if bos is None else (bos,),
-        keep_position=PACKING.get(d.packing).inserted_at(d.packing_position) if d is not None else None)
+        keep_positions=PACKING.get(d.packing).inserted_at(d.packing_position) if d is not None else ())
     t, masked = mask_ratio_and_mask(seed, 0, objective.maskable(ids), objective.eps)
     return corrupt(ids, masked, objective.mask_id), masked.to(torch.float32) / t[:, None]
 

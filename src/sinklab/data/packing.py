@@ -62,13 +62,13 @@ class Packer:
         self.ctx = ctx
 
     @staticmethod
-    def inserted_at(position: int) -> int | None:
-        """0-based position of the token this packing inserts into every window (not text), or None,
-        given the configured ``data.packing_position`` (used only by ``fixed_token``)."""
-        return None
+    def inserted_at(position: int) -> tuple[int, ...]:
+        """0-based positions of the tokens this packing inserts into every window (not text; empty when
+        none), given the configured ``data.packing_position`` (used only by ``fixed_token``)."""
+        return ()
 
     @property
-    def inserted_position(self) -> int | None:
+    def inserted_positions(self) -> tuple[int, ...]:
         """:meth:`inserted_at` for this packer's context."""
         return self.inserted_at(self.ctx.position)
 
@@ -158,8 +158,8 @@ class RandomFirstPacker(Packer):
         self._ids = _normal_ids(ctx)
 
     @staticmethod
-    def inserted_at(position: int) -> int | None:
-        return 0
+    def inserted_at(position: int) -> tuple[int, ...]:
+        return (0,)
 
     def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.ctx.seed, 0x5EED, index])
@@ -178,6 +178,10 @@ class RandomFirstTwoPacker(RandomFirstPacker):
     n_inserted = 2
     n_probe_inserted = 2
 
+    @staticmethod
+    def inserted_at(position: int) -> tuple[int, ...]:
+        return (0, 1)
+
     def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.ctx.seed, 0x5EED, index])
         two = self._ids[rng.integers(len(self._ids), size=2)]
@@ -195,8 +199,8 @@ class FixedTokenPacker(Packer):
     n_probe_inserted = 1
 
     @staticmethod
-    def inserted_at(position: int) -> int | None:
-        return position
+    def inserted_at(position: int) -> tuple[int, ...]:
+        return (position,)
 
     def insert(self, chunk: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.ctx.position

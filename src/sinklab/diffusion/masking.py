@@ -12,7 +12,7 @@ train a bidirectional model to predict the masked tokens::
 batch, as LLaDA's code divides by ``batch * length``). ``L`` upper-bounds the negative log-likelihood
 per token; it is the continuous-time ELBO of the linear schedule.
 
-Positions that are not text (BOS, a token the packing inserted) are never masked and never
+Positions that are not text (BOS, the tokens the packing inserted) are never masked and never
 scored (``maskable`` False).
 
 The draws are a pure function of (seed, global sample index): a resumed or data-parallel run

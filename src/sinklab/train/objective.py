@@ -71,7 +71,7 @@ class MaskedDiffusionObjective:
         seed: seed of the training draws (``train.seed``).
         eval_seed: seed of the validation draws (``track.seed``; the same masks at every evaluation).
         keep_ids: ids never masked (BOS).
-        keep_position: 0-based position never masked (the token the packing inserts), or None.
+        keep_positions: 0-based positions never masked (the tokens the packing inserts: ``random_first2``'s two).
     """
 
     mask_id: int
@@ -79,16 +79,16 @@ class MaskedDiffusionObjective:
     seed: int
     eval_seed: int
     keep_ids: tuple[int, ...] = ()
-    keep_position: int | None = None
+    keep_positions: tuple[int, ...] = ()
     name = "masked_diffusion"
 
     def maskable(self, x: Tensor) -> Tensor:
-        """(B, T) bool: text positions of the clean ids x (B, T) (not BOS, not the inserted token)."""
+        """(B, T) bool: text positions of the clean ids x (B, T) (not BOS, not the inserted tokens)."""
         m = torch.ones_like(x, dtype=torch.bool)
         for i in self.keep_ids:
             m &= x != i
-        if self.keep_position is not None:
-            m[:, self.keep_position] = False
+        for p in self.keep_positions:
+            m[:, p] = False
         return m
 
     def batch(self, x: Tensor, first_sample: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -138,4 +138,4 @@ def make_objective(cfg, tc, packer) -> CausalObjective | MaskedDiffusionObjectiv
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} has no row for the mask token (id {mask_id}); "
                           f"leave model.vocab_size unset or make it at least {mask_id + 1}")
     return MaskedDiffusionObjective(mask_id=mask_id, eps=cfg.train.mask_eps, seed=cfg.train.seed,
-                                    eval_seed=cfg.track.seed, keep_ids=(tc.bos_id,), keep_position=packer.inserted_position)
+                                    eval_seed=cfg.track.seed, keep_ids=(tc.bos_id,), keep_positions=packer.inserted_positions)
