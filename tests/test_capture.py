@@ -250,3 +250,58 @@ def test_median_nonnegative_equals_torch_median():
     for bad in (torch.tensor([[1.0, -2.0, 3.0]]), torch.ones(3), torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 0)):
         with pytest.raises(InputError):
             median_nonnegative(bad)
+
+
+def _tiny_gpt_neo(window: int = 6):
+    """GPT-Neo (no AttentionInterface: measured through output_attentions) with a global and a local layer; q/k scaled
+    so that attention is peaked and the sink rates are not all 0."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(22)
+    cfg = GPTNeoConfig(vocab_size=80, hidden_size=32, num_layers=2, num_heads=4, window_size=window,
+                       attention_types=[[["global", "local"], 1]], max_position_embeddings=64)
+    m = GPTNeoForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "q_proj.weight" in n or "k_proj.weight" in n:
+                p.mul_(8.0)
+    return m
+
+
+def test_gpt_neo_local_layers_are_measured_under_their_window(tokenizer, tmp_path):
+    """The output_attentions fallback took every layer as plain causal: GPT-Neo's local layers' mask-aware rates
+    (sink_rate_visible) divided a key's mass by queries that never saw it (an audit: Sink_1 visible 0.0 where the
+    window-aware value is 41.7). Reference: float64 eager weights, each key's mass over the queries its layer's own
+    mask lets see it."""
+    from sinklab.measure import measure
+
+    m, T, N, w = _tiny_gpt_neo(6), 24, 4, 6
+    d = tmp_path / "neo"
+    m.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    with pytest.warns(UserWarning, match="falling back to eager output_attentions"):
+        r = measure(model=str(d), input="random", num_samples=N, seq_len=T, progress=False)
+    with torch.no_grad():
+        A = torch.stack(m.double()(input_ids=r.probe.input_ids, output_attentions=True).attentions, 1)  # (N, L, H, T, T)
+    seen = torch.stack([torch.tensor([float(sum(1 for i in range(j, T) if win is None or i - j < win)) for j in range(T)],
+                                     dtype=torch.float64) for win in (None, w)])  # (L, T) queries that see key j
+    vis = A.sum(-2) / seen[None, :, None, :]  # (N, L, H, T)
+    s = r.summary
+    assert s["mask"]["window"] == w and s["mask_aware_differs"]
+    want = ((vis[..., :3] > 0.3).double().mean(dim=(0, 1, 2)) * 100).tolist()
+    assert s["sink_rate_visible"][:3] == pytest.approx(want, abs=1e-3) and want[0] > 0
+    assert s["attention_mass_first_visible"] == pytest.approx(float(vis[..., 0].mean()), abs=1e-5)
+
+
+def test_a_mask_the_fallback_cannot_read_is_refused(monkeypatch):
+    """A model whose weights hide keys its known mask allows (here GPT-Neo with its window withheld) is refused, not
+    measured as plain causal."""
+    import sinklab.capture.hf as hf
+    from sinklab.errors import CaptureError
+
+    m = _tiny_gpt_neo(6)
+    monkeypatch.setattr(hf, "fallback_windows", lambda config, n: [None] * n)
+    ids = torch.randint(0, 80, (2, 20), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning), pytest.raises(CaptureError, match="layer 1: the last query gives key 0 weight "
+                                                                     "exactly 0 in every head"):
+        hf.forward_hf(m, ids, "blockwise")

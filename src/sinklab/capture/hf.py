@@ -435,7 +435,43 @@ def forward_hf(
     # mask leaves every weight above the diagonal exactly 0 (GPT2Model is causal although its config
     # says is_decoder=False; an encoder attends both ways)
     causal = all(bool((a.triu(diagonal=1) == 0).all()) for a in attns)
+    windows = fallback_windows(model.config, len(attns))
     for i, a in enumerate(attns):
-        recorder.add_attention(i, a.sum(dim=-2, dtype=torch.float64), MaskSpec(causal=causal),
+        spec = MaskSpec(causal=causal, window=windows[i])
+        check_fallback_mask(type(model).__name__, i, a, spec)
+        recorder.add_attention(i, a.sum(dim=-2, dtype=torch.float64), spec,
                                entropy=attention_entropy(a) if entropy else None)
     return recorder
+
+
+def fallback_windows(config, n_layers: int) -> list[int | None]:
+    """The sliding window of each layer of a model measured through ``output_attentions`` (keys ``j`` with
+    ``|i - j| < window`` visible to query ``i``; None: every key its causal or bidirectional mask allows), read off
+    the config: GPT-Neo's ``attention_layers`` ("local" layers see ``window_size`` keys, the query's own
+    included). Other models: None for every layer (:func:`check_fallback_mask` refuses one whose weights show a
+    narrower mask)."""
+    kinds = getattr(config, "attention_layers", None)
+    window = getattr(config, "window_size", None)
+    if getattr(config, "model_type", None) == "gpt_neo" and kinds and window:
+        return [int(window) if kinds[i] == "local" else None for i in range(n_layers)]
+    return [None] * n_layers
+
+
+def check_fallback_mask(model_name: str, layer: int, a: torch.Tensor, spec: MaskSpec) -> None:
+    """Refuse a layer whose ``output_attentions`` weights ``a`` (B, H, T, T) hide a key that ``spec`` says the last
+    query sees: the farthest visible key (key 0 for a causal layer, the window's first key for a windowed one) has
+    weight exactly 0 in every head and row, so the model masks keys sinklab's mask does not know (a sliding window
+    it does not declare), and the mask-aware rates (``sink_rate_visible``) would divide by queries that never saw
+    the key.
+
+    Raises:
+        CaptureError: naming the model and the layer.
+    """
+    T = a.shape[-1]
+    if T < 2 or a.shape[-2] != T:
+        return
+    j = 0 if spec.window is None else max(0, T - spec.window)
+    if bool((a[..., T - 1, j] == 0).all()):
+        raise CaptureError(f"{model_name} layer {layer}: the last query gives key {j} weight exactly 0 in every head "
+                           "although its mask lets it see that key; the model masks keys (a sliding window?) that "
+                           "sinklab cannot read off its config, so its mask-aware numbers would be wrong")
