@@ -621,3 +621,30 @@ def test_k_bias_in_d_a_dims_equals_full_k_bias_zero_beyond(path):
         config("k_bias", attention_options={"key_dims": 0})
     with pytest.raises(ConfigError, match="key_dims"):
         config("v_bias", attention_options={"key_dims": 2})
+
+
+@pytest.mark.parametrize("name", ["sigmoid_norm", "sigmoid_pnorm"])
+def test_sigmoid_normalisers_take_no_floor(name):
+    """sigmoid(s) / sum_j sigmoid(s) has no 1e-6 floor (a sum of sigmoids is never 0): the floor made a lone key of
+    logit -18 weigh sigmoid(-18) / 1e-6 = 0.015 instead of 1 (query 0, which sees key 0 only). Queries are the keys
+    scaled and negated: one input vector at every position (NoPE), so every logit is -18; every path against the
+    float64 formula (the naive reference)."""
+    attn, pos = attn_module(config(name, positional="nope"))
+    x = torch.randn(1, 1, D, generator=torch.Generator().manual_seed(0)).expand(1, T, D).contiguous()
+    dh = attn.head_dim
+    with torch.no_grad():
+        k = (attn.k_proj.weight @ x[0, 0]).view(HKV, dh)  # (H_kv, d_h): the one key of each kv head
+        wq = torch.zeros(H, dh, D)
+        for h in range(H):
+            kh = k[h // (H // HKV)]
+            # q_h = -18 sqrt(d_h) k_h / |k_h|^2: a rank-one map of the input x onto it, so q_h . k_h / sqrt(d_h) = -18
+            wq[h] = -18.0 * math.sqrt(dh) * torch.outer(kh / kh.dot(kh), x[0, 0] / x[0, 0].dot(x[0, 0]))
+        attn.q_proj.weight.copy_(wq.reshape(H * dh, D))
+    ref_y, ref_w, _ = naive_attention(attn, name, x)
+    expect = [1.0 / (i + 1) ** (1.0 if name == "sigmoid_norm" else 0.5) for i in range(T)]  # equal logits in a row
+    assert ref_w[0, 0].diagonal().tolist() == pytest.approx(expect, rel=1e-6)
+    for path in ("fast", "chunked"):
+        torch.testing.assert_close(run(attn, pos, x, path=path).double(), ref_y, atol=2e-5, rtol=1e-4)
+    y, seen = run(attn, pos, x, path="reference", raw_weights=True)
+    torch.testing.assert_close(y.double(), ref_y, atol=2e-5, rtol=1e-4)
+    assert seen["w"][0, :, 0, 0].tolist() == pytest.approx([1.0] * H, abs=1e-6)

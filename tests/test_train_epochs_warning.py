@@ -16,11 +16,37 @@ def cfg(steps):
 
 def test_warns_past_the_threshold_with_the_hand_worked_epoch_count():
     assert EPOCHS_WARN == 4.0
-    # 25 steps x 128 tokens = 3200 tokens over 800 distinct: exactly 4.0 passes -> no warning
-    assert epochs_warning(cfg(25), 800) == ""
-    # 50 steps x 128 = 6400 tokens over 800: 8.0 passes
-    msg = epochs_warning(cfg(50), 800)
-    assert "8.0 times" in msg and "800 distinct" in msg and "6,400" not in msg and "128" in msg
+    # 25 steps x 8 windows (batch 4 x grad_accum 2) = 200 windows over 50 distinct (850 tokens of 17): 4.0 passes
+    assert epochs_warning(cfg(25), 50, 850) == ""
+    # 50 steps x 8 windows = 400 windows over 50: 8.0 passes
+    msg = epochs_warning(cfg(50), 50, 850)
+    assert "50 steps x 8 windows pass over the 50 distinct training windows (850 tokens) 8.0 times" in msg
+
+
+def test_the_pass_count_is_windows_read_over_windows_available(tmp_path):
+    """A window of T = 16 inputs reads T + 1 - n_inserted stream tokens: the count was tokens per step (B A T) over
+    the stream tokens available, 16/17 of the passes under concat or bos packing and 16/15 under random_first2.
+    ``epochs`` in summary.json is the passes over the distinct training windows, read off a real run's data."""
+    import json
+    import tomllib
+
+    from helpers import synthetic_run_toml
+    from sinklab.data.packing import PackedData
+    from sinklab.runs import Run
+    from sinklab.runs.config import apply_overrides, from_dict
+    from sinklab.train import loop
+    from sinklab.train.loop import passes
+
+    for packing in ("bos", "random_first2"):
+        c = from_dict(apply_overrides(tomllib.loads(synthetic_run_toml(6)), [f"data.packing={packing}"]))
+        out = tmp_path / packing
+        loop.train(c, out, progress=False)
+        run = Run(c, out)
+        data = PackedData(run.corpus.train, run.packer(), c.data.seq_len, max_tokens=c.data.max_train_tokens,
+                          seed=c.train.seed)
+        read = c.train.steps * c.train.batch_size * c.train.grad_accum  # windows the steps read
+        assert passes(c, data.n_windows) == read / data.n_windows
+        assert json.loads((out / "summary.json").read_text())["epochs"] == round(read / data.n_windows, 3)
 
 
 def test_train_reports_the_warning_before_training(tmp_path):
@@ -45,7 +71,7 @@ def test_train_reports_the_warning_before_training(tmp_path):
     said: list[str] = []
     loop.train(cfg, tmp_path / "run", progress=False, stop_after=1, notify=said.append)
     assert len(said) == 1
-    assert said[0].startswith("warning: 20 steps x 64 tokens pass over the") and "memorise" in said[0]
+    assert said[0].startswith("warning: 20 steps x 4 windows pass over the") and "memorise" in said[0]
     assert_names_the_large_corpora_section(said[0])
 
 
@@ -99,20 +125,20 @@ def test_max_epochs_refuses_past_the_limit_with_the_hand_worked_count():
     from sinklab.errors import InputError
     from sinklab.train.loop import check_epochs, passes
 
-    c = cfg(50)  # 50 steps x 128 tokens over 800 distinct: 8.0 passes
-    assert passes(c, 800) == 8.0
-    check_epochs(c, 800)  # no limit: only the warning
+    c = cfg(50)  # 50 steps x 8 windows over 50 distinct: 8.0 passes
+    assert passes(c, 50) == 8.0
+    check_epochs(c, 50, 850)  # no limit: only the warning
     c.data.max_epochs = 8.0
-    check_epochs(c, 800)  # exactly at the limit
+    check_epochs(c, 50, 850)  # exactly at the limit
     c.data.max_epochs = 4.0
     with pytest.raises(InputError) as e:
-        check_epochs(c, 800)
+        check_epochs(c, 50, 850)
     msg = str(e.value)
-    assert "\n" not in msg and "8.0 times" in msg and "data.max_epochs=4" in msg and "800 distinct" in msg
+    assert "\n" not in msg and "8.0 times" in msg and "data.max_epochs=4" in msg and "50 distinct training windows" in msg
     assert 'data.corpus = "hf:NAME"' in msg and "allow the repetition with data.max_epochs=8" in msg
     assert_names_the_large_corpora_section(msg)
     with pytest.raises(InputError, match="with data.max_epochs=9$"):
-        check_epochs(c, 790)  # 8.1 passes: the suggested limit is rounded up
+        check_epochs(c, 49, 833)  # 8.16 passes: the suggested limit is rounded up
 
 
 def test_paper_presets_limit_the_passes_and_the_cpu_presets_do_not():
@@ -171,7 +197,7 @@ def test_paper_60m_on_the_offline_corpora_exits_2_with_the_epochs_message(tmp_pa
     code, _, err = run_cli_captured(["train", "paper-60m", "--out", str(tmp_path / "run"), "--no-progress"], capsys)
     assert code == 2
     last = err.strip().splitlines()[-1]
-    assert "10000 steps x 131,072 tokens" in last and "more than data.max_epochs=4" in last, err
+    assert "10000 steps x 64 windows would pass over" in last and "more than data.max_epochs=4" in last, err
 
 
 def test_a_refused_run_leaves_no_folder_it_created(tmp_path, capsys):

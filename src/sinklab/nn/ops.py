@@ -379,11 +379,18 @@ class _Elementwise(AttentionOp):
     sdpa = False
     normalised = False
     norm: ClassVar[str] = "none"  # "none" | "sum" | "pnorm"
+    #: floor of the normaliser Z_i for a similarity whose rows can sum to 0 (ReLU: max(Z, 1e-6)); None for one
+    #: whose rows never do (sigmoid > 0): Z is used as it is, only an underflowed 0 is lifted to the dtype's smallest
+    #: normal number (a 1e-6 floor turned sigmoid(-16) / Z into sigmoid(-16) / 1e-6 = 0.11 for a lone key)
+    z_floor: ClassVar[float | None] = _EPS
 
     def __init__(self, ctx: OpContext, *, gate: str | None = "default") -> None:
         super().__init__(ctx, gate=gate)
         self.p = 1.0
         self.normalised = self.norm == "sum"
+
+    def _floor(self, z: Tensor) -> float:
+        return self.z_floor if self.z_floor is not None else torch.finfo(z.dtype).tiny
 
     has_tile_grad = True
 
@@ -408,8 +415,9 @@ class _Elementwise(AttentionOp):
             z = g.sum(dim=-1, keepdim=True)  # (N, C, 1)
         else:
             z = g.pow(self.p).sum(dim=-1, keepdim=True).pow_(1.0 / self.p)  # (N, C, 1), masked g = 0 adds 0
-        zc = z.clamp_min(_EPS)
-        return g.div_(zc), (zc, z >= _EPS)
+        floor = self._floor(z)
+        zc = z.clamp_min(floor)
+        return g.div_(zc), (zc, z >= floor)
 
     def tile_grad(self, w, aux, dw, mask):
         if self.norm == "none":
@@ -427,10 +435,10 @@ class _Elementwise(AttentionOp):
     def normalise(self, logits, mask, extra):
         w = self.similarity(logits).masked_fill(~mask, 0.0)  # (B, H, C, Tk)
         if self.norm == "sum":
-            w = w / w.sum(dim=-1, keepdim=True).clamp_min(_EPS)
+            w = w / w.sum(dim=-1, keepdim=True).clamp_min(self._floor(w))
         elif self.norm == "pnorm":
             wp = torch.where(mask, w, 1.0).pow(self.p).masked_fill(~mask, 0.0)  # no 0^p: finite gradients
-            w = w / wp.sum(dim=-1, keepdim=True).pow(1.0 / self.p).clamp_min(_EPS)
+            w = w / wp.sum(dim=-1, keepdim=True).pow(1.0 / self.p).clamp_min(self._floor(w))
         return w, None
 
 
@@ -474,9 +482,10 @@ class SigmoidLogN(_BiasedSigmoid):
 
 @register("sigmoid_norm")
 class SigmoidNorm(_Elementwise):
-    """Sigmoid attention normalised: sigmoid(s) / sum_j sigmoid(s) (Gu et al. Table 6)."""
+    """Sigmoid attention normalised: sigmoid(s) / sum_j sigmoid(s) (Gu et al. Table 6); no floor on the sum."""
 
     norm = "sum"
+    z_floor = None
 
     def similarity(self, logits):
         return torch.sigmoid(logits)
@@ -490,9 +499,11 @@ class SigmoidNorm(_Elementwise):
 
 @register("sigmoid_pnorm")
 class SigmoidPNorm(_Elementwise):
-    """p-normalised sigmoid: sigmoid(s) / (sum sigmoid(s)^p)^(1/p) (Gu et al. rebuttal; option p, default 2)."""
+    """p-normalised sigmoid: sigmoid(s) / (sum sigmoid(s)^p)^(1/p) (Gu et al. rebuttal; option p, default 2); no
+    floor on the norm."""
 
     norm = "pnorm"
+    z_floor = None
 
     def __init__(self, ctx: OpContext, *, p: float = 2.0, gate: str | None = "default") -> None:
         super().__init__(ctx, gate=gate)

@@ -86,8 +86,8 @@ class DataConfig:
             Arrow, ``hf:NAME``; see :mod:`sinklab.zoo.datasets_io`); None = "text".
         num_proc: processes for reading a dataset; None = automatic. Neither option changes the
             tokens of a ``.txt`` or zoo corpus; None values are not written to ``config.toml``.
-        max_epochs: the most passes over the distinct training tokens (``train.steps x tokens per
-            step / training tokens``) the run may make: more refuses to start (InputError, before
+        max_epochs: the most passes over the distinct training windows (``train.steps x batch_size x
+            grad_accum / training windows``) the run may make: more refuses to start (InputError, before
             any training). None (not written) = no limit, only the warning past
             :data:`sinklab.train.loop.EPOCHS_WARN` passes. 4 in the paper presets, whose step
             counts would repeat the offline corpus zoo (6.0M tokens with their BPE) 220-440 times.

@@ -483,8 +483,8 @@ def _setup_data(cfg: RunConfig, out: Path, dd: distributed.Dist, *, notify: Call
             "use a larger corpus, a smaller train.batch_size or data.seq_len, or a larger data.max_train_tokens"
         )
     distributed.check_batch(dd, B)
-    check_epochs(cfg, train_data.n_tokens)
-    for warn in (warmup_warning(cfg), epochs_warning(cfg, train_data.n_tokens)):
+    check_epochs(cfg, train_data.n_windows, train_data.n_tokens)
+    for warn in (warmup_warning(cfg), epochs_warning(cfg, train_data.n_windows, train_data.n_tokens)):
         if warn and dd.is_main and not canonical:  # the fingerprint's canonical training would repeat it
             (notify or _warn)(warn)
     try:
@@ -749,7 +749,7 @@ class _Trainer:
             "steps": t_cfg.steps,
             "tokens": t_cfg.steps * tokens_per_step,
             "train_tokens_available": train_data.n_tokens,
-            "epochs": round(t_cfg.steps * tokens_per_step / max(train_data.n_tokens, 1), 3),
+            "epochs": round(passes(cfg, train_data.n_windows), 3),
             "final_loss": result.losses.get(t_cfg.steps),
             "final": tracker.history[-1] if tracker.history else None,
             "emerge_level": cfg.track.emerge_level,
@@ -834,47 +834,56 @@ def code_fingerprint(cfg: RunConfig, out: str | Path | None = None) -> str:
     return fpm.digest(res.losses, res.history, state["model"], c, res.data_digest)
 
 
-#: passes over the distinct training tokens above which :func:`train` warns (memorisation regime)
+#: passes over the distinct training windows above which :func:`train` warns (memorisation regime)
 EPOCHS_WARN = 4.0
 
 
-def passes(cfg: RunConfig, train_tokens: int) -> float:
-    """Passes the run makes over its distinct training tokens: ``train.steps x tokens per step /
-    train_tokens`` (``train_tokens``: stream tokens in whole training windows, after any cap)."""
-    return cfg.train.steps * cfg.tokens_per_step / max(train_tokens, 1)
+def windows_per_step(cfg: RunConfig) -> int:
+    """Training windows one optimizer step reads: ``train.batch_size x train.grad_accum``."""
+    return cfg.train.batch_size * cfg.train.grad_accum
 
 
-def check_epochs(cfg: RunConfig, train_tokens: int) -> None:
-    """Refuse a run that would pass over its training tokens more than ``data.max_epochs`` times.
+def passes(cfg: RunConfig, n_windows: int) -> float:
+    """Passes the run makes over its distinct training windows: ``train.steps x windows per step / n_windows``
+    (``n_windows``: the whole training windows, after any cap; each holds ``data.seq_len + 1 - n_inserted`` stream
+    tokens, so this is also the stream tokens read over those available; tokens per step over tokens available
+    was off by ``seq_len / (seq_len + 1 - n_inserted)``)."""
+    return cfg.train.steps * windows_per_step(cfg) / max(n_windows, 1)
+
+
+def check_epochs(cfg: RunConfig, n_windows: int, train_tokens: int) -> None:
+    """Refuse a run that would pass over its training windows more than ``data.max_epochs`` times
+    (``train_tokens``: the stream tokens they hold, for the message).
 
     Raises:
         InputError: ``data.max_epochs`` is set and :func:`passes` exceeds it; the one-line message
             gives the count and the fixes (a larger corpus, fewer steps, a higher limit).
     """
     limit = cfg.data.max_epochs
-    epochs = passes(cfg, train_tokens)
+    epochs = passes(cfg, n_windows)
     if limit is None or epochs <= limit:
         return
     raise InputError(
-        f"{cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens would pass over the {train_tokens:,} distinct "
-        f"training tokens {epochs:.1f} times, more than data.max_epochs={limit:g}: give it a corpus of the paper's size "
+        f"{cfg.train.steps} steps x {windows_per_step(cfg):,} windows would pass over the {n_windows:,} distinct "
+        f"training windows ({train_tokens:,} tokens) {epochs:.1f} times, more than data.max_epochs={limit:g}: give it a corpus of the paper's size "
         "(data.corpus = \"hf:NAME\" or a folder of Parquet or JSON-lines shards, see docs/scaling.md, 'Large corpora'), "
         f"fewer train.steps, or allow the repetition with {param('data.max_epochs', math.ceil(epochs))}"
     )
 
 
-def epochs_warning(cfg: RunConfig, train_tokens: int) -> str:
-    """The warning for a run that passes over its distinct training tokens more than :data:`EPOCHS_WARN`
-    times ("" otherwise). ``train_tokens``: stream tokens in whole training windows (after any cap).
+def epochs_warning(cfg: RunConfig, n_windows: int, train_tokens: int) -> str:
+    """The warning for a run that passes over its distinct training windows more than :data:`EPOCHS_WARN`
+    times ("" otherwise). ``n_windows``: whole training windows (after any cap); ``train_tokens``: the stream
+    tokens they hold.
 
     The data-amount study (README) shows that repeated passes put the model into a memorisation
     regime whose sinks differ from those of a run on fresh tokens.
     """
-    epochs = passes(cfg, train_tokens)
+    epochs = passes(cfg, n_windows)
     if epochs <= EPOCHS_WARN:
         return ""
-    return (f"warning: {cfg.train.steps} steps x {cfg.tokens_per_step:,} tokens pass over the {train_tokens:,} distinct "
-            f"training tokens {epochs:.1f} times (more than {EPOCHS_WARN:g}): the model will memorise them; use a larger "
+    return (f"warning: {cfg.train.steps} steps x {windows_per_step(cfg):,} windows pass over the {n_windows:,} distinct "
+            f"training windows ({train_tokens:,} tokens) {epochs:.1f} times (more than {EPOCHS_WARN:g}): the model will memorise them; use a larger "
             "corpus (a JSON-lines, Parquet or Arrow dataset, see docs/scaling.md, 'Large corpora') or fewer steps")
 
 
