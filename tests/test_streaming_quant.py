@@ -213,12 +213,21 @@ def test_attention_policy_with_quantised_cache_per_row():
 
 def test_bytes_are_counted_honestly():
     """B 1, 2 KV heads, head_dim 8, 8 tokens held, 4 bits in groups of 4, float64, 2 lossless tokens:
-    codes 2 x (2 x 8 x 4 bytes) + scales and zeros 4 x (2 x 8 x 2) x 8 bytes + lossless 2 x (2 x 2 x 8) x 8."""
+    codes 2 x (2 x 8 x 4 bytes) + scales and zeros 4 x (2 x 8 x 2) x 8 bytes + lossless 2 x (2 x 2 x 8) x 8 while
+    the first two tokens are kept (sinks), none once they are evicted (window: the copies were counted, and held,
+    after their tokens had left the cache)."""
     m = llama(layers=1)
+    quantised = 2 * (2 * 8 * 4) + 4 * (2 * 8 * 2) * 8
+    for policy, lossless in (("sinks", 2 * (2 * 2 * 8) * 8), ("window", 0)):
+        cache = SinkCache(m, policy=policy, budget=8, kv_bits=4, kv_group=4, sinks_full_precision=2)
+        with torch.no_grad():
+            m(torch.arange(12)[None], cache=cache, use_cache=True)
+        assert cache.nbytes == quantised + lossless, policy
     cache = SinkCache(m, policy="window", budget=8, kv_bits=4, kv_group=4, sinks_full_precision=2)
-    with torch.no_grad():
-        m(torch.arange(12)[None], cache=cache, use_cache=True)
-    assert cache.nbytes == 2 * (2 * 8 * 4) + 4 * (2 * 8 * 2) * 8 + 2 * (2 * 2 * 8) * 8
+    with torch.no_grad():  # token by token: the copies go one by one as their tokens leave the window
+        for t in range(10):
+            m(torch.tensor([[t]]), cache=cache, use_cache=True)
+    assert cache.layers[0].store.fp_k.shape[-2] == 0 and cache.layers[0].store.fp_start == 2
     dense = SinkCache(m, policy="window", budget=8)
     with torch.no_grad():
         m(torch.arange(12)[None], cache=dense, use_cache=True)

@@ -278,8 +278,11 @@ class QuantKV:
         self.dtype: torch.dtype | None = None
         # per slot (B, H, K, ...)
         self.k_codes = self.v_codes = self.v_scale = self.v_zero = self.k_scale = self.k_zero = None
-        # lossless copies of arrivals 0 .. lossless-1 (B, H, min(lossless, seen), d), by arrival index
+        # lossless copies of arrivals fp_start .. fp_start + n - 1 (B, H, n, d), n <= lossless: the first ``lossless``
+        # arrivals, those before the oldest one still kept in any row freed (all of them once none is kept)
         self.fp_k = self.fp_v = None
+        self.fp_start = 0
+        self._seen = 0  # arrivals appended so far
         # "detected": the copies (B, H, M, d) of the flagged slots (M the most in a row), fp_idx (B, K)
         # int64 the copy of each slot or -1; pending: the last call's new (keys, values) until marked
         self.fp_idx: Tensor | None = None
@@ -359,9 +362,9 @@ class QuantKV:
                 keys = torch.where(fp[:, None, :, None], _take(self.fp_k, ix), keys)
                 values = torch.where(fp[:, None, :, None], _take(self.fp_v, ix), values)
         elif n_fp:
-            fp = o < n_fp  # (B, K)
+            fp = (o >= self.fp_start) & (o < self.fp_start + n_fp)  # (B, K)
             if bool(fp.any()):
-                ix = o.clamp(max=n_fp - 1)
+                ix = (o - self.fp_start).clamp(0, n_fp - 1)
                 keys = torch.where(fp[:, None, :, None], _take(self.fp_k, ix), keys)
                 values = torch.where(fp[:, None, :, None], _take(self.fp_v, ix), values)
         return keys, values
@@ -400,8 +403,11 @@ class QuantKV:
             self.pending = (key_states, value_states)
         keep_fp = 0 if self.detected else min(q, max(0, self.lossless - first))  # new arrivals below the count
         if keep_fp:
+            if not self.fp_k.shape[-2]:
+                self.fp_start = first
             self.fp_k = torch.cat((self.fp_k, key_states[..., :keep_fp, :]), dim=-2)
             self.fp_v = torch.cat((self.fp_v, value_states[..., :keep_fp, :]), dim=-2)
+        self._seen = first + q
         if self.key_quant == "channel":
             self._close_blocks(order, first + q)
 
@@ -449,6 +455,13 @@ class QuantKV:
             self.fp_idx = self.fp_idx[:, idx] if idx.dim() == 1 else self.fp_idx.gather(1, idx)
             if bool(((self.fp_idx >= 0).sum(1) != before).any()):  # copies of evicted slots: free them
                 self._compact(self.fp_idx >= 0, self.fp_idx, self.fp_k, self.fp_v)
+        elif self.fp_k.shape[-2]:  # copies of the first arrivals older than every one still kept: free them
+            low = order[order < self.lossless]
+            start = int(low.min()) if low.numel() else (self.lossless if self._seen >= self.lossless else self.fp_start)
+            if start > self.fp_start:
+                cut = min(start - self.fp_start, self.fp_k.shape[-2])
+                self.fp_k, self.fp_v = self.fp_k[..., cut:, :], self.fp_v[..., cut:, :]
+                self.fp_start += cut
         if self.key_quant == "channel" and self.tab_block.numel():
             q = order[(order < self.res_start) & (order >= self._first_quantised)]
             live = torch.isin(self.tab_block, torch.unique(q // self.group))
@@ -507,7 +520,10 @@ class QuantKV:
     def nbytes(self) -> int:
         """Bytes held: packed codes, scales and zeros, the residual and the lossless copies (with
         ``"detected"``: the copies as stored, rows padded to the longest, their slot index and, within a
-        call, the new tokens' states held until the attention weights come)."""
+        call, the new tokens' states held until the attention weights come). What the store holds, as allocated:
+        the copies of the first ``sinks_full_precision`` arrivals from the oldest one still kept on (freed once
+        evicted, in order); with per-channel keys the placeholder codes of the open block's slots and its
+        full-precision keys, evicted ones included, until the block completes."""
         pend = self.pending or (None, None)
         return _nbytes(self.k_codes, self.v_codes, self.v_scale, self.v_zero, self.k_scale, self.k_zero, self.fp_k,
                        self.fp_v, self.tab_scale, self.tab_zero, self.res_k, self.fp_idx, *pend)
