@@ -274,3 +274,44 @@ def test_per_layer_and_per_head_check_shapes():
         sink_rate_per_layer(torch.zeros(3, 4), 0.3)
     with pytest.raises(InputError, match="N, L, H, T"):
         sink_rate_per_head(torch.zeros(2, 3, 4), 0.3)
+
+
+def test_attention_mass_of_a_prefix_lm_counts_only_queries_at_or_after_the_key():
+    """Eq. 2 averages A[i, j] over the queries i >= j. A prefix LM's earlier queries also see the prefix keys; summing
+    them too gave key 1 a "mass" of 1.0857 (> 1) in an audit. Reference: a float64 loop over i >= j (as measure)."""
+    from sinklab.attention_masks import MaskSpec, build_mask
+
+    T, p = 8, 4
+    g = torch.Generator().manual_seed(0)
+    vis = build_mask(T, T, MaskSpec(causal=True, prefix_len=p))  # (T, T) bool
+    a = torch.rand(2, 3, T, T, generator=g, dtype=torch.float64).masked_fill(~vis, 0.0)
+    a = a / a.sum(-1, keepdim=True)
+    want = torch.stack([torch.stack([a[..., j:, j].mean(-1)]) for j in range(T)], -1)[0]  # (2, 3, T)
+    got = attention_mass(a, causal=True)
+    assert torch.allclose(got, want, atol=1e-15) and bool((got <= 1).all())
+    causal = a.masked_fill(~build_mask(T, T, MaskSpec(causal=True)), 0.0)  # plain causal: unchanged
+    assert torch.equal(attention_mass(causal), causal.sum(-2) / torch.arange(T, 0, -1, dtype=torch.float64))
+
+
+def test_a_nan_attention_mass_is_refused_not_counted_as_no_sink():
+    """(mass > eps) is False for NaN: one NaN sample of four, all sinks, gave Sink_1 75.0 instead of an error."""
+    from sinklab.errors import InputError
+    from sinklab.metrics import bootstrap_sink_rate_ci, sink_rate_per_layer, sink_rate_virtual
+
+    mass = torch.full((4, 2, 3, 5), 0.05, dtype=torch.float64)
+    mass[..., 0] = 0.9
+    assert sink_rate(mass)[0].item() == 100.0
+    mass[2, 1, 0, 3] = float("nan")
+    for f in (sink_rate, sink_rate_per_layer, bootstrap_sink_rate_ci):
+        with pytest.raises(InputError, match="NaN in 1 of 4 samples"):
+            f(mass)
+    with pytest.raises(InputError, match="NaN in 1 of 4 samples"):
+        sink_rate_virtual(mass[..., 3])
+
+
+def test_a_prefix_longer_than_the_sequence_makes_every_key_a_prefix_key():
+    from sinklab.attention_masks import MaskSpec
+    from sinklab.metrics import visible_key_counts
+
+    assert visible_key_counts(3, MaskSpec(causal=True, prefix_len=4)).tolist() == [3.0, 3.0, 3.0]
+    assert visible_key_counts(3, MaskSpec(causal=True, prefix_len=3)).tolist() == [3.0, 3.0, 3.0]

@@ -24,6 +24,10 @@ def _check_eps(eps: float) -> None:
 def _check_mass(mass: Tensor) -> None:
     if mass.dim() != 4:
         raise InputError(f"mass must be (N, L, H, T), got shape {tuple(mass.shape)}")
+    if mass.is_floating_point() and bool(torch.isnan(mass).any()):
+        n = int(torch.isnan(mass).any(dim=(1, 2, 3)).sum())
+        raise InputError(f"the attention mass is NaN in {n} of {mass.shape[0]} samples (a numerically broken forward, "
+                         "e.g. an overflow in half precision): a sink rate would count those as no sink")
 
 
 def key_counts(seq_len: int, *, causal: bool = True, device=None) -> Tensor:
@@ -49,20 +53,20 @@ def visible_key_counts(seq_len: int, mask: MaskSpec = CAUSAL, *, device=None) ->
     Args:
         seq_len: T.
         mask: causal decoder or bidirectional encoder (``mask.causal``), a bidirectional prefix of
-            ``mask.prefix_len`` keys (prefix LM, at most T), a sliding window ``mask.window``.
+            ``mask.prefix_len`` keys (prefix LM; a prefix of T keys or more makes every key a prefix key), a
+            sliding window ``mask.window``.
 
     Returns:
         (T,) float64 counts, key position ``j`` 0-based, each in [1, T].
 
     Raises:
-        InputError: ``seq_len < 1`` or ``mask.prefix_len`` > T (a negative prefix or a window < 1
-            is refused by :class:`MaskSpec` itself).
+        InputError: ``seq_len < 1`` (a negative prefix or a window < 1 is refused by :class:`MaskSpec` itself).
     """
     causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
     if seq_len < 1:
         raise InputError(f"seq_len must be >= 1, got {seq_len}")
-    if not 0 <= prefix_len <= seq_len:
-        raise InputError(f"prefix_len must lie in [0, T={seq_len}], got {prefix_len}")
+    if prefix_len < 0:
+        raise InputError(f"prefix_len must be >= 0, got {prefix_len}")
     if window is not None and window < 1:
         raise InputError(f"window must be >= 1, got {window}")
     T = seq_len
@@ -117,11 +121,12 @@ def sink_rate_virtual(extra_mass: Tensor, eps: float = 0.3) -> float:
         Percentage in [0, 100].
 
     Raises:
-        InputError: eps outside (0, 1) or ``extra_mass`` not 3-D.
+        InputError: eps outside (0, 1), ``extra_mass`` not 3-D or holding a NaN.
     """
     _check_eps(eps)
     if extra_mass.dim() != 3:
         raise InputError(f"extra_mass must be (N, L, H), got shape {tuple(extra_mass.shape)}")
+    _check_mass(extra_mass[..., None])
     return float((extra_mass > eps).to(torch.float64).mean() * 100.0)
 
 
@@ -195,7 +200,9 @@ def attention_mass(attn: Tensor, *, causal: bool = True) -> Tensor:
     Args:
         attn: (..., T, T) attention weights, query axis then key axis, rows summing to 1
             for softmax attention (masked entries must be 0).
-        causal: see above.
+        causal: see above. Only the weights of queries ``i >= j`` count, so for a prefix LM, whose
+            earlier queries also see the prefix keys, the mass is still Eq. 2's (as ``sinklab measure``
+            takes it); summing every query there gave masses above 1.
 
     Returns:
         (..., T) float64.
@@ -205,7 +212,8 @@ def attention_mass(attn: Tensor, *, causal: bool = True) -> Tensor:
     """
     if attn.dim() < 2 or attn.shape[-1] != attn.shape[-2]:
         raise InputError(f"attention must be (..., T, T), got shape {tuple(attn.shape)}")
-    return attention_mass_from_column_sums(attn.to(torch.float64).sum(dim=-2), causal=causal)
+    a = attn.to(torch.float64)
+    return attention_mass_from_column_sums((a.tril() if causal else a).sum(dim=-2), causal=causal)
 
 
 def sink_rate_per_sample(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> Tensor:
@@ -220,7 +228,7 @@ def sink_rate_per_sample(mass: Tensor, eps: float = 0.3, positions: int | None =
         (N, K) float64 percentages in [0, 100].
 
     Raises:
-        InputError: eps outside (0, 1) or ``mass`` not 4-D.
+        InputError: eps outside (0, 1), ``mass`` not 4-D or holding a NaN (a NaN would count as no sink).
     """
     _check_eps(eps)
     _check_mass(mass)
@@ -243,7 +251,7 @@ def sink_rate(mass: Tensor, eps: float = 0.3, positions: int | None = None) -> T
         (K,) float64 percentages; index 0 is the paper's ``Sink_1``.
 
     Raises:
-        InputError: eps outside (0, 1) or ``mass`` not 4-D.
+        InputError: eps outside (0, 1), ``mass`` not 4-D or holding a NaN (a NaN would count as no sink).
     """
     return sink_rate_per_sample(mass, eps, positions).mean(dim=0)
 
