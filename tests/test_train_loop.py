@@ -103,6 +103,29 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeyp
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
 
 
+def test_a_nan_attention_mass_on_the_probe_stops_training_as_a_divergence(corpus, tmp_path, monkeypatch):
+    """A probe whose attention mass is NaN (the loss still finite) stops the run at that tracker step like a NaN loss,
+    instead of logging a sink rate that counted the NaN as no sink."""
+    import json
+
+    import sinklab.metrics.summary as summary_mod
+
+    real = summary_mod.sink_rate
+    calls = {"n": 0}
+
+    def nan_once(mass, *a, **kw):
+        calls["n"] += 1
+        return real(mass * float("nan") if calls["n"] == 3 else mass, *a, **kw)  # 2 calls per evaluation
+
+    monkeypatch.setattr(summary_mod, "sink_rate", nan_once)
+    with pytest.raises(loop.TrainingDiverged) as e:
+        loop.train(make_cfg(corpus, "track.every=2"), tmp_path, progress=False)
+    rec = json.loads((tmp_path / loop.DIVERGED_NAME).read_text())
+    evaluated = [r["step"] for r in read_metrics(tmp_path) if "sink_rate" in r]
+    assert rec["what"] == "attention mass on the probe" and rec["value"] == "nan" and rec["last_checkpoint"] == 3
+    assert evaluated == [2] and rec["step"] == 4 and "at step 4" in str(e.value)
+
+
 def test_full_disk_keeps_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
     save_checkpoint(path, {"step": 1, "w": torch.ones(3)})

@@ -93,6 +93,10 @@ class ConfigError(SinklabError, ValueError):
     """A config file or override is invalid (unknown key, bad value, incompatible choices)."""
 
 
+class NonFiniteMassError(InputError):
+    """An attention mass holds a NaN (a numerically broken forward): a sink rate would count it as no sink."""
+
+
 class CorruptFileError(InputError):
     """A file sinklab reads is truncated, garbage, unreadable or not in the expected format (the message
     names it)."""

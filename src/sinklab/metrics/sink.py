@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from sinklab.attention_masks import CAUSAL, MaskSpec
-from sinklab.errors import InputError
+from sinklab.errors import InputError, NonFiniteMassError
 
 
 def _check_eps(eps: float) -> None:
@@ -26,7 +26,7 @@ def _check_mass(mass: Tensor) -> None:
         raise InputError(f"mass must be (N, L, H, T), got shape {tuple(mass.shape)}")
     if mass.is_floating_point() and bool(torch.isnan(mass).any()):
         n = int(torch.isnan(mass).any(dim=(1, 2, 3)).sum())
-        raise InputError(f"the attention mass is NaN in {n} of {mass.shape[0]} samples (a numerically broken forward, "
+        raise NonFiniteMassError(f"the attention mass is NaN in {n} of {mass.shape[0]} samples (a numerically broken forward, "
                          "e.g. an overflow in half precision): a sink rate would count those as no sink")
 
 

@@ -640,8 +640,17 @@ class _Trainer:
         return detached
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        """The tracker's metrics of the model at ``step`` (:meth:`SinkTracker.evaluate`, appended to its history)."""
-        return self.data.tracker.evaluate(self.model, step, self.device, self.autocast)
+        """The tracker's metrics of the model at ``step`` (:meth:`SinkTracker.evaluate`, appended to its history).
+
+        Raises:
+            TrainingDiverged: the probe's attention mass is NaN (recorded as a divergence at ``step``)."""
+        from sinklab.errors import NonFiniteMassError
+
+        try:
+            return self.data.tracker.evaluate(self.model, step, self.device, self.autocast)
+        except NonFiniteMassError:
+            _diverged("attention mass on the probe", float("nan"), step, self.last_ckpt, self.ckpt_path)
+            raise  # unreachable: _diverged raises
 
     def train_steps(self, end: int, progress: bool) -> None:
         """Optimizer steps ``start + 1 .. end`` (1-based) with logging, tracking, checkpoints and a progress bar."""
