@@ -85,12 +85,15 @@ def test_two_ranks_equal_one_process_and_resume_on_one(corpus, one_process, tmp_
     assert sorted(two) == [1, 2, 3]
     for s in two:  # same global batch, same losses (the gradient all-reduce only changes the summation order)
         assert two[s] == pytest.approx(one_process[s], abs=2e-5), (s, two, one_process)
-    assert json.loads((out / "summary.json").read_text())["processes"] == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["processes_starts"] == [2]
     # the 2-rank checkpoint resumes on one process and gives the one-process run's next loss
     cfg4 = from_dict(apply_overrides(raw_cfg(corpus), [f"train.parallel={parallel}", "train.steps=4"]))
     nxt = loop.train(cfg4, out, resume=True, progress=False).losses
     assert sorted(nxt) == [1, 2, 3, 4] and all(abs(nxt[s] - two[s]) < 1e-6 for s in (1, 2, 3))  # the 2-rank start's kept
     assert nxt[4] == pytest.approx(one_process[4], abs=2e-5)
+    summary = json.loads((out / "summary.json").read_text())  # every start's processes, not only the last one's
+    assert summary["processes"] == 1 and summary["processes_starts"] == [2, 1]
     if parallel == "fsdp":  # a full one-process checkpoint loaded into sharded parameters and optimizer state
         p = subprocess.run([*cmd, "--resume", "--set", "train.steps=5"], env=env(), capture_output=True, text=True,
                            timeout=180)

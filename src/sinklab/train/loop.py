@@ -533,6 +533,10 @@ class _Trainer:
         if ckpt is not None:  # a checkpoint from before code_starts: its earlier starts' code is unknown
             self.code_starts = list(ckpt.get("code_starts", [{"commit": None, "dirty": None, "source": None}]))
         self.code_starts.append(code_version())
+        # the processes of every start, in order (None for the starts of a checkpoint that did not record them)
+        self.processes_starts = list(ckpt.get("processes_starts", [None] * (len(self.code_starts) - 1))
+                                     if ckpt is not None else [])
+        self.processes_starts.append(dd.world)
         self.step_times: list[float] = []  # wall seconds of each optimizer step of this start
 
     def _setup_model(self, ckpt: dict | None) -> None:
@@ -719,6 +723,7 @@ class _Trainer:
             "losses": {k: v for k, v in self.result.losses.items() if k <= step},  # a resume's result has them all
             "wall_s": self.wall_before + time.perf_counter() - self.t_start,
             "code_starts": self.code_starts,
+            "processes_starts": self.processes_starts,
         })
         self.status.checkpoint = step
         distributed.barrier(dd)  # no rank runs ahead of a checkpoint that is not on disk yet
@@ -770,7 +775,8 @@ class _Trainer:
             "wall_s": round(result.wall_s, 3),
             "median_step_tokens_per_s": round(result.median_step_tokens_per_s, 1),
             "device": str(self.device),
-            "processes": self.dd.world,
+            "processes": self.dd.world,  # the last start's; every start's in processes_starts
+            "processes_starts": self.processes_starts,
             "unigram_loss": round(unigram_loss(train_data.stream, self.data.val_y, cfg.model.vocab_size), 6),
             "seed": t_cfg.seed,
             "objective": t_cfg.objective,
