@@ -19,7 +19,7 @@ $(BIN)/sinklab: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(MAKE) --no-print-directory torch
-	@$(BIN)/python -c "import torch; print('installed torch', torch.__version__, '(CUDA ' + torch.version.cuda + ')' if torch.version.cuda else '(CPU build)')"
+	@$(BIN)/python -W ignore -c "import torch; print('installed torch', torch.__version__, '(CUDA ' + torch.version.cuda + ')' if torch.version.cuda else '(CPU build)')"
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(BIN)/sinklab
 

@@ -648,3 +648,12 @@ def test_sigmoid_normalisers_take_no_floor(name):
     y, seen = run(attn, pos, x, path="reference", raw_weights=True)
     torch.testing.assert_close(y.double(), ref_y, atol=2e-5, rtol=1e-4)
     assert seen["w"][0, :, 0, 0].tolist() == pytest.approx([1.0] * H, abs=1e-6)
+
+
+def test_every_operation_is_described_in_one_whole_line():
+    """`sinklab list attention` shows a docstring's first line: one that wraps mid-sentence was shown cut."""
+    from sinklab.nn.positional import POSITIONAL
+
+    for reg in (ATTENTION, POSITIONAL):
+        for name in reg.names():
+            assert reg.describe(name).rstrip().endswith((".", ")")), (name, reg.describe(name))

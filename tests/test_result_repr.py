@@ -57,7 +57,7 @@ def test_every_result_kind_has_its_own_short_repr(tmp_path):
         ("TrainResult: ", {"loss": "3.2500 nats at step 3", ".table()": "DataFrame of the loss by step (3 rows)",
                            ".history": "the sink tracker's records (50)"}),
         ("AnalysisResult: keybias of tiny", {"sink_share": "0.1235", ".tables[name]": "heads (10000 rows), layers (3 rows)"}),
-        ("CompareResult: 2 measured folders", {"models": "a, b", ".layers": "DataFrame per (model, layer) (4 rows)",
+        ("CompareResult: 2 measured models", {"models": "a, b", ".layers": "DataFrame per (model, layer) (4 rows)",
                                                 "warnings": "different sample sizes N (a 4, b 8): the bars are not "
                                                             "measured alike"}),
         ("StreamResult", {"tokens": "4096", "configs": "3: c0, c1, c2"}),

@@ -309,6 +309,7 @@ def test_cli_stream_policies_writes_fields_and_resumes(tiny_model_dir, text_corp
         ("tova", 16, 4, 8, "channel", 2)
     assert c["sinks@16"]["n_sink"] == 2 and c["tova@16"]["n_sink"] == 0
     assert c["sinks@16:kv4-channel-fp0"]["cache_bytes"] < c["sinks@16"]["cache_bytes"]
+    assert data["title"].endswith("60 tokens · budget 16 · recompute window 16")  # not the sink caches' window
     table = pd.read_csv(out / "stream.csv")
     assert list(table["name"]) == names and {"policy", "budget", "kv_bits", "key_quant"} <= set(table.columns)
     assert ("--policy sinks,tova --budget 16 --n-sink 2 --kv-bits 16,4 --kv-group 8 --key-quant channel "
@@ -485,3 +486,24 @@ def test_parallel_scorer_refuses_logits_it_cannot_reproduce(monkeypatch):
     monkeypatch.setattr(type(m), "forward", scaled)
     with pytest.raises(InputError, match="differ by .*use mode='decode'"):
         stream_nll(m, ids, CacheSpec("full", "full", None, None), max_context=128, block=8)
+
+
+def test_the_latency_prefill_stays_inside_the_trained_context():
+    """decode_latency chooses its prefill calls: for a sink cache they keep the cache positions (kept + new) inside
+    the model's trained context (128 here; 268 tokens in one call went to position 303 and warned, once per
+    configuration, about a call the user never made). Its bytes are those of the cache after the same tokens."""
+    import warnings
+
+    from sinklab.streaming.harness import decode_latency
+
+    m = llama(layers=1)  # max_position_embeddings 128
+    ids = torch.randint(0, 80, (300,), generator=torch.Generator().manual_seed(0))
+    spec = cache_specs(32, [4], full=False, recompute=False)[0]  # sinks_4: budget 36
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ms, nbytes = decode_latency(m, ids, spec, at=268, steps=32)
+    cache = SinkCache(m, 4, 32)
+    with torch.no_grad():
+        for t in range(300):
+            m(ids[None, t : t + 1], cache=cache, use_cache=True, position_ids=torch.tensor([[cache.kept_length()]]))
+    assert ms > 0 and nbytes == cache.nbytes

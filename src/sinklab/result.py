@@ -275,7 +275,8 @@ class DictResult(Result, dict):
 
     def guide(self) -> list[tuple[str, str]]:
         return [(".table()", f"DataFrame, one row per configuration ({len(self.get('configs') or [])} rows)"),
-                ("[key]", f"the {self.FILE} content: {', '.join(self)}"), (".save(out)", f"writes {self.FILE}")]
+                ("[key]", f"the {self.FILE} content: {', '.join(self)}"),
+                (".save(out)", f"writes {self.FILE} with its CSV tables and plot")]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "DictResult":

@@ -141,7 +141,7 @@ def _run(task, flags, given: dict) -> None:
     if printer is not None:
         printer(res, out)
     elif task.summary is not None:
-        for line in task.summary(res):
+        for line in task.summary(res, out):
             typer.echo(line)
     else:
         typer.echo(repr(res))

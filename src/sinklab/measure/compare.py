@@ -267,7 +267,8 @@ class CompareResult(Result):
         return self.models
 
     def title(self) -> str:
-        return f"CompareResult: {len(self.folders)} measured folders"
+        n = len(self.models) if hasattr(self.models, "__len__") else len(self.folders)
+        return f"CompareResult: {n} measured models"
 
     def headline(self) -> list[tuple[str, str]]:
         """The models compared and comparison warnings."""

@@ -499,8 +499,7 @@ class SigmoidNorm(_Elementwise):
 
 @register("sigmoid_pnorm")
 class SigmoidPNorm(_Elementwise):
-    """p-normalised sigmoid: sigmoid(s) / (sum sigmoid(s)^p)^(1/p) (Gu et al. rebuttal; option p, default 2); no
-    floor on the norm."""
+    """p-normalised sigmoid: sigmoid(s) / (sum sigmoid(s)^p)^(1/p), no floor (Gu et al. rebuttal; option p, default 2)."""
 
     norm = "pnorm"
     z_floor = None

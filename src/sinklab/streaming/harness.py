@@ -658,7 +658,8 @@ def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int =
                    prefill_chunk: int = 512, state: bool = False) -> tuple[float, int] | tuple[float, int, int]:
     """Wall time of one decode step ``at`` tokens into the stream, and the cache's bytes there.
 
-    The cache is filled with ``ids[:at]`` in chunks of ``prefill_chunk`` tokens, then ``steps``
+    The cache is filled with ``ids[:at]`` in chunks of ``prefill_chunk`` tokens (a sink cache: at most the
+    model's trained context minus the budget, so that no prefill call goes past that context), then ``steps``
     single-token steps are timed (mean, ms). ``full`` uses transformers' ``DynamicCache``; a
     sink spec :class:`SinkCache` with cache positions.
 
@@ -669,6 +670,11 @@ def decode_latency(model, ids: Tensor, spec: CacheSpec, *, at: int, steps: int =
         raise InputError(f"latency at {at} tokens with {steps} steps needs {at + steps} tokens, the stream has {ids.numel()}")
     cache = _new_cache(model, spec, None if spec.kind != "full" else ids.numel())
     x = ids.view(1, -1).to(_device(model))
+    memo = getattr(cache, "_memo", None)  # a SinkCache: its budget and the model's trained context
+    if memo is not None and memo.context is not None and memo.budget is not None and memo.budget < memo.context:
+        # chunks that keep the cache positions (kept + new) inside the trained context: the call sizes are
+        # sinklab's choice here, so they should not take the model past it (and warn about it)
+        prefill_chunk = max(1, min(prefill_chunk, memo.context - memo.budget))
 
     def start(t: int) -> int:
         return t if spec.kind == "full" else cache.kept_length()

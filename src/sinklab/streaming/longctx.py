@@ -180,12 +180,12 @@ def _isna(v) -> bool:
         return False
 
 
-def _summary(res: TaskResult) -> list[str]:
+def _summary(res: TaskResult, out) -> list[str]:
     lines = [res["title"], f"{'config':<28} {'accuracy':>8} {'correct':>9}  Wilson 95%"]
     for c in res["configs"]:
         lines.append(f"{c['name']:<28} {c['accuracy']:>8.3f} {c['correct']:>4}/{c['n']:<4}  "
                      f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]")
-    lines.append("wrote tasks.json, items.csv, accuracy.csv (per config, task, length, depth), heatmap.png")
+    lines.append(f"wrote {out}/tasks.json, items.csv, accuracy.csv (per config, task, length, depth), heatmap.png")
     return lines
 
 

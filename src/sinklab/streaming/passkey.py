@@ -141,7 +141,7 @@ def evaluate_passkey(model, tokenizer, samples: Sequence[PasskeySample], spec, *
     if spec.kind not in ("full", "sink"):
         raise InputError(f"the pass key task runs through a cache: full or a policy, not {spec.kind}")
     if batch < 1 or chunk < 1:
-        raise InputError(f"{param('passkey_batch')} and {param('passkey_chunk')} must be >= 1, got {batch} and {chunk}")
+        raise InputError(f"{param('batch')} and {param('chunk')} must be >= 1, got {batch} and {chunk}")
     n = samples[0].ids.numel()
     if spec.kind == "full" and max_context is not None and n + answer_tokens > max_context:
         raise InputError(f"the full cache needs {n + answer_tokens} positions, more than the model's context of "

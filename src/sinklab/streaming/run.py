@@ -214,7 +214,8 @@ def _perplexity(subject, o: PerplexityOptions, *, model, resume: dict | None, on
                kv_group=o.kv_group, policies=o.policies, latency=o.latency)
     done = _resumable(resume, key)
     meta = _meta(command, key, subject, corp, ctx=ctx, native=native, mode=o.mode, every=every, tokens=o.tokens,
-                 window=o.window, policies=o.policies)
+                 window=o.window, policies=o.policies, budgets=o.budgets or (256,),
+                 recompute=any(s.kind == "recompute" for s in specs))
     results: dict[str, StreamConfigResult] = dict(done)
     t0 = time.perf_counter()
 
@@ -451,14 +452,17 @@ def _same_settings(resume: dict | None, key: dict) -> bool:
 
 
 def _meta(command: str, key: dict, loaded, corp, *, ctx, native: bool, mode: str, every: int, tokens: int, window: int,
-          policies) -> dict:
-    """The fields of ``stream.json`` besides the configurations."""
+          policies, budgets=(), recompute: bool = False) -> dict:
+    """The fields of ``stream.json`` besides the configurations. The title names the window of the default sink
+    caches, or with ``policies`` their budgets (and the window only where the recompute baseline uses it)."""
     from sinklab.provenance import code_version
     from sinklab.result import versions
 
+    caches = (f"budget {','.join(map(str, budgets))}" + (f" · recompute window {window}" if recompute else "")
+              if policies else f"window {window}")
     return {
         "command": command, **key, "max_context": ctx,
-        "title": f"{loaded.info['name']} · {corp.name} · {tokens} tokens · window {window}",
+        "title": f"{loaded.info['name']} · {corp.name} · {tokens} tokens · {caches}",
         "model_info": loaded.info, "corpus_source": corp.source, "versions": versions(),
         "mode": "decode" if native else mode, "code": code_version(), "torch_threads": torch.get_num_threads(),
         "load_average_at_start": _load(),

@@ -35,7 +35,8 @@ class StreamTask:
         run: ``run(subject, options, *, resume, on_result, progress, command) -> Result`` (writes nothing).
         result: the :class:`~sinklab.result.Result` subclass it returns (``FILE``: what ``save`` writes).
         help: one paragraph for ``sinklab stream NAME --help``.
-        summary: the lines the CLI prints for a result (None: its repr).
+        summary: ``summary(result, out)``: the lines the CLI prints for a result saved in the folder ``out``, the
+            files it wrote included (None: its repr and ``out/FILE``).
     """
 
     name: str
