@@ -176,7 +176,8 @@ def test_compare_warns_when_corpus_dtype_or_first_token_differ_and_refuses_a_fol
     w = comparison_warnings(models)
     assert w == ["different corpora (auto sotu, always sotu, shak shakespeare): the bars are not measured alike",
                  "different dtypes (auto float32, always float32, shak bfloat16): the bars are not measured alike",
-                 "a special token (BOS / CLS) starts the windows of always but not of the others (bos settings: auto "
+                 "a token before the text (BOS / CLS / a run's fixed first token) starts the windows of always but not of "
+                 "the others (bos settings: auto "
                  "auto, always always, shak auto): Sink_1 is the mass on a different kind of first token"]
     assert comparison_warnings(comparison_tables([a, write("a2", corpus="sotu", bos="auto", prefix=[],
                                                              dtype="float32")])[0]) == []

@@ -153,3 +153,26 @@ def test_every_packing_is_measurable_under_every_bos_policy(packing, overrides, 
         assert ((r.probe.input_ids[:, 0] == bos_id).all().item()) == (bos == "always")
     for inp in ("random", "repeated"):
         assert measure(model=str(run), input=inp, progress=False).config.bos == "never"
+
+
+@pytest.mark.parametrize("position, prefixed", [(0, True), (3, False)])
+def test_a_fixed_first_token_is_the_prefix_the_cloze_items_are_scored_after(position, prefixed, tmp_path, monkeypatch):
+    """A run trained with a fixed token (BOS) at position 0 saw it first in every window: the cloze items are scored
+    after it, as a bos-packed run's are (they were scored without it); at position 3 it is inside the windows."""
+    import importlib
+
+    downstream = importlib.import_module("sinklab.measure.downstream")
+
+    real, seen = downstream.score_cloze, []
+
+    def spy(model, items, *, prefix=(), **kw):
+        seen.append(list(prefix))
+        return real(model, items, prefix=prefix, **kw)
+
+    monkeypatch.setattr(downstream, "score_cloze", spy)
+    run = _train(tmp_path, "fixed_token", synthetic_run_toml(steps=2, packing="fixed_token"),
+                 f"data.packing_position={position}")
+    r = measure(model=str(run), cloze=12, progress=False)
+    bos_id = 16 + 1  # synthetic vocabulary of 16 tokens, then <|endoftext|>, <|bos|>
+    assert bool((r.probe.input_ids[:, position] == bos_id).all())
+    assert r.probe.prefix == seen[0] == ([bos_id] if prefixed else [])

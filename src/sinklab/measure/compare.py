@@ -43,8 +43,8 @@ def comparison_tables(folders: Sequence[str | Path]):
     95% bootstrap interval from ``sink_rate_ci``; empty for N = 1 or a file without one),
     ``attention_mass_first``, ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``, ``probe``
     (the probe kind measured: natural, run, random, repeated, text), ``corpus`` (a natural probe's corpus; empty
-    otherwise), ``bos`` (the ``bos`` setting: auto, always, never), ``special_first`` (whether a special token,
-    BOS or CLS, was put before every window), ``dtype`` (the measurement's), for a model with a virtual sink (learned
+    otherwise), ``bos`` (the ``bos`` setting: auto, always, never), ``special_first`` (whether a token other than text,
+    BOS, CLS or a run's fixed first token, was put before every window), ``dtype`` (the measurement's), for a model with a virtual sink (learned
     sink logits as in gpt-oss, sinklab's sink token / key bias / sink logit / softmax-off-by-one; empty
     otherwise) ``sink_rate_virtual`` (Sink*: percent of (sample, layer, head) triples whose attention on the
     virtual key exceeds eps) and ``virtual_mass`` (its mean attention mass), for a model whose heads are gated
@@ -160,7 +160,8 @@ def comparison_warnings(models) -> list[str]:
             out.append(f"different {what} ({per_model(col)}): the bars are not measured alike")
     if "special_first" in models and models["special_first"].nunique() > 1:
         first = [m for m, v in zip(models["model"], models["special_first"]) if v]
-        out.append(f"a special token (BOS / CLS) starts the windows of {', '.join(first)} but not of the others "
+        out.append(f"a token before the text (BOS / CLS / a run's fixed first token) starts the windows of "
+                   f"{', '.join(first)} but not of the others "
                    f"(bos settings: {per_model('bos')}): Sink_1 is the mass on a different kind of first token")
     none = [m for m, lo in zip(models["model"], models["ci_low"]) if lo is None or lo != lo]
     if none:

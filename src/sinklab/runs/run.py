@@ -265,7 +265,12 @@ class Run:
             "run": str(self.folder), "data": self.data_name, "split": "validation", "packing": packing, "seed": seed,
             "tracker_probe": (num_samples, seq_len, seed, packing) == (t.n_probe, t.probe_len, t.seed, c.data.packing),
         }
+        # the token every training window starts with, before its text: BOS (packing bos) or a fixed token at
+        # position 0 (fixed_token, BOS by default); what the cloze items are scored after (random first tokens: none)
         prefix = [int(tc.bos_id)] if packing == "bos" else []
+        if packing == "fixed_token" and c.data.packing_position == 0:
+            ctx = self.packing_context
+            prefix = [int(tc.bos_id if ctx.token_id is None else ctx.token_id)]
         return Probe(ids, "run", bos, prefix, [], details)
 
     def validation_documents(self) -> list[np.ndarray]:
