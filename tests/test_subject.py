@@ -265,3 +265,25 @@ def test_smollm2_massive_and_stream_in_bfloat16_agree_with_float32(real_home, tm
     assert st["float32"].keys() == st["bfloat16"].keys()
     for k, v in st["float32"].items():
         assert close(v, st["bfloat16"][k], PPL_REL, 0), (k, v, st["bfloat16"][k])
+
+
+def test_a_model_object_is_held_to_its_context_as_its_folder_is(tmp_path, text_corpus_dir):
+    """stream() on a model in memory recorded no context, so its full cache ran past max_position_embeddings where the
+    same model from its folder stopped: other perplexities, KL and top-1. Both now give the same numbers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from helpers import make_tokenizer
+    from sinklab.streaming import stream
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    tok = make_tokenizer()
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    kw = dict(corpus=str(text_corpus_dir), tokens=80, window=8, sinks=(0,), recompute=False, latency=False,
+              progress=False)
+    a, b = stream(model, tokenizer=tok, **kw), stream(str(tmp_path / "m"), **kw)
+    assert a["max_context"] == b["max_context"] == 64
+    assert [(c["name"], c["ppl"], c["kl"], c["evaluated"]) for c in a["configs"]] == \
+        [(c["name"], c["ppl"], c["kl"], c["evaluated"]) for c in b["configs"]]

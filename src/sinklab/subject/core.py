@@ -278,7 +278,7 @@ class Subject:
             check_device("cpu", None, None if isinstance(dtype, torch.dtype) else dtype)
             model.to(dtype if isinstance(dtype, torch.dtype) else DTYPES[dtype])
         info = {"name": type(model).__name__, "source": "python object", "is_encoder": False,
-                "max_context": None, "architecture": type(model).__name__}
+                "max_context": _max_context(model), "architecture": type(model).__name__}
         return cls(model, tokenizer=tokenizer, model_info=info)
 
     @property
@@ -394,6 +394,23 @@ class Subject:
                            token_docs=tokenize_documents(self.tokenizer, self.documents))
         return probe.input_ids
 
+
+
+def _max_context(model: nn.Module) -> int | None:
+    """The longest sequence a model object's positions allow, read off its config as :func:`sinklab.models.load_model`
+    reads a folder's (a SinkLM's ``max_seq_len``; a transformers model's ``max_position_embeddings``, ...), so a model
+    passed in memory is held to the same context as the same model loaded from its folder; None when unknown."""
+    from sinklab.models.load import max_context_of
+
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    if isinstance(getattr(config, "max_seq_len", None), int):  # sinklab's SinkLM
+        return int(config.max_seq_len)
+    try:
+        return max_context_of(config)
+    except Exception:  # a config that is not a transformers one
+        return None
 
 __all__ = ["Subject", "ProbeSpec", "eval_mode", "DTYPES", "AUTO_INPUTS", "check_device", "resolve_device", "DEFAULT_CORPUS",
            "DEFAULT_NUM_SAMPLES", "DEFAULT_SEQ_LEN", "DEFAULT_SEED"]
