@@ -91,6 +91,27 @@ def test_one_run_point_folders_round_trip(tmp_path):
     assert {k: v.decode() for k, v in _files(back).items()} == files
 
 
+def test_odd_run_files_round_trip_byte_for_byte(tmp_path):
+    """A run stopped before its first log line (empty metrics.jsonl), a progress bar's carriage returns and CRLF
+    line ends in train.log, and a raw U+2028 inside a JSON string survive pack / unpack exactly: the table was
+    read with universal newlines (the '\\r' dropped) and an empty metrics.jsonl came back missing, which made
+    pack(remove=True) crash after writing the table."""
+    out = tmp_path / "odd"
+    files = {"a/seed1/metrics.jsonl": b"",
+             "a/seed1/train.log": b"step 1/6\rstep 6/6\r\nwindows\r\n",
+             "a/seed2/metrics.jsonl": '{"step": 0, "note": "x\u2028y\u0085z"}\r\n{"step": 1}'.encode(),
+             "a/seed2/summary.json": '{"text": "a\u2029b"}'.encode()}
+    for rel, data in files.items():
+        (out / "runs" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / "runs" / rel).write_bytes(data)
+    pack(out)  # remove=True: checks the table restores every file before deleting the folders
+    assert not (out / "runs").exists()
+    assert _files(unpack(out, tmp_path / "back")) == files
+    rows = [json.loads(x) for x in gzip.decompress((out / TABLE).read_bytes()).decode().split("\n") if x]
+    metrics = [r for r in rows if r["file"] == "metrics.jsonl" and r["seed"] == 2]
+    assert [r["line"] for r in metrics] == [0, 1]  # lines are cut at '\\n' only
+
+
 def test_a_run_trained_now_packs_whole(tmp_path, monkeypatch):
     """Every file a run folder of today's train() holds is packed or deliberately left out (weights): a study
     swept at HEAD packs without refusing (train_result.json was once refused)."""

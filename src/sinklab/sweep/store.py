@@ -45,6 +45,14 @@ def _point_seed(runs: Path, d: Path) -> tuple[str, int | str]:
     return d.parent.name, int(d.name[4:]) if d.name[4:].isdigit() else d.name
 
 
+def _lines(text: str) -> list[str]:
+    """``text`` cut after each ``\n`` only, line ends kept (``str.splitlines`` also cuts at ``\r``, ``\x85``
+    and ``\u2028``, which a JSON string written with ``ensure_ascii=False`` may hold raw)."""
+    parts = text.split("\n")
+    out = [p + "\n" for p in parts[:-1]]
+    return out + [parts[-1]] if parts[-1] else out
+
+
 def pack(out: str | Path, *, remove: bool = True) -> Path:
     """Write ``out/runs.jsonl.gz`` from ``out/runs/<point>/seed<k>/`` and (``remove``) delete ``out/runs``.
 
@@ -76,11 +84,11 @@ def pack(out: str | Path, *, remove: bool = True) -> Path:
             p = d / name
             if not p.exists():
                 continue
-            text = p.read_text(encoding="utf-8")
-            if name == "metrics.jsonl":
-                for i, ln in enumerate(text.splitlines(keepends=True)):
+            text = p.read_bytes().decode("utf-8")  # bytes: no newline translation, a '\r' is kept
+            if name == "metrics.jsonl" and text:
+                for i, ln in enumerate(_lines(text)):
                     lines.append({"point": point, "seed": seed, "file": name, "line": i, "text": ln})
-            else:
+            else:  # a whole file (an empty metrics.jsonl too: one row, line None, so it comes back)
                 lines.append({"point": point, "seed": seed, "file": name, "line": None, "text": text})
     body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines).encode("utf-8")
     table = out / TABLE
@@ -110,14 +118,14 @@ def unpack(out: str | Path, dest: str | Path) -> Path:
     dest = Path(dest)
     files: dict[tuple[str, str, str], list[str]] = {}
     with reading(table, "sweep run table"):
-        for raw in gzip.decompress(table.read_bytes()).decode("utf-8").splitlines():
+        for raw in _lines(gzip.decompress(table.read_bytes()).decode("utf-8")):
             r = json.loads(raw)
             seed = r["seed"] if isinstance(r["seed"], str) else f"seed{r['seed']}"
             files.setdefault((r["point"], seed, r["file"]), []).append(r["text"])
     for (point, seed, name), parts in files.items():
         d = dest / point / seed
         d.mkdir(parents=True, exist_ok=True)
-        (d / name).write_text("".join(parts), encoding="utf-8")
+        (d / name).write_bytes("".join(parts).encode("utf-8"))
     return dest
 
 
