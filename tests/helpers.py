@@ -52,10 +52,9 @@ def tiny_llama(vocab_size: int = 80, **kw):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
+    cfg = LlamaConfig(**{**dict(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **kw,
-    )
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128), **kw})
     return LlamaForCausalLM(cfg).eval()
 
 

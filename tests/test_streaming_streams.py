@@ -87,6 +87,33 @@ def test_summary_and_paired_comparisons_from_the_per_stream_numbers():
     assert ab["diff_mean"] == pytest.approx(-0.1) and ab["ppl_ratio"] == pytest.approx(math.exp(-0.1))
 
 
+def test_a_full_cache_stopped_at_the_context_is_compared_over_its_own_positions(tmp_path, tokenizer):
+    """Streams longer than the model's context (32 positions): the full cache scores positions 0..30 only, the
+    window all 39. The paired nll comparison full vs window rests on the positions both scored: window's
+    perplexity over them equals its perplexity on the same streams cut to the context (it compared full's 31
+    positions with window's 39)."""
+    from sinklab.streaming import stream
+    from helpers import tiny_llama
+
+    model = tiny_llama(vocab_size=len(tokenizer), max_position_embeddings=32)
+    corpus = _corpus(tmp_path, "c", 3, [60, 60, 60], 3)
+    kw = dict(tokenizer=tokenizer, corpus=str(corpus), streams=3, window=8, sinks=(0,), recompute=False, progress=False)
+    long, cut = stream(model, tokens=40, **kw), stream(model, tokens=32, **kw)
+    per = lambda res, name: [{c["name"]: c for c in s["configs"]}[name] for s in res["streams"]]  # noqa: E731
+    assert {c["evaluated"] for c in per(long, "full")} == {31} and {c["evaluated"] for c in per(long, "window")} == {39}
+    assert {c["evaluated"] for c in per(cut, "window")} == {31}
+    ref = [math.log(f["ppl"]) - math.log(w["ppl"]) for f, w in zip(per(long, "full"), per(cut, "window"))]
+    for c, w in zip(per(long, "window"), per(cut, "window")):  # its perplexity over the reference positions
+        assert c["agreement_positions"] == 31 and c["ppl_agreement"] == pytest.approx(w["ppl"], rel=1e-6)
+    before = t_interval([math.log(f["ppl"]) - math.log(w["ppl"]) for f, w in zip(per(long, "full"), per(long, "window"))])
+    row = next(c for c in long["comparisons"] if c["figure"] == "nll")
+    assert (row["a"], row["b"], row["positions"]) == ("full", "window", "reference")
+    assert row["diff_mean"] == pytest.approx(t_interval(ref).mean, rel=1e-6, abs=1e-9)
+    assert abs(row["diff_mean"] - before.mean) > 1e-4  # what it was: full's 31 positions against window's 39
+    same = next(c for c in cut["comparisons"] if c["figure"] == "nll")
+    assert same["positions"] == "scored" and same["diff_mean"] == pytest.approx(row["diff_mean"], rel=1e-6, abs=1e-9)
+
+
 @pytest.mark.integration
 def test_multi_stream_run_equals_each_stream_alone_and_writes_intervals(two_corpora, tiny_model_dir, tmp_path,
                                                                        capsys):

@@ -115,7 +115,9 @@ class StreamConfigResult:
     share of them whose argmax tokens agree (None where no full-cache reference was computed: a
     ``stream.json`` written before, or ``agreement=False``); kl_by_chunk, top1_by_chunk: per chunk;
     agreement_positions: how many positions they rest on (the full cache stops at the model's context, so
-    positions past it have no reference).
+    positions past it have no reference). ppl_agreement: perplexity over those same positions (None without a
+    reference): what a paired comparison with ``full`` rests on when the full cache stopped before the stream's
+    end (:func:`sinklab.streaming.streams.summarize_streams`).
     """
 
     name: str
@@ -144,6 +146,7 @@ class StreamConfigResult:
     kl_by_chunk: list[float | None] = field(default_factory=list)
     top1_by_chunk: list[float | None] = field(default_factory=list)
     agreement_positions: int = 0
+    ppl_agreement: float | None = None
 
 
 def cache_specs(window: int, sinks: Sequence[int], *, full: bool = True, recompute: bool = True) -> list[CacheSpec]:
@@ -274,6 +277,7 @@ def _result(spec: CacheSpec, scores: "Scores", n: int, chunk: int, latency_s: fl
     agreed = bool(scores.kl)
     by_chunk_nll = _chunked(nll, n, chunk, lambda xs: float(np.mean(xs)))
     common = [nll[t] for t in matched if t in nll]
+    on_reference = [nll[t] for t in scores.kl if t in nll]  # the positions with a full-cache reference
     return StreamConfigResult(
         name=spec.name, n_sink=spec.n_sink, window=spec.window, ppl=math.exp(mean),
         ppl_by_chunk=[None if x is None else math.exp(x) for x in by_chunk_nll],
@@ -288,7 +292,8 @@ def _result(spec: CacheSpec, scores: "Scores", n: int, chunk: int, latency_s: fl
         top1=mean_or_none(list(scores.agree.values())) if agreed else None,
         kl_by_chunk=_chunked(scores.kl, n, chunk, mean_or_none) if agreed else [],
         top1_by_chunk=_chunked(scores.agree, n, chunk, mean_or_none) if agreed else [],
-        agreement_positions=len(scores.kl))
+        agreement_positions=len(scores.kl),
+        ppl_agreement=math.exp(float(np.mean(on_reference))) if agreed and on_reference else None)
 
 
 def _new_cache(model, spec: CacheSpec, max_context: int | None):
@@ -968,7 +973,7 @@ def evaluate_streams(model, ids: Tensor, specs: Sequence[CacheSpec], *, chunk: i
                 scores.add_logits(range(m), ref[b], ids[b, 1 : m + 1].to(ref.device))
                 a = _result(full, scores, n, chunk, 0.0, 0, range(0))
                 res.kl, res.top1, res.kl_by_chunk, res.top1_by_chunk = a.kl, a.top1, a.kl_by_chunk, a.top1_by_chunk
-                res.agreement_positions = a.agreement_positions
+                res.agreement_positions, res.ppl_agreement = a.agreement_positions, a.ppl_agreement
             finished(results)
         else:
             ref = full_logits(model, ids, max_context=max_context, mode=mode, progress=progress)

@@ -102,6 +102,19 @@ def _figures(r) -> dict[str, float | None]:
     return {"nll": nll, "kl": r.get("kl"), "top1": r.get("top1")}
 
 
+def _paired_figures(a: dict, b: dict) -> tuple[dict, dict, str] | None:
+    """Two configurations' figures on one stream over the same positions, and which positions: every scored
+    position when both scored the same ones; else (the full cache stopped at the model's context) the positions
+    with a full-cache reference, where both have them (``ppl_agreement``); else None (not comparable)."""
+    if a.get("positions") == b.get("positions") and a.get("evaluated") == b.get("evaluated"):
+        return _figures(a), _figures(b), "scored"
+    if a.get("ppl_agreement") and b.get("ppl_agreement") and a.get("agreement_positions") == b.get("agreement_positions"):
+        fa, fb = _figures(a), _figures(b)
+        fa["nll"], fb["nll"] = math.log(a["ppl_agreement"]), math.log(b["ppl_agreement"])
+        return fa, fb, "reference"
+    return None
+
+
 def summarize_streams(streams: Sequence[dict], level: float = 0.95) -> tuple[list[dict], list[dict]]:
     """The summary over streams of a multi-stream run, and the paired comparisons.
 
@@ -117,7 +130,10 @@ def summarize_streams(streams: Sequence[dict], level: float = 0.95) -> tuple[lis
         latency and cache bytes; one dict per (pair, figure) with the interval of mean(A - B) over the
         streams both have, ``better`` (A's name, B's, or ``inconclusive``) and for nll the perplexity
         ratio. Recompute (scored at other positions) and the full cache's trivial kl / top1 are left out of
-        the comparisons.
+        the comparisons. A pair is compared on each stream over the same positions: every position both
+        scored, or, where the full cache stopped at the model's context and the other did not, the positions
+        with a full-cache reference (``ppl_agreement``); the row's ``positions`` says which (``scored``,
+        ``reference``, ``mixed``).
     """
     by_name: dict[str, list[tuple[int, dict]]] = {}
     for s, st in enumerate(streams):
@@ -157,18 +173,23 @@ def summarize_streams(streams: Sequence[dict], level: float = 0.95) -> tuple[lis
     comparisons = []
     names = [n for n in by_name if n != "recompute"]
     for a, b in combinations(names, 2):
-        fa = {s: _figures(c) for s, c in by_name[a]}
-        fb = {s: _figures(c) for s, c in by_name[b]}
-        common = [s for s in fa if s in fb]
+        ca, cb = dict(by_name[a]), dict(by_name[b])
+        paired = {s: _paired_figures(ca[s], cb[s]) for s in ca if s in cb}
+        paired = {s: p for s, p in paired.items() if p is not None}
         for f, lower in FIGURES.items():
             if f != "nll" and "full" in (a, b):
                 continue
-            pairs = [(fa[s][f], fb[s][f]) for s in common if fa[s][f] is not None and fb[s][f] is not None]
-            if not pairs:
+            use = [s for s, (fa, fb, _) in paired.items() if fa[f] is not None and fb[f] is not None]
+            if not use:
                 continue
-            c = paired_comparison([x for x, _ in pairs], [y for _, y in pairs], names=(a, b), lower_is_better=lower,
-                                  level=level)
-            row = {"figure": f, **c.to_dict()}
+            c = paired_comparison([paired[s][0][f] for s in use], [paired[s][1][f] for s in use], names=(a, b),
+                                  lower_is_better=lower, level=level)
+            over = {paired[s][2] for s in use}
+            row = {"figure": f, **c.to_dict(),
+                   # nll: every position both scored, or (the full cache stopped at the model's context) the
+                   # positions the full cache scored; kl and top-1 always rest on those
+                   "positions": "reference" if f != "nll" else ("scored" if over == {"scored"} else
+                                                                 "reference" if over == {"reference"} else "mixed")}
             if f == "nll":
                 row.update({"ppl_ratio": math.exp(c.difference.mean),
                             "ppl_ratio_low": None if c.difference.low is None else math.exp(c.difference.low),
