@@ -287,3 +287,44 @@ def test_a_model_object_is_held_to_its_context_as_its_folder_is(tmp_path, text_c
     assert a["max_context"] == b["max_context"] == 64
     assert [(c["name"], c["ppl"], c["kl"], c["evaluated"]) for c in a["configs"]] == \
         [(c["name"], c["ppl"], c["kl"], c["evaluated"]) for c in b["configs"]]
+
+
+def test_a_stream_of_one_model_in_memory_is_not_resumed_for_another(text_corpus_dir):
+    """stream(resume=) kept the configurations of a saved result whose settings match. For a model in memory the
+    key held only its class name and no dtype, so model B resumed from model A's result reported A's perplexities,
+    and a bfloat16 copy reported its float32 original's. The key now holds the weights' digest and the dtype."""
+    from helpers import make_tokenizer, tiny_llama
+    from sinklab.streaming import stream
+
+    tok = make_tokenizer()
+    a = tiny_llama(vocab_size=len(tok))
+    torch.manual_seed(1)
+    b = tiny_llama(vocab_size=len(tok), initializer_range=0.1)
+    kw = dict(tokenizer=tok, corpus=str(text_corpus_dir), tokens=48, window=8, sinks=(0,), recompute=False,
+              latency=False, progress=False)
+    ppl = lambda r: [c["ppl"] for c in r["configs"]]  # noqa: E731
+    ra, rb = stream(a, **kw), stream(b, **kw)
+    assert ppl(ra) != ppl(rb)
+    assert ppl(stream(b, resume=ra.to_dict(), **kw)) == ppl(rb)  # B's own numbers, not A's
+    assert ppl(stream(a, resume=ra.to_dict(), **kw)) == ppl(ra)  # the same model still resumes
+    half = copy.deepcopy(a).to(torch.bfloat16)
+    rh = stream(half, resume=ra.to_dict(), **kw)
+    assert rh["dtype"] == "bfloat16" and ppl(rh) == ppl(stream(half, **kw)) != ppl(ra)
+
+
+def test_a_float64_model_in_memory_is_measured_in_float64():
+    """measure() copied a model object's dtype into its config, whose check knew float32 / bfloat16 / float16
+    only: a float64 model (the usual exact reference) raised 'dtype must be one of ...'. Its sink rates and
+    masses now come out, equal to the float32 model's within float32 rounding, and the config says float64."""
+    from helpers import make_tokenizer, tiny_llama
+    import sinklab
+
+    tok = make_tokenizer()
+    m32 = tiny_llama(vocab_size=len(tok), initializer_range=0.3)
+    m64 = copy.deepcopy(m32).double()
+    kw = dict(tokenizer=tok, input="random", num_samples=4, seq_len=16, progress=False)
+    r64, r32 = sinklab.measure(model=m64, **kw), sinklab.measure(model=m32, **kw)
+    assert r64.config.dtype == "float64" and next(m64.parameters()).dtype == torch.float64
+    t64, t32 = r64.table(), r32.table()
+    assert len(t64) == len(t32) > 0
+    assert (t64["attention_mass"] - t32["attention_mass"]).abs().max() < 1e-5

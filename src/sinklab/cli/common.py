@@ -96,7 +96,7 @@ def device_option(default: str = "cpu",
     return typer.Option(default, "--device", help=help)
 
 
-def dtype_option(help: str = "float32 | bfloat16 | float16 (default: bfloat16 on CUDA, float32 otherwise)") -> Any:
+def dtype_option(help: str = "float32 | bfloat16 | float16 | float64 (default: bfloat16 on CUDA, float32 otherwise)") -> Any:
     """``--dtype``: the model's parameter dtype (None: the command's default)."""
     return typer.Option(None, "--dtype", help=help)
 

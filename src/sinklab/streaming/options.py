@@ -166,7 +166,7 @@ class _DeviceFields:
     """Where the model runs."""
 
     device: str = option("cpu", "cpu | cuda | cuda:N | auto (CUDA when available)")
-    dtype: str | None = option(None, "float32 | bfloat16 | float16 (default: bfloat16 on CUDA, float32 otherwise)")
+    dtype: str | None = option(None, "float32 | bfloat16 | float16 | float64 (default: bfloat16 on CUDA, float32 otherwise)")
     device_map: str | None = option(None, "auto: spread the model over the GPUs, CPU and disk with accelerate "
                                     "(models that do not fit one device)")
     threads: int | None = option(None, "torch CPU threads during the call (restored after; default: torch's)")

@@ -437,6 +437,10 @@ def _key(loaded, corp, ids: torch.Tensor, *, tokens: int, window: int, chunk: in
     (``"latency": false``), so that the results of earlier versions, all timed, stay resumable."""
     key = {"model": loaded.info["name"], "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
            "recompute_every": every, "stream_sha": _sha(ids), "dtype": loaded.info.get("dtype")}
+    if loaded.info.get("source") == "python object":  # a model in memory: its class name says nothing of its weights
+        from sinklab.subject.core import weights_digest
+
+        key["weights_sha"] = weights_digest(loaded.model)
     if policies:
         key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
     if not latency:

@@ -26,12 +26,27 @@ if TYPE_CHECKING:
     from sinklab.probe import Probe
     from sinklab.runs import Run
 
-#: ``--dtype`` names -> torch dtypes (the model's parameter dtype; statistics are reduced in float32/float64)
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
+#: ``--dtype`` names -> torch dtypes (the model's parameter dtype; statistics are reduced in float32/float64):
+#: load_model's names and ``float64`` (a CPU reference; a model object in float64 is measured as it is)
+DTYPES = {name: getattr(torch, name) for name in (*DTYPE_NAMES, "float64")}
 #: ``ProbeSpec.input`` values besides the probe generators of :data:`sinklab.probe.INPUTS`
 AUTO_INPUTS = ("auto", "run")
 #: the probe of a model that is not a ``sinklab train`` run, when the caller gives no size (``sinklab measure``'s)
 DEFAULT_CORPUS, DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN, DEFAULT_SEED = "sotu", 100, 64, 0
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A 16-hex-digit sha256 of ``model``'s state dict (every parameter and buffer: name, dtype, shape and bytes):
+    what tells two models held in memory apart where their class names agree (e.g. whether a saved ``stream``
+    result may be resumed for this model). Reads every weight once (about a second for 500 MB)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
 
 
 @contextmanager
@@ -222,7 +237,7 @@ class Subject:
             tokenizer: the tokenizer of a model object (ignored when loading from disk, which reads its own).
             device: ``cpu`` | ``cuda`` | ``cuda:N`` | ``auto`` (CUDA when available). None: ``cpu`` for a model
                 loaded here; a model object stays where it is unless a device is given.
-            dtype: ``float32`` | ``bfloat16`` | ``float16`` (or a torch dtype). None: bfloat16 on CUDA, float32
+            dtype: ``float32`` | ``bfloat16`` | ``float16`` | ``float64`` (or a torch dtype). None: bfloat16 on CUDA, float32
                 otherwise; a model object keeps its dtype unless one is given, and one given converts the
                 caller's module in place (``nn.Module.to`` returns the same object): pass a copy to keep it.
             device_map: ``auto``: spread a ``transformers`` model over the GPUs, CPU and disk (``accelerate``).
@@ -277,8 +292,10 @@ class Subject:
         if dtype is not None:
             check_device("cpu", None, None if isinstance(dtype, torch.dtype) else dtype)
             model.to(dtype if isinstance(dtype, torch.dtype) else DTYPES[dtype])
+        first = next((p for p in model.parameters() if p.is_floating_point()), None)
         info = {"name": type(model).__name__, "source": "python object", "is_encoder": False,
-                "max_context": _max_context(model), "architecture": type(model).__name__}
+                "max_context": _max_context(model), "architecture": type(model).__name__,
+                "dtype": None if first is None else str(first.dtype).removeprefix("torch.")}
         return cls(model, tokenizer=tokenizer, model_info=info)
 
     @property
