@@ -333,6 +333,25 @@ def test_removing_the_first_key_everywhere_equals_dropping_the_first_token_under
     assert t.loc["remove-sink", "loss"] != t.loc["baseline", "loss"]
 
 
+def test_drop_first_reports_the_sink_position_of_the_window():
+    """drop-first feeds the window without token 0: its sink_rate_sink was read at the shortened sequence's
+    position p, the window's p + 1 (for p = 0 the rate of token 1, which is also its sink_rate_pos0). It is the
+    window's position p now: NaN for p = 0 (the token dropped), the shortened sequence's p - 1 otherwise, as in
+    the variant's own mass table (window positions)."""
+    subj = Subject(tiny_llama(), _ids(3, 10), model_info={"name": "t"})
+    for p in (0, 5):  # eps 0.15: the window's positions 5 and 6 have rates 12.5% and 0% here
+        res = intervene(subj, eps=0.15, only=["drop-first"], position=p, allow_non_sink=True)
+        row = res.tables["interventions"].set_index("intervention").loc["drop-first"]
+        mass = res.tables["mass"]
+        at_p = mass[(mass["intervention"] == "drop-first") & (mass["position"] == p)]["sink_rate"]
+        if p == 0:
+            assert math.isnan(row["sink_rate_sink"]) and at_p.empty  # position 0 is not in the sequence fed
+        else:
+            assert row["sink_rate_sink"] == pytest.approx(float(at_p.iloc[0]))
+        first = mass[(mass["intervention"] == "drop-first") & (mass["position"] == 1)]["sink_rate"]
+        assert row["sink_rate_pos0"] == pytest.approx(float(first.iloc[0]))  # the token fed first: window's 1
+
+
 def _manual_remove_first_key_nll(m, ids):
     """(N, T-1) next-token NLL of a one-layer SinkLM with learned positions, computed by hand in float64 from
     its weights with attention to key 0 removed (rows renormalised; query 0 keeps its only key)."""

@@ -148,7 +148,8 @@ def intervene(
 
     Returns:
         :class:`AnalysisResult` with table ``interventions``: one row per variant with ``sink_rate_pos0``
-        (Sink^eps at 0-based position 0 of the sequence fed), ``sink_rate_sink`` (at the sink position p),
+        (Sink^eps at 0-based position 0 of the sequence fed), ``sink_rate_sink`` (at the window's sink position p:
+        for ``drop-first`` the shortened sequence's p - 1, NaN for p = 0, the token dropped),
         ``top_sink_position_after`` / ``top_sink_rate_after`` (the position with the highest sink rate
         after the change, among those seen by >= 10% of the queries, and its rate: where the sink went;
         for ``drop-first`` positions are those of the shortened sequence), loss, perplexity, loss_change;
@@ -294,16 +295,16 @@ class _Rows:
         """One variant's row: sink rates at 0, at the sink and at the top position after the change, the note,
         the readout (LM) and ``extra``'s other columns; its mass rows (positions of the full window)."""
         r = sink_rate(res.stats.visible_mass, self.eps)
-        pos = self.pos
+        shift = 1 if first_dropped else 0  # the shortened sequence's position j is the window's j + 1
+        at = self.pos - shift  # the sink position p of the window in the sequence fed (-1: the token dropped)
         top = int(r[: rankable_positions(len(r), res.stats.causal)].argmax())
         row = {"intervention": name, "sink_rate_pos0": float(r[0]),
-               "sink_rate_sink": float(r[pos]) if pos < len(r) else float("nan"),
+               "sink_rate_sink": float(r[at]) if 0 <= at < len(r) else float("nan"),
                "top_sink_position_after": top, "top_sink_rate_after": float(r[top]), "note": extra.get("note", "")}
         if self.lm and res.nll is not None:
             row.update(_readout(res, 0 if first_dropped else 1, self.weights))
         row.update({k: v for k, v in extra.items() if k != "note"})
         self.rows.append(row)
-        shift = 1 if first_dropped else 0  # the shortened sequence's position j is the window's j + 1
         mean_mass = res.stats.visible_mass.mean(dim=(0, 1, 2))  # (T,) mean over samples, layers, heads
         for j in range(len(r)):
             self.mass.append({"intervention": name, "position": j + shift, "attention_mass": float(mean_mass[j]),
