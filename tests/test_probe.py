@@ -113,3 +113,24 @@ def test_token_cache_equals_direct_tokenization(tokenizer_nobos, tokenizer):
     a = make_probe("natural", tokenizer_nobos, documents=DOCS, num_samples=4, seq_len=6, seed=1)
     b = make_probe("natural", tokenizer_nobos, documents=DOCS, num_samples=4, seq_len=6, seed=1, token_docs=second)
     assert torch.equal(a.input_ids, b.input_ids)
+
+
+def test_auto_bos_reads_a_word_level_tokenizer_without_an_unknown_token():
+    """bos='auto' encoded the text "hello" to find the tokenizer's special tokens; a word-level vocabulary without
+    an unknown token (a synthetic sinklab run's) cannot, and random input, which needs no text, failed with
+    'Missing [UNK]'. It now reads them off an ordinary vocabulary entry: the BOS the tokenizer adds, before."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from sinklab.probe.inputs import bos_tokens
+
+    vocab = {"<s>": 0, "</s>": 1, "apple": 2, "pear": 3}
+    for add, want in ((True, ([0], [])), (False, ([], []))):
+        tok = Tokenizer(models.WordLevel(vocab=vocab))  # no unk_token
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        if add:
+            tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+        with pytest.raises(Exception):
+            fast("hello")  # what the policy was read off before
+        assert bos_tokens(fast, "auto") == want
