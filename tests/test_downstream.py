@@ -163,6 +163,26 @@ def test_heldout_loss_equals_a_loop():
     assert ds.heldout_loss(model, x, batch_size=2) == pytest.approx(want / n, rel=1e-9)
 
 
+def test_heldout_loss_of_a_prefix_lm_is_its_training_loss():
+    """A run trained with train.prefix_len = p had its held-out loss computed under the plain causal mask over
+    all T - 1 targets. It is the training objective's now: the bidirectional prefix, and only the targets from
+    position p - 1 on (CausalObjective on apply_prefix_mask's targets, another route to the same number)."""
+    from sinklab.data.packing import apply_prefix_mask
+    from sinklab.nn import ModelConfig, SinkLM
+    from sinklab.train.objective import CausalObjective
+
+    torch.manual_seed(0)
+    model = SinkLM(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=16)).eval()
+    x = torch.randint(0, 40, (5, 12), generator=torch.Generator().manual_seed(2))
+    p = 4
+    sums = CausalObjective(prefix_len=p).eval_sums(model, x[:, :-1], apply_prefix_mask(x[:, 1:].clone(), p), 0)
+    got = ds.heldout_loss(model, x, batch_size=2, prefix_len=p)
+    assert sums[1] == 5 * (12 - p) and got == pytest.approx(sums[0] / sums[1], rel=1e-6)
+    assert abs(got - ds.heldout_loss(model, x, batch_size=2)) > 1e-3  # the causal loss over every target
+    with pytest.raises(InputError, match="prefix_len"):
+        ds.heldout_loss(model, x, prefix_len=12)
+
+
 @pytest.mark.integration
 def test_measure_cloze_on_a_run_and_compare(tmp_path, capsys, tiny_model_dir):
     """`measure --cloze` on a synthetic training run (token-span items) and on an HF model (sentences),

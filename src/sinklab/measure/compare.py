@@ -39,7 +39,8 @@ def _load(folder: "str | Path | Any") -> dict[str, Any]:
 def comparison_tables(folders: Sequence[str | Path]):
     """(models, layers): two pandas DataFrames built from the folders' ``results.json``.
 
-    ``models`` columns: ``model``, ``folder``, ``sink_rate_1`` (percent), ``ci_low`` / ``ci_high`` (its
+    ``models`` columns: ``model`` (the model's name, distinct per result: a name met before gets the folder's last
+    part in brackets or a number, ``tiny (b)``, ``tiny (2)``), ``folder``, ``sink_rate_1`` (percent), ``ci_low`` / ``ci_high`` (its
     95% bootstrap interval from ``sink_rate_ci``; empty for N = 1 or a file without one),
     ``attention_mass_first``, ``n_layers``, ``num_samples``, ``seq_len``, ``eps``, ``input``, ``probe``
     (the probe kind measured: natural, run, random, repeated, text), ``corpus`` (a natural probe's corpus; empty
@@ -54,7 +55,7 @@ def comparison_tables(folders: Sequence[str | Path]):
     ``visible_ci_high`` and ``attention_mass_first_visible`` (the mask-aware ones), and from ``measure --cloze``
     (empty otherwise): ``cloze_accuracy`` (percent, length-normalised), ``cloze_ci_lo`` /
     ``cloze_ci_hi`` (Wilson 95%), ``cloze_items``, ``cloze_source``, ``heldout_loss`` (nats/token on
-    the probe windows).
+    the probe windows). An empty number is NaN, an empty ``mask``, ``corpus``, ``bos`` or ``dtype`` is "".
     ``layers`` columns: ``model``, ``layer`` (0-based block of the full stack: a hybrid model's attention blocks
     keep their numbers, as in ``attention.csv``), ``depth`` (block / (blocks - 1)), ``sink_rate_1``
     (percent of heads x samples of that layer with mass on token 1 above eps), ``sink_rate_virtual`` (the
@@ -81,10 +82,7 @@ def comparison_tables(folders: Sequence[str | Path]):
     if len(eps) > 1:
         raise InputError(f"the results were measured with different eps ({', '.join(map(str, eps))}); "
                          f"their sink rates are not comparable: measure them with the same {param('eps')}")
-    names: list[str] = []
-    for r, f in results:
-        name = str(r["model"].get("name") or Path(f).name)
-        names.append(name if name not in names else f"{name} ({Path(f).name})")
+    names = _distinct_names([(str(r["model"].get("name") or Path(f).name), f) for r, f in results])
     models, layers = [], []
     for name, (r, f) in zip(names, results):
         per_layer = [row[0] for row in r["sink_rate_per_layer"]]  # (L,) token 1
@@ -121,7 +119,34 @@ def comparison_tables(folders: Sequence[str | Path]):
             layers.append({"model": name, "layer": b, "depth": b / (blocks - 1) if blocks > 1 else 0.0, "sink_rate_1": v,
                            "sink_rate_visible_1": vis_layers[l],
                            "sink_rate_virtual": virtual_layers[l], "sink_rate_gated_1": gated_layers[l]})
-    return pd.DataFrame(models), pd.DataFrame(layers)
+    return _numbers_as_float(pd.DataFrame(models)), _numbers_as_float(pd.DataFrame(layers))
+
+
+def _numbers_as_float(df):
+    """``df`` with its columns of numbers and None (no value: no virtual sink, no cloze...) as float columns, None
+    as NaN: what the CSV gives back, so a loaded :class:`CompareResult` has the same tables."""
+    for col in df.columns:
+        vals = df[col]
+        if col not in _TEXT and vals.dtype == object and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                                        for v in vals):
+            df[col] = vals.astype(float)
+    return df
+
+
+def _distinct_names(items: Sequence[tuple[str, str]]) -> list[str]:
+    """One distinct label per compared result, from (model name, folder label) pairs: the model's name; a name
+    already taken gets its folder's last part in brackets (``tiny (b)``) and, when that is taken too or the
+    result is held in memory (no folder), a number (``tiny (2)``, ``tiny (3)``...)."""
+    names: list[str] = []
+    for name, f in items:
+        label = name
+        if label in names and not f.startswith("<in memory"):
+            label = f"{name} ({Path(f).name})"
+        n = 2
+        while label in names:
+            label, n = f"{name} ({n})", n + 1
+        names.append(label)
+    return names
 
 
 def _mask_text(mask: dict[str, Any] | None) -> str:
@@ -156,7 +181,7 @@ def comparison_warnings(models) -> list[str]:
                       ("corpus", "corpora"), ("dtype", "dtypes")):
         # (a table built before a column was kept has none; only natural-text probes have a corpus, and a
         # probe kind that differs is its own warning)
-        if col in models and len({v for v in models[col] if v != ""}) > 1:
+        if col in models and len({v for v in models[col] if not _empty(v)}) > 1:
             out.append(f"different {what} ({per_model(col)}): the bars are not measured alike")
     if "special_first" in models and models["special_first"].nunique() > 1:
         first = [m for m, v in zip(models["model"], models["special_first"]) if v]
@@ -174,6 +199,11 @@ def comparison_warnings(models) -> list[str]:
                    "queries as 0 (under a window of w a key's plain mass cannot pass w / T); compare the mask-aware "
                    "column sink_rate_visible_1")
     return out
+
+
+def _empty(v: Any) -> bool:
+    """An empty cell: "" (no corpus, no mask...), None, or NaN (how a CSV reader gives an empty cell back)."""
+    return v is None or (isinstance(v, str) and v == "") or (isinstance(v, float) and v != v)
 
 
 def plot_comparison(models, layers, path: Path) -> Path:
@@ -307,11 +337,24 @@ class CompareResult(Result):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "CompareResult":
-        """The result of a ``compare.json`` and the two CSVs beside it."""
+        """The result of a ``compare.json`` and the two CSVs beside it: the text columns as :func:`compare`
+        gives them (an empty ``corpus``, ``mask``, ``bos`` or ``dtype`` cell is "", not NaN; a model named
+        ``1`` stays text), so its warnings and repr are the ones of the result that was saved."""
         import pandas as pd
 
-        return cls(pd.read_csv(folder / "compare.csv"), pd.read_csv(folder / "compare_layers.csv"),
-                   list(data.get("folders", [])), data.get("command"))
+        models = pd.read_csv(folder / "compare.csv", dtype=dict.fromkeys(_TEXT, str))
+        for col in _TEXT:
+            if col in _EMPTY_TEXT and col in models:
+                models[col] = models[col].fillna("")
+            elif col in models and models[col].isna().all():  # no value for any model (no cloze): None, as compare gives
+                models[col] = pd.Series([None] * len(models), index=models.index, dtype=object)
+        layers = pd.read_csv(folder / "compare_layers.csv", dtype={"model": str})
+        return cls(models, layers, list(data.get("folders", [])), data.get("command"))
+
+
+#: the text columns of comparison_tables' tables, and those whose empty value is "" (not None)
+_TEXT = ("model", "folder", "mask", "input", "probe", "corpus", "bos", "dtype", "cloze_source")
+_EMPTY_TEXT = ("mask", "corpus", "bos", "dtype")
 
 
 def compare(folders: "Sequence[str | Path | MeasureResult]", command: str | None = None) -> CompareResult:

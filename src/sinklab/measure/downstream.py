@@ -199,14 +199,28 @@ def score_cloze(model, items: Sequence[ClozeItem], *, prefix: Sequence[int] = ()
 
 
 @torch.no_grad()
-def heldout_loss(model, input_ids: torch.Tensor, *, batch_size: int = 8, device="cpu") -> float:
+def heldout_loss(model, input_ids: torch.Tensor, *, batch_size: int = 8, device="cpu", prefix_len: int = 0) -> float:
     """Mean next-token cross-entropy (nats per predicted token) of ``model`` on windows ``input_ids``
-    (N, T): position t predicts token t + 1 (0-based), N * (T - 1) predictions in all."""
+    (N, T): position t predicts token t + 1 (0-based), N * (T - 1) predictions in all.
+
+    ``prefix_len`` p > 0 (a prefix LM, a :class:`sinklab.nn.SinkLM` run trained with ``train.prefix_len``): the
+    model attends bidirectionally over positions 0..p-1 (``model(x, prefix_len=p)``) and only the predictions
+    from position p - 1 on count (tokens p, p + 1, ...), as in training
+    (:func:`sinklab.data.packing.apply_prefix_mask`): N * (T - max(p, 1)) predictions.
+
+    Raises:
+        InputError: ``prefix_len`` negative or at least T (no prediction left)."""
+    T = input_ids.shape[1]
+    if prefix_len < 0 or max(prefix_len, 1) >= T:
+        raise InputError(f"prefix_len {prefix_len} leaves no prediction in windows of {T} tokens")
+    first = max(prefix_len - 1, 0)  # the first counted prediction's position
+    kw = {"prefix_len": prefix_len} if prefix_len else {}
     total, count = 0.0, 0
     for i in range(0, input_ids.shape[0], batch_size):
         x = input_ids[i:i + batch_size].to(device)
-        logits = model(x).logits[:, :-1].double()
-        total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+        logits = model(x, **kw).logits[:, first:-1].double()
+        y = x[:, first + 1:]
+        total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                          reduction="sum"))
-        count += x[:, 1:].numel()
+        count += y.numel()
     return total / max(count, 1)

@@ -43,9 +43,29 @@ def write_outputs(result: _Result, out: Path) -> Path:
     return out
 
 
+def top_sink_mass(result: _Result) -> list[list[float]] | None:
+    """(L, H) attention mass on the top sink position (``summary["top_sink_position"]``), the mean over the
+    samples rounded to 6 decimals as ``attention_mass``: the numbers of ``attention_mass_heatmap.png``, kept in
+    ``results.json`` as ``attention_mass_top_sink``. From ``result.stats``; without them (a result read back
+    from ``results.json``), the file's ``attention_mass_top_sink`` (``result.saved``), or for a file written
+    before that key, ``attention_mass`` at that position when it is one of the first K; else None."""
+    s = result.summary
+    top = s["top_sink_position"]
+    if result.stats is not None:
+        return [[round(float(v), 6) for v in row] for row in result.stats.mass[..., top].mean(dim=0)]
+    kept = (getattr(result, "saved", None) or {}).get("attention_mass_top_sink")
+    if kept is not None:
+        return kept
+    mass = s.get("attention_mass")  # (L, H, K)
+    if mass and mass[0] and top < len(mass[0][0]):
+        return [[head[top] for head in layer] for layer in mass]
+    return None
+
+
 def plot_all(result: _Result, out: Path) -> list[Path]:
-    """Three plots: attention mass heat map (layers x heads) on the top sink position,
-    sink rate over positions, hidden-state norm by layer (sink token vs others)."""
+    """Three plots: attention mass heat map (layers x heads) on the top sink position (:func:`top_sink_mass`;
+    not drawn when there are no numbers for it: a result read from an old ``results.json`` whose top sink lies
+    past the first K positions), sink rate over positions, hidden-state norm by layer (sink token vs others)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,25 +79,25 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     paths = []
 
     # 1. Heat map of attention mass on the top sink position.
-    import torch
-
-    mass = result.stats.mass[..., top].mean(dim=0).numpy()  # (L, H)
-    fig, ax = plt.subplots(figsize=(max(4, 0.5 * mass.shape[1] + 2), max(3, 0.22 * mass.shape[0] + 1.5)))
-    im = ax.imshow(mass, aspect="auto", cmap="viridis", vmin=0, vmax=1, origin="lower")
-    ax.set_xlabel("head (numbered from 0)")
-    ids = s.get("layer_ids") or list(range(mass.shape[0]))
-    if s.get("other_layers"):  # a hybrid model: only its attention blocks have rows
-        ax.set_yticks(range(len(ids)), [str(i) for i in ids])
-        ax.set_ylabel("attention block (numbered from 0; SSM blocks left out)")
-    else:
-        ax.set_ylabel("layer (numbered from 0)")
-    ax.set_title(f"attention mass on token {top + 1} (1-based; index {top} in the files)\n{title}", fontsize=9)
-    fig.colorbar(im, ax=ax, label="mean attention mass")
-    fig.tight_layout()
-    p = out / "attention_mass_heatmap.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    paths.append(p)
+    top_mass = top_sink_mass(result)
+    if top_mass is not None:
+        mass = np.array(top_mass, dtype=float)  # (L, H)
+        fig, ax = plt.subplots(figsize=(max(4, 0.5 * mass.shape[1] + 2), max(3, 0.22 * mass.shape[0] + 1.5)))
+        im = ax.imshow(mass, aspect="auto", cmap="viridis", vmin=0, vmax=1, origin="lower")
+        ax.set_xlabel("head (numbered from 0)")
+        ids = s.get("layer_ids") or list(range(mass.shape[0]))
+        if s.get("other_layers"):  # a hybrid model: only its attention blocks have rows
+            ax.set_yticks(range(len(ids)), [str(i) for i in ids])
+            ax.set_ylabel("attention block (numbered from 0; SSM blocks left out)")
+        else:
+            ax.set_ylabel("layer (numbered from 0)")
+        ax.set_title(f"attention mass on token {top + 1} (1-based; index {top} in the files)\n{title}", fontsize=9)
+        fig.colorbar(im, ax=ax, label="mean attention mass")
+        fig.tight_layout()
+        p = out / "attention_mass_heatmap.png"
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        paths.append(p)
 
     # 2. Sink rate over positions (first K with CI, plus the full curve; the virtual sink and the gate-weighted
     # rate beside them where the model has them).
@@ -103,7 +123,6 @@ def plot_all(result: _Result, out: Path) -> list[Path]:
     fig.savefig(p, dpi=120)
     plt.close(fig)
     paths.append(p)
-    del torch
     return paths
 
 
@@ -256,9 +275,11 @@ def summary_lines(result: _Result) -> list[str]:
     if _no_interval(s):
         lines.append("note: N = 1: one sample has no confidence interval (the bootstrap resamples samples); "
                      "measure more with -n")
-    if result.stats.renormalised:
+    stats = result.stats  # None for a result read back from results.json: the summary and its notes tell the same
+    if stats.renormalised if stats is not None else s.get("renormalised"):
         lines.append("note: attention rows were renormalised before the metric")
-    lines += [f"note: {n}" for n in result.stats.notes]
+    notes = stats.notes if stats is not None else (getattr(result, "notes", None) or [])
+    lines += [f"note: {n}" for n in notes]
     return lines
 
 

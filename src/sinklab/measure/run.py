@@ -17,7 +17,7 @@ from sinklab.capture import collect
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError, param
 from sinklab.fileio import check_writable, read_json
-from sinklab.measure.report import write_outputs
+from sinklab.measure.report import top_sink_mass, write_outputs
 from sinklab.metrics import sink_rate_per_sample, summarize
 from sinklab.metrics.summary import rankable_positions
 from sinklab.probe import INPUTS, Probe
@@ -102,13 +102,14 @@ class MeasureConfig:
 @dataclass(repr=False)  # Result's short repr
 class MeasureResult(Result):
     """The outcome of :func:`measure` (a :class:`~sinklab.result.Result`; :meth:`load` gives one without
-    the raw ``stats``, which ``results.json`` does not keep).
+    the raw ``stats``, which ``results.json`` does not keep: it has the same ``summary``, saves the same files
+    and compares alike).
 
     Attributes:
         config: the measurement's settings.
         summary: :func:`sinklab.metrics.summarize` output (sink rate, attention mass, norms...).
         probe: the probe set actually fed to the model.
-        stats: the raw per-sample statistics.
+        stats: the raw per-sample statistics (None for a result read back by :meth:`load`).
         model: model provenance (name, source, sha256, licence, architecture...).
         corpus: corpus provenance for natural inputs, else None.
         top_sinks: per sample, the 3 positions with the highest per-sample sink rate
@@ -116,6 +117,10 @@ class MeasureResult(Result):
             by at least 10% of the queries.
         command: the command line that reproduces the result.
         wall_time_s: seconds spent in the forward passes and metrics.
+        downstream: the ``--cloze`` task's scores and the held-out loss, or None.
+        saved: for a result read back by :meth:`load` (``stats`` None), what ``results.json`` keeps of the raw
+            statistics: ``notes`` and ``attention_mass_top_sink`` (see :attr:`notes`,
+            :func:`sinklab.measure.report.top_sink_mass`); None for a result of :func:`measure`.
     """
 
     FILE: ClassVar[str] = "results.json"
@@ -132,11 +137,20 @@ class MeasureResult(Result):
     wall_time_s: float
     versions: dict[str, str] = field(default_factory=versions)
     downstream: dict[str, Any] | None = None
+    saved: dict[str, Any] | None = None
 
     @property
     def sink_rate(self) -> list[float]:
         """Sink rate in percent at the first K positions (index 0 = the paper's Sink_1)."""
         return self.summary["sink_rate"]
+
+    @property
+    def notes(self) -> list[str]:
+        """The capture's remarks (a fallback taken, ...): ``stats.notes``, or for a result read back by
+        :meth:`load` the ``notes`` of its ``results.json``."""
+        if self.stats is not None:
+            return list(self.stats.notes)
+        return list((self.saved or {}).get("notes") or [])
 
     def to_dict(self) -> dict[str, Any]:
         """The content of ``results.json``."""
@@ -156,11 +170,14 @@ class MeasureResult(Result):
             "bos_suffix": self.probe.suffix,
             "probe_details": self.probe.details,
             "top_sinks": self.top_sinks,
-            "notes": self.stats.notes,
+            "notes": self.notes,
             "wall_time_s": round(self.wall_time_s, 3),
             "positions_are": "0-based indices; index 0 is the paper's token 1 (Sink_1)",
             "downstream": self.downstream,
         }
+        top_mass = top_sink_mass(self)  # (L, H): the heat map's numbers, so that a loaded result can draw it
+        if top_mass is not None:
+            d["attention_mass_top_sink"] = top_mass
         for k, v in self.summary.items():
             d.setdefault(k, v)
         return d
@@ -253,21 +270,40 @@ class MeasureResult(Result):
         return pd.DataFrame(rows)
 
     def save(self, out: str | Path) -> Path:
-        """Write ``results.json``, ``attention.csv`` (tidy table), ``sink_rate.csv`` and PNG plots to ``out``."""
+        """Write ``results.json``, ``attention.csv`` (tidy table), ``sink_rate.csv`` and PNG plots to ``out``.
+
+        A result read back by :meth:`load` writes the same files as the one it was saved from (the heat map
+        from ``results.json``'s ``attention_mass_top_sink``; a file written before that key draws it only when
+        the top sink is one of the first K positions, from ``attention_mass``)."""
         return write_outputs(self, Path(out))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], folder: Path | None = None) -> "MeasureResult":
-        """The result of a ``results.json`` (``stats`` None: the raw per-sample statistics are not kept)."""
+        """The result of a ``results.json`` (``stats`` None: the raw per-sample statistics are not kept; their
+        ``notes`` and the heat map's masses are, in :attr:`saved`). Its ``summary`` is the one :func:`measure`
+        gave, keys in the same order, ``eps`` included (``results.json`` keeps it at the top level)."""
         p = data.get("probe", {})
         probe = Probe(torch.tensor(data["input_ids"]), p.get("kind", data.get("input")), p.get("bos"),
                       data.get("bos_prefix", []), data.get("bos_suffix", []), data.get("probe_details", {}))
         own = {"input_ids", "model", "corpus", "input", "probe", "eps", "command", "versions", "config", "bos_prefix",
-               "bos_suffix", "probe_details", "top_sinks", "notes", "wall_time_s", "positions_are", "downstream"}
-        summary = {k: v for k, v in data.items() if k not in own}
-        return cls(MeasureConfig(**data["config"]), summary, probe, None, data["model"], data.get("corpus"),
+               "bos_suffix", "probe_details", "top_sinks", "notes", "wall_time_s", "positions_are", "downstream",
+               "attention_mass_top_sink"}
+        config = MeasureConfig(**data["config"])
+        rest = {k: v for k, v in data.items() if k not in own}
+        # to_dict() writes sink_rate and attention_mass first: put them back where summarize() has them
+        # (before sink_rate_ci and attention_mass_first), and summarize()'s first key, eps, first
+        before = {nxt: key for key, nxt in (("sink_rate", "sink_rate_ci"), ("attention_mass", "attention_mass_first"))
+                  if key in rest and nxt in rest}
+        summary: dict[str, Any] = {"eps": data.get("eps", config.eps)}
+        for k, v in rest.items():
+            if k in before:
+                summary[before[k]] = rest[before[k]]
+            if k not in before.values():
+                summary[k] = v
+        saved = {"notes": list(data.get("notes") or []), "attention_mass_top_sink": data.get("attention_mass_top_sink")}
+        return cls(config, summary, probe, None, data["model"], data.get("corpus"),
                    data.get("top_sinks", []), data.get("command", ""), data.get("wall_time_s", 0.0),
-                   data.get("versions", {}), data.get("downstream"))
+                   data.get("versions", {}), data.get("downstream"), saved)
 
 
 def _top_sinks(stats: ProbeStats, probe: Probe, tokenizer, eps: float, k: int = 3) -> list[list[dict[str, Any]]]:
@@ -411,8 +447,11 @@ def _downstream(cfg: MeasureConfig, loaded: Subject, probe: Probe, run, corpus, 
     out: dict[str, Any] = {"cloze": {**score_cloze(loaded.model, items, prefix=probe.prefix, device=device,
                                                       progress=progress), "source": source, "seed": cfg.seed}}
     if probe.kind in ("natural", "run", "text"):
-        out["heldout_loss"] = heldout_loss(loaded.model, probe.input_ids, batch_size=cfg.batch_size, device=device)
-        out["heldout_loss_on"] = f"the {probe.kind} probe windows ({probe.input_ids.shape[0]} x {probe.input_ids.shape[1]})"
+        p = run.config.train.prefix_len if run is not None else 0  # a prefix LM: scored as it was trained
+        out["heldout_loss"] = heldout_loss(loaded.model, probe.input_ids, batch_size=cfg.batch_size, device=device,
+                                           prefix_len=p)
+        out["heldout_loss_on"] = (f"the {probe.kind} probe windows ({probe.input_ids.shape[0]} x {probe.input_ids.shape[1]})"
+                                  + (f", targets after the bidirectional prefix of {p} (as in training)" if p else ""))
     return out
 
 
@@ -472,8 +511,11 @@ def measure_many(models: list[str], out: str | Path, config: MeasureConfig | Non
     cfg = config or MeasureConfig()
     slugs: list[str] = []
     for m in models:
-        s = model_slug(m)
-        slugs.append(s if s not in slugs else f"{s}-{slugs.count(s) + 1}")
+        s = slug = model_slug(m)
+        n = 2
+        while slug in slugs:  # every model its own folder, whatever names the others got (a/tiny, b/tiny-2, c/tiny)
+            slug, n = f"{s}-{n}", n + 1
+        slugs.append(slug)
     done = []
     for m, s in zip(models, slugs):
         folder = Path(out) / s
