@@ -35,6 +35,27 @@ def test_resume_of_a_finished_run_says_so_and_exits_0(cfg_file, tmp_path, capsys
     assert {p: (out / p).read_bytes() for p in files} == files  # nothing rewritten
 
 
+def test_resume_of_a_finished_run_returns_the_runs_own_result(cfg_file, tmp_path):
+    """train(resume=True) on a finished run returned a result with no emergence step, 0 tokens/s, wall 0 s and
+    no losses (saving it would have overwritten train_result.json with them). It returns the run's own result,
+    as train_result.json holds it, marked already_finished; and a run without that file gets summary.json's
+    figures."""
+    cfg = load_config(str(cfg_file))
+    out = tmp_path / "run"
+    first = loop.train(cfg, out, progress=False)
+    again = loop.train(cfg, out, resume=True, progress=False)
+    assert again.already_finished and "is finished: 4 of 4 steps done" in again.note
+    assert first.losses and again.losses == first.losses and again.history == first.history
+    assert (again.emergence_step, again.tokens_per_s, again.wall_s) == (first.emergence_step, first.tokens_per_s,
+                                                                       first.wall_s)
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "train_result.json").unlink()
+    older = loop.train(cfg, out, resume=True, progress=False)
+    assert older.already_finished and older.history == first.history
+    assert (older.emergence_step, older.tokens_per_s, older.wall_s) == (summary["emergence_step"],
+                                                                       summary["tokens_per_s"], summary["wall_s"])
+
+
 def test_resume_of_a_finished_run_with_more_steps_continues_and_states_the_schedule(cfg_file, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", str(cfg_file), "--out", str(out), "--no-progress"]

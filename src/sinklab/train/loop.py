@@ -23,7 +23,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -402,9 +402,16 @@ def _check_resume(cfg: RunConfig, out: Path, notify: Callable[[str], None] | Non
     if finished_before and t_cfg.steps < done_before and not (out / "summary.json").exists():
         raise ConfigError(f"cannot resume {out}: its checkpoint is at step {done_before}, past train.steps={t_cfg.steps}")
     if finished_before and t_cfg.steps <= done_before and (out / "summary.json").exists():
+        done = f"{out} is finished: {done_before} of {planned_before} steps done; nothing to resume (raise train.steps to train longer)"
+        if (out / TrainResult.FILE).is_file():  # the finished run's own result (emergence, losses, timings)
+            return ckpt, note, replace(TrainResult.load(out), out=out, already_finished=True, note=done)
+        # a run written before train_result.json: the tracker's records (checkpoint) and summary.json's figures
+        summary = read_json(out / "summary.json", "run summary")
         return ckpt, note, TrainResult(out=out, steps=done_before, history=list(ckpt.get("tracker", [])),
-                                       already_finished=True, note=f"{out} is finished: {done_before} of {planned_before} "
-                                       "steps done; nothing to resume (raise train.steps to train longer)")
+                                       emergence_step=summary.get("emergence_step"),
+                                       tokens_per_s=summary.get("tokens_per_s", 0.0),
+                                       seconds_per_step=summary.get("seconds_per_step", 0.0),
+                                       wall_s=summary.get("wall_s", 0.0), already_finished=True, note=done)
     if finished_before and t_cfg.steps > done_before:
         note = _extend_note(cfg, done_before, planned_before)
         if notify is not None:
