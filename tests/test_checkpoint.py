@@ -4,6 +4,7 @@ without running it (issue 12, item 9)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,3 +86,47 @@ def test_older_checkpoint_with_numpy_rng_state_still_loads(tmp_path):
     ck = load_checkpoint(tmp_path / "old.pt")
     set_rng_state(ck["rng"])
     assert float(np.random.rand()) == expected
+
+
+def test_a_checkpoint_write_removes_the_temporary_files_of_killed_writes(tmp_path):
+    """A process killed mid-write leaves its '.checkpoint.pt.*.tmp' (a checkpoint's size each; an audit's kill loop
+    piled up five); the next write removes them, and the checkpoint itself is the new one."""
+    from sinklab.train.checkpoint import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    stale = [tmp_path / ".checkpoint.pt.k1ll3d.tmp", tmp_path / ".checkpoint.pt.x.tmp"]
+    for p in stale:
+        p.write_bytes(b"\0" * 1000)
+    other = tmp_path / ".summary.json.y.tmp"  # another file's: not ours to remove
+    other.write_text("{}")
+    save_checkpoint(path, {"step": 3, "w": torch.ones(2)})
+    assert not any(p.exists() for p in stale) and other.exists()
+    assert load_checkpoint(path)["step"] == 3
+
+
+def test_a_killed_truncation_of_the_training_log_keeps_it_whole(tmp_path, monkeypatch):
+    """On resume the log is cut back to the checkpoint's step; it was rewritten in place, so a kill during the
+    rewrite lost every line (a resumed run then had steps 31-60 only). The rewrite is atomic now: a failure in it
+    leaves the old log as it was."""
+    import json
+
+    from sinklab.train import loop
+
+    log = loop._MetricsLog(tmp_path, tensorboard=False)
+    for step in range(1, 6):
+        log.write({"step": step, "loss": 1.0 / step})
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+
+    real_write = Path.write_text
+
+    def killed(self, text, *a, **k):  # the file opened (emptied), half written, then a Ctrl-C
+        real_write(self, text[: len(text) // 2], *a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", killed)
+    with pytest.raises(KeyboardInterrupt):
+        log.truncate_after(3)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before
+    monkeypatch.undo()
+    log.truncate_after(3)
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]

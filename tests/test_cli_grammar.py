@@ -143,7 +143,7 @@ def test_stream_comma_lists(tiny_model_dir, text_corpus_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,msg", [
-    (["--dtype", "float8"], "--dtype must be one of float32, bfloat16, float16, got 'float8'"),
+    (["--dtype", "float8"], "--dtype must be one of float32, bfloat16, float16, float64, got 'float8'"),
     (["--device", "tpu"], "--device must be cpu, cuda, cuda:N or auto, got 'tpu'"),
     (["--device-map", "balanced"], "--device-map must be auto"),
     (["-n", "40"], "No such option: -n"),
@@ -157,7 +157,7 @@ def test_stream_bad_grammar_exits_2(tiny_model_dir, text_corpus_dir, tmp_path, c
 
 
 @pytest.mark.parametrize("extra,msg", [
-    (["--dtype", "fp16"], "--dtype must be one of float32, bfloat16, float16, got 'fp16'"),
+    (["--dtype", "fp16"], "--dtype must be one of float32, bfloat16, float16, float64, got 'fp16'"),
     (["--device", "gpu"], "--device must be cpu, cuda, cuda:N or auto, got 'gpu'"),
     (["--device-map", "balanced"], "--device-map must be auto"),
     (["--layers", "0,1"], "--layers does not apply to `analyze massive`"),  # an option of other analyses

@@ -81,6 +81,23 @@ def test_bad_values_and_types():
         from_dict(apply_overrides(BASE, ["optim.schedule=linear"]))
 
 
+@pytest.mark.parametrize("override, message", [
+    ("train.seed=-1", r"^train.seed must be in \[0, 2\*\*32\), got -1$"),  # NumPy raised ValueError at the start
+    ("train.seed=4294967296", r"^train.seed must be in \[0, 2\*\*32\)"),
+    ("track.seed=-1", r"^track.seed must be in"),
+    ("track.emerge_level=-5", r"^track.emerge_level .* \(0, 100\], got -5.0$"),  # reported 'reached -5.0% at step 5'
+    ("track.emerge_level=150", r"^track.emerge_level .* \(0, 100\]"),  # could never be reached
+    ("optim.lr=nan", r"^optim.lr must be a finite number, got nan$"),  # said "must be of type float"
+    ("data.synthetic={vocab='x', n_triggers=2}", r"^data.synthetic.vocab must be an integer, got 'x'$"),  # TypeError
+    ("data.synthetic={seed=-1}", r"^data.synthetic.seed must be in \[0, 2\*\*32\)"),
+])
+def test_out_of_range_values_are_one_line(override, message):
+    synthetic = override.startswith("data.synthetic")
+    base = apply_overrides(BASE, ['data.source="synthetic-bigram-backcopy"']) if synthetic else BASE
+    with pytest.raises(ConfigError, match=message):
+        from_dict(apply_overrides(base, [override]))
+
+
 def test_incompatible_combinations_say_why():
     with pytest.raises(ConfigError, match="sink token"):
         from_dict(apply_overrides(BASE, ["model.attention=sink_token", "train.prefix_len=4"]))

@@ -25,6 +25,7 @@ probe set and ``sinklab measure`` treat it like any tokenized text.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,14 @@ class BigramBackcopyConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # a TOML value of the wrong type: one line, not a TypeError deep in the generator
+            v, want = getattr(self, f.name), (float,) if f.type in (float, "float") else (int,)
+            if isinstance(v, bool) or not isinstance(v, (int, float) if want == (float,) else int) or \
+                    (isinstance(v, float) and not math.isfinite(v)):
+                raise ConfigError(f"data.synthetic.{f.name} must be {'a finite number' if want == (float,) else 'an integer'}, "
+                                  f"got {v!r}")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"data.synthetic.seed must be in [0, 2**32), got {self.seed}")
         if self.vocab < 4:
             raise ConfigError(f"data.synthetic.vocab must be >= 4, got {self.vocab}")
         if not 1 <= self.n_triggers < self.vocab:

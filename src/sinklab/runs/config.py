@@ -329,6 +329,8 @@ class TrackConfig:
             raise ConfigError("track.every must be >= 0")
         if not 0 < self.eps < 1:
             raise ConfigError(f"track.eps must be in (0, 1), got {self.eps}")
+        if not 0 < self.emerge_level <= 100:
+            raise ConfigError(f"track.emerge_level is a Sink_1 level in percent: it must be in (0, 100], got {self.emerge_level}")
         if self.positions > self.probe_len:
             raise ConfigError(f"track.positions={self.positions} exceeds track.probe_len={self.probe_len}")
 
@@ -457,7 +459,11 @@ def _check_types(obj: Any, section: str) -> None:
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if not _type_ok(v, hints[f.name]):
+            if isinstance(v, float) and not math.isfinite(v) and _type_ok(0.0, hints[f.name]):
+                raise ConfigError(f"{section}.{f.name} must be a finite number, got {v!r}")
             raise ConfigError(f"{section}.{f.name} must be of type {hints[f.name]}, got {v!r}")
+        if f.name.endswith("seed") and isinstance(v, int) and not 0 <= v < 2**32:  # NumPy's and torch's seed range
+            raise ConfigError(f"{section}.{f.name} must be in [0, 2**32), got {v}")
         if hints[f.name] is float and isinstance(v, int):
             setattr(obj, f.name, float(v))
 

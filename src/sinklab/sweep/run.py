@@ -191,7 +191,7 @@ def write_study_json(study: Study, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     d = {k: v for k, v in asdict(study).items() if k != "path"}
     d["path"] = os.path.relpath(Path(study.path).resolve(), out.resolve()) if study.path else None
-    (out / "study.json").write_text(json.dumps(d, indent=1, default=str))
+    atomic_write_text(out / "study.json", json.dumps(d, indent=1, default=str))
 
 
 def select_points(study: Study, only: list[str] | None) -> list[Point]:

@@ -53,11 +53,15 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     ``state`` must hold only tensors and plain data (see the module docstring), else it could not
     be loaded back by :func:`load_checkpoint`.
 
+    Temporary files a process killed mid-write left beside ``path`` are removed first.
+
     Raises:
         CheckpointError: the write failed (e.g. no space left); the temp file is removed and any
             previous checkpoint at ``path`` is untouched.
     """
     path = Path(path)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write: a checkpoint's size each
+        stale.unlink(missing_ok=True)
     try:
         atomic_write(path, lambda tmp: _write(state, tmp))
     except OSError as e:

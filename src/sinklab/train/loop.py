@@ -211,7 +211,7 @@ class _MetricsLog:
         if not self.enabled or not self.path.exists():
             return
         keep = [r for r in read_jsonl(self.path, "training log") if r["step"] <= step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))  # a kill here keeps the old log
 
     def write(self, rec: dict[str, Any]) -> None:
         if not self.enabled:
@@ -583,7 +583,7 @@ class _Trainer:
         else:
             self.log.truncate_after(-1)
         if dd.is_main:
-            (self.out / "config.toml").write_text(to_toml(cfg))
+            atomic_write_text(self.out / "config.toml", to_toml(cfg))
         # compile and autocast are applied from outside the model (the model stays plain PyTorch)
         self.fwd = torch.compile(self.wrapped) if t_cfg.compile else self.wrapped
         self.bf16 = t_cfg.precision == "bf16"
@@ -753,7 +753,7 @@ class _Trainer:
         if final_model is not None:
             _save_final(final_model, self.data.tc, self.out, mask_token=cfg.diffusion)
             summary = self.summary(final_model)
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+            atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=1))  # the mark of a finished run
             if not self.canonical:
                 result.save(self.out)  # train_result.json: the Result every feature returns
         return result
