@@ -46,6 +46,18 @@ def test_measure_eps_names_the_parameter_not_the_flag():
     assert str(e.value) == "eps must lie in (0, 1), got 2" and "--" not in str(e.value)
 
 
+def test_python_errors_name_python_parameters():
+    """A typo in a keyword raised TypeError from the config's __init__; the long-context refusal said
+    'pass --allow-long-context' to a Python caller (the message scan missed strings nested in parentheses)."""
+    import sinklab
+
+    with pytest.raises(InputError, match=r"^measure\(\) got an unknown option 'num_sample' \(did you mean 'num_samples'\?\)"):
+        sinklab.measure(num_sample=2)
+    text = f"{param('seq_len', 9000)} is past m's context; pass {param('allow_long_context', True)} to try anyway"
+    assert render(text) == "seq_len=9000 is past m's context; pass allow_long_context=True to try anyway"
+    assert cli_text(text) == "--seq-len 9000 is past m's context; pass --allow-long-context to try anyway"
+
+
 def test_cli_names_the_flag(capsys):
     from helpers import run_cli_captured
 
@@ -67,7 +79,7 @@ def _messages_with_flags(path: Path, root: Path = SRC) -> list[str]:
             stack.append(prev.string if t.string == "(" and prev is not None and prev.type == tokenize.NAME else "")
         elif t.type == tokenize.OP and t.string in ")]}":
             stack and stack.pop()
-        elif t.type == tokenize.STRING and stack and re.search(r"(Error|Wording|check_writable|_warn)$", stack[-1]):
+        elif t.type == tokenize.STRING and any(re.search(r"(Error|Wording|check_writable|_warn)$", c) for c in stack):
             unquoted = re.sub(r"`[^`]*`", "", t.string)
             if _FLAG.search(unquoted):
                 out.append(f"{path.relative_to(root)}:{t.start[0]}: {t.string}")

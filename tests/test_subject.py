@@ -330,3 +330,24 @@ def test_a_float64_model_in_memory_is_measured_in_float64():
     t64, t32 = r64.table(), r32.table()
     assert len(t64) == len(t32) > 0
     assert (t64["attention_mass"] - t32["attention_mass"]).abs().max() < 1e-5
+
+
+def test_a_recompute_window_holding_the_whole_stream_is_named(text_corpus_dir):
+    """recompute's window is `window`, not a policy's budget: with budgets of 8 and the default window of 256 over a
+    stream of 40 tokens it recomputed the full cache (KL 1e-11 against it), which read as the quality reference.
+    A warning now says so; a window inside the stream warns nothing."""
+    import warnings
+
+    from helpers import make_tokenizer, tiny_llama
+    from sinklab.streaming import stream
+
+    tok = make_tokenizer()
+    kw = dict(tokenizer=tok, corpus=str(text_corpus_dir), tokens=40, policies=("sinks",), budgets=(8,), latency=False,
+              progress=False)
+    with pytest.warns(UserWarning, match=r"recompute's window \(256 tokens.*holds the whole stream of 40"):
+        res = stream(tiny_llama(vocab_size=len(tok), max_position_embeddings=512), **kw)
+    rec = next(c for c in res["configs"] if c["name"] == "recompute")
+    assert rec["kl"] < 1e-6  # what it computed: the full cache
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        stream(tiny_llama(vocab_size=len(tok), max_position_embeddings=512), window=8, **kw)

@@ -300,7 +300,8 @@ class _Rows:
         top = int(r[: rankable_positions(len(r), res.stats.causal)].argmax())
         row = {"intervention": name, "sink_rate_pos0": float(r[0]),
                "sink_rate_sink": float(r[at]) if 0 <= at < len(r) else float("nan"),
-               "top_sink_position_after": top, "top_sink_rate_after": float(r[top]), "note": extra.get("note", "")}
+               "top_sink_position_after": top, "top_sink_rate_after": float(r[top]),
+               "note": extra.get("note", "") + ("; sink_rate_sink NaN: the sink token is the one dropped" if at < 0 else "")}
         if self.lm and res.nll is not None:
             row.update(_readout(res, 0 if first_dropped else 1, self.weights))
         row.update({k: v for k, v in extra.items() if k != "note"})

@@ -368,6 +368,16 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
             held = Subject.load(held, **placed)  # refuses a placement before any work
         overrides["model"] = f"<{type(held.model if isinstance(held, Subject) else held).__name__} in memory>"
     if overrides:
+        from dataclasses import fields
+
+        from sinklab.registry import nearest
+
+        known = [f.name for f in fields(MeasureConfig)]
+        for k in overrides:
+            if k not in known:
+                hint = nearest(k, known)
+                raise InputError(f"measure() got an unknown option {k!r}" + (f" (did you mean {hint!r}?)" if hint else "")
+                                 + f"; valid: {', '.join(known)}")
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
     if out is not None:  # before any model or corpus work
         check_writable(out, param("out"))

@@ -203,6 +203,12 @@ def _perplexity(subject, o: PerplexityOptions, *, model, resume: dict | None, on
         if getattr(o, name) is not None and getattr(o, name) < 1:
             raise InputError(f"{param(name)} must be >= 1, got {getattr(o, name)}")
     specs = _specs(o, "perplexity")
+    if any(s.kind == "recompute" for s in specs) and o.window >= o.tokens - 1:
+        import warnings
+
+        warnings.warn(f"recompute's window ({o.window} tokens; {param('window')}, not a policy's budget) holds the whole "
+                      f"stream of {o.tokens}: it computes what the full cache computes. Give a smaller {param('window')} "
+                      f"or {param('recompute', False)}", stacklevel=3)
     native, ctx = _check_subject(subject, model, o.corpus, specs, "perplexity")
     chunk = o.chunk if o.chunk is not None else o.window
     every = o.recompute_every if o.recompute_every is not None else max(1, math.ceil(o.tokens / 128))

@@ -390,7 +390,7 @@ class Subject:
                                  "context allowed or not")
         if limit is not None and seq_len > limit and not allow_long_context:
             raise InputError(f"{param('seq_len', seq_len)} is past {self.model_info.get('name')}'s context of {limit} tokens"
-                             + ("; pass --allow-long-context to try anyway (only meaningful for RoPE models)"
+                             + (f"; pass {param('allow_long_context', True)} to try anyway (only meaningful for RoPE models)"
                                 if allow_long_context is not None else ""))
 
     def windows(self, num_samples: int, seq_len: int, *, bos: str = "auto") -> Tensor:
