@@ -246,7 +246,7 @@ def test_no_sink_is_said_not_printed_as_layer_0_at_0_percent():
     layers = next(ln for ln in out.splitlines() if ln.startswith("strongest sink layers"))
     top = next(ln for ln in out.splitlines() if ln.startswith("top sink position"))
     assert "none, no layer has a sink at token 1" in layers and "(0%)" not in layers
-    assert top.startswith("top sink position: none, this model has no sink at eps = 0.3") and "0.0%" not in top
+    assert top.startswith("top sink position: none, no sink on this input at eps = 0.3") and "0.0%" not in top
     # a sink in one layer only: that layer is listed, the 0% layer is not
     mass[:, 1, :, 0] = 0.9
     s, out = _printed(_stats(mass))

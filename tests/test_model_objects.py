@@ -194,3 +194,15 @@ def test_subject_load_returns_a_subject_as_it_is_and_refuses_to_move_it():
         Subject.load(s, dtype="float32")
     with pytest.raises(InputError, match="device / device_map cannot move a Subject"):
         Subject.load(s, device="cpu", device_map="auto")
+
+
+def test_a_loaded_models_repr_is_one_line(tiny_model_dir):
+    """repr(load_model(...)) printed the whole module (every layer); it is one line naming the model, its class,
+    its parameter count, dtype and device."""
+    from sinklab import load_model
+
+    lm = load_model(str(tiny_model_dir))
+    n = sum(p.numel() for p in lm.model.parameters())
+    text = repr(lm)
+    assert "\n" not in text and "LlamaForCausalLM" in text and f"{n / 1e6:.1f}M parameters" in text
+    assert "float32 on cpu" in text

@@ -236,7 +236,7 @@ def summary_lines(result: _Result) -> list[str]:
                     f"{100 * s['top_sink_mean_mass_head_share' + vis]:.0f}% of (layer, head) pairs have a mean mass over "
                     f"the samples > eps)")
     else:
-        top_line = (f"top {kind}sink position: none, this model has no sink at eps = {eps} (no (sample, layer, head) "
+        top_line = (f"top {kind}sink position: none, no sink on this input at eps = {eps} (no (sample, layer, head) "
                     f"puts {kind}mass > eps on any position)")
     lines = [layers_line, top_line]
     if mask_aware(s):

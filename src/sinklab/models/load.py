@@ -66,6 +66,13 @@ class LoadedModel:
     tokenizer: "transformers.PreTrainedTokenizerBase"
     info: ModelInfo
 
+    def __repr__(self) -> str:  # the module's own repr lists every layer: one line instead
+        p = next(self.model.parameters(), None)
+        n = sum(x.numel() for x in self.model.parameters())
+        return (f"LoadedModel({self.info.name!r}: {type(self.model).__name__}, {n / 1e6:.1f}M parameters, "
+                f"{'no parameters' if p is None else str(p.dtype).removeprefix('torch.') + ' on ' + str(p.device)}, "
+                f"source {self.info.source})")
+
 
 #: model_type values of bidirectional encoders (loaded with AutoModel unless config.is_decoder).
 ENCODER_TYPES = frozenset({
