@@ -177,3 +177,34 @@ def share_compiled_kernels_between_checkouts() -> None:
         return
     ext._TORCH_PATH = str(link)
     ext.TORCH_LIB_PATH = str(link / "lib")
+
+
+def train_run(tmp, name: str, toml: str, *overrides: str, stop_after: int | None = None):
+    """Train the run config text ``toml`` (with ``--set``-style ``overrides``) into ``tmp/name``; returns the folder."""
+    from sinklab.runs.config import load_config
+    from sinklab.train import loop
+
+    f = tmp / f"{name}.toml"
+    f.write_text(toml)
+    out = tmp / name
+    loop.train(load_config(f, list(overrides)), out, progress=False, stop_after=stop_after)
+    return out
+
+
+def word_texts(folder, n: int = 12, words: int = 300, seed: int = 0):
+    """``folder`` (created) with ``n`` .txt documents of ``words`` common English words drawn at random (seeded)."""
+    import random
+
+    vocab = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
+    rng = random.Random(seed)
+    folder.mkdir()
+    for i in range(n):
+        (folder / f"d{i}.txt").write_text(" ".join(rng.choice(vocab) for _ in range(words)))
+    return folder
+
+
+def text_run_toml(texts, packing: str = "bos", steps: int = 4) -> str:
+    """:func:`synthetic_run_toml` trained on the text documents in ``texts`` (sinklab's BPE of 270) instead."""
+    return synthetic_run_toml(steps=steps, packing=packing).replace(
+        'source = "synthetic-bigram-backcopy"\nsynthetic = { vocab = 16, n_triggers = 2, n_train_docs = 256, '
+        'n_val_docs = 64 }', f'corpus = "{texts}"\nvocab_size = 270\nval_fraction = 0.25\ncache_dir = "run"')

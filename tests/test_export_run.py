@@ -5,50 +5,29 @@ and a run trained with a mask LLaMA cannot express (prefix LM) is refused in one
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
 
-from helpers import make_tokenizer, synthetic_run_toml
+from helpers import make_tokenizer, synthetic_run_toml, text_run_toml, train_run, word_texts
 from sinklab.errors import InputError
 from sinklab.measure import measure
 from sinklab.nn import ModelConfig, SinkLM, export_hf
 from sinklab.runs import Run
-from sinklab.runs.config import load_config
-from sinklab.train import loop
-
-
-def _train(tmp, name: str, toml: str, *overrides: str):
-    f = tmp / f"{name}.toml"
-    f.write_text(toml)
-    out = tmp / name
-    loop.train(load_config(f, list(overrides)), out, progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export_runs")
-    texts = tmp / "texts"
-    texts.mkdir()
-    words = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
-    rng = random.Random(0)
-    for i in range(12):
-        (texts / f"d{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(300)))
-
-    def text_toml(packing: str) -> str:
-        return synthetic_run_toml(steps=4, packing=packing).replace(
-            'source = "synthetic-bigram-backcopy"\nsynthetic = { vocab = 16, n_triggers = 2, n_train_docs = 256, '
-            'n_val_docs = 64 }', f'corpus = "{texts}"\nvocab_size = 270\nval_fraction = 0.25\ncache_dir = "run"')
-
+    texts = word_texts(tmp / "texts")
     return {
-        "bos": _train(tmp, "bos", synthetic_run_toml(steps=4)),
-        "text_bos": _train(tmp, "text_bos", text_toml("bos")),
-        "text_concat": _train(tmp, "text_concat", text_toml("concat")),
-        "text_fixed_first": _train(tmp, "text_fixed_first", text_toml("fixed_token")),
-        "text_fixed_third": _train(tmp, "text_fixed_third", text_toml("fixed_token"), "data.packing_position=3"),
-        "prefix": _train(tmp, "prefix", synthetic_run_toml(steps=2, extra="prefix_len = 4")),
+        "bos": train_run(tmp, "bos", synthetic_run_toml(steps=4)),
+        "text_bos": train_run(tmp, "text_bos", text_run_toml(texts, "bos")),
+        "text_concat": train_run(tmp, "text_concat", text_run_toml(texts, "concat")),
+        "text_fixed_first": train_run(tmp, "text_fixed_first", text_run_toml(texts, "fixed_token")),
+        "text_fixed_third": train_run(tmp, "text_fixed_third", text_run_toml(texts, "fixed_token"),
+                                      "data.packing_position=3"),
+        "prefix": train_run(tmp, "prefix", synthetic_run_toml(steps=2, extra="prefix_len = 4")),
         "texts": texts,
     }
 

@@ -5,45 +5,26 @@ in one line."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
 
-from helpers import run_cli_captured, synthetic_run_toml
+from helpers import run_cli_captured, synthetic_run_toml, text_run_toml, train_run, word_texts
 from sinklab.cli.main import app
 from sinklab.errors import InputError
 from sinklab.measure import measure
-from sinklab.train import loop
 from sinklab.runs.config import load_config
-
-
-def _train(tmp, name: str, toml: str, *overrides: str, stop_after: int | None = None):
-    f = tmp / f"{name}.toml"
-    f.write_text(toml)
-    out = tmp / name
-    loop.train(load_config(f, list(overrides)), out, progress=False, stop_after=stop_after)
-    return out
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
-    texts = tmp / "texts"
-    texts.mkdir()
-    words = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
-    rng = random.Random(0)
-    for i in range(12):
-        (texts / f"d{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(300)))
-    text_toml = synthetic_run_toml(steps=4).replace(
-        'source = "synthetic-bigram-backcopy"\nsynthetic = { vocab = 16, n_triggers = 2, n_train_docs = 256, n_val_docs = 64 }',
-        f'corpus = "{texts}"\nvocab_size = 270\nval_fraction = 0.25\ncache_dir = "run"',
-    ).replace('packing = "bos"', 'packing = "concat"')
+    texts = word_texts(tmp / "texts")
     return {
-        "synthetic": _train(tmp, "synthetic", synthetic_run_toml(steps=4)),
-        "text": _train(tmp, "text", text_toml),
-        "prefix": _train(tmp, "prefix", synthetic_run_toml(steps=2, extra="prefix_len = 4")),
-        "unfinished": _train(tmp, "unfinished", synthetic_run_toml(steps=4), stop_after=2),
+        "synthetic": train_run(tmp, "synthetic", synthetic_run_toml(steps=4)),
+        "text": train_run(tmp, "text", text_run_toml(texts, packing="concat")),
+        "prefix": train_run(tmp, "prefix", synthetic_run_toml(steps=2, extra="prefix_len = 4")),
+        "unfinished": train_run(tmp, "unfinished", synthetic_run_toml(steps=4), stop_after=2),
         "texts": texts,
     }
 
@@ -143,7 +124,7 @@ def test_input_run_needs_a_training_run(tiny_model_dir):
     ("fixed_token", ["data.packing_position=3"]),
 ])
 def test_every_packing_is_measurable_under_every_bos_policy(packing, overrides, tmp_path):
-    run = _train(tmp_path, packing, synthetic_run_toml(steps=2, packing=packing), *overrides)
+    run = train_run(tmp_path, packing, synthetic_run_toml(steps=2, packing=packing), *overrides)
     default = measure(model=str(run), progress=False)
     assert default.probe_description()["tracker_probe"] is True
     for bos in ("never", "always"):
@@ -170,7 +151,7 @@ def test_a_fixed_first_token_is_the_prefix_the_cloze_items_are_scored_after(posi
         return real(model, items, prefix=prefix, **kw)
 
     monkeypatch.setattr(downstream, "score_cloze", spy)
-    run = _train(tmp_path, "fixed_token", synthetic_run_toml(steps=2, packing="fixed_token"),
+    run = train_run(tmp_path, "fixed_token", synthetic_run_toml(steps=2, packing="fixed_token"),
                  f"data.packing_position={position}")
     r = measure(model=str(run), cloze=12, progress=False)
     bos_id = 16 + 1  # synthetic vocabulary of 16 tokens, then <|endoftext|>, <|bos|>

@@ -22,6 +22,16 @@ def nearest(name: str, choices: list[str]) -> str | None:
     return match[0] if match else None
 
 
+def first_unknown(keys, valid: list[str], what: str) -> str | None:
+    """The message for the first of ``keys`` not in ``valid`` (``"{what} 'kye' (did you mean 'key'?); valid keys:
+    ..."``), or None when every key is known: what a config table or a function's keyword options say of a typo."""
+    for k in keys:
+        if k not in valid:
+            hint = nearest(k, valid)
+            return f"{what} {k!r}" + (f" (did you mean {hint!r}?)" if hint else "") + f"; valid keys: {', '.join(valid)}"
+    return None
+
+
 @dataclass(frozen=True)
 class Entry(Generic[T]):
     name: str

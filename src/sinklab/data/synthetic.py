@@ -36,7 +36,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from sinklab.data.tokenizer import SPECIAL_TOKENS
 from sinklab.data.tokens import TokenizedCorpus, TokenSplit
 from sinklab.errors import ConfigError
-from sinklab.registry import Registry, nearest
+from sinklab.registry import Registry, first_unknown
 
 
 @dataclass(kw_only=True)
@@ -157,12 +157,9 @@ def bigram_backcopy_corpus(options: dict[str, Any], seq_len: int) -> TokenizedCo
 
 def make_config(options: dict[str, Any]) -> BigramBackcopyConfig:
     """Validate ``options`` into a :class:`BigramBackcopyConfig`. Raises ConfigError on unknown keys."""
-    valid = [f.name for f in fields(BigramBackcopyConfig)]
-    for k in options:
-        if k not in valid:
-            hint = nearest(k, valid)
-            raise ConfigError(f"unknown key in data.synthetic: {k!r}" + (f" (did you mean {hint!r}?)" if hint else "")
-                              + f"; valid keys: {', '.join(valid)}")
+    bad = first_unknown(options, [f.name for f in fields(BigramBackcopyConfig)], "unknown key in data.synthetic:")
+    if bad:
+        raise ConfigError(bad)
     return BigramBackcopyConfig(**options)
 
 

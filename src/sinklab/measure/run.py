@@ -370,14 +370,11 @@ def measure(config: MeasureConfig | None = None, *, progress: bool = True, out: 
     if overrides:
         from dataclasses import fields
 
-        from sinklab.registry import nearest
+        from sinklab.registry import first_unknown
 
-        known = [f.name for f in fields(MeasureConfig)]
-        for k in overrides:
-            if k not in known:
-                hint = nearest(k, known)
-                raise InputError(f"measure() got an unknown option {k!r}" + (f" (did you mean {hint!r}?)" if hint else "")
-                                 + f"; valid: {', '.join(known)}")
+        bad = first_unknown(overrides, [f.name for f in fields(MeasureConfig)], "measure() got an unknown option")
+        if bad:
+            raise InputError(bad)
         cfg = MeasureConfig(**{**asdict(cfg), **overrides})
     if out is not None:  # before any model or corpus work
         check_writable(out, param("out"))
