@@ -305,3 +305,33 @@ def test_a_mask_the_fallback_cannot_read_is_refused(monkeypatch):
     with pytest.warns(UserWarning), pytest.raises(CaptureError, match="layer 1: the last query gives key 0 weight "
                                                                      "exactly 0 in every head"):
         hf.forward_hf(m, ids, "blockwise")
+
+
+def test_a_half_precision_overflow_is_refused_by_the_eager_collector_too():
+    """The eager collector (every analysis, measure --collector eager) turned every NaN of the softmax into 0 to
+    zero padded rows: a float16 key past 65504 gave finite, wrong statistics (the audit's model: Sink_1 0% where
+    float32 gives 14.6%). Only fully masked rows are zeroed now; the overflow's NaN reaches the metrics, which
+    refuse it as the blockwise collector's does."""
+    import copy
+
+    from sinklab.capture import collect
+    from sinklab.errors import NonFiniteMassError
+    from sinklab.metrics import sink_rate
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    with torch.no_grad():
+        m.model.embed_tokens.weight[1, 5] = 3e4  # a massive dimension on BOS (id 1)
+        w = m.model.layers[1].self_attn.k_proj.weight
+        w[:, 5] = 0.0
+        w[0, 5] = 1.2e4  # layer 1's key of BOS past float16's range
+    x = torch.randint(4, 80, (2, 16), generator=torch.Generator().manual_seed(0))
+    x[:, 0] = 1
+    half = copy.deepcopy(m).half()
+    for collector in ("eager", "blockwise"):
+        stats = collect(half, x, collector=collector)
+        assert torch.isnan(stats.mass).any()
+        with pytest.raises(NonFiniteMassError):
+            sink_rate(stats.mass, 0.3)

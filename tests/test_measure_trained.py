@@ -157,3 +157,13 @@ def test_a_fixed_first_token_is_the_prefix_the_cloze_items_are_scored_after(posi
     bos_id = 16 + 1  # synthetic vocabulary of 16 tokens, then <|endoftext|>, <|bos|>
     assert bool((r.probe.input_ids[:, position] == bos_id).all())
     assert r.probe.prefix == seen[0] == ([bos_id] if prefixed else [])
+
+
+def test_a_prefix_lm_probe_with_no_target_after_the_prefix_has_no_held_out_loss(runs):
+    """measure --cloze on a prefix-LM run (prefix 4) with windows of 4 tokens: the held-out loss has no target
+    after the prefix. It raised after the whole measurement was done; now the loss is None and says why, and the
+    sink statistics and cloze scores stand."""
+    r = measure(model=str(runs["prefix"]), num_samples=4, seq_len=4, cloze=8, progress=False)
+    assert r.downstream["heldout_loss"] is None
+    assert r.downstream["heldout_loss_on"].startswith("not computed: windows of 4 tokens leave no target")
+    assert r.downstream["cloze"]["n_items"] == 8 and len(r.sink_rate) > 0

@@ -114,6 +114,20 @@ def test_a_full_cache_stopped_at_the_context_is_compared_over_its_own_positions(
     assert same["positions"] == "scored" and same["diff_mean"] == pytest.approx(row["diff_mean"], rel=1e-6, abs=1e-9)
 
 
+def test_a_pair_scored_over_different_positions_without_a_reference_is_left_out_with_a_warning():
+    """A full cache that stopped at the context (31 positions) against a window that scored 39, with no
+    ppl_agreement (agreement off, or an older stream.json): not comparable, so the pair's nll row is left out,
+    and a warning says so (it vanished silently)."""
+    def cfg(name, n, ppl):
+        return {"name": name, "ppl": ppl, "kl": None, "top1": None, "evaluated": n, "positions": [0, n - 1],
+                "agreement_positions": 0, "latency_ms_per_token": None, "cache_bytes": 0, "nll_by_chunk": []}
+    streams = [{"info": {"corpus": "c", "document": i, "title": str(i)},
+                "configs": [cfg("full", 31, 10.0 + i), cfg("window", 39, 11.0 + i)]} for i in range(3)]
+    with pytest.warns(UserWarning, match=r"full vs window: 3 stream\(s\) left out"):
+        _, comps = summarize_streams(streams)
+    assert comps == []
+
+
 @pytest.mark.integration
 def test_multi_stream_run_equals_each_stream_alone_and_writes_intervals(two_corpora, tiny_model_dir, tmp_path,
                                                                        capsys):

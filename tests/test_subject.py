@@ -312,6 +312,9 @@ def test_a_stream_of_one_model_in_memory_is_not_resumed_for_another(text_corpus_
     half = copy.deepcopy(a).to(torch.bfloat16)
     rh = stream(half, resume=ra.to_dict(), **kw)
     assert rh["dtype"] == "bfloat16" and ppl(rh) == ppl(stream(half, **kw)) != ppl(ra)
+    many = dict(kw, corpus=f"{text_corpus_dir},{text_corpus_dir}", streams=2)  # the many-stream key too
+    ma, mb = stream(a, **many), stream(b, **many)
+    assert ppl(ma) != ppl(mb) and ppl(stream(b, resume=ma.to_dict(), **many)) == ppl(mb)
 
 
 def test_a_float64_model_in_memory_is_measured_in_float64():

@@ -107,7 +107,8 @@ def eager_collector(
         probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :Tk]
     else:
         probs = torch.softmax(scores, dim=-1)
-    probs = torch.nan_to_num(probs)  # fully masked rows (padding) contribute nothing
+    if mask is not None:  # fully masked rows (padding) contribute nothing; a NaN from an overflow stays NaN (refused)
+        probs = probs.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     if edit is not None:
         edited = edit(probs)
         probs = probs if edited is None else edited

@@ -455,10 +455,16 @@ def _downstream(cfg: MeasureConfig, loaded: Subject, probe: Probe, run, corpus, 
                                                       progress=progress), "source": source, "seed": cfg.seed}}
     if probe.kind in ("natural", "run", "text"):
         p = run.config.train.prefix_len if run is not None else 0  # a prefix LM: scored as it was trained
-        out["heldout_loss"] = heldout_loss(loaded.model, probe.input_ids, batch_size=cfg.batch_size, device=device,
-                                           prefix_len=p)
-        out["heldout_loss_on"] = (f"the {probe.kind} probe windows ({probe.input_ids.shape[0]} x {probe.input_ids.shape[1]})"
-                                  + (f", targets after the bidirectional prefix of {p} (as in training)" if p else ""))
+        N, T = probe.input_ids.shape
+        if T <= max(p, 1):  # no target after the prefix: no loss, said so (the cloze scores stand)
+            out["heldout_loss"] = None
+            out["heldout_loss_on"] = (f"not computed: windows of {T} tokens leave no target after the run's "
+                                      f"bidirectional prefix of {p}")
+        else:
+            out["heldout_loss"] = heldout_loss(loaded.model, probe.input_ids, batch_size=cfg.batch_size, device=device,
+                                               prefix_len=p)
+            out["heldout_loss_on"] = (f"the {probe.kind} probe windows ({N} x {T})"
+                                      + (f", targets after the bidirectional prefix of {p} (as in training)" if p else ""))
     return out
 
 

@@ -288,6 +288,7 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
         key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
     if not o.latency:
         key["latency"] = False
+    key.update(_model_identity(subject))
     prev_streams = resume.get("streams", []) if _same_settings(resume, key) else []
     size = stream_batch_size(subject.model, o, len(sources)) if len({s.ids.numel() for s in sources}) == 1 else 1
     # a resumed run keeps the record of the invocations whose streams it reuses (their commands, code, batching)
@@ -443,15 +444,22 @@ def _key(loaded, corp, ids: torch.Tensor, *, tokens: int, window: int, chunk: in
     (``"latency": false``), so that the results of earlier versions, all timed, stay resumable."""
     key = {"model": loaded.info["name"], "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
            "recompute_every": every, "stream_sha": _sha(ids), "dtype": loaded.info.get("dtype")}
-    if loaded.info.get("source") == "python object":  # a model in memory: its class name says nothing of its weights
-        from sinklab.subject.core import weights_digest
-
-        key["weights_sha"] = weights_digest(loaded.model)
+    key.update(_model_identity(loaded))
     if policies:
         key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
     if not latency:
         key["latency"] = False
     return key
+
+
+def _model_identity(subject) -> dict:
+    """What tells a model in memory apart in a resume key (one and many streams alike): its weights' digest
+    (its class name says nothing of them); nothing for a model loaded by name or folder."""
+    if subject.info.get("source") != "python object":
+        return {}
+    from sinklab.subject.core import weights_digest
+
+    return {"weights_sha": weights_digest(subject.model)}
 
 
 def _same_settings(resume: dict | None, key: dict) -> bool:

@@ -175,6 +175,13 @@ def summarize_streams(streams: Sequence[dict], level: float = 0.95) -> tuple[lis
     for a, b in combinations(names, 2):
         ca, cb = dict(by_name[a]), dict(by_name[b])
         paired = {s: _paired_figures(ca[s], cb[s]) for s in ca if s in cb}
+        if any(p is None for p in paired.values()):
+            import warnings
+
+            warnings.warn(f"{a} vs {b}: {sum(p is None for p in paired.values())} stream(s) left out of their paired "
+                          "comparison: the two scored different positions (the full cache stopped at the model's "
+                          "context) and no perplexity over the full cache's positions was recorded (agreement off, "
+                          "or a stream.json written before it)", stacklevel=2)
         paired = {s: p for s, p in paired.items() if p is not None}
         for f, lower in FIGURES.items():
             if f != "nll" and "full" in (a, b):
