@@ -354,3 +354,30 @@ def test_a_recompute_window_holding_the_whole_stream_is_named(text_corpus_dir):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         stream(tiny_llama(vocab_size=len(tok), max_position_embeddings=512), window=8, **kw)
+
+
+def test_a_model_cast_to_bfloat16_keeps_its_rope_frequencies_in_float32(tmp_path):
+    """Subject.load(model_object, dtype='bfloat16') cast RoPE's inv_freq to bfloat16 (up to 3.7e-3 relative off), so
+    the model in memory was not the model its folder loads in bfloat16 (from_pretrained keeps them float32); a
+    sinklab model from its folder had the same cast. Both keep them float32 now, and the two routes agree exactly."""
+    from helpers import make_tokenizer
+    from sinklab.nn import ModelConfig, SinkLM
+
+    tok = make_tokenizer()
+    m = tiny_llama(vocab_size=len(tok), hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
+                   max_position_embeddings=256)
+    m.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    folder = Subject.load(str(tmp_path / "hf"), dtype="bfloat16").model
+    held = Subject.load(copy.deepcopy(m), dtype="bfloat16").model
+    assert held.model.rotary_emb.inv_freq.dtype == folder.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert next(held.parameters()).dtype == torch.bfloat16
+    x = torch.randint(4, len(tok), (1, 200), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(held(input_ids=x).logits, folder(input_ids=x).logits)
+    torch.manual_seed(0)
+    SinkLM(ModelConfig(vocab_size=len(tok), d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=64)).save_pretrained(
+        tmp_path / "sl")
+    tok.save_pretrained(tmp_path / "sl")
+    sl = Subject.load(str(tmp_path / "sl"), dtype="bfloat16").model
+    assert sl.positional.inv_freq.dtype == torch.float32 and next(sl.parameters()).dtype == torch.bfloat16

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import InputError, UnknownNameError, param
-from sinklab.models.load import DTYPE_NAMES
+from sinklab.models.load import DTYPE_NAMES, cast_model
 
 if TYPE_CHECKING:
     from sinklab.capture.adapter import ModelAdapter
@@ -291,7 +291,7 @@ class Subject:
             model.to(resolve_device(device, None, "float32")["device"])
         if dtype is not None:
             check_device("cpu", None, None if isinstance(dtype, torch.dtype) else dtype)
-            model.to(dtype if isinstance(dtype, torch.dtype) else DTYPES[dtype])
+            cast_model(model, dtype if isinstance(dtype, torch.dtype) else DTYPES[dtype])  # RoPE stays float32
         first = next((p for p in model.parameters() if p.is_floating_point()), None)
         info = {"name": type(model).__name__, "source": "python object", "is_encoder": False,
                 "max_context": _max_context(model), "architecture": type(model).__name__,
