@@ -196,3 +196,30 @@ def test_probe_tokenization_keeps_a_special_tokens_text_as_text():
     ids = tokenize_plain(tok, text)
     assert tok.eos_token_id not in ids and tok.bos_token_id not in ids
     assert tok.decode(ids) == text
+
+
+def test_a_token_cache_entry_is_built_under_its_lock(tmp_path):
+    """Two trainings tokenizing one corpus at once wrote into the same '.<key>.partial' folder and published a
+    garbled split (an audit's race: 51,576 'documents' of 27,000). The build now holds the entry's lock: while
+    another holder has it, nothing is written; once it is released the entry is built whole."""
+    import threading
+    import time
+
+    from sinklab.data.tokens import tokenize_corpus
+    from sinklab.fileio import exclusive
+
+    docs = [f"doc {i} " + "the cat sat on the mat " * (1 + i % 5) for i in range(60)]
+    kw = dict(tokenizer="bpe", vocab_size=300, val_fraction=0.2, split_seed=0)
+    ref = tokenize_corpus(docs, cache_root=tmp_path / "a", **kw)
+    key = ref.folder.name
+    built = {}
+    with exclusive(tmp_path / "b" / f".{key}.lock"):  # another process building this entry
+        t = threading.Thread(target=lambda: built.setdefault("tc", tokenize_corpus(docs, cache_root=tmp_path / "b", **kw)))
+        t.start()
+        time.sleep(1.0)
+        assert not (tmp_path / "b" / key).exists() and not list((tmp_path / "b").glob(".*.partial"))
+    t.join(60)
+    got = built["tc"]
+    assert got.folder == tmp_path / "b" / key
+    assert np.array_equal(np.asarray(got.train.tokens), np.asarray(ref.train.tokens))
+    assert np.array_equal(np.asarray(got.val.tokens), np.asarray(ref.val.tokens))

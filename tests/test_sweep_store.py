@@ -130,3 +130,26 @@ def test_a_run_trained_now_packs_whole(tmp_path, monkeypatch):
     pack(out, remove=False)
     back = _files(unpack(out, tmp_path / "back"))
     assert {k: v for k, v in before.items() if k.split("/")[2] in PACKED_FILES} == back
+
+
+def test_a_packed_study_is_unpacked_by_one_reader_at_a_time(study, tmp_path):
+    """Two readers of one packed table shared one '<digest>.tmp' folder and deleted each other's work: a cache
+    entry marked complete with 24 of 1,006 files (an audit's race). The unpack now holds the entry's lock: while
+    another holder has it, nothing is published; after, the entry is whole."""
+    import threading
+    import time
+
+    from sinklab.fileio import exclusive
+
+    before = _files(study / "runs")
+    pack(study)
+    digest = __import__("hashlib").sha256((study / TABLE).read_bytes()).hexdigest()[:16]
+    home = tmp_path / "home" / "unpacked"
+    got = {}
+    with exclusive(home / f".{digest}.lock"):
+        t = threading.Thread(target=lambda: got.setdefault("d", runs_dir(study)))
+        t.start()
+        time.sleep(1.0)
+        assert not (home / digest).exists()
+    t.join(60)
+    assert got["d"] == home / digest and _files(got["d"]) == {**before, ".complete": (got["d"] / ".complete").read_bytes()}

@@ -93,6 +93,27 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> Path:
     return Path(dest)
 
 
+@contextlib.contextmanager
+def exclusive(lock: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``lock`` (created; an OS advisory lock, ``fcntl.flock``) for the block:
+    two processes building the same cache entry (two trainings tokenizing one corpus, two readers unpacking one
+    study table) take turns, so the second finds the first's finished entry instead of writing into the same
+    temporary folder. The lock goes with the process (a killed holder frees it). Without ``fcntl`` (Windows) the
+    block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    Path(lock).parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def output_file(out: str | os.PathLike, default_name: str) -> Path:
     """The file an output asked for at ``out`` is written to (the rule of every option that names one
     file: ``sinklab dynamics --out``, ``sinklab report --out``): ``out/default_name`` when ``out`` is an

@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 
 from sinklab.data.tokenizer import build_tokenizer, special_ids
 from sinklab.errors import InputError
-from sinklab.fileio import atomic_write, publish, read_json, reading
+from sinklab.fileio import atomic_write, exclusive, publish, read_json, reading
 from sinklab.progress import progress as show_progress
 
 FORMAT_VERSION = 2
@@ -237,7 +237,17 @@ def tokenize_corpus(
     folder = root / key
     if (folder / "meta.json").exists():
         return load_token_folder(folder)
+    with exclusive(root / f".{key}.lock"):  # one process builds an entry; another waits, then reads it
+        if not (folder / "meta.json").exists():
+            _build_token_folder(docs, settings, key, root, folder, tokenizer, vocab_size, val_fraction, split_seed,
+                                lazy, source)
+    return load_token_folder(folder)
 
+
+def _build_token_folder(docs, settings: dict, key: str, root: Path, folder: Path, tokenizer: str, vocab_size: int,
+                        val_fraction: float, split_seed: int, lazy: bool, source) -> None:
+    """Tokenize ``docs`` into the cache entry ``folder`` (through ``.<key>.partial``, which a stopped build resumes);
+    called under the entry's lock."""
     train_idx, val_idx = split_documents(len(docs), val_fraction, split_seed)
     if lazy:
         train_docs, val_docs = docs.select(train_idx), docs.select(val_idx)
@@ -270,12 +280,11 @@ def tokenize_corpus(
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:
             publish(tmp, folder)
-        except OSError:  # another process won the race: use its folder
+        except OSError:  # a folder published by other means (an older sinklab without the lock): use it
             shutil.rmtree(tmp, ignore_errors=True)
     except (InputError, ValueError, TypeError):  # bad input: nothing worth resuming
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return load_token_folder(folder)
 
 
 def load_documents(corpus: str | Sequence[str], *, text_field: str = "text",

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from sinklab.errors import InputError
-from sinklab.fileio import atomic_write, reading
+from sinklab.fileio import atomic_write, exclusive, reading
 
 #: the table's file name inside a sweep folder
 TABLE = "runs.jsonl.gz"
@@ -142,12 +142,14 @@ def runs_dir(out: str | Path) -> Path:
     dest = cache_dir("unpacked") / digest
     done = dest / ".complete"
     if not done.exists():
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        unpack(out, tmp)
-        (tmp / ".complete").write_text(str(table), encoding="utf-8")
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
+        with exclusive(dest.with_name(f".{dest.name}.lock")):  # one reader unpacks; another waits and reads it
+            if not done.exists():
+                tmp = dest.with_name(dest.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                unpack(out, tmp)
+                (tmp / ".complete").write_text(str(table), encoding="utf-8")
+                shutil.rmtree(dest, ignore_errors=True)
+                tmp.rename(dest)
     return dest
 
 
