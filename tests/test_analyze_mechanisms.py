@@ -320,3 +320,35 @@ def test_depth_run_without_any_model_state_and_with_one(tmp_path, capsys):
     code, _, err = run_cli_captured(["analyze", "depth", "--model", str(out), "-n", "2", "-t", "16",
                                      "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "keeps no model state" in err and len(err.strip().splitlines()) == 1
+
+
+def test_attention_takes_each_layers_own_mask_on_a_model_mixing_windows():
+    """Gemma 2 mixes sliding (window 8) and full layers: analyze attention gave every layer the last windowed
+    layer's uniform reference (1.7025 nats for the full layer, whose keys give 1.9170) and cut the full layer's
+    weight table to the window. Each layer has its own now: the uniform reference computed by hand, and the full
+    layer's table holds every causal pair."""
+    import math
+
+    import transformers
+
+    from sinklab.analyze import Subject, attention
+
+    torch.manual_seed(0)
+    cfg = transformers.Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
+                                    layer_types=["sliding_attention", "full_attention"])
+    m = transformers.Gemma2ForCausalLM(cfg).eval()
+    T = 16
+    x = torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(0))
+    res = attention(Subject(m, x, model_info={"name": "gemma2"}), num_samples=1, layers=[0, 1], heads=[0])
+    e = res.tables["entropy"]
+    want = {0: sum(math.log(min(i + 1, 8)) for i in range(T)) / T, 1: sum(math.log(i + 1) for i in range(T)) / T}
+    for layer, u in want.items():
+        assert e[e.layer == layer].uniform_entropy.iloc[0] == pytest.approx(u, abs=1e-12)
+    assert res.summary["attention_entropy_uniform"] is None
+    assert res.summary["attention_entropy_uniform_per_layer"] == pytest.approx({"0": want[0], "1": want[1]})
+    w = res.tables["weights"]
+    assert len(w[w.layer == 1]) == T * (T + 1) // 2  # every causal pair of the full layer
+    assert len(w[w.layer == 0]) == sum(min(i + 1, 8) for i in range(T))  # the window's pairs
+    rows = w[(w.layer == 1)].groupby("query")["weight"].sum()
+    assert np.allclose(rows.to_numpy(), 1.0, atol=1e-5)  # each query's weights over the keys it sees sum to 1

@@ -130,18 +130,24 @@ def attention(
     if missing:
         raise InputError(f"layer {missing[0]} has no attention (blocks with attention: {block_ids})")
     mask = MaskSpec.from_dict(stats.mask, causal=stats.causal)  # the probe's mask (a window, a prefix)
-    uniform = uniform_attention_entropy(T, mask)
+    # each layer's own mask (a model may mix windowed and global layers): its uniform reference
+    own = [MaskSpec.from_dict(m, causal=stats.causal) for m in stats.layer_masks] if stats.layer_masks else None
+    uniforms = [uniform_attention_entropy(T, m) for m in own] if own else [uniform_attention_entropy(T, mask)] * len(block_ids)
+    uniform = uniform_attention_entropy(T, mask) if len(set(uniforms)) <= 1 else None
     k = rankable_positions(T, stats.causal)  # keys seen by at least 10% of the queries
     ent = stats.attention_entropy[0]  # (L', H)
     mass = stats.visible_mass[0]  # (L', H, T)
     tokens = (subj.tokenizer.convert_ids_to_tokens(ids[0].tolist()) if subj.tokenizer is not None
               else [str(int(t)) for t in ids[0]])
-    tables = _tables(ent, mass, weights, block_ids, layers, heads, tokens, uniform, mask)
+    masks = own or [mask] * len(block_ids)
+    tables = _tables(ent, mass, weights, block_ids, layers, heads, tokens, uniforms, masks)
     head_ent = {f"{l}.{h}": float(ent[rows_of[l], h]) for l in layers for h in heads}
     layer_ent = ent.double().mean(dim=1)
     summary = {
         "sample": sample, "seq_len": T, "view": "matrix" if full else "mass_per_key", "layers": layers, "heads": heads,
-        "attention_entropy_uniform": uniform,
+        "attention_entropy_uniform": uniform,  # None where layers differ in their masks: then per layer
+        **({} if uniform is not None else
+           {"attention_entropy_uniform_per_layer": dict(zip([str(b) for b in block_ids], uniforms))}),
         "attention_entropy_shown": head_ent,
         "attention_entropy_per_layer": dict(zip([str(b) for b in block_ids], layer_ent.tolist())),
         "lowest_entropy_head": _lowest(ent, block_ids),
@@ -158,25 +164,26 @@ def attention(
 
 
 def _tables(ent: Tensor, mass: Tensor, weights: Tensor | None, block_ids: list[int], layers: list[int],
-            heads: list[int], tokens: list[str], uniform: float, mask: MaskSpec) -> dict:
+            heads: list[int], tokens: list[str], uniforms: list[float], masks: list[MaskSpec]) -> dict:
     """The ``entropy`` (every (layer, head)), ``mass`` (shown heads, every key) and, with ``weights``
     (len(layers), len(heads), T, T), ``weights`` (the visible ``A[i, j]`` of the shown heads) tables.
-    ``ent``: (L', H) entropies (nats); ``mass``: (L', H, T); ``block_ids``: the L' layers with attention."""
+    ``ent``: (L', H) entropies (nats); ``mass``: (L', H, T); ``block_ids``: the L' layers with attention;
+    ``uniforms`` / ``masks``: each of them its uniform reference and its own mask."""
     import pandas as pd
 
     T, H = mass.shape[-1], ent.shape[1]
     rows_of = {b: i for i, b in enumerate(block_ids)}
-    ent_rows = [{"layer": b, "head": h, "attention_entropy": float(ent[i, h]), "uniform_entropy": uniform,
+    ent_rows = [{"layer": b, "head": h, "attention_entropy": float(ent[i, h]), "uniform_entropy": uniforms[i],
                  "shown": b in layers and h in heads} for i, b in enumerate(block_ids) for h in range(H)]
     mass_rows = [{"layer": l, "head": h, "position": j, "token": tokens[j], "attention_mass": float(mass[rows_of[l], h, j])}
                  for l in layers for h in heads for j in range(T)]
     tables = {"entropy": pd.DataFrame(ent_rows), "mass": pd.DataFrame(mass_rows)}
     if weights is not None:
         w = weights.double()
-        vis = build_mask(T, T, mask)  # the visible pairs under the probe's mask (causal, window, prefix)
-        qi, kj = vis.nonzero(as_tuple=True)
         frames = []
         for a, l in enumerate(layers):
+            vis = build_mask(T, T, masks[rows_of[l]])  # the pairs this layer's mask shows (causal, window, prefix)
+            qi, kj = vis.nonzero(as_tuple=True)
             for b, h in enumerate(heads):
                 frames.append(pd.DataFrame({"layer": l, "head": h, "query": qi.numpy(), "key": kj.numpy(),
                                             "weight": w[a, b][qi, kj].numpy()}))
@@ -185,7 +192,7 @@ def _tables(ent: Tensor, mass: Tensor, weights: Tensor | None, block_ids: list[i
 
 
 def _plot(path, *, ent: Tensor, mass: Tensor, weights: Tensor | None, rows_of: dict, layers: list[int],
-          heads: list[int], eps: float, title: str, uniform: float) -> None:
+          heads: list[int], eps: float, title: str, uniform: float | None) -> None:
     """One panel per shown (layer, head): the weight matrix (``weights`` given), else the mass per key."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import PowerNorm
@@ -215,7 +222,8 @@ def _plot(path, *, ent: Tensor, mass: Tensor, weights: Tensor | None, rows_of: d
     what = ("attention weights (rows: queries; colour: weight, power 0.4)" if full
             else f"attention mass per key (blockwise collector; red: eps={eps})")
     fig.suptitle(f"{title} · {what}\nH = attention entropy (nats, mean over queries); "
-                 f"uniform {uniform:.2f}", fontsize=7)
+                 + (f"uniform {uniform:.2f}" if uniform is not None else "uniform: per layer (the entropy table)"),
+                 fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

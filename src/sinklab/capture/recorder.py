@@ -77,6 +77,7 @@ class BatchRecorder:
         self.mass_visible: list[Tensor | None] = [None] * num_layers
         self.masked = False  # some layer's mask differs from plain causal / bidirectional
         self.mask: dict = CAUSAL.to_dict()  # MaskSpec.to_dict() of the last masked layer, if any
+        self.layer_masks: list[dict | None] = [None] * num_layers  # each layer's own MaskSpec.to_dict()
         self.extra: list[Tensor | None] = [None] * num_layers
         #: gated layers: the gate magnitude (B, H, T_q) float64 handed over by :meth:`add_gate` before the layer's
         #: attention, the gate-weighted attention mass (B, H, T) and the mean gate magnitude over queries (B, H)
@@ -172,6 +173,7 @@ class BatchRecorder:
         """
         causal, prefix_len, window = mask.causal, mask.prefix_len, mask.window
         self.causal = causal
+        self.layer_masks[layer] = mask.to_dict()
         self.renormalised = self.renormalised or renormalised
         paper_sums = column_sums if causal_column_sums is None else causal_column_sums
         self.mass[layer] = attention_mass_from_column_sums(paper_sums, causal=causal).cpu()
@@ -246,7 +248,7 @@ class BatchRecorder:
         keep = [i for i, m in enumerate(self.mass) if m is not None]
         if len(keep) < self.num_layers:
             for name in ("mass", "mass_visible", "extra", "key_norms", "value_norms", "hidden", "entropy",
-                         "gated_mass", "gated_mass_visible", "gate_mean"):
+                         "gated_mass", "gated_mass_visible", "gate_mean", "layer_masks"):
                 setattr(self, name, [getattr(self, name)[i] for i in keep])
 
         def stack(items: list, dim: int = 1) -> Tensor | None:
@@ -282,6 +284,7 @@ class BatchRecorder:
             notes=list(self.notes),
             mass_visible=torch.stack(self.mass_visible, dim=1) if self.masked else None,
             mask=dict(self.mask),
+            layer_masks=[dict(m) if m is not None else dict(self.mask) for m in self.layer_masks],
             layer_ids=keep if len(keep) < self.num_layers else None,
             other_layers={i: self.block_types[i] for i in sorted(self.block_types)},
         )

@@ -40,6 +40,8 @@ class ProbeStats:
             ``{"causal": bool, "prefix_len": int, "window": int | None}`` (the window of the last
             windowed layer; models that mix windowed and global layers count each layer with its
             own mask); ``MaskSpec.from_dict(stats.mask)`` gives the spec back.
+        layer_masks: each of the ``L`` layers' own mask in the same form (Gemma 2 / 3 mix windowed and global
+            layers), or None for statistics made without it.
         layer_ids: 0-based block index of each of the ``L`` layers, or None when layer l is
             block l. A hybrid model (attention + SSM blocks) keeps only its attention blocks here.
         other_layers: block index -> class name of the blocks without attention (not in ``L``).
@@ -74,6 +76,7 @@ class ProbeStats:
     notes: list[str] = field(default_factory=list)
     mass_visible: Tensor | None = None
     mask: dict = field(default_factory=dict)
+    layer_masks: list[dict] | None = None
     layer_ids: list[int] | None = None
     other_layers: dict[int, str] = field(default_factory=dict)
     attention_entropy: Tensor | None = None
@@ -130,6 +133,7 @@ class ProbeStats:
             notes=notes,
             mass_visible=None if any(p.mass_visible is None for p in parts) else cat("mass_visible"),
             mask=dict(first.mask),
+            layer_masks=None if first.layer_masks is None else [dict(m) for m in first.layer_masks],
             layer_ids=None if first.layer_ids is None else list(first.layer_ids),
             other_layers=dict(first.other_layers),
             attention_entropy=None if any(p.attention_entropy is None for p in parts) else cat("attention_entropy"),
