@@ -381,3 +381,26 @@ def test_a_model_cast_to_bfloat16_keeps_its_rope_frequencies_in_float32(tmp_path
     tok.save_pretrained(tmp_path / "sl")
     sl = Subject.load(str(tmp_path / "sl"), dtype="bfloat16").model
     assert sl.positional.inv_freq.dtype == torch.float32 and next(sl.parameters()).dtype == torch.bfloat16
+
+
+def test_an_encoder_in_memory_is_an_encoder_as_from_its_folder(tmp_path, text_corpus_dir):
+    """A BERT model passed as an object was taken for a causal LM: BertModel raised 'no language-modelling head'
+    where the docs promise encoders the sink rates only, and BertForMaskedLM got a 'next-token loss' it can
+    cheat on (the bidirectional model sees the target). It is an encoder now, as the same model from its folder."""
+    import transformers
+
+    from helpers import make_tokenizer, tiny_bert
+    from sinklab import analyze
+
+    tok = make_tokenizer(add_bos=False)
+    mlm = transformers.BertForMaskedLM(tiny_bert().config).eval()
+    assert Subject.load(mlm, tokenizer=tok).is_encoder and Subject.load(tiny_bert(), tokenizer=tok).is_encoder
+    assert not Subject.load(tiny_llama(), tokenizer=tok).is_encoder
+    mlm.save_pretrained(tmp_path / "bert")
+    tok.save_pretrained(tmp_path / "bert")
+    kw = dict(num_samples=2, seq_len=12, corpus=str(text_corpus_dir), eps=0.05, only=["noop", "remove-sink"],
+              position=0, allow_non_sink=True)
+    held = analyze.intervene(mlm, tokenizer=tok, **kw).tables["interventions"]
+    folder = analyze.intervene(str(tmp_path / "bert"), **kw).tables["interventions"]
+    assert "loss" not in held.columns and list(held.columns) == list(folder.columns)
+    assert held["sink_rate_pos0"].tolist() == pytest.approx(folder["sink_rate_pos0"].tolist())

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from sinklab.errors import InputError, UnknownNameError, param
-from sinklab.models.load import DTYPE_NAMES, cast_model
+from sinklab.models.load import DTYPE_NAMES, cast_model, is_encoder_config
 
 if TYPE_CHECKING:
     from sinklab.capture.adapter import ModelAdapter
@@ -293,10 +293,13 @@ class Subject:
             check_device("cpu", None, None if isinstance(dtype, torch.dtype) else dtype)
             cast_model(model, dtype if isinstance(dtype, torch.dtype) else DTYPES[dtype])  # RoPE stays float32
         first = next((p for p in model.parameters() if p.is_floating_point()), None)
-        info = {"name": type(model).__name__, "source": "python object", "is_encoder": False,
+        config = getattr(model, "config", None)
+        # a transformers encoder (BERT, MiniLM...) as its folder would load it: bidirectional, no next-token readout
+        encoder = bool(getattr(config, "model_type", None)) and is_encoder_config(config)
+        info = {"name": type(model).__name__, "source": "python object", "is_encoder": encoder,
                 "max_context": _max_context(model), "architecture": type(model).__name__,
                 "dtype": None if first is None else str(first.dtype).removeprefix("torch.")}
-        return cls(model, tokenizer=tokenizer, model_info=info)
+        return cls(model, tokenizer=tokenizer, model_info=info, is_encoder=encoder)
 
     @property
     def info(self) -> dict:
