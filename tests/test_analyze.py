@@ -795,3 +795,35 @@ def test_the_sink_position_of_a_window_model_comes_from_the_mask_aware_mass():
                        mask={"causal": True, "prefix_len": 0, "window": 3})
     assert sink_position(stats, 0.3) == (0, 100.0)
     assert sink_position(replace(stats, mass_visible=None), 0.3) == (5, 25.0)  # the plain mass, unmasked model
+
+
+def test_position_swaps_edit_the_rows_an_offset_table_reads():
+    """OPT's position p reads row p + 2 of its table (RoBERTa's p + padding_idx + 1): position-replace wrote row 0,
+    which no position reads (the loss was exactly the baseline's), and position-swap moved position 1. The edits
+    now land on the rows positions 0 and t read. Reference: the model fed its own embeddings with the position
+    vectors exchanged by hand (inputs_embeds, OPT adding the table's rows p + 2 itself)."""
+    import transformers
+
+    torch.manual_seed(0)
+    m = transformers.OPTForCausalLM(transformers.OPTConfig(
+        vocab_size=128, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, word_embed_proj_dim=32)).double().eval()
+    T, t = 12, 3
+    x = torch.randint(3, 128, (4, T), generator=torch.Generator().manual_seed(0))
+    tab = intervene(Subject(m, x, model_info={"name": "opt"}), eps=0.05, position=0, swap_to=t,
+                    only=["noop", "position-replace", "position-swap"]).tables["interventions"].set_index("intervention")
+    E, P = m.model.decoder.embed_tokens, m.model.decoder.embed_positions.weight
+
+    def loss(rows):  # position p takes the vector of position rows[p] (table row rows[p] + 2)
+        with torch.no_grad():
+            lg = m(inputs_embeds=E(x) + (P[rows + 2] - P[torch.arange(T) + 2])[None]).logits
+        nll = -torch.log_softmax(lg[:, :-1], -1).gather(-1, x[:, 1:, None])[..., 0]
+        return nll[:, 1:].mean().item()  # the readout's targets: 0-based positions 2..T-1
+
+    base = torch.arange(T)
+    assert tab.loc["baseline", "loss"] == pytest.approx(loss(base), abs=1e-9)
+    assert tab.loc["position-replace", "loss"] == pytest.approx(loss(torch.tensor([t, *range(1, T)])), abs=1e-9)
+    swapped = base.clone()
+    swapped[0], swapped[t] = t, 0
+    assert tab.loc["position-swap", "loss"] == pytest.approx(loss(swapped), abs=1e-9)
+    assert abs(tab.loc["position-replace", "loss"] - tab.loc["baseline", "loss"]) > 1e-4

@@ -82,16 +82,17 @@ def swapped_positions(model: nn.Module, t: int, *, swap: bool = True):
     Raises:
         InputError: no learned position table (see :func:`position_table`), or ``t`` outside [1, table size).
     """
-    table = position_table(model)
-    n = table.weight.shape[0]
+    adapter = adapt(model)
+    table, o = adapter.position_table(), adapter.position_offset()  # position p reads row o + p (OPT, RoBERTa: 2)
+    n = table.weight.shape[0] - o
     if not 1 <= t < n:
         raise InputError(f"position {t} is outside the position table (1 to {n - 1})")
     saved = table.weight.data.clone()
     try:
         with torch.no_grad():
-            table.weight[0] = saved[t]
+            table.weight[o] = saved[o + t]
             if swap:
-                table.weight[t] = saved[0]
+                table.weight[o + t] = saved[o]
         yield
     finally:
         with torch.no_grad():

@@ -84,12 +84,22 @@ class ModelAdapter:
         raise NotImplementedError
 
     def position_table(self) -> nn.Embedding:
-        """The learned absolute position-embedding table (rows = 0-based positions).
+        """The learned absolute position-embedding table (row ``position_offset() + p`` holds 0-based position p).
 
         Raises:
             InputError: the model has none (rotary, ALiBi, relative or no positions): says which.
         """
         raise NotImplementedError
+
+    def position_offset(self) -> int:
+        """The row of :meth:`position_table` that position 0 reads: 0, except for tables that reserve their first
+        rows (OPT's ``embed_positions.offset`` of 2; RoBERTa-style tables, whose position ids start after their
+        padding index, ``padding_idx + 1``)."""
+        table = self.position_table()
+        offset = getattr(table, "offset", None)
+        if isinstance(offset, int):
+            return offset
+        return 0 if table.padding_idx is None else int(table.padding_idx) + 1
 
     @property
     def max_context(self) -> int | None:
@@ -196,7 +206,9 @@ class HFAdapter(ModelAdapter):
             if isinstance(mod, nn.Embedding) and name.split(".")[-1] in ("position_embeddings", "wpe", "embed_positions"):
                 return mod
         rope = getattr(self.config, "rope_theta", None) or getattr(self.config, "rope_parameters", None)
-        why = ("rotary position embeddings (RoPE) rotate queries and keys; there is no position vector to swap"
+        why = ("ALiBi adds a distance bias to the attention logits; there is no position vector to swap"
+               if getattr(self.config, "alibi", False) else
+               "rotary position embeddings (RoPE) rotate queries and keys; there is no position vector to swap"
                if rope else "no learned absolute position-embedding table was found")
         raise InputError(f"a position swap needs learned absolute position embeddings; {type(self.model).__name__}: {why}")
 
@@ -275,6 +287,9 @@ class SinkLMAdapter(ModelAdapter):
             raise InputError(f"a position swap needs learned absolute position embeddings; this sinklab model "
                              f"uses positional = {kind!r}")
         return self.model.positional.table
+
+    def position_offset(self) -> int:
+        return 0  # a sinklab model's row p is position p
 
     @property
     def has_lm_head(self) -> bool:

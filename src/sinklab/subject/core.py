@@ -384,12 +384,13 @@ class Subject:
             from sinklab.capture.adapter import adapt
 
             try:
-                table = adapt(self.model).position_table()
+                adapter = adapt(self.model)
+                n_pos = adapter.position_table().num_embeddings - adapter.position_offset()
             except (InputError, NotImplementedError, AttributeError):
-                table = None
-            if table is not None and seq_len > table.num_embeddings:  # no position past the table exists
+                n_pos = None
+            if n_pos is not None and seq_len > n_pos:  # no position past the table exists
                 raise InputError(f"{param('seq_len', seq_len)} is past {self.model_info.get('name')}'s learned position "
-                                 f"table of {table.num_embeddings} positions: no model input exists past it, long "
+                                 f"table of {n_pos} positions: no model input exists past it, long "
                                  "context allowed or not")
         if limit is not None and seq_len > limit and not allow_long_context:
             raise InputError(f"{param('seq_len', seq_len)} is past {self.model_info.get('name')}'s context of {limit} tokens"
