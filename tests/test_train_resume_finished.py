@@ -106,3 +106,27 @@ def test_resumed_run_average_counts_every_start(cfg_file, tmp_path):
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["wall_s"] == pytest.approx(res.wall_s, abs=0.01)
     assert res.tokens_per_s == pytest.approx(4 * cfg.tokens_per_step / res.wall_s)
+
+
+def test_a_run_whose_corpus_changed_is_not_resumed_or_measured_on_other_data(tmp_path):
+    """A run re-derived its data from whatever its corpus folder held: an edited file between a stop and --resume
+    trained the rest of the run on other windows (with BPE, other token ids), and measuring a finished run after a
+    file was added took training documents as held-out ones. The run records its tokenized data's digest
+    (checkpoint and summary.json); a resume and a measurement on changed data are refused in one line."""
+    from helpers import text_run_toml, train_run, word_texts
+    from sinklab.errors import InputError
+    from sinklab.measure import measure
+
+    texts = word_texts(tmp_path / "texts")
+    toml = text_run_toml(texts, steps=4)
+    stopped = train_run(tmp_path, "stopped", toml, stop_after=2)
+    (texts / "d3.txt").write_text((texts / "d3.txt").read_text() + " and the rest")
+    with pytest.raises(InputError, match="its training data changed since the checkpoint at step 2"):
+        loop.train(load_config(tmp_path / "stopped.toml"), stopped, resume=True, progress=False)
+    done = train_run(tmp_path, "done", toml)  # on the edited corpus
+    assert json.loads((done / "summary.json").read_text())["data_key"]
+    m = measure(model=str(done), num_samples=2, progress=False)  # unchanged data: measured as before
+    assert m.probe.input_ids.shape[0] == 2
+    (texts / "d99.txt").write_text("the of and to " * 50)
+    with pytest.raises(InputError, match="was trained on other data than its corpus holds now"):
+        measure(model=str(done), num_samples=2, progress=False)

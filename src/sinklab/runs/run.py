@@ -198,8 +198,23 @@ class Run:
     # ------------------------------------------------------------------ data
     @cached_property
     def corpus(self) -> "TokenizedCorpus":
-        """The run's data prepared as for training (:func:`prepare_data`), computed once."""
-        return prepare_data(self.config, self.folder)
+        """The run's data prepared as for training (:func:`prepare_data`), computed once.
+
+        Raises:
+            InputError: the data differs from what the run trained on (``summary.json``'s ``data_key``, the
+                content digest of the tokenized corpus: a corpus file edited, added or removed since), so its
+                held-out split, probe and tokenizer would not be the run's."""
+        tc = prepare_data(self.config, self.folder)
+        summary = self.folder / "summary.json" if self.folder is not None else None
+        if summary is not None and summary.is_file():
+            from sinklab.fileio import read_json
+
+            trained_on, now = read_json(summary, "run summary").get("data_key"), tc.meta.get("key")
+            if trained_on is not None and now != trained_on:
+                raise InputError(f"the run {self.folder} was trained on other data than its corpus holds now "
+                                 f"(tokenized data {trained_on}, now {now}: a corpus file edited, added or removed): "
+                                 "its held-out windows and probe cannot be rebuilt; restore the corpus")
+        return tc
 
     @cached_property
     def packing_context(self) -> "PackingContext":

@@ -519,6 +519,12 @@ class _Trainer:
         self.canonical = canonical
         self.ckpt_path = out / CHECKPOINT_NAME
         self.data = _setup_data(cfg, out, dd, notify=notify, canonical=canonical)
+        self.data_key = self.data.tc.meta.get("key")  # the content digest of the tokenized data (None: synthetic)
+        if ckpt is not None and ckpt.get("data_key") not in (None, self.data_key):
+            raise InputError(f"cannot resume {out}: its training data changed since the checkpoint at step "
+                             f"{ckpt['step']} (tokenized data {ckpt['data_key']}, now {self.data_key}: a corpus file "
+                             "edited, added or removed); the rest of the run would train on other windows. Restore the "
+                             "corpus, or train a new run")
         self._setup_model(ckpt)
         self.last_ckpt = self.start if ckpt is not None else None
         self.wall_before = float(ckpt.get("wall_s", 0.0)) if ckpt is not None else 0.0
@@ -726,6 +732,7 @@ class _Trainer:
             "rng": rng_state(),
             "data_position": {"samples": step * t_cfg.grad_accum * t_cfg.batch_size, "seed": t_cfg.seed},
             "config": self.cfg.to_dict(),
+            "data_key": self.data_key,
             "tracker": self.data.tracker.history,
             "losses": {k: v for k, v in self.result.losses.items() if k <= step},  # a resume's result has them all
             "wall_s": self.wall_before + time.perf_counter() - self.t_start,
@@ -768,6 +775,7 @@ class _Trainer:
         tokens_per_step = cfg.tokens_per_step
         return {
             "steps": t_cfg.steps,
+            "data_key": self.data_key,  # what Run.corpus checks the data against when the run is measured
             "tokens": t_cfg.steps * tokens_per_step,
             "train_tokens_available": train_data.n_tokens,
             "epochs": round(passes(cfg, train_data.n_windows), 3),
