@@ -98,3 +98,24 @@ def test_bad_datasets(sources, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(FetchError, match="hub dataset"):
         load_corpus("hf:sinklab-no-such/dataset")
+
+
+def test_an_edited_dataset_file_is_read_again_even_with_its_old_modification_time(tmp_path, monkeypatch):
+    """The datasets library knows a local file by path and modification time: a row edited with the time restored
+    (tar x, cp -p do that) came back stale, and the token cache, hashed on that stale text, was reused. The
+    library's cache is keyed by the files' content too now: the edit is read."""
+    import json
+    import os
+
+    from sinklab.zoo.datasets_io import read_dataset
+
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    f = tmp_path / "c.jsonl"
+    f.write_text("\n".join(json.dumps({"text": f"document {i} alpha beta"}) for i in range(5)))
+    _, docs, _ = read_dataset(str(f))
+    assert docs[3] == "document 3 alpha beta"
+    st = f.stat()
+    f.write_text(f.read_text().replace("document 3 alpha", "document 3 EDITED alpha"))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _, docs, _ = read_dataset(str(f))
+    assert docs[3] == "document 3 EDITED alpha beta"

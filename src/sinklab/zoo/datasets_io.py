@@ -113,10 +113,26 @@ def _load(spec: str):
     kinds = {BUILDERS[f.suffix] for f in files}
     if len(kinds) != 1:
         raise InputError(f"dataset folder {spec!r} mixes formats ({', '.join(sorted(kinds))}); keep one format per folder")
+    # the datasets library knows local files by path and modification time: an edited file whose time was kept
+    # (tar x, cp -p) came back stale. Its cache is keyed here by the files' content as well.
+    cache = str(Path(cache) / _content_digest(files))
     try:
         return datasets.load_dataset(kinds.pop(), data_files=[str(f) for f in files], split="train", cache_dir=cache)
     except Exception as e:  # noqa: BLE001 - malformed JSON, not a Parquet file ...
         raise InputError(f"cannot read dataset {spec!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def _content_digest(files: list[Path]) -> str:
+    """16 hex digits of sha256 over the files' names, sizes and bytes (read in 8 MB blocks)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f"{f.resolve()}|{f.stat().st_size}|".encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 23), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 def read_dataset(spec: str, *, text_field: str = "text", num_proc: int | None = None,
