@@ -153,3 +153,27 @@ def test_a_packed_study_is_unpacked_by_one_reader_at_a_time(study, tmp_path):
         assert not (home / digest).exists()
     t.join(60)
     assert got["d"] == home / digest and _files(got["d"]) == {**before, ".complete": (got["d"] / ".complete").read_bytes()}
+
+
+def test_final_metrics_are_computed_again_for_a_run_extended_since(tmp_path):
+    """final_ci.json cached a run's final-model metrics for good: a finished run extended by more steps kept the
+    old model's numbers. The cache records the run's steps; another step count computes them again."""
+    import json
+
+    from helpers import synthetic_run_toml, train_run
+    from sinklab.sweep.summary import final_ci
+
+    run = train_run(tmp_path, "r", synthetic_run_toml(steps=4))
+    first = final_ci(run)
+    assert first["run_steps"] == 4
+    cache = run / "final_ci.json"
+    marked = {**first, "sink_rate": [-1.0] * len(first["sink_rate"])}
+    cache.write_text(json.dumps(marked))
+    assert final_ci(run)["sink_rate"][0] == -1.0  # the same run: the cache is used
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "steps": 8}))  # as after an extension
+    again = final_ci(run)
+    assert again["sink_rate"] == first["sink_rate"] and again["run_steps"] == 8
+    legacy = {k: v for k, v in marked.items() if k != "run_steps"}  # a cache written before run_steps: kept
+    cache.write_text(json.dumps(legacy))
+    assert final_ci(run)["sink_rate"][0] == -1.0

@@ -53,7 +53,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sinklab.fileio import read_json
+from sinklab.fileio import atomic_write_text, read_json
 from sinklab.sweep.dynamics import seed_runs
 from sinklab.sweep.verdict import (SIMILAR_MARGIN, decide, excludes_paper, holm, hypothesis_test, min_p, p_method,
                                    paper_effects, seed_stats, t_interval, welch)
@@ -84,8 +84,12 @@ def final_ci(run: Path) -> dict[str, Any]:
     Returns {"sink_rate": [K], "sink_rate_ci": [[lo, hi] x K], "top_sink_position": 1-based, ...}.
     """
     cache = run / "final_ci.json"
+    steps = read_json(run / "summary.json", "run summary").get("steps") if (run / "summary.json").exists() else None
     if cache.exists():
-        return read_json(cache, "cached final metrics")
+        cached = read_json(cache, "cached final metrics")
+        # a run extended by more steps since has another final model (a cache written before run_steps: kept)
+        if cached.get("run_steps", steps) == steps:
+            return cached
     import torch
 
     from sinklab.capture import collect
@@ -106,8 +110,8 @@ def final_ci(run: Path) -> dict[str, Any]:
            "top_sink_position": int(s["top_sink_position"]) + 1 if has_sink else None,
            "top_sink_rate": s["top_sink_rate"] if has_sink else None,
            "max_norm_ratio": s["max_norm_ratio"], "renormalised": bool(s.get("renormalised")),
-           "sink_rate_raw": raw["sink_rate"], "sink_rate_raw_ci": raw["sink_rate_ci"]}
-    cache.write_text(json.dumps(res, indent=1))
+           "sink_rate_raw": raw["sink_rate"], "sink_rate_raw_ci": raw["sink_rate_ci"], "run_steps": steps}
+    atomic_write_text(cache, json.dumps(res, indent=1))
     return res
 
 
