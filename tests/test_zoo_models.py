@@ -233,3 +233,22 @@ def test_real_smollm2_fetch_and_load(monkeypatch):
     with torch.no_grad():
         top = lm.model(**enc).logits[0, -1].topk(5).indices.tolist()
     assert any("Paris" in lm.tokenizer.decode([t]) for t in top)
+
+
+def test_a_cached_model_is_rebuilt_when_its_recipe_changed():
+    """A cached zoo model was found by name alone: a recipe bumped to another package version or artifact kept
+    the old weights. The cache's sinklab_source.json is compared with the recipe: the record of the current recipe
+    is accepted, one differing in version, archive sha256 or artifact is not."""
+    import dataclasses
+
+    from sinklab.zoo.models import MODELS, _built_from
+
+    recipe = MODELS.get("smollm2-135m")
+    record = {"source": recipe.source, "file": recipe.artifact,
+              "packages": [{"package": p.package, "version": p.version, "archive_sha256": p.sha256} for p in recipe.parts],
+              "sha256": recipe.artifact_sha256 or "whatever"}
+    assert _built_from(recipe, record)
+    bumped = dataclasses.replace(recipe, parts=[dataclasses.replace(recipe.parts[0], version="9.9.9"), *recipe.parts[1:]])
+    assert not _built_from(bumped, record)
+    assert not _built_from(dataclasses.replace(recipe, artifact="other.gguf"), record)
+    assert not _built_from(recipe, {**record, "packages": [{**record["packages"][0], "archive_sha256": "0" * 64}]})

