@@ -79,7 +79,11 @@ def test_gemma_license_acceptance_is_remembered(monkeypatch, capsys):
     monkeypatch.setattr(models, "_download_parts", lambda r: pytest.fail("nothing should be downloaded"))
     dest = cache_dir("models") / "gemma3-270m"
     dest.mkdir(parents=True)
-    (dest / models.SOURCE_FILE).write_text(json.dumps({"sha256": "x", "license": "Gemma Terms of Use"}))
+    recipe = MODELS.get("gemma3-270m")  # the record of a folder built from the current recipe
+    (dest / models.SOURCE_FILE).write_text(json.dumps({
+        "source": recipe.source, "file": recipe.artifact, "sha256": recipe.artifact_sha256 or "x",
+        "packages": [{"package": p.package, "version": p.version, "archive_sha256": p.sha256} for p in recipe.parts],
+        "license": "Gemma Terms of Use"}))
     with pytest.raises(SinklabError, match="pass accept_license=True"):
         fetch_model("gemma3-270m")
     with pytest.raises(SystemExit) as e:
