@@ -171,7 +171,7 @@ class MeasureResult(Result):
             "probe_details": self.probe.details,
             "top_sinks": self.top_sinks,
             "notes": self.notes,
-            "wall_time_s": round(self.wall_time_s, 3),
+            "wall_time_s": self.wall_time_s,  # unrounded: a loaded result shows what the measured one showed
             "positions_are": "0-based indices; index 0 is the paper's token 1 (Sink_1)",
             "downstream": self.downstream,
         }
