@@ -216,7 +216,7 @@ def test_a_token_cache_entry_is_built_under_its_lock(tmp_path):
     with exclusive(tmp_path / "b" / f".{key}.lock"):  # another process building this entry
         t = threading.Thread(target=lambda: built.setdefault("tc", tokenize_corpus(docs, cache_root=tmp_path / "b", **kw)))
         t.start()
-        time.sleep(1.0)
+        time.sleep(0.5)
         assert not (tmp_path / "b" / key).exists() and not list((tmp_path / "b").glob(".*.partial"))
     t.join(60)
     got = built["tc"]

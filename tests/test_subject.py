@@ -255,15 +255,17 @@ def test_smollm2_massive_and_stream_in_bfloat16_agree_with_float32(real_home, tm
     from sinklab.analyze import massive
     from sinklab.streaming import stream
 
-    res = {dt: massive("smollm2-135m", num_samples=8, seq_len=64, dtype=dt).summary for dt in ("float32", "bfloat16")}
+    loaded = {dt: Subject.load("smollm2-135m", dtype=dt) for dt in ("float32", "bfloat16")}  # each loaded once
+    res = {dt: massive(loaded[dt], num_samples=8, seq_len=64).summary for dt in ("float32", "bfloat16")}
     a, b = res["float32"], res["bfloat16"]
     assert a["sink_position"] == b["sink_position"] == 0
     assert abs(a["sink_rate"] - b["sink_rate"]) <= 100 / 8
     assert a["max_ratio_dim"] == b["max_ratio_dim"] and a["max_ratio_layer"] == b["max_ratio_layer"]
     assert close(a["max_ratio"], b["max_ratio"], 0.05, 0)
-    st = {dt: {c["name"]: c["ppl"] for c in stream("smollm2-135m", "sotu", tokens=128, window=32, sinks=[0, 4],
-                                                   recompute=False, latency=False, progress=False, dtype=dt)["configs"]}
+    st = {dt: {c["name"]: c["ppl"] for c in stream(loaded[dt], "sotu", tokens=128, window=32, sinks=[0, 4],
+                                                   recompute=False, latency=False, progress=False)["configs"]}
           for dt in ("float32", "bfloat16")}
+    assert next(loaded["bfloat16"].model.parameters()).dtype == torch.bfloat16
     assert st["float32"].keys() == st["bfloat16"].keys()
     for k, v in st["float32"].items():
         assert close(v, st["bfloat16"][k], PPL_REL, 0), (k, v, st["bfloat16"][k])
@@ -404,3 +406,18 @@ def test_an_encoder_in_memory_is_an_encoder_as_from_its_folder(tmp_path, text_co
     folder = analyze.intervene(str(tmp_path / "bert"), **kw).tables["interventions"]
     assert "loss" not in held.columns and list(held.columns) == list(folder.columns)
     assert held["sink_rate_pos0"].tolist() == pytest.approx(folder["sink_rate_pos0"].tolist())
+
+
+def test_an_analysis_draws_the_probe_of_a_subject_that_has_none(text_corpus_dir):
+    """Subject.load returns a Subject without a probe; an analysis given one ran on its empty (0, 0) input and
+    raised IndexError. It draws the probe as for a name or a model object: the same numbers as the module."""
+    from helpers import make_tokenizer
+    from sinklab.analyze import massive
+
+    tok = make_tokenizer()
+    kw = dict(num_samples=2, seq_len=12, corpus=str(text_corpus_dir))
+    subj = Subject.load(tiny_llama(vocab_size=len(tok)), tokenizer=tok)
+    assert subj.input_ids.numel() == 0
+    a = massive(subj, **kw)
+    b = massive(tiny_llama(vocab_size=len(tok)), tokenizer=tok, **kw)
+    assert a.summary["max_ratio"] == b.summary["max_ratio"] and a.tables["layers"].equals(b.tables["layers"])

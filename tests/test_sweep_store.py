@@ -149,7 +149,7 @@ def test_a_packed_study_is_unpacked_by_one_reader_at_a_time(study, tmp_path):
     with exclusive(home / f".{digest}.lock"):
         t = threading.Thread(target=lambda: got.setdefault("d", runs_dir(study)))
         t.start()
-        time.sleep(1.0)
+        time.sleep(0.5)
         assert not (home / digest).exists()
     t.join(60)
     assert got["d"] == home / digest and _files(got["d"]) == {**before, ".complete": (got["d"] / ".complete").read_bytes()}

@@ -62,6 +62,9 @@ def analysis(name: str, *, help: dict[str, str] | None = None):
                 placed = {k: kwargs[k] for k in ("device", "dtype", "device_map") if k in kwargs}
                 module = model
                 model = _probe(lambda: Subject.load(module, tokenizer=tokenizer, **placed), **{**defaults, **kwargs})
+            elif isinstance(model, Subject) and not model.input_ids.numel():  # Subject.load's: no probe drawn yet
+                held = model
+                model = _probe(lambda: held, **{**defaults, **kwargs})
             if not isinstance(model, Subject):
                 return fn(model, *args, **kwargs)
             with eval_mode(model.model):

