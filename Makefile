@@ -43,10 +43,8 @@ demo: setup
 TEST_WORKERS ?= auto
 # PYTHONDONTWRITEBYTECODE= (empty: unset) lets the workers reuse compiled sources and rewritten test modules
 # between runs where the environment turns bytecode off (about 3.5 s of collection per worker here).
-# --dist worksteal: an idle worker takes tests queued on the other, so the slow tail (torchrun, sweeps, the
-# device-script smoke run) does not leave one core waiting.
 test: setup
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # The unit lane: no subprocess CLI, torchrun, sweep, nested pytest, torch.compile, network or slow test (the markers in
 # pyproject.toml); under a minute on two cores.
