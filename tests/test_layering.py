@@ -4,7 +4,7 @@ sinklab.capture.
 
 The layers, lowest first (a module may import its own layer and the layers below it, never above)::
 
-    core      errors, registry, paths, attention_masks (masks), provenance, fileio, progress, result
+    core      errors, registry, paths, attention_masks (masks), provenance, fileio, progress, result, tokenizing
     models    nn (SinkLM), zoo (model and corpus recipes: what installs from the registries),
               models (load_model: zoo name, HF folder or hub id, sinklab model or run folder)
     capture   metrics, capture (collectors, the HF and SinkLM seams, the model adapter), hooks (named hooks)
@@ -101,7 +101,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 #: the layers, lowest first: (name, packages or modules); a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("sinklab", "sinklab.errors", "sinklab.registry", "sinklab.paths", "sinklab.attention_masks",
-              "sinklab.provenance", "sinklab.fileio", "sinklab.progress", "sinklab.result")),
+              "sinklab.provenance", "sinklab.fileio", "sinklab.progress", "sinklab.result", "sinklab.tokenizing")),
     ("models", ("sinklab.nn", "sinklab.zoo", "sinklab.models")),
     ("capture", ("sinklab.metrics", "sinklab.capture", "sinklab.hooks")),
     ("data", ("sinklab.data", "sinklab.probe", "sinklab.diffusion")),

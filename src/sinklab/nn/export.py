@@ -139,13 +139,9 @@ def _bos_template(folder: Path, tokenizer, add_bos: bool) -> None:
             cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     from transformers import AutoTokenizer
 
-    loaded = AutoTokenizer.from_pretrained(str(folder))
-    special = {int(i) for i in loaded.all_special_ids}
-    special |= {int(i) for i, t in (getattr(loaded, "added_tokens_decoder", None) or {}).items()
-                if getattr(t, "special", False)}
-    first = next(i for i in range(len(loaded)) if i not in special)
-    text = loaded.decode([first])  # a text its own vocabulary encodes (a word-level one knows no "hello")
-    plain, full = loaded(text, add_special_tokens=False)["input_ids"], loaded(text)["input_ids"]
+    from sinklab.tokenizing import sample_encoding
+
+    text, plain, full = sample_encoding(AutoTokenizer.from_pretrained(str(folder)))
     want = ([int(bos_id)] if add_bos else []) + list(plain)
     if list(full) != want:
         raise InputError(f"the exported tokenizer in {folder} encodes {text!r} as {list(full)} once loaded, "

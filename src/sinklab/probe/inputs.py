@@ -75,23 +75,6 @@ def tokenize_plain(tokenizer, texts):
             flags.pop(LONG_SEQUENCE_WARNING, None)
 
 
-def _probe_encoding(tokenizer) -> tuple[list[int], list[int]]:
-    """A short text's ids without and with the tokenizer's special tokens (what ``auto`` reads its BOS policy
-    off): "hello", or, for a tokenizer that cannot encode it (a word-level vocabulary without an unknown token),
-    the text of its first ordinary vocabulary entry."""
-    try:
-        return (tokenizer("hello", add_special_tokens=False)["input_ids"],
-                tokenizer("hello", add_special_tokens=True)["input_ids"])
-    except Exception:  # noqa: BLE001  (tokenizers raises its own exception types)
-        special = set(tokenizer.all_special_ids)
-        word = next((i for i in range(len(tokenizer)) if i not in special), None)
-        if word is None:
-            raise
-        text = tokenizer.decode([word])
-        return (tokenizer(text, add_special_tokens=False)["input_ids"],
-                tokenizer(text, add_special_tokens=True)["input_ids"])
-
-
 def bos_tokens(tokenizer, bos: str) -> tuple[list[int], list[int]]:
     """Special token ids to put before and after the content under a BOS policy.
 
@@ -110,7 +93,9 @@ def bos_tokens(tokenizer, bos: str) -> tuple[list[int], list[int]]:
     if bos == "never":
         return [], []
     if bos == "auto":
-        plain, full = _probe_encoding(tokenizer)
+        from sinklab.tokenizing import sample_encoding
+
+        _, plain, full = sample_encoding(tokenizer)
         n = len(plain)
         for start in range(len(full) - n + 1):
             if full[start : start + n] == plain:
