@@ -1,15 +1,18 @@
 """torchrun worker of tests/test_train_distributed.py: ``sinklab train`` with every collective recorded.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_record_worker.py CONFIG OUT RECORDS [sgd] [ragged]
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_record_worker.py PLAN
 
-Trains the run config file CONFIG into OUT (as ``sinklab train CONFIG --out OUT`` does) with each
-public ``torch.distributed`` collective wrapped so that every call is recorded: the op, the module
-that called it, the device, dtype and size of its tensor and where in the loop it was made
+PLAN is a JSON file: a list of runs, each ``{"config": CONFIG, "out": OUT, "records": RECORDS, "sgd": bool,
+"ragged": bool}``, trained one after the other in the same processes (each run starts and ends its own
+process group, as ``sinklab train`` does; one launch serves several runs, since every launch costs two
+Python + torch starts). Each run trains the run config file CONFIG into OUT (as ``sinklab train CONFIG --out
+OUT`` does) with each public ``torch.distributed`` collective wrapped so that every call is recorded: the op,
+the module that called it, the device, dtype and size of its tensor and where in the loop it was made
 (``step``: 1-based optimizer step, ``phase``: "step" between the start of the step and the end of
 ``optimizer.step()``, "between" otherwise). ``sgd``: plain SGD (no momentum, no weight decay) at
 ``optim.lr`` replaces AdamW, so a wrong gradient scale shows in the parameters. ``ragged``: the
 training samples' targets masked by :func:`ragged` (the ranks of a micro-batch then count different
-numbers of targets, so their loss weights differ from 1). Rank r writes its records to
+numbers of targets, so their loss weights differ from 1). Rank r writes the run's records to
 RECORDS/rank{r}.json.
 """
 
@@ -95,7 +98,9 @@ def _marking(build):
 
 
 def main() -> None:
-    cfg_path, out, records = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    from sinklab.data.packing import PackedData
+
+    plan = json.loads(Path(sys.argv[1]).read_text())
     for name in OPS:
         if hasattr(dist, name):
             setattr(dist, name, _recorded(name, getattr(dist, name)))
@@ -105,14 +110,16 @@ def main() -> None:
         WHERE.update(step=step, phase="step")
         fault(d, step)
     distributed.maybe_fault = step_start
-    loop.build_optimizer = _marking(sgd if "sgd" in sys.argv[4:] else loop.build_optimizer)
-    if "ragged" in sys.argv[4:]:
-        from sinklab.data.packing import PackedData
-
-        PackedData.samples = ragged(PackedData.samples)
-    loop.train(load_config(cfg_path), out, progress=False)
-    records.mkdir(parents=True, exist_ok=True)
-    (records / f"rank{os.environ['RANK']}.json").write_text(json.dumps(RECORDS))
+    build, samples = loop.build_optimizer, PackedData.samples
+    for run in plan:
+        RECORDS.clear()
+        WHERE.update(step=0, phase="between")
+        loop.build_optimizer = _marking(sgd if run.get("sgd") else build)
+        PackedData.samples = ragged(samples) if run.get("ragged") else samples
+        loop.train(load_config(run["config"]), Path(run["out"]), progress=False)
+        records = Path(run["records"])
+        records.mkdir(parents=True, exist_ok=True)
+        (records / f"rank{os.environ['RANK']}.json").write_text(json.dumps(RECORDS))
 
 
 if __name__ == "__main__":

@@ -213,19 +213,41 @@ def sgd_one_process(corpus, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp"])
-def sgd_two_ranks(request, corpus, tmp_path_factory):
-    """2 SGD steps on 2 ranks (grad_accum 3) under the recording worker, on the ragged targets: final
-    parameters and every rank's collectives."""
-    root = tmp_path_factory.mktemp(f"sgd-two-{request.param}")
-    cfg_file = root / "cfg.toml"
-    cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), [*SGD, f"train.parallel={request.param}"]))))
+#: the masked diffusion run of :func:`two_rank_runs` (2 steps, ddp)
+DIFFUSION = ["train.objective=masked_diffusion", "train.steps=2"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(corpus, tmp_path_factory):
+    """One torchrun launch of the recording worker (2 ranks) that trains, one after the other: 2 SGD steps
+    (grad_accum 3) on the ragged targets under ddp and under fsdp, and 2 masked diffusion steps under ddp (each
+    launch costs two Python + torch starts, so the three runs share one). The run folders and every rank's
+    collectives, by name ("ddp", "fsdp", "diffusion")."""
+    root = tmp_path_factory.mktemp("two-ranks")
+    plan = []
+    for name, over, flags in (("ddp", [*SGD, "train.parallel=ddp"], {"sgd": True, "ragged": True}),
+                              ("fsdp", [*SGD, "train.parallel=fsdp"], {"sgd": True, "ragged": True}),
+                              ("diffusion", [*DIFFUSION, "train.parallel=ddp"], {})):
+        cfg_file = root / f"{name}.toml"
+        cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), over))))
+        plan.append({"config": str(cfg_file), "out": str(root / name / "run"), "records": str(root / name / "records"),
+                     **flags})
+    (root / "plan.json").write_text(json.dumps(plan))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER,
-           str(cfg_file), str(root / "run"), str(root / "records"), "sgd", "ragged"]
+           str(root / "plan.json")]
     p = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    records = [json.loads((root / "records" / f"rank{r}.json").read_text()) for r in range(2)]
-    return {"parallel": request.param, "params": final_params(root / "run"), "records": records}
+    return {name: {"run": root / name / "run",
+                   "records": [json.loads((root / name / "records" / f"rank{r}.json").read_text()) for r in range(2)]}
+            for name in ("ddp", "fsdp", "diffusion")}
+
+
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def sgd_two_ranks(request, two_rank_runs):
+    """2 SGD steps on 2 ranks (grad_accum 3) under the recording worker, on the ragged targets: final
+    parameters and every rank's collectives."""
+    run = two_rank_runs[request.param]
+    return {"parallel": request.param, "params": final_params(run["run"]), "records": run["records"]}
 
 
 def test_ragged_targets_give_the_ranks_unequal_counts():
@@ -271,20 +293,13 @@ def test_collectives_are_on_the_device_once_per_step(sgd_two_ranks):
 
 
 @pytest.mark.integration
-def test_two_ranks_masked_diffusion_equal_one_process(corpus, tmp_path):
+def test_two_ranks_masked_diffusion_equal_one_process(corpus, two_rank_runs, tmp_path):
     """Masked diffusion: every rank draws its rows' masks from (seed, global sample index), so 2 ranks
-    give the one-process losses (issue 14). Launched by torchrun directly (sinklab's --nproc launcher,
-    one more Python + torch start, is the ddp-sinklab case's)."""
-    over = ["train.objective=masked_diffusion", "train.steps=2"]
-    ref = loop.train(from_dict(apply_overrides(raw_cfg(corpus), over)), tmp_path / "one", progress=False).losses
-    cfg_file = tmp_path / "cfg.toml"
-    cfg_file.write_text(to_toml(from_dict(apply_overrides(raw_cfg(corpus), [*over, "train.parallel=ddp"]))))
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                        "sinklab", "train", str(cfg_file), "--out", str(tmp_path / "two"), "--no-progress"],
-                       env=env(), capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    two = losses(tmp_path / "two")
+    give the one-process losses (issue 14). Trained in :func:`two_rank_runs`' launch (``torchrun -m sinklab
+    train`` is the fsdp-torchrun case's launch, sinklab's --nproc launcher the ddp-sinklab case's)."""
+    ref = loop.train(from_dict(apply_overrides(raw_cfg(corpus), DIFFUSION)), tmp_path / "one", progress=False).losses
+    two = losses(two_rank_runs["diffusion"]["run"])
     assert sorted(two) == [1, 2]
-    assert json.loads((tmp_path / "two" / "summary.json").read_text())["processes"] == 2
+    assert json.loads((two_rank_runs["diffusion"]["run"] / "summary.json").read_text())["processes"] == 2
     for s in two:
         assert two[s] == pytest.approx(ref[s], abs=2e-5), (s, two, ref)
