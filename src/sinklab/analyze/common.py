@@ -21,6 +21,7 @@ from sinklab.capture.adapter import adapt
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError, param
 from sinklab.metrics import sink_rate
+from sinklab.models import input_device
 from sinklab.metrics.summary import rankable_positions
 from sinklab.registry import Registry
 from sinklab.result import Result
@@ -135,7 +136,7 @@ def run_model(
         raise InputError(f"{type(model).__name__} has no language-modelling head: no loss readout")
     parts, hids, nlls = [], [], []
     emb = adapter.embeddings
-    device = emb.weight.device  # the inputs go where the model's embeddings are (with a device map: its first module)
+    device = input_device(model)  # where the embeddings run (with a device map: their hook's execution device)
     for s in range(0, input_ids.shape[0], batch_size):
         ids = input_ids[s : s + batch_size].to(device)
         handle = None

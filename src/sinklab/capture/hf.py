@@ -195,6 +195,19 @@ def _replace_first(out, new):
     return (new, *out[1:]) if isinstance(out, tuple) else new
 
 
+def _weights_loaded(module: nn.Module):
+    """A context in which ``module``'s own weights are usable: for a module that ``accelerate`` offloads (a
+    ``device_map`` placement that keeps them on the ``meta`` device between calls), they are loaded onto its
+    execution device for the context, as accelerate does for the module's own call (which runs after the forward
+    pre-hooks that read gates); any other module as it is."""
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None or not getattr(hook, "offload", False):
+        return contextlib.nullcontext()
+    from accelerate.utils import align_module_device
+
+    return align_module_device(module)
+
+
 class HFSeam:
     """The hook sites of a ``transformers`` model (installed by :func:`hf_hooks` while a
     :class:`~sinklab.capture.sites.HookSet` is attached): forward pre-hooks / hooks on every block
@@ -268,7 +281,7 @@ class HFSeam:
             if state.recorder is None and not state.at("attn.gate", i):
                 return None
             x = args[0] if args else kwargs["hidden_states"]
-            with torch.no_grad():
+            with torch.no_grad(), _weights_loaded(mod):
                 g = reader(mod, x)
             if g is None:  # this module has no gate (switched off in its config)
                 return None

@@ -5,7 +5,7 @@ model or a ``sinklab train`` run folder into a :class:`LoadedModel`; :func:`is_r
 """
 
 from sinklab.models.load import (NATIVE_MARKER, RUN_FILES, LoadedModel, ModelInfo, check_model_spec,
-                                 is_encoder_config, is_run_folder, load_model, max_context_of, run_final_folder)
+                                 input_device, is_encoder_config, is_run_folder, load_model, max_context_of, run_final_folder)
 
-__all__ = ["load_model", "LoadedModel", "ModelInfo", "check_model_spec", "is_encoder_config", "max_context_of",
+__all__ = ["load_model", "LoadedModel", "ModelInfo", "check_model_spec", "input_device", "is_encoder_config", "max_context_of",
            "is_run_folder", "run_final_folder", "NATIVE_MARKER", "RUN_FILES"]

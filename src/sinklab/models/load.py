@@ -115,6 +115,33 @@ def is_encoder_config(config) -> bool:
     return mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
+def input_device(model: "torch.nn.Module") -> "torch.device":
+    """Where a model's input ids go: the device its input embedding runs on.
+
+    That is the embedding weight's device, except under an ``accelerate`` device map (``device_map``) whose
+    offloaded modules keep their weights on the ``meta`` device between calls: there it is the device the
+    embedding's hook executes on (accelerate's ``execution_device``), where the weights are brought for the
+    call. A model without ``get_input_embeddings`` gives its first parameter's device.
+
+    Raises:
+        InputError: the model has no parameters."""
+    import torch
+
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None:
+        hook = getattr(emb, "_hf_hook", None)
+        run_on = getattr(hook, "execution_device", None)
+        if run_on is not None:
+            return torch.device(run_on if not isinstance(run_on, int) else f"cuda:{run_on}")
+        weight = getattr(emb, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            return weight.device
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        raise InputError(f"{type(model).__name__} has no parameters: no device to send its inputs to")
+    return first.device
+
+
 def max_context_of(config) -> int | None:
     """Longest sequence the model's positions allow, from its config (None when unbounded/unknown)."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config

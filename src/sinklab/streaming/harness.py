@@ -43,6 +43,7 @@ from torch import Tensor
 from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError, param
 from sinklab.fileio import atomic_write_text
+from sinklab.models import input_device
 from sinklab.progress import progress as show_progress
 from sinklab.streaming.cache import SinkCache, long_calls_expected
 
@@ -482,7 +483,7 @@ def _stream_nll_rows(model, ids: Tensor, spec: CacheSpec, *, max_context: int | 
     from sinklab.streaming.parallel import sink_window_mode
 
     n = ids.shape[1] if spec.kind != "full" or max_context is None else min(ids.shape[1], max_context)
-    x = ids[:, :n].to(model.device)
+    x = ids[:, :n].to(input_device(model))
     window = None if spec.kind == "full" else spec.window
     with sink_window_mode(model, spec.n_sink or 0, window, block=block):
         hidden = model.base_model(input_ids=x, position_ids=torch.arange(n, device=x.device)[None],
@@ -648,7 +649,7 @@ def _decode_stacked_rows(model, ids: Tensor, specs: Sequence[CacheSpec], *, prog
 
 
 def _device(model) -> torch.device:
-    return next(model.parameters()).device
+    return input_device(model)
 
 
 def _sync(device: torch.device) -> None:

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from sinklab.errors import InputError, param
+from sinklab.models import input_device
 from sinklab.streaming.tasks.scoring import first_number
 from sinklab.progress import progress as show_progress
 
@@ -146,7 +147,7 @@ def evaluate_passkey(model, tokenizer, samples: Sequence[PasskeySample], spec, *
     if spec.kind == "full" and max_context is not None and n + answer_tokens > max_context:
         raise InputError(f"the full cache needs {n + answer_tokens} positions, more than the model's context of "
                          f"{max_context}")
-    device = next(model.parameters()).device
+    device = input_device(model)
     eos = getattr(tokenizer, "eos_token_id", None)
     rows: list[dict] = []
     t_start = time.perf_counter()

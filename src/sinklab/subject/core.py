@@ -315,8 +315,11 @@ class Subject:
 
     @property
     def device(self) -> torch.device:
-        """Where the model's inputs go: the input embedding's device (with a device map: the first module's)."""
-        return self.adapter.embeddings.weight.device
+        """Where the model's inputs go: the device the input embedding runs on (:func:`sinklab.models.input_device`;
+        with a device map, its hook's execution device, also when its weights are offloaded)."""
+        from sinklab.models import input_device
+
+        return input_device(self.model)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -27,6 +27,7 @@ import torch
 
 from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError, param
+from sinklab.models import input_device
 from sinklab.progress import progress as show_progress
 from sinklab.streaming.cache import SinkCache, long_calls_expected
 from sinklab.streaming.tasks.items import TaskItem
@@ -144,7 +145,7 @@ def evaluate_items(model, tokenizer, items: Sequence[TaskItem], cache_factory=No
                                  f"{param('lengths', it.length)}, more than the model's context of {adapter.max_context}")
     config = _config_of(cache_factory)
     eos = getattr(tokenizer, "eos_token_id", None)
-    device = next(model.parameters()).device
+    device = input_device(model)
     needs_weights = bool(getattr(cache_factory, "needs_weights", False))
     rows = []
     with adapter.attention("eager" if needs_weights else None), long_calls_expected():  # chunks chosen here
