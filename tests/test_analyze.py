@@ -764,6 +764,34 @@ def test_intervene_plot_shows_where_the_sink_and_the_mass_went(monkeypatch):
     assert list(lines["remove-sink"].get_ydata()) == pytest.approx(cut[:16].tolist(), rel=1e-9)
 
 
+def test_intervene_plot_draws_no_bar_where_the_table_has_no_value(monkeypatch):
+    """On a model with learned positions the middle series is "Sink at position {swap_to}", which only the
+    baseline and the position edits have (NaN for the other variants): those got 0% bars, so noop, identical to the
+    baseline, looked as if it had lost its sink (outside audit, 2026-12-07). Now the bars are exactly the table's
+    values and every missing one is marked "n/a"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from helpers import tiny_gpt2
+
+    ids = torch.randint(0, 80, (3, 10), generator=torch.Generator().manual_seed(0))
+    res = intervene(Subject(tiny_gpt2(), ids, model_info={"name": "gpt2"}), eps=0.05, position=0,
+                    allow_non_sink=True, swap_to=4)
+    t = res.tables["interventions"]
+    assert t["sink_rate_swap_to"].isna().any() and t["sink_rate_swap_to"].notna().any()
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    res.plots["intervene"]("unused.png")
+    rate_ax = figures[0].axes[1]
+    series = {c.get_label(): c for c in rate_ax.containers}
+    middle = series["Sink at position 4"]
+    want = t["sink_rate_swap_to"].dropna().tolist()
+    assert [b.get_height() for b in middle] == pytest.approx(want)
+    assert sum(txt.get_text() == "n/a" for txt in rate_ax.texts) == int(t["sink_rate_swap_to"].isna().sum())
+
+
 @pytest.mark.parametrize("kind", ["massive", "keybias", "intervene", "overmix", "repeat", "attention", "frames", "depth"])
 def test_a_prefix_lm_run_is_refused_by_every_analysis(kind):
     """The analyses run a model plain causal and score every target; a prefix-LM run was trained with a

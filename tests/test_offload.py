@@ -14,7 +14,6 @@ from sinklab.analyze.common import run_model
 from sinklab.models import input_device
 from tiny_models import VOCAB, tiny_model
 
-pytest.importorskip("accelerate")
 
 
 def _offloaded(model, folder, tmp_path):

@@ -355,10 +355,15 @@ def _plot(path, *, table, mass_table, lm: bool, pos: int, swap_to: int, learned:
     width = 0.8 / len(bars)
     for b, (col, label) in enumerate(bars):
         xs = [i + (b - (len(bars) - 1) / 2) * width for i in x]
-        drawn = ax.bar(xs, table[col].fillna(0), width, label=label)
+        have = table[col].notna().tolist()  # a variant without this value (NaN) gets no bar, and "n/a" where it would be
+        drawn = ax.bar([u for u, h in zip(xs, have) if h], table[col][have], width, label=label)
+        for u, h in zip(xs, have):
+            if not h:
+                ax.text(u, 1, "n/a", rotation=90, ha="center", va="bottom", fontsize=6, color="gray")
         if col == "top_sink_rate_after":
-            ax.bar_label(drawn, labels=[f"p{int(t) + (v == 'drop-first')}" for t, v in
-                                        zip(table["top_sink_position_after"], table["intervention"])], fontsize=7)
+            ax.bar_label(drawn, labels=[f"p{int(t) + (v == 'drop-first')}" for t, v, h in
+                                        zip(table["top_sink_position_after"], table["intervention"], have) if h],
+                         fontsize=7)
     ax.set_xticks(x, table["intervention"], rotation=40, ha="right")
     ax.set_ylabel("sink rate (%)")
     ax.set_ylim(0, 110)

@@ -12,6 +12,15 @@ from sinklab.errors import InputError
 from sinklab.fileio import output_file, read_jsonl
 from sinklab.sweep.store import runs_dir
 
+#: line styles of the rows past tab20's 20 colours (row i: colour i mod 20, style i // 20)
+_STYLES = ("-", "--", ":", "-.")
+
+
+def row_style(i: int, plt) -> dict:
+    """Colour and line style of a study's 0-based row ``i`` in its figures: tab20's colour ``i mod 20``, and from the
+    21st row on another line style, so that no two rows of a study (up to 80) are drawn alike."""
+    return {"color": plt.cm.tab20(i % 20), "ls": _STYLES[(i // 20) % len(_STYLES)]}
+
 
 def seed_runs(point_folder: Path) -> list[Path]:
     """The seed run folders (``seed<k>``) of one point, by seed; a legacy single run folder
@@ -186,14 +195,15 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
         steps = sorted({r["step"] for r in mine})
         by = {s: [r for r in mine if r["step"] == s] for s in steps}
         n_seeds = len({r["seed"] for r in mine})
-        color = plt.cm.tab20(i % 20)
+        style = row_style(i, plt)
+        color = style["color"]
         sink = [[r["sink"] for r in by[s]] for s in steps]
         pos = int(p.get("position") or 1)
         name = p["label"] + (f" (Sink_{pos})" if pos != 1 else "") + f", {n_seeds} seeds"
-        axes[0].plot(steps, [sum(v) / len(v) for v in sink], "-", color=color, lw=1.3, label=name)
+        axes[0].plot(steps, [sum(v) / len(v) for v in sink], **style, lw=1.3, label=name)
         axes[0].fill_between(steps, [min(v) for v in sink], [max(v) for v in sink], color=color, alpha=0.12, lw=0)
-        axes[1].plot(steps, [sum(r["mass1"] for r in by[s]) / len(by[s]) for s in steps], "-", color=color, lw=1.3)
-        axes[2].plot(steps, [sum(r["val_loss"] for r in by[s]) / len(by[s]) for s in steps], "-", color=color, lw=1.3)
+        axes[1].plot(steps, [sum(r["mass1"] for r in by[s]) / len(by[s]) for s in steps], **style, lw=1.3)
+        axes[2].plot(steps, [sum(r["val_loss"] for r in by[s]) / len(by[s]) for s in steps], **style, lw=1.3)
     axes[0].axhline(level, ls="--", color="gray", lw=0.8)
     kind = "mask-aware " if visible else ""
     for ax, yl in zip(axes, [f"{kind}sink rate at the row's position (%)\nseed mean, band = min-max",
@@ -227,7 +237,7 @@ def study_stability(out: str | Path, study: dict) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     drawn = False
     for i, p in enumerate(study["points"]):
-        color = plt.cm.tab20(i % 20)
+        style = row_style(i, plt)
         curves = []
         for run in seed_runs(runs_dir(out) / p["slug"]):
             path = run / "metrics.jsonl"
@@ -245,11 +255,11 @@ def study_stability(out: str | Path, study: dict) -> Path | None:
             series = [{r["step"]: float(r[key]) for r in c if r.get(key) is not None} for c in curves]
             series = [c for c in series if c]
             for c in series:
-                axes[j].plot(list(c), list(c.values()), "-", color=color, lw=0.4, alpha=0.35)
+                axes[j].plot(list(c), list(c.values()), **style, lw=0.4, alpha=0.35)
             if series:
                 steps = sorted(set.intersection(*(set(c) for c in series)))
-                axes[j].plot(steps, [sum(c[s] for c in series) / len(series) for s in steps], "-", color=color,
-                             lw=1.4, label=name)
+                axes[j].plot(steps, [sum(c[s] for c in series) / len(series) for s in steps], **style, lw=1.4,
+                             label=name)
     if not drawn:
         plt.close(fig)
         return None

@@ -680,9 +680,10 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
 
 
 def plot_sweep(study: dict, rows: list[dict[str, Any]], path: Path, level: float) -> None:
-    """Sink_1 of every seed (small dots) and the seed mean ± std (marker with error bar) against the
-    swept value (numeric axis for a one-key grid, else categories); the mask-aware Sink_1 mean when it
-    differs; the paper's values as hollow squares; the emergence level as a dashed line."""
+    """Sink_1 (Sink_k for a row rating position k, marked in its tick label) of every seed (small dots) and the
+    seed mean ± std (marker with error bar) against the swept value (numeric axis for a one-key grid, else
+    categories); the mask-aware Sink_1 mean when it differs; the paper's values as hollow squares; the emergence
+    level as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -692,6 +693,7 @@ def plot_sweep(study: dict, rows: list[dict[str, Any]], path: Path, level: float
     numeric = len(study.get("sweep_keys") or []) == 1 and all(
         isinstance(p.get("x"), (int, float)) and not isinstance(p.get("x"), bool) for p in pts)
     xs = [p["x"] for p in pts] if numeric else list(range(len(pts)))
+    positions = [int(r.get("sink_position") or p.get("position") or 1) for p, r in zip(pts, rows)]  # 1-based k
     fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(pts) + 2), 3.8))
     have = [i for i, r in enumerate(rows) if r.get("sink1_mean") is not None]
     for i in have:
@@ -720,9 +722,13 @@ def plot_sweep(study: dict, rows: list[dict[str, Any]], path: Path, level: float
                 ax.set_xscale("symlog", linthresh=min(x for x in xs if x > 0))
             else:
                 ax.set_xscale("log")
+    else:  # a row that rates another position than token 1 says which (Sink_k, 1-based), as summary.md does
+        ax.set_xticks(xs, [p["label"] + (f" (Sink_{k})" if k != 1 else "") for p, k in zip(pts, positions)],
+                      rotation=30, ha="right", fontsize=8)
+    if set(positions) == {1}:
+        ax.set_ylabel("Sink_1 (%)")
     else:
-        ax.set_xticks(xs, [p["label"] for p in pts], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("Sink_1 (%)")
+        ax.set_ylabel("sink rate at the row's position (%)" + ("" if numeric else "\n(Sink_1 unless marked Sink_k)"))
     ax.set_ylim(-3, 103)
     ax.set_title(study.get("title") or study["name"])
     ax.legend(fontsize=7)
