@@ -226,3 +226,44 @@ def test_power_matches_a_simulated_t_test_and_respects_the_exact_minimum():
     assert power("equivalence", 20.0, 3.0, 6, sd_ref=3.0) < 0.01
     with pytest.raises(ValueError, match="kind"):
         power("paired", 1.0, 1.0, 5)
+
+
+def test_the_smallest_p_of_a_monte_carlo_test_is_its_floor():
+    """15 vs 20 seeds (C(35, 15) > EXACT_LIMIT: Monte Carlo) can give no p below 1 / (MC_DRAWS + 1); p_min had
+    stayed 1 / C(35, 15) (2.7e-10, printed "(>= 0)") for attention_operation's alpha 0.1 and positional_encoding's
+    nope rows (outside audit, 2026-12-07). Exact tests keep their enumeration minimum."""
+    from sinklab.sweep import verdict as vm
+
+    floor = 1.0 / (vm.MC_DRAWS + 1)
+    assert vm.p_method(15, 20) == "monte carlo" and min_p("higher", 15, 20) == pytest.approx(floor, rel=1e-12)
+    assert vm.p_method(19, 19) == "monte carlo" and min_p("lower", 19, 19) == pytest.approx(floor, rel=1e-12)
+    assert vm.p_method(25) == "monte carlo" and min_p("sink", 25) == pytest.approx(floor, rel=1e-12)
+    assert min_p("higher", 5, 5) == pytest.approx(2 / math.comb(10, 5))  # exact: 2 / 252
+    assert min_p("sink", 5) == pytest.approx(2 / 32)
+
+
+@pytest.mark.parametrize("expect", ["sink", "no_sink", "higher"])
+def test_a_nan_seed_value_makes_the_row_inconclusive(expect):
+    """A NaN among the seed values made every arrangement compare False: p 0.0 and "disagrees" (outside audit,
+    2026-12-07). The test cannot run on it: p is nan and the row is inconclusive."""
+    vals = [20.0, 30.0, math.nan, 25.0, 25.0, 25.0, 25.0]
+    ref = [1.0, 2.0, 3.0, 2.0, 1.0] if expect == "higher" else None
+    assert verdict(expect, vals, ref_values=ref) == "inconclusive"
+    p, supports, status = hypothesis_test(expect, vals, ref_values=ref)
+    assert math.isnan(p) and status == "inconclusive"
+    assert math.isnan(sign_flip_p(vals, 10.0)) and math.isnan(permutation_p([1.0, 2.0, 3.0], vals))
+
+
+def test_a_mask_aware_study_table_shows_the_interval_with_its_own_mean():
+    """The sliding-window study's table printed the paper-formula mean (0.0 ± 0.0) beside the mask-aware interval
+    [83.8, 99.2] (outside audit, 2026-12-07). The Sink_1 column's mean, per-seed values and interval are now the
+    verdicts' metric, marked ¹."""
+    from sinklab.sweep.summary import COLUMNS, markdown_table
+
+    row = {**{c: None for c in COLUMNS}, "label": "w 8", "status": "done", "n_seeds": 3, "metric": "sink1_visible",
+           "sink1_mean": 0.0, "sink1_std": 0.0, "sink1_seeds": "0;0;0", "sink1_visible_mean": 91.5,
+           "sink1_visible_std": 6.2, "sink1_visible_seeds": "85;92;97.5", "ci_lo": 83.8, "ci_hi": 99.2}
+    line = markdown_table([row]).splitlines()[2]
+    assert "| w 8 | 3 | 91.5 ± 6.2 [83.8, 99.2] ¹ | 85, 92, 98 |" in line
+    plain = {**row, "metric": "sink1"}
+    assert "| w 8 | 3 | 0.0 ± 0.0 [83.8, 99.2] | 0, 0, 0 |" in markdown_table([plain]).splitlines()[2]

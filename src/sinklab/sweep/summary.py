@@ -655,7 +655,10 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
             loss += " **degenerate**"
         pos = r.get("top_sink_position")
         pos_s = "–" if pos in (None, "") else (str(pos) if int(pos) == 1 else f"**{pos}**")
-        seeds = ", ".join(f"{v:.0f}" for v in seed_values(r, "sink1"))
+        # the Sink_1 column, its interval and per-seed values are the verdicts' metric: the mask-aware Sink_1 in a
+        # study whose verdicts use it (the interval ci_lo / ci_hi is that metric's), else the paper's formula
+        key = "sink1_visible" if r.get("metric") == "sink1_visible" else "sink1"
+        seeds = ", ".join(f"{v:.0f}" for v in seed_values(r, key))
         heads = ("–" if r.get("sink_heads_seeds") in (None, "") else
                  ", ".join(f"{v:g}" for v in seed_values(r, "sink_heads")) + f" (of {r['heads_total']})")
         metric_mark = " ¹" if r.get("metric") == "sink1_visible" else ""
@@ -668,14 +671,15 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
         mkey = "mass1_visible_mean" if r.get("metric") == "sink1_visible" else "mass1_mean"
         mass = _interval(r, mkey, "mass1_ci_lo", "mass1_ci_hi", nd=3)
         meff = _interval(r, "mass1_effect", "mass1_effect_lo", "mass1_effect_hi", nd=3, sign=True)
-        lines.append(f"| {r['label']}{status} | {r['n_seeds']} | {mean_std(r, 'sink1')}{ci} | {seeds} | {heads} | "
-                     f"{_f(r.get('sink1_raw_mean'))} | {mean_std(r, 'sink1_visible')}{metric_mark} | "
+        lines.append(f"| {r['label']}{status} | {r['n_seeds']} | {mean_std(r, key)}{ci}{metric_mark} | {seeds} | {heads} | "
+                     f"{_f(r.get('sink1_raw_mean'))} | {mean_std(r, 'sink1_visible')} | "
                      f"{mean_std(r, 'sink_virtual')} | {loss} | {pos_s} | {eff} | "
                      f"{paper_text(r)} | {exp} | {_p_text(r)} | {verdict_text(r)} | {mass} | {meff} | "
                      f"{_p_text(r, 'mass1_')} | {verdict_text(r, 'mass1_')} |")
     if any(r.get("metric") == "sink1_visible" for r in rows):
-        lines.append("\n¹ the verdicts of this study use the mask-aware Sink_1 (the paper's formula divides by queries "
-                     "that cannot see token 1 under this mask), and the mass verdicts the mask-aware mass.")
+        lines.append("\n¹ the Sink_1 column (mean, interval, per-seed values) and the verdicts of this study use the "
+                     "mask-aware Sink_1 (the paper's formula divides by queries that cannot see token 1 under this mask; "
+                     "its values are summary.csv's sink1_mean / sink1_seeds), and the mass verdicts the mask-aware mass.")
     return "\n".join(lines)
 
 

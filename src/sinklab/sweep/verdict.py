@@ -123,7 +123,7 @@ def sign_flip_p(values: list[float], mu0: float = 0.0, sided: str = "two") -> fl
     patterns is equally likely; p is the share of patterns whose statistic ``sum(+-(x_i - mu0))``
     is at least as extreme as the observed one (``sided``: "two" ``|T| >= |t|``, "greater"
     ``T >= t``, "less" ``T <= t``). ``n > 20`` uses :data:`MC_DRAWS` random patterns,
-    ``(b + 1) / (M + 1)``. nan with fewer than two values.
+    ``(b + 1) / (M + 1)``. nan with fewer than two values or a non-finite one.
 
     Raises:
         ValueError: unknown ``sided``.
@@ -131,7 +131,7 @@ def sign_flip_p(values: list[float], mu0: float = 0.0, sided: str = "two") -> fl
     _check_sided(sided)
     dev = np.asarray(values, dtype=np.float64) - mu0
     n = len(dev)
-    if n < 2:
+    if n < 2 or not np.isfinite(dev).all():
         return math.nan
     t = float(dev.sum())
     tol = _tol(dev)
@@ -158,7 +158,7 @@ def permutation_p(values: list[float], ref: list[float], delta: float = 0.0, sid
     share of the ``C(n + n_ref, n)`` splits whose statistic ``mean(group) - mean(rest)`` is at
     least as extreme as the observed (``sided`` as in :func:`sign_flip_p`; "greater": H1
     ``d > delta``). More than :data:`EXACT_LIMIT` splits: :data:`MC_DRAWS` random ones,
-    ``(b + 1) / (M + 1)``. nan with fewer than two values in either group.
+    ``(b + 1) / (M + 1)``. nan with fewer than two values in either group, or a non-finite one.
 
     Raises:
         ValueError: unknown ``sided``.
@@ -167,7 +167,7 @@ def permutation_p(values: list[float], ref: list[float], delta: float = 0.0, sid
     x = np.asarray(values, dtype=np.float64) - delta
     y = np.asarray(ref, dtype=np.float64)
     n, k = len(x), len(y)
-    if n < 2 or k < 2:
+    if n < 2 or k < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
         return math.nan
     pooled = np.concatenate([x, y])
     total = pooled.sum()
@@ -198,14 +198,20 @@ def min_p(expect: str, n: int, n_ref: int = 0) -> float:
     row): ``2 / 2^n`` for the one-sample claims (the observed pattern and its mirror), for higher /
     lower ``2 / C(n + n_ref, n)`` with equal group sizes (the mirror split has the same |statistic|)
     and ``1 / C(n + n_ref, n)`` otherwise, ``1 / C(n + n_ref, n)`` for similar (the larger of two
-    one-sided p-values); nan when the test cannot run (fewer than two seeds, no expectation)."""
+    one-sided p-values); where the test draws :data:`MC_DRAWS` random arrangements instead
+    (:func:`p_method` "monte carlo"), at least ``1 / (MC_DRAWS + 1)``, the smallest ``(b + 1) / (M + 1)``;
+    nan when the test cannot run (fewer than two seeds, no expectation)."""
+    floor = 1.0 / (MC_DRAWS + 1)  # a Monte Carlo p is (b + 1) / (M + 1): never below this
     if expect in ("reference", "sink", "no_sink"):
-        return 2.0 / 2**n if n >= 2 else math.nan
+        if n < 2:
+            return math.nan
+        exact = 2.0 / 2**n
+        return exact if p_method(n) == "exact" else max(exact, floor)
     if expect in ("higher", "lower", "similar"):
         if n < 2 or n_ref < 2:
             return math.nan
-        c = math.comb(n + n_ref, n)
-        return (2.0 if expect != "similar" and n == n_ref else 1.0) / c
+        exact = (2.0 if expect != "similar" and n == n_ref else 1.0) / math.comb(n + n_ref, n)
+        return exact if p_method(n, n_ref) == "exact" else max(exact, floor)
     return math.nan
 
 
@@ -276,6 +282,8 @@ def hypothesis_test(expect: str, values: list[float] | None, *, ref_values: list
         return math.nan, None, INCONCLUSIVE
     if degenerate:
         return math.nan, None, DEGENERATE
+    if not all(math.isfinite(v) for v in [*values, *(ref_values or [])]):
+        return math.nan, None, INCONCLUSIVE  # a NaN seed value: every comparison with it is False (p would read 0)
     m = sum(values) / len(values)
     if expect in ("reference", "sink", "no_sink"):
         above = m > level
