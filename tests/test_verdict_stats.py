@@ -267,3 +267,18 @@ def test_a_mask_aware_study_table_shows_the_interval_with_its_own_mean():
     assert "| w 8 | 3 | 91.5 ± 6.2 [83.8, 99.2] ¹ | 85, 92, 98 |" in line
     plain = {**row, "metric": "sink1"}
     assert "| w 8 | 3 | 0.0 ± 0.0 [83.8, 99.2] | 0, 0, 0 |" in markdown_table([plain]).splitlines()[2]
+
+
+def test_a_tie_of_top_sink_positions_goes_to_the_seeds_with_the_sink():
+    """first_token's "random first token": two seeds had their top sink at 2 (rates under 1%) and two at 1 (6.2% and
+    8.4%, the only real sinks); the row printed 2 because a seed at 2 came first (outside audit, 2026-12-07)."""
+    from sinklab.sweep.summary import modal_top_position
+
+    cis = [{"top_sink_position": 2, "top_sink_rate": 0.5}, {"top_sink_position": 1, "top_sink_rate": 6.2},
+           {"top_sink_position": 2, "top_sink_rate": 0.3}, {"top_sink_position": 1, "top_sink_rate": 8.4}]
+    assert modal_top_position(cis) == 1
+    assert modal_top_position([*cis, {"top_sink_position": 2, "top_sink_rate": 0.1}]) == 2  # the majority stays
+    assert modal_top_position([{"top_sink_position": None, "top_sink_rate": None}] * 3
+                              + [{"top_sink_position": 4, "top_sink_rate": 2.0}]) is None
+    assert modal_top_position([{"top_sink_position": 3, "top_sink_rate": 1.0},
+                               {"top_sink_position": 5, "top_sink_rate": 1.0}]) == 3  # equal weights: the lower

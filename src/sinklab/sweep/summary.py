@@ -300,10 +300,22 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
     if cis:
         row["renormalised"] = any(c["renormalised"] for c in cis)
         row["sink1_raw_mean"] = round(sum(c["sink_rate_raw"][position - 1] for c in cis) / len(cis), 4)
-        pos = [c["top_sink_position"] for c in cis]
-        row["top_sink_position"] = Counter(pos).most_common(1)[0][0]
+        row["top_sink_position"] = modal_top_position(cis)
         row["max_norm_ratio_mean"] = round(sum(c["max_norm_ratio"] for c in cis) / len(cis), 4)
     return row
+
+
+def modal_top_position(cis: list[dict[str, Any]]) -> int | None:
+    """The row's top sink position (1-based; None: no sink): the position most seeds have as their top one
+    (:func:`final_ci`'s ``top_sink_position``); a tie goes to the tied position whose seeds' top sink rates sum
+    highest (then the lower position), not to whichever seed comes first."""
+    counts = Counter(c["top_sink_position"] for c in cis)
+    most = max(counts.values())
+    tied = [p for p, n in counts.items() if n == most]
+
+    def weight(p):
+        return sum(c.get("top_sink_rate") or 0.0 for c in cis if c["top_sink_position"] == p)
+    return max(tied, key=lambda p: (weight(p), -(p or 0)))
 
 
 def seed_values(row: dict[str, Any], key: str) -> list[float]:
