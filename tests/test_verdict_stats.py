@@ -282,3 +282,30 @@ def test_a_tie_of_top_sink_positions_goes_to_the_seeds_with_the_sink():
                               + [{"top_sink_position": 4, "top_sink_rate": 2.0}]) is None
     assert modal_top_position([{"top_sink_position": 3, "top_sink_rate": 1.0},
                                {"top_sink_position": 5, "top_sink_rate": 1.0}]) == 3  # equal weights: the lower
+
+
+def test_a_mask_aware_study_takes_its_top_position_and_sink_heads_from_the_mask_aware_rates(tmp_path):
+    """sliding_window's w 8 row printed top sink position **57** and sink heads 0, 0, 0, 0, 0 beside a mask-aware
+    Sink_1 of 91.5%: both came from the plain rates, which a window caps at w/T (outside audit, 2026-12-07). In a
+    mask-aware study they now come from each seed's final mask-aware rates (hand-made runs: 2 seeds, 2 x 2 heads)."""
+    import json
+
+    from sinklab.sweep.summary import point_row
+
+    def run(folder, seed, plain, visible):
+        folder.mkdir(parents=True)
+        final = {"step": 10, "val_loss": 3.0, "sink_rate": plain, "sink_rate_visible": visible,
+                 "attention_mass_first": 0.1, "attention_mass_first_visible": 0.5}
+        (folder / "summary.json").write_text(json.dumps({"steps": 10, "seed": seed, "final": final}))
+        (folder / "metrics.jsonl").write_text(json.dumps(final) + "\n")
+        (folder / "config.toml").write_text('[model]\nn_layers = 2\nn_heads = 2\n')
+
+    point = {"label": "8", "slug": "8"}
+    run(tmp_path / "8" / "seed0", 0, [0.0, 0.0, 0.0, 2.0], [75.0, 0.0, 0.0, 0.0])
+    run(tmp_path / "8" / "seed1", 1, [0.0, 0.0, 0.0, 1.0], [100.0, 25.0, 0.0, 0.0])
+    vis = point_row(tmp_path / "8", point, "visible")
+    assert vis["top_sink_position"] == 1
+    assert vis["sink_heads_seeds"] == "3;4"  # 75% and 100% of 2 x 2 heads
+    assert vis["sink1_mean"] == 0.0 and vis["sink1_visible_mean"] == 87.5
+    plain = point_row(tmp_path / "8", point, "paper")
+    assert plain["sink_heads_seeds"] == "0;0"

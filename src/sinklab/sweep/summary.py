@@ -158,6 +158,9 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
         "mass1_visible": mvis if mvis is not None else mean("attention_mass_first"),
         "sink_virtual": mean("sink_rate_virtual"),
         "sink1_final": fin["sink_rate"][k],
+        # the final mask-aware rates (tracked positions 1..K): a mask-aware study's sink heads and top position
+        "sink1_visible_final": (fin.get("sink_rate_visible") or fin["sink_rate"])[k],
+        "top_visible": _top(fin.get("sink_rate_visible") or fin["sink_rate"]),
         "sink1_move": max(sink) - min(sink),
         "val_loss": fin.get("val_loss"),
         "unigram_loss": s.get("unigram_loss"),
@@ -220,6 +223,13 @@ def _join(vals: list[Any]) -> str:
     return ";".join("" if v is None else (_exact(v) if isinstance(v, float) else str(v)) for v in vals)
 
 
+def _top(rates: list[float]) -> dict[str, Any]:
+    """The top sink position (1-based) of one rate list over the tracked positions and its rate; None without a sink."""
+    best = max(range(len(rates)), key=lambda j: (rates[j], -j))
+    has = rates[best] > 0
+    return {"top_sink_position": best + 1 if has else None, "top_sink_rate": rates[best] if has else None}
+
+
 def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") -> dict[str, Any]:
     """One summary row for a study point (``point``: a dict from study.json), over its seed runs."""
     row: dict[str, Any] = {c: None for c in COLUMNS}
@@ -278,7 +288,8 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
         # Sink_1 is a share of (sample, layer, head) triples: times L * H it is the number of sink
         # heads (an average over the probe's samples: whole numbers when a head is a sink on all or none)
         row["heads_total"] = heads.pop()
-        row["sink_heads_seeds"] = _join([round(m["sink1_final"] * row["heads_total"] / 100.0, 2) for m in per])
+        final_key = "sink1_visible_final" if row["metric"] == "sink1_visible" else "sink1_final"
+        row["sink_heads_seeds"] = _join([round(m[final_key] * row["heads_total"] / 100.0, 2) for m in per])
     row["sink1_move"] = round(max(m["sink1_move"] for m in per), 4)
     uni = [m["unigram_loss"] for m in per if m["unigram_loss"] is not None]
     row["unigram_loss"] = round(sum(uni) / len(uni), 6) if uni else None
@@ -302,6 +313,8 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
         row["sink1_raw_mean"] = round(sum(c["sink_rate_raw"][position - 1] for c in cis) / len(cis), 4)
         row["top_sink_position"] = modal_top_position(cis)
         row["max_norm_ratio_mean"] = round(sum(c["max_norm_ratio"] for c in cis) / len(cis), 4)
+    if row["metric"] == "sink1_visible":  # under a window the plain arg-max lands anywhere (its rates are capped at w/T)
+        row["top_sink_position"] = modal_top_position([m["top_visible"] for m in per])
     return row
 
 
