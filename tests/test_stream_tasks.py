@@ -107,6 +107,23 @@ def test_cli_needle_writes_the_files_and_resumes(char_model, tmp_path, capsys):
     assert [c["wall_s"] for c in again["configs"]] == [c["wall_s"] for c in data["configs"]]
 
 
+def test_needle_resume_reruns_under_another_n_sink(char_model, tmp_path, capsys):
+    """The long-context tasks' resume key left out the policies' n_sink and kv group (their configuration names do
+    too) and a model in memory's weights: a rerun with --n-sink 4 into the same folder returned the --n-sink 2 rows
+    under the new command (outside audit of the pass key task, 2026-12-07; the same key here). Now it recomputes."""
+    d, corpus = char_model
+    out = tmp_path / "needle"
+    argv = ["stream", "needle", "--model", str(d), "--corpus", str(corpus), "--lengths", "180", "--depths", "0.0",
+            "--items", "1", "--max-new-tokens", "2", "--no-full", "--policy", "sinks", "--budget", "48",
+            "--out", str(out)]
+    assert run_cli_captured([*argv, "--n-sink", "2"], capsys)[0] == 0
+    first = json.loads((out / "tasks.json").read_text())
+    assert run_cli_captured([*argv, "--n-sink", "4"], capsys)[0] == 0
+    second = json.loads((out / "tasks.json").read_text())
+    assert [c["wall_s"] for c in second["configs"]] != [c["wall_s"] for c in first["configs"]]  # computed again
+    assert second["n_sink_policies"] == 4 and "--n-sink" not in second["command"]  # 4 is the default
+
+
 def test_cli_ruler_runs_its_subtasks(char_model, tmp_path, capsys):
     d, corpus = char_model
     out = tmp_path / "ruler"

@@ -169,3 +169,31 @@ def test_an_answer_ends_at_eos_as_in_the_long_context_tasks():
     item = TaskItem("passkey", 0, 100, 0.5, ids[:-q], ids[-q:], [s.key], 0, s.at)
     df = evaluate_items(m, tok, [item], None, 8, progress=False)
     assert df["output"].tolist() == [""] and df["score"].tolist() == [0.0]
+
+
+def test_resume_reuses_only_the_same_model_and_sink_settings(text_corpus_dir):
+    """The pass key resume key held the model's name only (a class name for a model in memory) and not the policies'
+    n_sink or kv group, which their configuration names leave out: another model's answers, or those under another
+    n_sink, were returned as this run's (outside audit, 2026-12-07). Each now reruns; the same settings still reuse."""
+    from helpers import tiny_llama
+    from sinklab.streaming.run import stream
+
+    tok = char_tokenizer()
+    a, b = tiny_llama(vocab_size=len(tok)), tiny_llama(vocab_size=len(tok))  # the same class, other weights:
+    with torch.no_grad():
+        for p in b.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    kw = dict(task="passkey", tokenizer=tok, progress=False, tokens=110, policies=["sinks"], budgets=[32], keys=2,
+              depths=[0.0, 1.0], batch=4, chunk=8)
+
+    def walls(r):
+        return [c["wall_s"] for c in r["configs"]]
+
+    ra = stream(a, str(text_corpus_dir), n_sink=2, **kw)
+    again = stream(a, str(text_corpus_dir), n_sink=2, resume=dict(ra), **kw)
+    assert walls(again) == walls(ra)  # same model, same settings: reused
+    other_model = stream(b, str(text_corpus_dir), n_sink=2, resume=dict(ra), **kw)
+    assert not set(walls(other_model)) & set(walls(ra)) and other_model["weights_sha"] != ra["weights_sha"]
+    other_sinks = stream(a, str(text_corpus_dir), n_sink=4, resume=dict(ra), **kw)
+    assert not set(walls(other_sinks)) & set(walls(ra))
+    assert [c["n_sink"] for c in other_sinks["configs"] if c["name"] != "full"] == [4]

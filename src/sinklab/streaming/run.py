@@ -368,6 +368,9 @@ def _passkey(subject, o: PasskeyOptions, *, model, resume: dict | None, on_resul
     key = {"task": "passkey", "model": subject.info["name"], "corpus": corp.name, "tokens": o.tokens, "keys": o.keys,
            "depths": [float(d) for d in o.depths], "seed": o.seed, "chunk_tokens": o.chunk, "samples_sha": sha,
            "dtype": subject.info.get("dtype")}
+    if o.policies:  # a policy configuration's name leaves out its sinks and its kv group: the key holds them
+        key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
+    key.update(_model_identity(subject))  # a model in memory: its weights (its class name says nothing of them)
     done = {}
     if resume and all(resume.get(k) == v for k, v in key.items()):
         done = {c["name"]: passkey_result(c) for c in resume.get("configs", [])}
