@@ -63,3 +63,30 @@ def test_every_row_of_a_study_is_drawn_in_its_own_style(figure, monkeypatch, tmp
     assert len(lines) == n
     styles = {(matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle()) for ln in lines}
     assert len(styles) == n
+
+
+def test_dynamics_of_a_window_run_draws_its_mask_aware_rate(monkeypatch, tmp_path):
+    """`sinklab dynamics` drew the plain Sink_1 of every run: a sliding-window run showed 0% where its tracker held a
+    mask-aware 100% (outside audit, 2026-12-07; the study figures draw the mask-aware one). A run whose mask hides keys
+    is now drawn with its mask-aware rate and mass, marked in the legend; a plain run as before."""
+    import json
+
+    def run(name, plain, visible, mass, mass_vis):
+        d = tmp_path / name
+        d.mkdir()
+        lines = [{"step": s, "sink_rate": [p], "sink_rate_visible": [v], "attention_mass_first": m,
+                  "attention_mass_first_visible": mv, "val_loss": 3.0}
+                 for s, p, v, m, mv in zip((10, 20), plain, visible, mass, mass_vis)]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+        return d
+
+    runs = {"full": run("full", [20.0, 30.0], [20.0, 30.0], [0.2, 0.3], [0.2, 0.3]),
+            "w 4": run("w4", [0.0, 0.0], [90.0, 100.0], [0.1, 0.13], [0.4, 0.52])}
+    figs = _figures(monkeypatch)
+    dynamics.plot_dynamics(runs, tmp_path / "d.png")
+    rate_ax, mass_ax = figs[0].axes[:2]
+    got = {ln.get_label(): list(ln.get_ydata()) for ln in rate_ax.get_lines() if not ln.get_label().startswith("_")}
+    assert got == {"full": [20.0, 30.0], "w 4 (mask-aware)": [90.0, 100.0]}
+    masses = {ln.get_label(): list(ln.get_ydata()) for ln in mass_ax.get_lines()}
+    assert masses["w 4 (mask-aware)"] == [0.4, 0.52] and masses["full"] == [0.2, 0.3]
+    assert "mask-aware" in rate_ax.get_ylabel()
