@@ -48,6 +48,8 @@ PAIRED = "paired"  # plain and blockwise timed in one process, in the order plai
 
 
 def _rss_mb(field: str) -> float:
+    """``field`` of /proc/self/status (kB there, i.e. KiB) in MiB (2^20 bytes): every ``peak_mb`` of the result files
+    is MiB (the field name predates the unit's label)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -185,12 +187,12 @@ def main() -> None:
                 print(f"T={T:5d} {mode:18s} blockwise / plain = {row['ratio_wall']:.2f} wall, {row['ratio_cpu']:.2f} CPU "
                       f"(runs as (wall, CPU) s: {row['runs']})", flush=True)
                 continue
-            print(f"T={T:5d} {mode:18s} {row['seconds']:8.2f} s  CPU {row['cpu_seconds']:8.2f} s  peak +{row['peak_mb']:8.1f} MB",
+            print(f"T={T:5d} {mode:18s} {row['seconds']:8.2f} s  CPU {row['cpu_seconds']:8.2f} s  peak +{row['peak_mb']:8.1f} MiB",
                   flush=True)
     print(f"load average at end: {os.getloadavg()}\n")
 
     plain = {r["T"]: r for r in rows if r["mode"] == "plain" and "seconds" in r}
-    header = "| T | mode | time (s) | CPU time (s) | peak RSS delta (MB) | time / plain | CPU time / plain | memory / plain |"
+    header = "| T | mode | time (s) | CPU time (s) | peak RSS delta (MiB) | time / plain | CPU time / plain | memory / plain |"
     print(header)
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
