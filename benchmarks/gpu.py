@@ -74,9 +74,11 @@ LLAMA32_1B_SHAPE = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8
                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
                         rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}, tie_word_embeddings=True,
                         max_position_embeddings=131072, bos_token_id=1, eos_token_id=2)
-#: dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name()
-BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
-                    "L40S": 362.0, "L4": 121.0, "A10G": 125.0, "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0}
+#: dense bf16 peak (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name(), the first match in this
+#: order (so "H100 NVL" and "H100 PCIe" before "H100"); no V100 (no bf16 tensor cores: its 125 is fp16's), so MFU
+#: there needs --peak-tflops
+BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.0,
+                    "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 125.0, "A10": 125.0, "RTX 4090": 165.0}
 
 
 def smoke() -> bool:
