@@ -3,9 +3,8 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_record_worker.py PLAN
 
 PLAN is a JSON file: a list of runs, each ``{"config": CONFIG, "out": OUT, "records": RECORDS, "sgd": bool,
-"ragged": bool}``, trained one after the other in the same processes (each run starts and ends its own
-process group, as ``sinklab train`` does; one launch serves several runs, since every launch costs two
-Python + torch starts). Each run trains the run config file CONFIG into OUT (as ``sinklab train CONFIG --out
+"ragged": bool}``, trained one after the other in the same processes and one process group, which the
+worker starts (one launch serves several runs, since every launch costs two Python + torch starts). Each run trains the run config file CONFIG into OUT (as ``sinklab train CONFIG --out
 OUT`` does) with each public ``torch.distributed`` collective wrapped so that every call is recorded: the op,
 the module that called it, the device, dtype and size of its tensor and where in the loop it was made
 (``step``: 1-based optimizer step, ``phase``: "step" between the start of the step and the end of
@@ -111,6 +110,9 @@ def main() -> None:
         fault(d, step)
     distributed.maybe_fault = step_start
     build, samples = loop.build_optimizer, PackedData.samples
+    # one process group for every run (each ``loop.train`` joins it and leaves it standing, as it does under any
+    # group its caller started): a group destroyed and started again in the same processes could hang in gloo
+    dist.init_process_group("gloo")
     for run in plan:
         RECORDS.clear()
         WHERE.update(step=0, phase="between")
@@ -120,6 +122,7 @@ def main() -> None:
         records = Path(run["records"])
         records.mkdir(parents=True, exist_ok=True)
         (records / f"rank{os.environ['RANK']}.json").write_text(json.dumps(RECORDS))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
