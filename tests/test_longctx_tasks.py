@@ -285,3 +285,17 @@ def test_runner_refuses_and_writes(tmp_path):
     assert acc["depth"].isna().sum() == 2  # common_words: no depth
     assert len(pd.read_csv(tmp_path / "items.csv")) == 6 and (tmp_path / "heatmap.png").stat().st_size > 1000
     assert json.loads((tmp_path / "tasks.json").read_text())["seed"] == 0
+
+
+def test_variable_tracking_past_the_last_sentence_end_puts_the_chain_after_its_first_statement():
+    """With snap 0 near depth 1 the first assignment can land after the last noise-sentence end: choosing the later
+    statements' places among none raised IndexError (outside audit, 2026-12-07). They now follow it, in order."""
+    tok = char_tokenizer()
+    items = ruler_items(tok, DOCS, tasks=["variable_tracking"], lengths=[520], depths=[0.99, 1.0], n=2, seed=0,
+                        snap=0)
+    noise = len(VT_NOISE)
+    assert any(it.meta["body_position"] > it.meta["body_tokens"] // noise * noise for it in items)  # the case
+    for it in items:
+        text = tok.decode(it.ids[1:])  # after <s>: character i is token i + 1
+        places = [1 + text.index(s + "\n") for s in it.meta["chain"]]
+        assert places == sorted(places) and places == it.meta["statement_starts"]

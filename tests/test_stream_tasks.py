@@ -134,6 +134,26 @@ def test_cli_ruler_runs_its_subtasks(char_model, tmp_path, capsys):
     assert code == 0, err
     rows = pd.read_csv(out / "items.csv")
     assert list(rows["task"]) == ["niah_single", "niah_multikey"] and set(rows["config"]) == {"window@64"}
+    (cfg,) = json.loads((out / "tasks.json").read_text())["configs"]
+    assert cfg["task_scores"] == {t: pytest.approx(float(rows[rows.task == t]["score"].mean()))
+                                  for t in ("niah_multikey", "niah_single")}
+    assert cfg["ruler_score"] == pytest.approx(sum(cfg["task_scores"].values()) / 2)
+
+
+def test_ruler_style_score_is_the_mean_over_tasks_of_partial_credit():
+    """RULER scores an item by the share of its answers found and averages per task, then over tasks; sinklab's
+    accuracy is all-or-nothing over pooled items (outside audit, 2026-12-07: the two differ, e.g. 0.323 against
+    0.407 for the full cache of the committed ruler study). Hand-worked: a 4-value item with 3 found scores 0.75
+    (incorrect), a task with 3 items weighs as much as one with 1."""
+    from sinklab.streaming.tasks.scoring import accuracy_table, task_scores
+
+    rows = pd.DataFrame({"config": ["full"] * 4, "task": ["niah_multivalue", "niah_single", "niah_single",
+                                                          "niah_single"],
+                         "score": [0.75, 1.0, 0.0, 1.0], "correct": [False, True, False, True]})
+    got = task_scores(rows)["full"]
+    assert got["tasks"] == {"niah_multivalue": 0.75, "niah_single": pytest.approx(2 / 3)}
+    assert got["score"] == pytest.approx((0.75 + 2 / 3) / 2)
+    assert accuracy_table(rows, by=("config",))["accuracy"].item() == 0.5  # 2 of 4 items fully right
 
 
 def test_ruler_default_subtasks_are_the_suites():

@@ -64,8 +64,9 @@ class TaskResult(DictResult):
     def headline(self) -> list[tuple[str, str]]:
         rows = [(k, str(self[k])) for k in ("model", "corpus", "tasks", "lengths", "depths", "items") if k in self]
         for c in (self.get("configs") or [])[:8]:
+            score = "" if c.get("ruler_score") is None else f"; RULER-style score {c['ruler_score']:.3f}"
             rows.append((c["name"], f"accuracy {c['accuracy']:.3f} ({c['correct']}/{c['n']}, Wilson 95% "
-                                    f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}])"))
+                                    f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]){score}"))
         return rows
 
     def guide(self) -> list[tuple[str, str]]:
@@ -110,6 +111,7 @@ def _run(subject, o: LongContextOptions, *, model, resume: dict | None, on_resul
     from sinklab.result import versions
     from sinklab.streaming.run import _check_subject, _load, _model_identity
     from sinklab.streaming.tasks import accuracy_table, evaluate_items, make_items
+    from sinklab.streaming.tasks.scoring import task_scores
     from sinklab.zoo.corpora import load_corpus
 
     specs = long_context_specs(o)
@@ -154,8 +156,11 @@ def _run(subject, o: LongContextOptions, *, model, resume: dict | None, on_resul
         names = [s.name for s in specs if s.name in frames]
         rows = pd.concat([frames[n] for n in names], ignore_index=True) if names else pd.DataFrame()
         table = accuracy_table(rows, by=("config",)) if names else pd.DataFrame()
+        ruler = task_scores(rows) if names else {}
         configs = [{"name": r["config"], "n": int(r["n"]), "correct": int(r["correct"]), "accuracy": float(r["accuracy"]),
-                    "ci_low": float(r["ci_low"]), "ci_high": float(r["ci_high"]), "wall_s": walls[r["config"]]}
+                    "ci_low": float(r["ci_low"]), "ci_high": float(r["ci_high"]),
+                    "ruler_score": ruler[r["config"]]["score"], "task_scores": ruler[r["config"]]["tasks"],
+                    "wall_s": walls[r["config"]]}
                    for _, r in table.iterrows()]
         configs.sort(key=lambda c: names.index(c["name"]))
         records = [{k: (None if _isna(v) else v) for k, v in r.items()} for r in rows.to_dict("records")]
@@ -184,10 +189,13 @@ def _isna(v) -> bool:
 
 
 def _summary(res: TaskResult, out) -> list[str]:
-    lines = [res["title"], f"{'config':<28} {'accuracy':>8} {'correct':>9}  Wilson 95%"]
+    lines = [res["title"], f"{'config':<28} {'accuracy':>8} {'correct':>9}  Wilson 95%          RULER-style score"]
     for c in res["configs"]:
+        score = "" if c.get("ruler_score") is None else f"  {c['ruler_score']:.3f}"
         lines.append(f"{c['name']:<28} {c['accuracy']:>8.3f} {c['correct']:>4}/{c['n']:<4}  "
-                     f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]")
+                     f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]{score}")
+    lines.append("accuracy: items with every answer found (all items pooled); RULER-style score: each task's mean "
+                 "share of answers found, averaged over the tasks")
     lines.append(f"wrote {out}/tasks.json, items.csv, accuracy.csv (per config, task, length, depth), heatmap.png")
     return lines
 

@@ -1,8 +1,9 @@
 """Pass-key retrieval through a cache: ``sinklab stream passkey``.
 
 A random 5-digit pass key is inserted at a chosen depth of a long stream of real text (one needle, NEEDLE, that states it twice) and asked
-for at the end (the pass-key task of Mohtashami & Jaggi 2023, used as a stream by StreamingLLM's
-StreamEval, Xiao et al. 2024, sec. 4.3 / Fig. 9: the answer must survive the cache's evictions).
+for at the end (the pass-key task of Mohtashami & Jaggi 2023, here fed as a stream through the cache under
+test, in the spirit of StreamingLLM's streaming evaluation, Xiao et al. 2024: the answer must survive the cache's
+evictions; how it departs from the original task: docs/streaming.md, "Departures").
 Each sample is ``filler[:at] + NEEDLE + filler[at:] + QUESTION``, all samples of a run the same
 length N; the stream is fed through the cache under test (token by token by default, cache
 positions for a :class:`~sinklab.streaming.SinkCache`, absolute ones for the full cache), then

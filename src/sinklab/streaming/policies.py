@@ -468,7 +468,11 @@ def pyramid_budgets(budget: int, n_layers: int, window: int, beta: int = 20) -> 
     layer keeps), the top layer selects ``m = (budget - window) // beta`` and the bottom one
     ``2 (budget - window) - m``, the layers between on the straight line, so the total over the layers
     is ``n_layers * budget`` exactly (the line's values rounded down, the slots left given to the layers
-    with the largest remainders; PyramidKV's integer steps can lose a few).
+    with the largest remainders). A deliberate variant of PyramidKV's code, which steps by
+    ``(max - min) // (n_layers - 1)`` rounded down (upper layers get more and the total exceeds
+    ``n_layers * budget``: +150 slots at 30 layers, budget 128, window 32), gives every layer SnapKV's
+    uniform budget for prompts shorter than ``2 (budget - window)`` and clips the bottom layer's budget to the
+    prompt: sinklab keeps the total and has neither short-prompt rule (docs/streaming.md, "Departures").
 
     Returns:
         the budgets of layers 0 .. n_layers - 1 (0-based, bottom first), each >= ``window``.

@@ -6,7 +6,8 @@ starts with the tokenizer's own leading special tokens (a BOS where it adds one)
 with the start of the answer (``... The hidden number for X is``), so that the model's greedy
 continuation is the answer. Depth d in [0, 1] places a needle at token ``round(d F)`` of a body of F
 filler tokens (0: at the start of the body, 1: right before the question), moved to the nearest
-sentence end within ``snap`` tokens so that no word is cut.
+sentence end within ``snap`` tokens so that no word is cut; where no sentence end lies that close, it goes in
+at that token and may cut a word (Kamradt's needle test walks back to the previous period however far).
 """
 
 from __future__ import annotations

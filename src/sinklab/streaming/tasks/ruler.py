@@ -124,7 +124,10 @@ def build_variable_tracking(src: TaskSource, length: int, depth: float, index: i
     # the first assignment at the depth's token, moved to a noise-sentence end within ``snap`` tokens as every
     # needle is (snap 0: exactly at the token; it then cuts a noise sentence)
     first = depth_position(depth, body_n, bounds, src.snap)
-    later = sorted(rng.choice([b for b in bounds if b >= first]) for _ in range(hops))
+    # the later statements at noise-sentence ends after it; where none is left (a first assignment past the last
+    # sentence end: snap 0 or a snap shorter than half a noise sentence near depth 1), right after it, in order
+    after = [b for b in bounds if b >= first] or [first]
+    later = sorted(rng.choice(after) for _ in range(hops))
     ids, starts = insert_needles(body, list(zip([first] + later, chain_ids)))
     return finish(name, tok, index, length, depth, prefix + ids, question, names, seed, len(prefix) + starts[0],
                   value=value, chain=[s.strip() for s in chain], statement_starts=[len(prefix) + s for s in starts],

@@ -7,8 +7,15 @@ returns a score in [0, 1]; an item is **correct** when its score is 1.
   the expected value exactly (``1234567`` against ``12345678`` or ``123456`` is wrong: a prefix or an
   extension is not the value).
 * ``all_words`` (the RULER-style tasks): the share of the expected answers that occur in the
-  continuation as whole words, case-insensitively (RULER's ``string_match_all``, Hsieh et al. 2024,
-  with word boundaries so that ``12`` is not found inside ``123``); correct only when all are there.
+  continuation as whole words, case-insensitively (the item score of RULER's ``string_match_all``, Hsieh et al.
+  2024, with word boundaries so that ``12`` is not found inside ``123``); correct only when all are there.
+
+Two aggregates: the **accuracy** (share of items with score 1, all-or-nothing, with a Wilson interval; pooled over
+every item of a configuration in ``tasks.json``'s ``configs``) is sinklab's; the **RULER-style score**
+(:func:`task_scores`: each task's mean item score, partial credit included, then the unweighted mean over the
+tasks) is how RULER aggregates (``scripts/eval/synthetic/constants.py``: ``string_match_all`` averages the found
+share over items, one score per task, tasks averaged). A multi-answer task scores higher there, and a task
+without depths (common words) weighs as much as one with three.
 """
 
 from __future__ import annotations
@@ -73,4 +80,20 @@ def accuracy_table(results, by: Sequence[str] = ("config", "task", "length", "de
     return pd.DataFrame(rows, columns=[*by, "n", "correct", "accuracy", "ci_low", "ci_high", "mean_score"])
 
 
-__all__ = ["first_number", "score_first_number", "found", "score_all_words", "SCORERS", "accuracy_table"]
+def task_scores(results) -> dict[str, dict]:
+    """RULER's aggregation of the per-item results, per configuration: ``{config: {"tasks": {task: mean item score},
+    "score": mean of the task scores}}`` (partial credit of the multi-answer tasks counted, every task weighted
+    alike whatever its number of items; :func:`accuracy_table` is the all-or-nothing accuracy).
+
+    Args:
+        results: the DataFrame of :func:`sinklab.streaming.tasks.evaluate_items` (columns ``config``, ``task``,
+            ``score``)."""
+    out: dict[str, dict] = {}
+    for cfg, g in results.groupby("config", sort=False):
+        per = {str(t): float(h["score"].mean()) for t, h in g.groupby("task", sort=True)}
+        out[str(cfg)] = {"tasks": per, "score": sum(per.values()) / len(per)}
+    return out
+
+
+__all__ = ["first_number", "score_first_number", "found", "score_all_words", "SCORERS", "accuracy_table",
+           "task_scores"]
