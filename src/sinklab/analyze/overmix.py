@@ -219,7 +219,8 @@ def _plot(path, *, curves: dict, far: list[int], last: int) -> None:
     axes[0].set_title(f"last layer ({last})")
     axes[0].set_yscale("log")
     axes[1].set_xlabel("layer")
-    axes[1].set_ylabel("mean relative change, distance >= 1")
+    axes[1].set_ylabel("mean relative change, distance >= 1\n(each distance bin once, as the summary; "
+                       "per_layer.csv: mean over pairs)", fontsize=8)
     axes[1].set_yscale("log")
     for ax in axes:
         ax.legend()
