@@ -314,3 +314,18 @@ def test_windowed_model_prints_the_mask_aware_rate_first():
     plain = _stats(torch.rand(2, 1, 2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))
     s, out = _printed(plain)
     assert not s["mask_aware_differs"] and "mask-aware" not in out and "Sink_k (%)" in out
+
+
+def test_rate_figure_of_a_window_model_draws_its_mask_aware_rate():
+    """The figure drew only the plain Sink_k, which a window caps at w/T, while the console led with the mask-aware
+    rate (outside audit, 2026-12-07). For a summary whose mask hides keys it now draws both, labelled; a plain
+    causal summary keeps one series."""
+    from sinklab.measure.report import sink_rate_figure
+
+    s = {"sink_rate": [0.0, 5.0], "sink_rate_ci": [[0.0, 1.0], [2.0, 8.0]], "sink_rate_curve": [0.0, 5.0, 1.0],
+         "eps": 0.3, "num_samples": 4, "seq_len": 3, "mask_aware_differs": True, "sink_rate_visible": [95.0, 6.0]}
+    fig = sink_rate_figure(s)
+    bars = {c.get_label(): [b.get_height() for b in c] for c in fig.axes[0].containers if hasattr(c, "patches")}
+    assert bars["mask-aware Sink_k"] == [95.0, 6.0] and bars["Sink_k (paper's formula)"] == [0.0, 5.0]
+    plain = sink_rate_figure({**s, "mask_aware_differs": False})
+    assert [c.get_label() for c in plain.axes[0].containers if hasattr(c, "patches")] == ["Sink_k"]

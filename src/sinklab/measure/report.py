@@ -133,7 +133,9 @@ def sink_rate_figure(s: dict, title: str = ""):
     intervals; for a model with a virtual sink (learned sink logits, sink token, key bias: DESIGN "virtual
     sink") one more bar ``Sink* (virtual sink)`` at x = 0, left of token 1, with ``sink_rate_virtual``; for a
     model whose heads are gated after attention, bars ``gate-weighted Sink_k`` beside each Sink_k with
-    ``sink_rate_gated`` (DESIGN "gate-weighted attention"). Right: the sink rate at every position (log x)."""
+    ``sink_rate_gated`` (DESIGN "gate-weighted attention"); for a model whose own mask hides keys (sliding
+    window, prefix LM: :func:`mask_aware`) bars ``mask-aware Sink_k`` (``sink_rate_visible``) beside the plain ones,
+    which a window caps at w / T. Right: the sink rate at every position (log x)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,20 +148,29 @@ def sink_rate_figure(s: dict, title: str = ""):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     xs = np.arange(1, len(rate) + 1)
     gated = s.get("sink_rate_gated")
-    width = 0.4 if gated is not None else 0.8
-    axes[0].bar(xs, rate, width=width, color="tab:blue", label="Sink_k")
+    # a model whose own mask hides keys (window, prefix LM): its mask-aware Sink_k beside the plain one, which a
+    # window caps at w / T (the console table leads with the mask-aware rate)
+    visible = np.array(s["sink_rate_visible"]) if mask_aware(s) and s.get("sink_rate_visible") is not None else None
+    n_bars = 1 + (visible is not None) + (gated is not None)
+    width = 0.8 / n_bars
+    axes[0].bar(xs, rate, width=width, color="tab:blue",
+                label="Sink_k (paper's formula)" if visible is not None else "Sink_k")
     if _no_interval(s):  # one sample: no interval to draw
         axes[0].set_title("N = 1: no confidence interval", fontsize=8)
     else:
         axes[0].errorbar(xs, rate, yerr=[rate - ci[:, 0], ci[:, 1] - rate], fmt="none", ecolor="k", capsize=3)
     ticks, labels = list(xs), [str(x) for x in xs]
+    shift = width
+    if visible is not None:
+        axes[0].bar(xs + shift, visible, width=width, color="tab:purple", label="mask-aware Sink_k")
+        shift += width
     if gated is not None:
-        axes[0].bar(xs + width, gated, width=width, color="tab:green", hatch="..", label="gate-weighted Sink_k")
+        axes[0].bar(xs + shift, gated, width=width, color="tab:green", hatch="..", label="gate-weighted Sink_k")
     if s.get("sink_rate_virtual") is not None:
         axes[0].bar([0], [s["sink_rate_virtual"]], width=width, color="tab:orange", hatch="//",
                     label="Sink* (virtual sink)")
         ticks, labels = [0] + ticks, ["*"] + labels
-    if gated is not None or s.get("sink_rate_virtual") is not None:
+    if n_bars > 1 or s.get("sink_rate_virtual") is not None:
         axes[0].legend(fontsize=7)
     axes[0].set_xlabel("token position k (1-based)" + ("; *: the virtual sink" if labels[0] == "*" else ""))
     axes[0].set_ylabel(f"sink rate Sink_k^{s['eps']} (%)")
