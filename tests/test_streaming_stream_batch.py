@@ -238,3 +238,19 @@ def test_chunk_and_recompute_every_below_one_are_refused(model, ids, capsys):
         with pytest.raises(InputError, match=f"{name} must be >= 1, got {v}"):
             _perplexity(None, PerplexityOptions(**{name: v}), model=None, resume=None, on_result=None, progress=False,
                         command="")
+
+
+def test_a_padded_batch_through_a_stacked_cache_is_refused():
+    """A StackedCache's caches never read the attention mask, so a left-padded row kept its pads, the first ones as
+    its sinks (logits up to 0.076 off the row alone; outside audit, 2026-12-07). Refused in one line; an all-ones mask
+    is fine."""
+    m = llama(layers=1)
+    cache = StackedCache([SinkCache(m, n_sink=2, window=4), SinkCache(m, n_sink=2, window=4)])
+    ids = torch.randint(3, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    with torch.no_grad():
+        m(ids, attention_mask=mask, past_key_values=cache)
+    mask[0, :2] = 0
+    with pytest.raises(InputError, match="StackedCache takes rows of equal length without padding"), torch.no_grad():
+        m(ids, attention_mask=mask, past_key_values=StackedCache([SinkCache(m, n_sink=2, window=4),
+                                                                  SinkCache(m, n_sink=2, window=4)]))

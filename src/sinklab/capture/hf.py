@@ -128,11 +128,14 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
     )
     if recorder is None:
         return out, None
+    real = _real_queries(seen, square)  # None, or (B|1, H|1, T_q) bool: the queries of a left-padded batch's tokens
     extra = None
     if kwargs.get("s_aux") is not None:
         # gpt-oss style sink logits: every query's weights on the real keys sum to 1 - (its weight on the
-        # virtual sink), so the mean weight on the sink over the T_q queries is 1 - sum(col) / T_q
-        extra = (1.0 - col.sum(dim=-1) / query.shape[2]).unsqueeze(-1)  # (B, H, 1)
+        # virtual sink), so the mean weight on the sink over the n real queries is 1 - sum(col) / n (a pad query of
+        # a left-padded row sees nothing and adds nothing to col)
+        n = query.shape[2] if real is None else real.sum(dim=-1).clamp_min(1).to(col.dtype)  # (B|1, H|1)
+        extra = (1.0 - col.sum(dim=-1) / n).unsqueeze(-1)  # (B, H, 1)
     counts = None
     if attention_mask is not None and square:
         # the layer's own mask tensor (chunked attention, Llama 4; a window or a prefix the model passes as a
@@ -140,8 +143,30 @@ def _capture_attention(module: nn.Module, query, key, value, attention_mask, *, 
         counts = seen.expand(*seen.shape[:-2], query.shape[2], key.shape[2]).sum(dim=-2)
     recorder.add_attention(layer, col, MaskSpec(causal=bool(is_causal), window=window), key=key, value=value,
                            extra=extra, entropy=ent[0] if ent else None, gated_column_sums=gated[0] if gated else None,
-                           visible_counts=counts)
+                           visible_counts=counts, query_mask=real)
     return out, None
+
+
+def _real_queries(seen: Tensor | None, square: bool) -> Tensor | None:
+    """The queries of real tokens in a padded batch: (B|1, H|1, T_q) bool, or None when every query is one.
+
+    A pad position is one whose own key the layer's mask hides. A left-padded causal row's pads see no key at all
+    and add nothing to the column sums: their queries are only left out of the means over queries (entropy, the
+    virtual sink's weight). A pad query that sees other keys (right padding, or any padding of a bidirectional
+    encoder) would add its attention to every statistic: refused.
+
+    Raises:
+        InputError: a pad query that sees keys."""
+    if seen is None or not square:
+        return None
+    own = seen.diagonal(dim1=-2, dim2=-1)  # (B|1, H|1, T): each query sees its own position
+    if bool(own.all()):
+        return None
+    if bool((seen & ~own[..., None]).any()):
+        raise InputError("a padded batch whose pad positions see other tokens (right padding, or a padded "
+                         "bidirectional encoder): sinklab's statistics would count the pads' attention; pad causal "
+                         "models on the left (tokenizer.padding_side = 'left') or measure each sequence unpadded")
+    return own
 
 
 def _register() -> None:

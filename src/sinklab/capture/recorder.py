@@ -136,6 +136,7 @@ class BatchRecorder:
         gated_column_sums: Tensor | None = None,
         visible_counts: Tensor | None = None,
         gated_visible_sums: Tensor | None = None,
+        query_mask: Tensor | None = None,
     ) -> None:
         """Record a layer's attention.
 
@@ -156,7 +157,7 @@ class BatchRecorder:
             extra: (B, H, T_q) attention on a virtual key (sink token / bias / sink logit), or None.
             renormalised: rows were renormalised to sum to 1 before the column sums.
             entropy: (B, H, T_q) each query's attention entropy in nats, or None; its mean over
-                the T_q queries is kept, (B, H).
+                the T_q queries (over ``query_mask``'s, with one) is kept, (B, H).
             gated_visible_sums: (B, H, T) the gate-weighted sums over every query that sees key ``j`` (with a
                 prefix, the queries before ``j`` too), for the mask-aware gate-weighted mass; default
                 ``gated_column_sums`` (the same without a prefix).
@@ -167,6 +168,8 @@ class BatchRecorder:
             gated_column_sums: (B, H, T) for a gated layer, ``sum_i A[b, h, i, j] * m[b, h, i]`` with ``m`` the
                 gate magnitude of :meth:`gate_of`; its mass (the paper's denominator) is the gate-weighted
                 attention mass.
+            query_mask: (B or 1, H or 1, T_q) bool, the queries of real tokens of a left-padded batch (its pads see
+                no key and add nothing to the column sums), or None: every query.
 
         Raises:
             CaptureError: gate-weighted column sums for a layer whose gate was not recorded.
@@ -204,7 +207,12 @@ class BatchRecorder:
                                               else attention_mass_visible_from_column_sums(gv, counts).cpu())
             self.gate[layer] = None  # used: no (B, H, T_q) per layer outlives its attention call
         if entropy is not None:
-            self.entropy[layer] = entropy.to(torch.float64).mean(dim=-1).cpu()
+            e = entropy.to(torch.float64)
+            if query_mask is not None:  # a left-padded batch: the mean over its rows' real queries
+                qm = query_mask.to(device=e.device, dtype=torch.float64)
+                self.entropy[layer] = ((e * qm).sum(dim=-1) / qm.sum(dim=-1).clamp_min(1.0)).cpu()
+            else:
+                self.entropy[layer] = e.mean(dim=-1).cpu()
         if key is not None:
             self.key_norms[layer] = key.float().norm(dim=-1).cpu()
         if value is not None:

@@ -813,6 +813,13 @@ def _mask_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook on a ``transformers`` model (and its base model): hand the call's
     ``attention_mask`` to the :class:`SinkCache` it was called with (:meth:`SinkCache.note_attention_mask`)."""
     cache = next((kwargs[k] for k in ("cache", "past_key_values") if k in kwargs), None)
+    if isinstance(cache, StackedCache):
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, Tensor) and mask.dim() == 2 and not bool(mask.all()):
+            raise InputError("a StackedCache takes rows of equal length without padding (its caches do not read the "
+                             "attention mask: the pads would be kept as tokens, the first ones as sinks); run padded "
+                             "rows through one SinkCache")
+        return
     if not isinstance(cache, SinkCache):
         return
     x = kwargs.get("input_ids", args[0] if args else None)
