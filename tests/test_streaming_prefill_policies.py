@@ -190,6 +190,31 @@ def test_pyramidkv_layers_keep_their_budgets_and_a_later_chunk_is_exact():
         assert [l.kept for l in cache.layers] == [13, 3]
 
 
+def test_pyramidkv_on_gpt_neox_trims_each_layers_mask():
+    """GPT-NeoX hands its attention the cache as ``layer_past``, which the per-layer mask trim did not look for: a
+    second call after PyramidKV's cut raised a size mismatch (outside audit, 2026-12-07). The later chunk now equals a
+    fresh forward over layer 1's kept tokens and the new ones (layer 0's output zeroed, as above)."""
+    from helpers import tiny_neox
+
+    m = tiny_neox()
+    m.set_attn_implementation("eager")  # the policy reads the attention weights
+    with torch.no_grad():
+        m.gpt_neox.layers[0].attention.dense.weight.zero_()
+        m.gpt_neox.layers[0].attention.dense.bias.zero_()
+    ids = torch.randint(0, 80, (1, 24), generator=torch.Generator().manual_seed(4))
+    cache = SinkCache(m, policy="pyramidkv", budget=8, policy_options={"observation_window": 3})
+    n = [l.policy.budget for l in cache.layers]
+    assert len(set(n)) > 1
+    with torch.no_grad():
+        m(ids[:, :20], past_key_values=cache, use_cache=True)
+        kept = cache.layers[-1].order[0].tolist()
+        got = m(ids[:, 20:23], past_key_values=cache, use_cache=True,
+                position_ids=torch.arange(n[0], n[0] + 3)[None]).logits
+        assert [l.kept for l in cache.layers] == n
+        ref = m(ids[:, kept + [20, 21, 22]]).logits[:, -3:]
+    assert torch.allclose(got, ref, atol=1e-6), (got - ref).abs().max()
+
+
 @pytest.mark.parametrize("policy", PREFILL)
 def test_rows_keep_their_own_tokens(policy):
     """Two rows of different prompts keep different tokens, each its own rule (row-wise equal to the

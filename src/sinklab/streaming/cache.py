@@ -864,7 +864,7 @@ def _trim_mask_hook(module: nn.Module, args: tuple, kwargs: dict):
     layer's sizes (K_0 kept + q new columns, the kept ones right-aligned); this layer keeps K_l <= K_0,
     so its mask is the last K_l + q columns (a :class:`StackedCache` of PyramidKV caches alike: its rows
     keep equally many tokens per layer)."""
-    cache = next((kwargs[k] for k in ("cache", "past_key_values", "past_key_value") if k in kwargs), None)
+    cache = next((kwargs[k] for k in ("cache", "past_key_values", "past_key_value", "layer_past") if k in kwargs), None)
     mask = kwargs.get("attention_mask")
     if not isinstance(cache, (SinkCache, StackedCache)) or not isinstance(mask, Tensor) or mask.dim() != 4:
         return None
