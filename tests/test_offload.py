@@ -67,3 +67,19 @@ def test_input_device_of_a_model_without_parameters_is_refused():
 
     with pytest.raises(InputError, match="no parameters"):
         input_device(torch.nn.Sequential())
+
+
+def test_overmix_runs_on_an_offloaded_model(tmp_path):
+    """analyze overmix embeds the ids itself: it sent them to the offloaded embedding's meta weight ('Cannot copy out
+    of meta tensor'; outside review, 2026-12-07). Its tables equal the in-memory model's."""
+    from sinklab.analyze import overmix
+    from sinklab.subject import Subject
+
+    model = tiny_model("llama")
+    off = _offloaded(model, tmp_path / "m", tmp_path)
+    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    kw = dict(sources=[4], directions=1)
+    a = overmix(Subject(model, ids, model_info={"name": "m"}), **kw).tables["per_layer"]
+    b = overmix(Subject(off, ids, model_info={"name": "m"}), **kw).tables["per_layer"]
+    for col in ("intact", "removed"):
+        assert b[col].tolist() == pytest.approx(a[col].tolist(), abs=1e-7)

@@ -197,3 +197,20 @@ def test_resume_reuses_only_the_same_model_and_sink_settings(text_corpus_dir):
     other_sinks = stream(a, str(text_corpus_dir), n_sink=4, resume=dict(ra), **kw)
     assert not set(walls(other_sinks)) & set(walls(ra))
     assert [c["n_sink"] for c in other_sinks["configs"] if c["name"] != "full"] == [4]
+
+
+def test_resume_reruns_the_sink_caches_under_another_window(text_corpus_dir):
+    """The sinks / window caches' names leave their window out, and the resume key did too: a run at window 64 resumed
+    from one at window 8 returned the window-8 answers (outside review, 2026-12-07)."""
+    from helpers import tiny_llama
+    from sinklab.streaming.run import stream
+
+    tok = char_tokenizer()
+    m = tiny_llama(vocab_size=len(tok))
+    kw = dict(task="passkey", tokenizer=tok, progress=False, tokens=110, sinks=[2], keys=2, depths=[0.0], batch=4,
+              chunk=8, full=False)
+    small = stream(m, str(text_corpus_dir), window=8, **kw)
+    assert [c["wall_s"] for c in stream(m, str(text_corpus_dir), window=8, resume=dict(small), **kw)["configs"]] == \
+        [c["wall_s"] for c in small["configs"]]  # same window: reused
+    big = stream(m, str(text_corpus_dir), window=64, resume=dict(small), **kw)
+    assert not {c["wall_s"] for c in big["configs"]} & {c["wall_s"] for c in small["configs"]}

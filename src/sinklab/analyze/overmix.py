@@ -14,6 +14,7 @@ from sinklab.analyze.common import (MIN_SIGN_TEST_PAIRS, AnalysisResult, Subject
 from sinklab.analyze.interventions import remove_key
 from sinklab.capture.adapter import adapt
 from sinklab.errors import InputError, param
+from sinklab.models import input_device
 from sinklab.zoo.models import DEFAULT_MODEL
 
 
@@ -119,7 +120,7 @@ def overmix(
         raise InputError(f"source position {bad[0]} must lie after the sink position {pos} and before T - 1 = {T - 1}")
     emb = adapt(m).embeddings
     with torch.no_grad():
-        e = emb(ids.to(emb.weight.device)).float().cpu()  # (N, T, d) float32, whatever the model's dtype
+        e = emb(ids.to(input_device(m))).float().cpu()  # (N, T, d) float32, whatever the model's dtype
     g = torch.Generator().manual_seed(subj.seed)
     # paired design: the same sources, directions (and probe) for both conditions
     pairs = []  # (source, direction index, (N, d) unit vectors)

@@ -8,6 +8,7 @@ from sinklab.capture.adapter import adapt
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError
+from sinklab.models import input_device  # re-exported: where the input ids go (one owner)
 from sinklab.progress import progress as show_progress
 
 
@@ -72,20 +73,6 @@ def collect(
                               renormalise=renormalise)
         parts.append(rec.finish())
     return ProbeStats.concat(parts)
-
-
-def input_device(model: nn.Module) -> torch.device:
-    """Where the input ids go: the device of the first module of an ``accelerate`` device map
-    (``model.hf_device_map``; a disk- or CPU-offloaded first module runs on CPU), else that of the
-    first parameter. Layers on other devices get their inputs moved by accelerate's hooks; the
-    recorder moves every statistic to CPU, so capture does not depend on where layers live."""
-    placement = getattr(model, "hf_device_map", None)
-    if placement:
-        first = next(iter(placement.values()))
-        if isinstance(first, int):
-            return torch.device("cuda", first)
-        return torch.device("cpu" if first in ("disk", "meta") else first)
-    return next(model.parameters()).device
 
 
 def resolve_collector(name: str) -> str:

@@ -330,8 +330,8 @@ def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 #: elements (rows x vocabulary) scored at once by :func:`_score_rows`: KL keeps several float64 copies of its rows;
-#: at Gemma-3's 262,144-token vocabulary 1024 rows at once took 10.5 GB above the inputs, in these blocks 0.19 GB
-#: (benchmarks/stream_score_memory.py)
+#: at Gemma-3's 262,144-token vocabulary 1024 rows at once took 10.0 GiB above the inputs, in these blocks 0.59 GiB
+#: (benchmarks/results/stream_score_memory.json)
 SCORE_BLOCK_ELEMS = 1 << 22
 
 

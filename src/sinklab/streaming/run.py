@@ -370,6 +370,7 @@ def _passkey(subject, o: PasskeyOptions, *, model, resume: dict | None, on_resul
            "dtype": subject.info.get("dtype")}
     if o.policies:  # a policy configuration's name leaves out its sinks and its kv group: the key holds them
         key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
+    key["window"] = o.window  # the sinks / window caches' names leave it out
     key.update(_model_identity(subject))  # a model in memory: its weights (its class name says nothing of them)
     done = {}
     if resume and all(resume.get(k) == v for k, v in key.items()):
