@@ -181,6 +181,35 @@ def test_left_padded_rows_give_each_row_its_own_entropy(name):
         torch.testing.assert_close(both.mass[b, ..., T - n:], alone.mass[0], rtol=0, atol=1e-6)
 
 
+def test_left_padded_rows_give_each_row_its_own_gate_mean_and_massive_activations():
+    """A left-padded row's gate magnitude was averaged over its pad queries, and its largest and median |h| taken
+    over its pad positions too (a 4-token row in 10: gate_mean off by 5.2e-3, median |h| by 0.156; outside review,
+    2026-12-07). Each now equals the row alone (Beam: gated heads); the largest |h| sits at the same token."""
+    from tiny_models import VOCAB, tiny_model
+
+    model = tiny_model("beam")
+    with torch.no_grad():
+        for n, prm in model.named_parameters():
+            if n.endswith("gate_bias"):
+                prm.copy_(torch.linspace(-2.0, 2.0, prm.numel()).view_as(prm))
+    T, n = 10, 4
+    ids = torch.randint(3, VOCAB, (2, T), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[0, : T - n] = 0
+    rec = BatchRecorder(model.config.num_hidden_layers, "eager")
+    with capturing(model, rec, "eager"), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    both = rec.finish()
+    rec = BatchRecorder(model.config.num_hidden_layers, "eager")
+    with capturing(model, rec, "eager"), torch.no_grad():
+        model(input_ids=ids[:1, T - n:])
+    alone = rec.finish()
+    torch.testing.assert_close(both.gate_mean[0], alone.gate_mean[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(both.max_abs[0], alone.max_abs[0], rtol=1e-4, atol=1e-5)  # float32, another batch
+    torch.testing.assert_close(both.median_abs[0], alone.median_abs[0], rtol=1e-4, atol=1e-5)
+    assert (both.max_position[0] - (T - n)).tolist() == alone.max_position[0].tolist()
+
+
 @pytest.mark.parametrize("arch", ["llama", "bert"])
 def test_pad_queries_that_see_tokens_are_refused(arch):
     """Right padding (causal) and any padding of a bidirectional encoder: the pad queries see real keys, and their

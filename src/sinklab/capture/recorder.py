@@ -88,6 +88,8 @@ class BatchRecorder:
         self.key_norms: list[Tensor | None] = [None] * num_layers
         self.value_norms: list[Tensor | None] = [None] * num_layers
         self.hidden: list[tuple[Tensor, ...] | None] = [None] * num_layers
+        #: (B, T) bool, the real tokens of a left-padded batch once an attention layer has seen its mask (None: all)
+        self.real_tokens: Tensor | None = None
         self.causal = True
         self.renormalised = False
         self.notes: list[str] = []
@@ -198,6 +200,11 @@ class BatchRecorder:
                                     else attention_mass_visible_from_column_sums(column_sums, counts).cpu())
         if extra is not None:
             self.extra[layer] = extra.to(torch.float64).mean(dim=-1).cpu()
+        if query_mask is not None:  # a left-padded batch: the real tokens of each row, (B, T)
+            self.real_tokens = query_mask.to(torch.bool).any(dim=1) if query_mask.dim() == 3 else query_mask.to(torch.bool)
+            if self.gate[layer] is not None:  # the gate's mean over the row's real queries only
+                g, qm = self.gate[layer], query_mask.to(device=self.gate[layer].device, dtype=torch.float64)
+                self.gate_mean[layer] = ((g * qm).sum(dim=-1) / qm.sum(dim=-1).clamp_min(1.0)).cpu()
         if gated_column_sums is not None:
             if self.gate[layer] is None:
                 raise CaptureError(f"gate-weighted attention of layer {layer} without its gate")
@@ -219,11 +226,25 @@ class BatchRecorder:
             self.value_norms[layer] = value.float().norm(dim=-1).cpu()
 
     def add_hidden(self, layer: int, hidden: Tensor) -> None:
-        """Record a layer's output hidden state ``hidden`` (B, T, d)."""
+        """Record a layer's output hidden state ``hidden`` (B, T, d); in a left-padded batch (:attr:`real_tokens`)
+        each row's largest and median |h| are taken over its real tokens only."""
         h = hidden.detach().float()
         if self.keep_hidden:
             self.full_hidden[layer] = h.cpu()
         B, T, d = h.shape
+        real = self.real_tokens
+        if real is not None and tuple(real.shape) == (B, T) and not bool(real.all()):
+            # a left-padded batch: each row's largest and median |h| over its real tokens only (pads carry no text)
+            real = real.to(h.device)
+            rows = []
+            for b in range(B):
+                pos = real[b].nonzero()[:, 0]  # (n_b,) positions of the row's real tokens
+                a = h[b, pos].abs().reshape(1, -1)
+                m, f = a.max(dim=1)
+                rows.append((m, median_nonnegative(a), pos[f // d], f % d))
+            max_abs, med, at, ch = (torch.cat(x) for x in zip(*rows))
+            self.hidden[layer] = (h.norm(dim=-1).cpu(), max_abs.cpu(), med.cpu(), at.cpu(), ch.cpu())
+            return
         a = h.abs().reshape(B, T * d)
         max_abs, flat = a.max(dim=1)
         self.hidden[layer] = (
