@@ -81,12 +81,15 @@ def test_dynamics_of_a_window_run_draws_its_mask_aware_rate(monkeypatch, tmp_pat
         return d
 
     runs = {"full": run("full", [20.0, 30.0], [20.0, 30.0], [0.2, 0.3], [0.2, 0.3]),
-            "w 4": run("w4", [0.0, 0.0], [90.0, 100.0], [0.1, 0.13], [0.4, 0.52])}
+            "w 4": run("w4", [0.0, 0.0], [90.0, 100.0], [0.1, 0.13], [0.4, 0.52]),
+            # a window run with no sink anywhere: only its masses tell the mask apart (outside review, 2026-12-07)
+            "w 2": run("w2", [0.0, 0.0], [0.0, 0.0], [0.02, 0.02], [0.09, 0.09])}
     figs = _figures(monkeypatch)
     dynamics.plot_dynamics(runs, tmp_path / "d.png")
     rate_ax, mass_ax = figs[0].axes[:2]
     got = {ln.get_label(): list(ln.get_ydata()) for ln in rate_ax.get_lines() if not ln.get_label().startswith("_")}
-    assert got == {"full": [20.0, 30.0], "w 4 (mask-aware)": [90.0, 100.0]}
+    assert got == {"full": [20.0, 30.0], "w 4 (mask-aware)": [90.0, 100.0], "w 2 (mask-aware)": [0.0, 0.0]}
     masses = {ln.get_label(): list(ln.get_ydata()) for ln in mass_ax.get_lines()}
     assert masses["w 4 (mask-aware)"] == [0.4, 0.52] and masses["full"] == [0.2, 0.3]
+    assert masses["w 2 (mask-aware)"] == [0.09, 0.09]
     assert "mask-aware" in rate_ax.get_ylabel()

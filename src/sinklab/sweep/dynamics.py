@@ -109,7 +109,7 @@ def plot_path(out: str | Path) -> Path:
 
 def plot_dynamics(runs: dict[str, str | Path], path: str | Path, *, level: float = 10.0, title: str = "") -> Path:
     """Three panels (Sink_1 %, mass on token 1, validation loss) against step, one line per run; a run whose mask
-    hides keys (its tracker's mask-aware rates differ from the plain ones: sliding window, prefix LM) is drawn with
+    hides keys (its tracker's mask-aware rates or mass differ from the plain ones: sliding window, prefix LM) is drawn with
     its mask-aware Sink_1 and mass and marked "(mask-aware)" in the legend.
 
     Args:
@@ -132,7 +132,8 @@ def plot_dynamics(runs: dict[str, str | Path], path: str | Path, *, level: float
         steps = [r["step"] for r in recs]
         # a run whose mask hides keys (sliding window, prefix LM) is drawn with its mask-aware rate and mass, as
         # the studies judge it (its plain Sink_1 cannot exceed w/T under a window)
-        visible = any(r.get("sink_rate_visible") not in (None, r["sink_rate"]) for r in recs)
+        visible = any(r.get("sink_rate_visible") not in (None, r["sink_rate"])
+                      or r.get("attention_mass_first_visible") not in (None, r.get("attention_mass_first")) for r in recs)
         any_visible |= visible
         rate, mass = (("sink_rate_visible", "attention_mass_first_visible") if visible
                       else ("sink_rate", "attention_mass_first"))
