@@ -21,8 +21,8 @@ from sinklab.capture.adapter import adapt
 from sinklab.capture.stats import ProbeStats
 from sinklab.errors import InputError, param
 from sinklab.metrics import sink_rate
-from sinklab.models import input_device
 from sinklab.metrics.summary import rankable_positions
+from sinklab.models import input_device
 from sinklab.registry import Registry
 from sinklab.result import Result
 from sinklab.subject import ProbeSpec, Subject, eval_mode

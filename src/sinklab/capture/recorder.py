@@ -21,6 +21,16 @@ from sinklab.metrics.sink import (
 )
 
 
+def _mean_over_queries(x: Tensor, query_mask: Tensor | None) -> Tensor:
+    """(B, H, T_q) per-query values -> (B, H) float64 on CPU: their mean over the queries, over ``query_mask``'s
+    (B or 1, H or 1, T_q) real queries only when given (a left-padded batch)."""
+    x = x.to(torch.float64)
+    if query_mask is None:
+        return x.mean(dim=-1).cpu()
+    qm = query_mask.to(device=x.device, dtype=torch.float64)
+    return ((x * qm).sum(dim=-1) / qm.sum(dim=-1).clamp_min(1.0)).cpu()
+
+
 def median_nonnegative(x: Tensor) -> Tensor:
     """Lower median of each row of a non-negative float32 matrix, as ``x.median(dim=1).values``.
 
@@ -201,10 +211,9 @@ class BatchRecorder:
         if extra is not None:
             self.extra[layer] = extra.to(torch.float64).mean(dim=-1).cpu()
         if query_mask is not None:  # a left-padded batch: the real tokens of each row, (B, T)
-            self.real_tokens = query_mask.to(torch.bool).any(dim=1) if query_mask.dim() == 3 else query_mask.to(torch.bool)
+            self.real_tokens = query_mask.any(dim=1)
             if self.gate[layer] is not None:  # the gate's mean over the row's real queries only
-                g, qm = self.gate[layer], query_mask.to(device=self.gate[layer].device, dtype=torch.float64)
-                self.gate_mean[layer] = ((g * qm).sum(dim=-1) / qm.sum(dim=-1).clamp_min(1.0)).cpu()
+                self.gate_mean[layer] = _mean_over_queries(self.gate[layer], query_mask)
         if gated_column_sums is not None:
             if self.gate[layer] is None:
                 raise CaptureError(f"gate-weighted attention of layer {layer} without its gate")
@@ -214,12 +223,7 @@ class BatchRecorder:
                                               else attention_mass_visible_from_column_sums(gv, counts).cpu())
             self.gate[layer] = None  # used: no (B, H, T_q) per layer outlives its attention call
         if entropy is not None:
-            e = entropy.to(torch.float64)
-            if query_mask is not None:  # a left-padded batch: the mean over its rows' real queries
-                qm = query_mask.to(device=e.device, dtype=torch.float64)
-                self.entropy[layer] = ((e * qm).sum(dim=-1) / qm.sum(dim=-1).clamp_min(1.0)).cpu()
-            else:
-                self.entropy[layer] = e.mean(dim=-1).cpu()
+            self.entropy[layer] = _mean_over_queries(entropy, query_mask)
         if key is not None:
             self.key_norms[layer] = key.float().norm(dim=-1).cpu()
         if value is not None:

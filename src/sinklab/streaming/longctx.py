@@ -109,7 +109,7 @@ def _run(subject, o: LongContextOptions, *, model, resume: dict | None, on_resul
 
     from sinklab.provenance import code_version
     from sinklab.result import versions
-    from sinklab.streaming.run import _check_subject, _load, _model_identity
+    from sinklab.streaming.run import _check_subject, _load, _model_and_cache_key
     from sinklab.streaming.tasks import accuracy_table, evaluate_items, make_items
     from sinklab.streaming.tasks.scoring import task_scores
     from sinklab.zoo.corpora import load_corpus
@@ -128,9 +128,7 @@ def _run(subject, o: LongContextOptions, *, model, resume: dict | None, on_resul
            "lengths": [int(x) for x in o.lengths], "depths": [float(d) for d in o.depths], "items": o.items,
            "seed": o.seed, "query_aware": o.query_aware, "chunk": o.chunk, "max_new_tokens": o.max_new_tokens,
            "items_sha": sha, "dtype": subject.info.get("dtype")}
-    if o.policies:  # a policy configuration's name leaves out its sinks and its kv group: the key holds them
-        key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
-    key.update(_model_identity(subject))  # a model in memory: its weights (its class name says nothing of them)
+    key.update(_model_and_cache_key(subject, o))
     done: dict[str, list[dict]] = {}
     if resume and all(resume.get(k) == v for k, v in key.items()):
         for row in resume.get("rows", []):

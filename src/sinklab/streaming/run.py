@@ -216,8 +216,7 @@ def _perplexity(subject, o: PerplexityOptions, *, model, resume: dict | None, on
         return _stream_set(subject, o, specs, chunk=chunk, every=every, ctx=ctx, native=native, resume=resume,
                            on_result=on_result, progress=progress, command=command)
     ids, corp = _stream_tokens(subject, model, o.corpus, o.tokens)
-    key = _key(subject, corp, ids, tokens=o.tokens, window=o.window, chunk=chunk, every=every, n_sink=o.n_sink,
-               kv_group=o.kv_group, policies=o.policies, latency=o.latency)
+    key = _key(subject, corp, ids, o, chunk=chunk, every=every)
     done = _resumable(resume, key)
     meta = _meta(command, key, subject, corp, ctx=ctx, native=native, mode=o.mode, every=every, tokens=o.tokens,
                  window=o.window, policies=o.policies, budgets=o.budgets or (256,),
@@ -284,11 +283,9 @@ def _stream_set(subject, o: PerplexityOptions, specs, *, chunk: int, every: int,
     key = {"model": subject.info["name"], "corpus": ",".join(c.name for c in corpora), "tokens": o.tokens,
            "window": o.window, "chunk": chunk, "recompute_every": every, "dtype": subject.info.get("dtype"),
            "n_streams": o.streams, "stream_shas": [s.info()["stream_sha"] for s in sources]}
-    if o.policies:
-        key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
     if not o.latency:
         key["latency"] = False
-    key.update(_model_identity(subject))
+    key.update(_model_and_cache_key(subject, o))
     prev_streams = resume.get("streams", []) if _same_settings(resume, key) else []
     size = stream_batch_size(subject.model, o, len(sources)) if len({s.ids.numel() for s in sources}) == 1 else 1
     # a resumed run keeps the record of the invocations whose streams it reuses (their commands, code, batching)
@@ -368,10 +365,8 @@ def _passkey(subject, o: PasskeyOptions, *, model, resume: dict | None, on_resul
     key = {"task": "passkey", "model": subject.info["name"], "corpus": corp.name, "tokens": o.tokens, "keys": o.keys,
            "depths": [float(d) for d in o.depths], "seed": o.seed, "chunk_tokens": o.chunk, "samples_sha": sha,
            "dtype": subject.info.get("dtype")}
-    if o.policies:  # a policy configuration's name leaves out its sinks and its kv group: the key holds them
-        key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
     key["window"] = o.window  # the sinks / window caches' names leave it out
-    key.update(_model_identity(subject))  # a model in memory: its weights (its class name says nothing of them)
+    key.update(_model_and_cache_key(subject, o))
     done = {}
     if resume and all(resume.get(k) == v for k, v in key.items()):
         done = {c["name"]: passkey_result(c) for c in resume.get("configs", [])}
@@ -442,28 +437,30 @@ def _stream_tokens(loaded, model: str, corpus: str, tokens: int) -> tuple[torch.
     return ids, corp
 
 
-def _key(loaded, corp, ids: torch.Tensor, *, tokens: int, window: int, chunk: int, every: int, n_sink: int, kv_group: int,
-         policies, latency: bool = True) -> dict:
+def _key(loaded, corp, ids: torch.Tensor, o, *, chunk: int, every: int) -> dict:
     """The settings a resumed ``stream.json`` must share (:func:`_resumable`); ``latency`` only where it is off
     (``"latency": false``), so that the results of earlier versions, all timed, stay resumable."""
-    key = {"model": loaded.info["name"], "corpus": corp.name, "tokens": tokens, "window": window, "chunk": chunk,
+    key = {"model": loaded.info["name"], "corpus": corp.name, "tokens": o.tokens, "window": o.window, "chunk": chunk,
            "recompute_every": every, "stream_sha": _sha(ids), "dtype": loaded.info.get("dtype")}
-    key.update(_model_identity(loaded))
-    if policies:
-        key["n_sink_policies"], key["kv_group"] = n_sink, kv_group
-    if not latency:
+    key.update(_model_and_cache_key(loaded, o))
+    if not o.latency:
         key["latency"] = False
     return key
 
 
-def _model_identity(subject) -> dict:
-    """What tells a model in memory apart in a resume key (one and many streams alike): its weights' digest
-    (its class name says nothing of them); nothing for a model loaded by name or folder."""
-    if subject.info.get("source") != "python object":
-        return {}
-    from sinklab.subject.core import weights_digest
+def _model_and_cache_key(subject, o) -> dict:
+    """The resume-key entries every streaming task shares (perplexity, one and many streams, pass key, needle,
+    ruler): a model in memory's weights digest (its class name says nothing of them; nothing for a model loaded by
+    name or folder) and, with ``o.policies``, their ``n_sink`` and ``kv_group``, which a policy configuration's
+    name leaves out."""
+    key = {}
+    if subject.info.get("source") == "python object":
+        from sinklab.subject.core import weights_digest
 
-    return {"weights_sha": weights_digest(subject.model)}
+        key["weights_sha"] = weights_digest(subject.model)
+    if getattr(o, "policies", None):
+        key["n_sink_policies"], key["kv_group"] = o.n_sink, o.kv_group
+    return key
 
 
 def _same_settings(resume: dict | None, key: dict) -> bool:
