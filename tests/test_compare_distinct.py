@@ -86,3 +86,24 @@ def test_a_loaded_comparison_equals_the_saved_one(tmp_path):
     assert loaded.models.corpus.tolist() == ["sotu", "", "sotu"] and loaded.models["mask"].tolist() == [""] * 3
     pd.testing.assert_frame_equal(loaded.models, cmp.models)
     pd.testing.assert_frame_equal(loaded.layers, cmp.layers)
+
+
+def test_each_models_bars_are_centred_on_its_tick():
+    """With a Sink* and a gate-weighted bar beside Sink_1, each model's group of three bars is centred on the model's
+    tick, and the interval is drawn on the Sink_1 bar (an audit found the groups drawn to the right of their ticks)."""
+    models = pd.DataFrame({
+        "model": ["a", "b"], "sink_rate_1": [40.0, 60.0], "ci_low": [35.0, 55.0], "ci_high": [45.0, 65.0],
+        "sink_rate_virtual": [10.0, 20.0], "sink_rate_gated_1": [5.0, 7.0], "num_samples": [4, 4], "seq_len": [16, 16],
+        "probe": ["natural", "natural"], "eps": [0.3, 0.3]})
+    layers = pd.DataFrame({"model": ["a", "b"], "depth": [0.0, 0.0], "sink_rate_1": [40.0, 60.0]})
+    ax = comparison_figure(models, layers).axes[0]
+    ticks = ax.get_xticks()
+    centres = sorted(p.get_x() + p.get_width() / 2 for p in ax.patches)  # 3 bars per model
+    assert len(centres) == 6
+    for i, tick in enumerate(ticks):
+        group = centres[3 * i: 3 * i + 3]
+        assert sum(group) / 3 == pytest.approx(tick)
+    sink1 = [p for p in ax.containers[0].patches]  # the Sink_1 bars: their heights and the interval's x
+    assert [p.get_height() for p in sink1] == [40.0, 60.0]
+    err_x = ax.collections[0].get_segments()
+    assert [seg[0][0] for seg in err_x] == pytest.approx([p.get_x() + p.get_width() / 2 for p in sink1])

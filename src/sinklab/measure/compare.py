@@ -249,14 +249,15 @@ def comparison_figure(models, layers):
              (("sink_rate_virtual", "Sink* (virtual sink)", "//"), ("sink_rate_gated_1", "gate-weighted Sink_1", ".."))
              if col in models and models[col].notna().any()]
     width = 0.8 / (1 + len(extra))
-    a.bar(xs, rate, width=width, label="Sink_1")
+    x0 = xs - len(extra) * width / 2  # each model's group of bars centred on its tick
+    a.bar(x0, rate, width=width, label="Sink_1")
     has = ~np.isnan(lo)
     if has.any():
-        a.errorbar(xs[has], rate[has], yerr=[rate[has] - lo[has], hi[has] - rate[has]], fmt="none", ecolor="k", capsize=3)
+        a.errorbar(x0[has], rate[has], yerr=[rate[has] - lo[has], hi[has] - rate[has]], fmt="none", ecolor="k", capsize=3)
     for n, (col, label, hatch) in enumerate(extra, start=1):
         vals = models[col].to_numpy(dtype=float)  # nan (no bar) for models without one
         ok = ~np.isnan(vals)
-        a.bar(xs[ok] + n * width, vals[ok], width=width, label=label, hatch=hatch, color=f"C{n}")
+        a.bar(x0[ok] + n * width, vals[ok], width=width, label=label, hatch=hatch, color=f"C{n}")
     if extra:
         a.legend(fontsize=7)
     a.set_xticks(xs, [f"{m}\nN={n} T={t} {k}" + ("" if h else " (no CI)") for m, n, t, k, h in
