@@ -17,7 +17,10 @@ Prints three tables and writes ``benchmarks/results/train_throughput[-quick].jso
    flipped each round) so that load from other processes on a shared machine hits both alike;
    tokens/s = tokens / summed step time of each model, ratio = sinklab / transformers.
 2. **Attention operations.** Every name in :data:`sinklab.nn.ATTENTION` on a small model at
-   T = 256 and T = 1024 (same tokens per step), timed in rounds alongside softmax; reported as
+   T = 256 and T = 1024 (same tokens per step), timed in rounds alongside softmax, each with the heads that
+   match the softmax model in parameters and attention compute (``AttentionOp.matched_heads``: differential
+   attention gets half the heads, as Ye et al. 2024 set it; it is also timed at the softmax model's heads, a
+   row outside the verdict: twice the maps, each half as wide); reported as
    tokens/s relative to softmax at the same T, plus the path each op trains on (``sdpa``: fused
    ``F.scaled_dot_product_attention``; ``tile``: query chunks with the operation's analytic tile
    gradient; ``chunked``: matmul-mask-normalise in checkpointed chunks), and relative to the same
@@ -245,6 +248,13 @@ def bench_hf(quick: bool, shape: dict = TINY, T: int = 256, B: int = 16, steps: 
     return res
 
 
+def matched_shape(name: str) -> dict:
+    """SMALL with the heads with which operation ``name`` matches the softmax model of SMALL's heads in parameters
+    and attention compute (:meth:`sinklab.nn.ops.AttentionOp.matched_heads`: the same heads for every operation
+    but differential attention, which Ye et al. 2024 give half the heads)."""
+    return {**SMALL, "n_heads": ATTENTION.get(name).matched_heads(SMALL["n_heads"])}
+
+
 def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096, naive: bool = True) -> dict:
     """Every attention operation vs softmax on the SMALL model at each T (tokens per step fixed), and
     (``naive``) vs the same operation on the plain full-matrix path (:func:`make_naive`)."""
@@ -254,14 +264,23 @@ def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096, naive: bool 
         B = max(1, tokens // T)
         trainees = []
         for name in names:
+            shape = matched_shape(name)
             torch.manual_seed(0)
-            m = SinkLM(sink_config(T, attention=name, **SMALL))
+            m = SinkLM(sink_config(T, attention=name, **shape))
             t = Trainee(name, m)
             t.path = paths_taken(m, torch.zeros(1, T, dtype=torch.long))[0]  # the path its training step takes
+            t.n_heads = shape["n_heads"]
             trainees.append(t)
             if naive:
                 torch.manual_seed(0)
-                trainees.append(Trainee(name + "@naive", make_naive(SinkLM(sink_config(T, attention=name, **SMALL)))))
+                trainees.append(Trainee(name + "@naive", make_naive(SinkLM(sink_config(T, attention=name, **shape)))))
+            if shape["n_heads"] != SMALL["n_heads"]:  # also at the softmax model's heads (not the matched setup)
+                torch.manual_seed(0)
+                m = SinkLM(sink_config(T, attention=name, **SMALL))
+                t = Trainee(f"{name}@{SMALL['n_heads']} heads", m)
+                t.path = paths_taken(m, torch.zeros(1, T, dtype=torch.long))[0]
+                t.n_heads = SMALL["n_heads"]
+                trainees.append(t)
         # every operation gets at least 2 timed steps (in rounds of flipped order), so that its ratio can be read
         # off its fastest step: one step that met a hiccup of the machine does not decide it
         warmup, rounds, per_round = (1, 2, 1) if quick else (1, 3, 1)
@@ -272,11 +291,11 @@ def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096, naive: bool 
         base_tps, base_cpu = B * T * base.steps / base.seconds, B * T * base.steps / base.cpu_seconds
         base_best = min(base.step_cpu)
         by_name = {t.name: t for t in trainees}
-        ops = {}
+        ops, unmatched = {}, {}
         for t in trainees:
             if t.name.endswith("@naive"):
                 continue
-            r = ops[t.name] = {
+            r = (unmatched if "@" in t.name else ops)[t.name] = {"n_heads": t.n_heads,
                 "tokens_per_s": B * T * t.steps / t.seconds, "relative_to_softmax": (B * T * t.steps / t.seconds) / base_tps,
                 "cpu_tokens_per_s": B * T * t.steps / t.cpu_seconds,
                 "cpu_relative_to_softmax": (B * T * t.steps / t.cpu_seconds) / base_cpu, "path": t.path,
@@ -287,7 +306,8 @@ def bench_ops(quick: bool, lengths=(256, 1024), tokens: int = 4096, naive: bool 
                 r["naive_cpu_tokens_per_s"] = B * T * nv.steps / nv.cpu_seconds
                 r["relative_to_naive"] = r["tokens_per_s"] / r["naive_tokens_per_s"]
                 r["cpu_relative_to_naive"] = r["cpu_tokens_per_s"] / r["naive_cpu_tokens_per_s"]
-        out[T] = {"batch": B, "softmax_tokens_per_s": base_tps, "softmax_cpu_tokens_per_s": base_cpu, "ops": ops}
+        out[T] = {"batch": B, "softmax_tokens_per_s": base_tps, "softmax_cpu_tokens_per_s": base_cpu, "ops": ops,
+                  "unmatched": unmatched}
     return out
 
 
@@ -335,8 +355,11 @@ def targets(res: dict) -> dict:
                  if r["cpu_relative_to_softmax_fastest_step"] < 0.7}
         out["ops_at_1024"] = {"below_0.7_fastest_step": below, "met": not below,
                               "min": min(r["cpu_relative_to_softmax_fastest_step"] for r in o["ops"].values())}
-        out["lines"].append("every operation >= 0.7x softmax at T = 1024 (fastest steps): " + (
+        out["lines"].append("every operation >= 0.7x softmax at T = 1024 (fastest steps; each at its matched heads): " + (
             "met" if not below else "NOT met: " + ", ".join(f"{n} {v:.2f}x" for n, v in below.items())))
+        for n, r in (o.get("unmatched") or {}).items():  # not in the verdict: not the operation's matched setup
+            out["lines"].append(f"  (not in the verdict: {n}, {r['cpu_relative_to_softmax_fastest_step']:.2f}x: "
+                                f"the softmax model's heads, twice the maps of its matched setup)")
     return out
 
 
@@ -404,11 +427,13 @@ def main(argv: list[str] | None = None) -> int:
                                                         for T in Ts))
         print(f"{'softmax tokens/s':<29}" + "".join(f"{o[T]['softmax_tokens_per_s']:>12.0f}{o[T]['softmax_cpu_tokens_per_s']:>6.0f}"
                                                  f"{'':>9}{'':>10}" for T in Ts))
-        for n in names:
-            print(f"{n:<20}{o[Ts[0]]['ops'][n]['path']:<9}" + "".join(
-                f"{o[T]['ops'][n]['relative_to_softmax']:>12.2f}{o[T]['ops'][n]['cpu_relative_to_softmax']:>6.2f}"
-                f"{o[T]['ops'][n]['cpu_relative_to_softmax_fastest_step']:>9.2f}"
-                f"{o[T]['ops'][n].get('cpu_relative_to_naive', float('nan')):>10.2f}" for T in Ts))
+        for n, where in [(n, "ops") for n in names] + [(n, "unmatched") for n in o[Ts[0]].get("unmatched", {})]:
+            label = n if o[Ts[0]][where][n]["n_heads"] == SMALL["n_heads"] or where == "unmatched" else \
+                f"{n}@{o[Ts[0]][where][n]['n_heads']} heads"
+            print(f"{label:<20}{o[Ts[0]][where][n]['path']:<9}" + "".join(
+                f"{o[T][where][n]['relative_to_softmax']:>12.2f}{o[T][where][n]['cpu_relative_to_softmax']:>6.2f}"
+                f"{o[T][where][n]['cpu_relative_to_softmax_fastest_step']:>9.2f}"
+                f"{o[T][where][n].get('cpu_relative_to_naive', float('nan')):>10.2f}" for T in Ts))
     res["targets"] = targets(res)
     for line in res["targets"]["lines"]:
         print(line)

@@ -657,3 +657,21 @@ def test_every_operation_is_described_in_one_whole_line():
     for reg in (ATTENTION, POSITIONAL):
         for name in reg.names():
             assert reg.describe(name).rstrip().endswith((".", ")")), (name, reg.describe(name))
+
+
+def test_matched_heads_give_differential_attention_the_softmax_models_parameters_and_maps():
+    """Ye et al. 2024 give a differential model half the heads of the softmax model it is compared with: at
+    ``matched_heads(H)`` it has the same projections, H maps per layer of the softmax heads' query/key width, and
+    only the lambda vectors (4 x d) and the per-head norm gain (2 d) per layer more; every other operation keeps H."""
+    d_model, n_layers = 64, 2
+    soft = ModelConfig(vocab_size=V, d_model=d_model, n_layers=n_layers, n_heads=4, d_ff=64, max_seq_len=T)
+    heads = ATTENTION.get("diff").matched_heads(soft.n_heads)
+    assert heads == 2
+    diff = dataclasses.replace(soft, attention="diff", n_heads=heads)
+    assert diff.qk_dim == soft.head_dim == 16  # each map's query/key width
+    assert 2 * heads == soft.n_heads  # maps per layer
+    n_soft, n_diff = (sum(p.numel() for p in SinkLM(c).parameters()) for c in (soft, diff))
+    assert n_diff - n_soft == n_layers * (4 * 16 + 32)
+    assert all(ATTENTION.get(n).matched_heads(6) == 6 for n in OPS if n != "diff")
+    with pytest.raises(ConfigError, match="even number of heads"):
+        ATTENTION.get("diff").matched_heads(3)

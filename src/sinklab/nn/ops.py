@@ -125,6 +125,18 @@ class AttentionOp(nn.Module):
         self.output_scale = 1.0  # factor on the output (softmax_scaled's alpha)
 
     @classmethod
+    def matched_heads(cls, n_heads: int) -> int:
+        """Heads this operation needs to match a softmax model of ``n_heads`` heads (same ``d_model``) in
+        parameters, attention maps and attention compute: ``n_heads`` itself (one map per head) for every
+        operation but differential attention (:meth:`Differential.matched_heads`). For comparisons such as
+        ``benchmarks/train_throughput.py``'s operation table and a study row that follows a paper's setup.
+
+        Raises:
+            ConfigError: ``n_heads`` cannot be matched (differential attention with an odd ``n_heads``).
+        """
+        return n_heads
+
+    @classmethod
     def option_names(cls) -> set[str]:
         """Names of the ``attention_options`` this operation accepts."""
         names: set[str] = set()
@@ -675,7 +687,8 @@ class Differential(AttentionOp):
     """Differential attention (Ye et al. 2024): (softmax(q1.k1) - lambda softmax(q2.k2)) v, per-head RMSNorm, x (1 - lambda_init).
 
     Every head's query and key are split into two halves of d = d_h / 2 (q1 = the first half, as in
-    the paper's code); the two softmax maps (logits scaled by 1 / sqrt(d), RoPE on d dims) share the
+    the paper's code, whose ``num_heads`` is sinklab's ``n_heads``; to compare with a softmax model of H heads
+    as the paper does, give this one H / 2 heads: :meth:`matched_heads`); the two softmax maps (logits scaled by 1 / sqrt(d), RoPE on d dims) share the
     head's full-width value. ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` with four
     learnable d-vectors per layer (shared by the heads, initialised N(0, 0.1)) and
     ``lambda_init = 0.8 - 0.6 exp(-0.3 l)`` for 0-based layer l (option ``lambda_init`` fixes it).
@@ -703,6 +716,22 @@ class Differential(AttentionOp):
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
             setattr(self, name, nn.Parameter(torch.randn(d) * 0.1))  # (d,)
         self.subln = nn.Parameter(torch.ones(ctx.head_dim))  # (d_h,) RMSNorm gain
+
+    @classmethod
+    def matched_heads(cls, n_heads: int) -> int:
+        """Half of ``n_heads``: Ye et al. (2024, Sec. 2.1 and their code) set a differential model's heads to
+        ``h = d_model / 2d`` (d the softmax model's head width), so that each differential head's two maps
+        have the softmax heads' query/key width and its value twice it: the same parameters (up to the
+        lambda vectors and the per-head norm), the same number of attention maps and the same q.k work as
+        the softmax model of ``n_heads`` heads. With ``n_heads`` as the softmax model's, a differential model
+        computes twice the maps, each half as wide.
+
+        Raises:
+            ConfigError: ``n_heads`` is odd.
+        """
+        if n_heads % 2:
+            raise ConfigError(f"differential attention matches a softmax model of an even number of heads, got {n_heads}")
+        return n_heads // 2
 
     def set_layer(self, layer_idx: int) -> None:
         """``lambda_init`` of 0-based layer ``layer_idx`` (the paper's depth schedule), unless fixed."""
