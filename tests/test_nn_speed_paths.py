@@ -127,3 +127,28 @@ def test_causal_virtual_key_equals_explicit_mask(attention, n_kv_heads, monkeypa
     torch.testing.assert_close(l1, l0, rtol=1e-6, atol=1e-6)
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_cpu_bf16_training_keeps_sdpa_in_bf16_past_the_upcast_length(monkeypatch):
+    """Past ``cpu_fp32_sdpa_max_keys`` keys the bf16-autocast training step calls SDPA in bfloat16 (PyTorch's bf16 CPU
+    kernel is the faster one at long sequences: benchmarks/results/sdpa_dtype_cpu.json), up to it in float32; both agree
+    with the float32 model within bf16 rounding."""
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, *a, **k):
+        seen.append(q.dtype)
+        return sdpa(q, *a, **k)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = _model()
+    x = torch.randint(0, 64, (2, 16))
+    l_ref, g_ref = _loss_and_grads(model, x)
+    for max_keys, want in ((16, torch.float32), (15, torch.bfloat16), (None, torch.float32)):
+        model.set_attention_options(cpu_fp32_sdpa_max_keys=max_keys)
+        seen.clear()
+        loss, grads = _loss_and_grads(model, x, autocast=True)
+        assert seen and all(d == want for d in seen), (max_keys, seen)
+        torch.testing.assert_close(loss, l_ref, rtol=2e-2, atol=2e-2)
+        for n in g_ref:
+            assert (grads[n] - g_ref[n]).abs().max().item() / (g_ref[n].abs().max().item() + 1e-8) < 0.1, n

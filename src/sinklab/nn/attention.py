@@ -75,9 +75,14 @@ class AttentionOptions:
         tile_elems: logits per query chunk of :class:`_TileAttention` (small tiles stay in cache).
         fused_qkv: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
             the parameters stay q_proj/k_proj/v_proj).
-        cpu_fp32_sdpa_backward: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast:
-            PyTorch's fused half-precision CPU attention backward is ~1.5x slower than float32's
-            (torch 2.13, benchmarks/train_throughput.py); forward-only passes stay in half precision.
+        cpu_fp32_sdpa_backward: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast
+            when it attends to at most ``cpu_fp32_sdpa_max_keys`` keys: there PyTorch's fused
+            half-precision CPU attention (forward + backward) is slower than float32's, at longer sequences
+            faster (torch 2.13, AMD EPYC: bf16 / float32 CPU time 1.07-1.85x at T <= 256 and head width
+            <= 64, 0.80-0.85x at T >= 1024; ``benchmarks/sdpa_dtype_cpu.py``,
+            ``benchmarks/results/sdpa_dtype_cpu.json``); forward-only passes stay in half precision.
+        cpu_fp32_sdpa_max_keys: the longest sequence (keys T, a virtual key not counted) for which
+            ``cpu_fp32_sdpa_backward`` upcasts; None: at every length.
         causal_virtual_key: plain causal attention with a virtual key uses SDPA's causal kernel (one
             dummy query row in front) instead of an explicit (T, 1+T) mask.
         attention_backend: which kernel computes the attention (:mod:`sinklab.nn.backend`: "auto",
@@ -94,6 +99,7 @@ class AttentionOptions:
     tile_elems: int = 1 << 20
     fused_qkv: bool = True
     cpu_fp32_sdpa_backward: bool = True
+    cpu_fp32_sdpa_max_keys: int | None = 256
     causal_virtual_key: bool = True
     attention_backend: str | None = None
     flex_compiled: bool = True
@@ -575,8 +581,10 @@ class Attention(nn.Module):
         gqa = Hkv != H
         virtual = vk is not None or vlogit is not None
         out_dtype = q.dtype
+        max_keys = self.options.cpu_fp32_sdpa_max_keys
         upcast = (self.options.cpu_fp32_sdpa_backward and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-                  and torch.is_grad_enabled() and q.requires_grad)
+                  and torch.is_grad_enabled() and q.requires_grad
+                  and (max_keys is None or k.shape[2] <= max_keys))
         if upcast:
             q, k, v = q.float(), k.float(), v.float()
             vk, vv = (None, None) if vk is None else (vk.float(), vv.float())
