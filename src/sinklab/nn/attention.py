@@ -78,8 +78,8 @@ class AttentionOptions:
         cpu_fp32_sdpa_backward: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast
             when it attends to at most ``cpu_fp32_sdpa_max_keys`` keys: there PyTorch's fused
             half-precision CPU attention (forward + backward) is slower than float32's, at longer sequences
-            faster (torch 2.13, AMD EPYC: bf16 / float32 CPU time 1.07-1.85x at T <= 256 and head width
-            <= 64, 0.80-0.85x at T >= 1024; ``benchmarks/sdpa_dtype_cpu.py``,
+            faster (torch 2.13, AMD EPYC, head widths 32-128: bf16 / float32 CPU time 0.99-2.05x at
+            T <= 256, 0.90-1.10x at 512, 0.78-0.87x at T >= 1024; ``benchmarks/sdpa_dtype_cpu.py``,
             ``benchmarks/results/sdpa_dtype_cpu.json``); forward-only passes stay in half precision.
         cpu_fp32_sdpa_max_keys: the longest sequence (keys T, a virtual key not counted) for which
             ``cpu_fp32_sdpa_backward`` upcasts; None: at every length.
