@@ -107,3 +107,24 @@ def test_each_models_bars_are_centred_on_its_tick():
     assert [p.get_height() for p in sink1] == [40.0, 60.0]
     err_x = ax.collections[0].get_segments()
     assert [seg[0][0] for seg in err_x] == pytest.approx([p.get_x() + p.get_width() / 2 for p in sink1])
+
+
+def test_a_model_without_the_extra_bars_has_its_sink_rate_bar_on_its_tick():
+    """A softmax model beside a sink-token model (Sink* only for the second) and a gated one (gate-weighted Sink_1
+    only for the third): each model's own bars are centred on its tick, with no gap for a bar it does not have."""
+    nan = float("nan")
+    models = pd.DataFrame({
+        "model": ["soft", "sink", "gated"], "sink_rate_1": [40.0, 60.0, 50.0], "ci_low": [35.0, 55.0, 45.0],
+        "ci_high": [45.0, 65.0, 55.0], "sink_rate_virtual": [nan, 20.0, nan], "sink_rate_gated_1": [nan, nan, 7.0],
+        "num_samples": [4, 4, 4], "seq_len": [16, 16, 16], "probe": ["natural"] * 3, "eps": [0.3] * 3})
+    layers = pd.DataFrame({"model": ["soft", "sink", "gated"], "depth": [0.0] * 3, "sink_rate_1": [40.0, 60.0, 50.0]})
+    ax = comparison_figure(models, layers).axes[0]
+    width = ax.patches[0].get_width()
+    by_tick = {}
+    for p in ax.patches:
+        by_tick.setdefault(round(p.get_x() + p.get_width() / 2), []).append(p)  # nearest tick (0, 1, 2)
+    for tick, want in zip(ax.get_xticks(), ([40.0], [60.0, 20.0], [50.0, 7.0])):
+        bars = sorted(by_tick[round(tick)], key=lambda p: p.get_x())
+        assert [p.get_height() for p in bars] == want
+        assert sum(p.get_x() + p.get_width() / 2 for p in bars) / len(bars) == pytest.approx(tick)
+        assert all(b2.get_x() - b1.get_x() == pytest.approx(width) for b1, b2 in zip(bars, bars[1:]))

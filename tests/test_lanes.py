@@ -46,7 +46,6 @@ def test_compiled_kernels_are_keyed_by_the_torch_build_not_the_checkouts_venv():
         assert f"sinklab-torch-{torch.__version__}".replace("+", "_") in inc and str(REPO) not in inc
         # the link may point at another checkout's venv (a checkout beside this one re-points it when its tests
         # start): what counts is that it holds this same torch build
-        target = Path(inc).resolve()
-        while target.name != "torch" and target != target.parent:
-            target = target.parent
-        assert (target / "version.py").read_text() == (torch_dir / "version.py").read_text(), target
+        parts = Path(inc).parts
+        link = Path(*parts[: next(i for i, p in enumerate(parts) if p.startswith("sinklab-torch-")) + 1])
+        assert (link.resolve() / "version.py").read_text() == (torch_dir / "version.py").read_text(), link.resolve()

@@ -659,19 +659,44 @@ def test_every_operation_is_described_in_one_whole_line():
             assert reg.describe(name).rstrip().endswith((".", ")")), (name, reg.describe(name))
 
 
-def test_matched_heads_give_differential_attention_the_softmax_models_parameters_and_maps():
-    """Ye et al. 2024 give a differential model half the heads of the softmax model it is compared with: at
-    ``matched_heads(H)`` it has the same projections, H maps per layer of the softmax heads' query/key width, and
-    only the lambda vectors (4 x d) and the per-head norm gain (2 d) per layer more; every other operation keeps H."""
-    d_model, n_layers = 64, 2
-    soft = ModelConfig(vocab_size=V, d_model=d_model, n_layers=n_layers, n_heads=4, d_ff=64, max_seq_len=T)
-    heads = ATTENTION.get("diff").matched_heads(soft.n_heads)
-    assert heads == 2
-    diff = dataclasses.replace(soft, attention="diff", n_heads=heads)
-    assert diff.qk_dim == soft.head_dim == 16  # each map's query/key width
-    assert 2 * heads == soft.n_heads  # maps per layer
-    n_soft, n_diff = (sum(p.numel() for p in SinkLM(c).parameters()) for c in (soft, diff))
-    assert n_diff - n_soft == n_layers * (4 * 16 + 32)
+def test_matched_heads_give_differential_attention_the_softmax_models_maps(monkeypatch):
+    """Ye et al. 2024 give a differential model half the heads (and kv heads) of the softmax model it is compared
+    with: at ``matched_heads`` its training step calls SDPA over as many maps as the softmax model's, each of the
+    softmax heads' query/key width (the rest zero padding to the value's width), with the same projections and only
+    the lambda vectors (4 x d) and the per-head norm gain (2 d) per layer more, under grouped-query attention too;
+    at the softmax model's own head count it calls SDPA over twice the maps, each half as wide. Every other
+    operation keeps its heads."""
+    import torch.nn.functional as F
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *a, **kw):
+        calls.append((q.shape[1], int((q[0, :, :, :].abs().sum(dim=(0, 1)) > 0).sum()), v.shape[-1]))
+        return sdpa(q, k, v, *a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    d_model, n_layers, T_ = 64, 2, 8
+    x = torch.randint(0, V, (1, T_))
+    for heads, kv in ((4, None), (8, 2)):
+        soft = ModelConfig(vocab_size=V, d_model=d_model, n_layers=n_layers, n_heads=heads, n_kv_heads=kv, d_ff=64,
+                           max_seq_len=T_)
+        op = ATTENTION.get("diff")
+        matched = dataclasses.replace(soft, attention="diff", n_heads=op.matched_heads(heads),
+                                      n_kv_heads=None if kv is None else op.matched_heads(kv))
+        same = dataclasses.replace(soft, attention="diff")
+        seen = {}
+        for name, cfg in (("soft", soft), ("matched", matched), ("same", same)):
+            calls.clear()
+            torch.manual_seed(0)
+            SinkLM(cfg)(x).logits.sum().backward()
+            seen[name] = calls[0]  # (maps, query channels that are not padding, value width)
+        w = d_model // heads
+        assert seen["soft"] == (heads, w, w)
+        assert seen["matched"] == (heads, w, 2 * w)
+        assert seen["same"] == (2 * heads, w // 2, w)
+        n_soft, n_diff = (sum(p.numel() for p in SinkLM(c).parameters()) for c in (soft, matched))
+        assert n_diff - n_soft == n_layers * (4 * w + 2 * w)
     assert all(ATTENTION.get(n).matched_heads(6) == 6 for n in OPS if n != "diff")
     with pytest.raises(ConfigError, match="even number of heads"):
         ATTENTION.get("diff").matched_heads(3)

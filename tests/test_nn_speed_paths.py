@@ -144,6 +144,7 @@ def test_cpu_bf16_training_keeps_sdpa_in_bf16_past_the_upcast_length(monkeypatch
     model = _model()
     x = torch.randint(0, 64, (2, 16))
     l_ref, g_ref = _loss_and_grads(model, x)
+    assert AttentionOptions().cpu_fp32_sdpa_max_keys == 512
     for max_keys, want in ((16, torch.float32), (15, torch.bfloat16), (None, torch.float32)):
         model.set_attention_options(cpu_fp32_sdpa_max_keys=max_keys)
         seen.clear()
@@ -152,3 +153,9 @@ def test_cpu_bf16_training_keeps_sdpa_in_bf16_past_the_upcast_length(monkeypatch
         torch.testing.assert_close(loss, l_ref, rtol=2e-2, atol=2e-2)
         for n in g_ref:
             assert (grads[n] - g_ref[n]).abs().max().item() / (g_ref[n].abs().max().item() + 1e-8) < 0.1, n
+    # float16 autocast is upcast at every length (its kernel's speed was not measured)
+    model.set_attention_options(cpu_fp32_sdpa_max_keys=15)
+    seen.clear()
+    with torch.autocast("cpu", dtype=torch.float16):
+        model(x, targets=x).loss.backward()
+    assert seen and all(d == torch.float32 for d in seen), seen

@@ -249,15 +249,19 @@ def comparison_figure(models, layers):
              (("sink_rate_virtual", "Sink* (virtual sink)", "//"), ("sink_rate_gated_1", "gate-weighted Sink_1", ".."))
              if col in models and models[col].notna().any()]
     width = 0.8 / (1 + len(extra))
-    x0 = xs - len(extra) * width / 2  # each model's group of bars centred on its tick
+    vals = [models[col].to_numpy(dtype=float) for col, _, _ in extra]  # nan (no bar) for models without one
+    # each model's bars (Sink_1, then the extras it has) side by side, the group centred on its tick
+    n_bars = 1 + sum((~np.isnan(v)).astype(int) for v in vals) if vals else np.ones(len(xs), dtype=int)
+    x0 = xs - (n_bars - 1) * width / 2
     a.bar(x0, rate, width=width, label="Sink_1")
     has = ~np.isnan(lo)
     if has.any():
         a.errorbar(x0[has], rate[has], yerr=[rate[has] - lo[has], hi[has] - rate[has]], fmt="none", ecolor="k", capsize=3)
-    for n, (col, label, hatch) in enumerate(extra, start=1):
-        vals = models[col].to_numpy(dtype=float)  # nan (no bar) for models without one
-        ok = ~np.isnan(vals)
-        a.bar(x0[ok] + n * width, vals[ok], width=width, label=label, hatch=hatch, color=f"C{n}")
+    slot = np.ones(len(xs))  # the next free slot of each model's group
+    for n, ((col, label, hatch), v) in enumerate(zip(extra, vals), start=1):
+        ok = ~np.isnan(v)
+        a.bar(x0[ok] + slot[ok] * width, v[ok], width=width, label=label, hatch=hatch, color=f"C{n}")
+        slot[ok] += 1
     if extra:
         a.legend(fontsize=7)
     a.set_xticks(xs, [f"{m}\nN={n} T={t} {k}" + ("" if h else " (no CI)") for m, n, t, k, h in

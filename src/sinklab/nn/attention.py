@@ -75,14 +75,14 @@ class AttentionOptions:
         tile_elems: logits per query chunk of :class:`_TileAttention` (small tiles stay in cache).
         fused_qkv: one matmul with the stacked weight [W_q; W_k; W_v] instead of three (same result;
             the parameters stay q_proj/k_proj/v_proj).
-        cpu_fp32_sdpa_backward: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast
-            when it attends to at most ``cpu_fp32_sdpa_max_keys`` keys: there PyTorch's fused
-            half-precision CPU attention (forward + backward) is slower than float32's, at longer sequences
-            faster (torch 2.13, AMD EPYC, head widths 32-128: bf16 / float32 CPU time 0.99-2.05x at
-            T <= 256, 0.90-1.10x at 512, 0.78-0.87x at T >= 1024; ``benchmarks/sdpa_dtype_cpu.py``,
-            ``benchmarks/results/sdpa_dtype_cpu.json``); forward-only passes stay in half precision.
+        cpu_fp32_sdpa_backward: on CPU, train the SDPA path in float32 even under bf16/fp16 autocast; under
+            bf16 only up to ``cpu_fp32_sdpa_max_keys`` keys. PyTorch's fused bf16 CPU attention (forward +
+            backward) is slower than float32's at short sequences and faster at long ones (torch 2.13, AMD EPYC,
+            head widths 32-128: bf16 / float32 CPU time 0.99-2.05x at T <= 256, 0.90-1.10x at 512, 0.78-0.87x
+            at T >= 1024; ``benchmarks/sdpa_dtype_cpu.py``, ``benchmarks/results/sdpa_dtype_cpu.json``). float16
+            is upcast at every length (not measured). Forward-only passes stay in half precision.
         cpu_fp32_sdpa_max_keys: the longest sequence (keys T, a virtual key not counted) for which
-            ``cpu_fp32_sdpa_backward`` upcasts; None: at every length.
+            ``cpu_fp32_sdpa_backward`` upcasts bf16; None: at every length.
         causal_virtual_key: plain causal attention with a virtual key uses SDPA's causal kernel (one
             dummy query row in front) instead of an explicit (T, 1+T) mask.
         attention_backend: which kernel computes the attention (:mod:`sinklab.nn.backend`: "auto",
@@ -99,7 +99,7 @@ class AttentionOptions:
     tile_elems: int = 1 << 20
     fused_qkv: bool = True
     cpu_fp32_sdpa_backward: bool = True
-    cpu_fp32_sdpa_max_keys: int | None = 256
+    cpu_fp32_sdpa_max_keys: int | None = 512
     causal_virtual_key: bool = True
     attention_backend: str | None = None
     flex_compiled: bool = True
@@ -584,7 +584,7 @@ class Attention(nn.Module):
         max_keys = self.options.cpu_fp32_sdpa_max_keys
         upcast = (self.options.cpu_fp32_sdpa_backward and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
                   and torch.is_grad_enabled() and q.requires_grad
-                  and (max_keys is None or k.shape[2] <= max_keys))
+                  and (max_keys is None or q.dtype != torch.bfloat16 or k.shape[2] <= max_keys))
         if upcast:
             q, k, v = q.float(), k.float(), v.float()
             vk, vv = (None, None) if vk is None else (vk.float(), vv.float())

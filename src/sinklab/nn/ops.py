@@ -126,10 +126,10 @@ class AttentionOp(nn.Module):
 
     @classmethod
     def matched_heads(cls, n_heads: int) -> int:
-        """Heads this operation needs to match a softmax model of ``n_heads`` heads (same ``d_model``) in
-        parameters, attention maps and attention compute: ``n_heads`` itself (one map per head) for every
-        operation but differential attention (:meth:`Differential.matched_heads`). For comparisons such as
-        ``benchmarks/train_throughput.py``'s operation table and a study row that follows a paper's setup.
+        """Heads this operation is given when compared with a softmax model of ``n_heads`` heads (same ``d_model``)
+        in its paper's setting: ``n_heads`` itself for every operation but differential attention
+        (:meth:`Differential.matched_heads`). Apply it to ``n_kv_heads`` too under grouped-query attention. Used by
+        ``benchmarks/train_throughput.py``'s operation table and the study row that follows the paper's setup.
 
         Raises:
             ConfigError: ``n_heads`` cannot be matched (differential attention with an odd ``n_heads``).
@@ -719,12 +719,15 @@ class Differential(AttentionOp):
 
     @classmethod
     def matched_heads(cls, n_heads: int) -> int:
-        """Half of ``n_heads``: Ye et al. (2024, Sec. 2.1 and their code) set a differential model's heads to
-        ``h = d_model / 2d`` (d the softmax model's head width), so that each differential head's two maps
-        have the softmax heads' query/key width and its value twice it: the same parameters (up to the
-        lambda vectors and the per-head norm), the same number of attention maps and the same q.k work as
-        the softmax model of ``n_heads`` heads. With ``n_heads`` as the softmax model's, a differential model
-        computes twice the maps, each half as wide.
+        """Half of ``n_heads`` (and of ``n_kv_heads`` under grouped-query attention): Ye et al. (2024, Sec. 2.1;
+        their code's ``num_heads``, "half of Transformer's #heads") give a differential model ``h = d_model / 2d``
+        heads, d the softmax model's head width. Each of its heads then has two maps of query/key width d and a
+        value of width 2d: as many attention maps per layer as the softmax model, each as wide in q.k. The
+        projections are the same d_model x d_model matrices at any head count; only the lambda vectors and the
+        per-head norm gain (4 d + 2 d per layer) are added. At ``n_heads`` itself a differential model computes
+        twice the maps, each half as wide. (sinklab's SDPA path pads each map's query/key to the value's width and
+        computes ``A V`` per map, so its attention kernels do about twice softmax's multiply-adds at either
+        head count.)
 
         Raises:
             ConfigError: ``n_heads`` is odd.
