@@ -789,7 +789,9 @@ def test_intervene_plot_draws_no_bar_where_the_table_has_no_value(monkeypatch):
     middle = series["Sink at position 4"]
     want = t["sink_rate_swap_to"].dropna().tolist()
     assert [b.get_height() for b in middle] == pytest.approx(want)
-    assert sum(txt.get_text() == "n/a" for txt in rate_ax.texts) == int(t["sink_rate_swap_to"].isna().sum())
+    # every missing value is marked, and drop-first's position 0 (the window's own position 0 is the one dropped)
+    assert sum(txt.get_text() == "n/a" for txt in rate_ax.texts) == int(t["sink_rate_swap_to"].isna().sum()) + int(
+        (t["intervention"] == "drop-first").sum())
 
 
 @pytest.mark.parametrize("kind", ["massive", "keybias", "intervene", "overmix", "repeat", "attention", "frames", "depth"])
@@ -855,3 +857,82 @@ def test_position_swaps_edit_the_rows_an_offset_table_reads():
     swapped[0], swapped[t] = t, 0
     assert tab.loc["position-swap", "loss"] == pytest.approx(loss(swapped), abs=1e-9)
     assert abs(tab.loc["position-replace", "loss"] - tab.loc["baseline", "loss"]) > 1e-4
+
+
+def test_repeat_control_shares_the_prompt_when_it_needs_longer_windows(monkeypatch):
+    """When prompt + the largest count exceed T the natural control comes from new, longer windows: the repeated
+    sequences then take their prompt from those same windows, so at every n the two arms share their first
+    prompt_len tokens (an audit found the control on other text than the repeat arm's prompt)."""
+    import importlib
+
+    rep = importlib.import_module("sinklab.analyze.repeat")  # the module (the package exports the function too)
+
+    m = _sinklm(positional="learned")
+    ids = _ids(3, 12)
+    longer = _ids(3, 20, seed=7)
+    subj = Subject(m, ids, model_info={"name": "t"}, documents=["a document"])  # documents: longer windows exist
+    monkeypatch.setattr(Subject, "windows", lambda self, n, t, **kw: longer[:n, :t])
+    seen = []
+    run = rep.run_model
+
+    def spy(model, seq, **kw):
+        seen.append(seq.clone())
+        return run(model, seq, **kw)
+
+    monkeypatch.setattr(rep, "run_model", spy)
+    res = rep.repeat(subj, prompt_len=3, counts=[2, 12], eps=0.05, token=5)
+    repeated = [q for q in seen if q.shape[1] in (5, 15) and (q[:, 3:] == 5).all()]
+    controls = [q for q in seen if q.shape[1] in (5, 15) and torch.equal(q, longer[:, : q.shape[1]])]
+    assert len(repeated) == 2 and len(controls) == 2  # the control: the longer windows' prefixes
+    for q in repeated:
+        assert torch.equal(q[:, :3], longer[:, :3])  # the same prompt as the control
+    sr = res.tables["sink_rate"].set_index("repeats")
+    from sinklab.metrics import sink_rate
+
+    for n in (2, 12):  # the control: the longer windows' prefixes of the same length
+        want = float(sink_rate(run(m, longer[:, : 3 + n]).stats.mass, 0.05)[0])
+        assert sr.loc[n, "sink_rate_pos0_natural_same_len"] == pytest.approx(want)
+
+
+def test_keybias_summary_medians_are_lower_medians():
+    """Every median in sinklab is the lower median (docs/concepts.md); keybias' summary took pandas' median, which
+    averages the two middle values of an even count (an audit found 0.546991 where the lower median is 0.546821)."""
+    res = keybias(Subject(tiny_llama(), _ids(2, 9), model_info={"name": "tiny"}), eps=0.05, long_seq_len=None)
+    heads, s = res.tables["heads"], res.summary
+    vals = sorted(heads["output_share"].tolist())
+    assert len(vals) % 2 == 0 and vals[len(vals) // 2 - 1] != vals[len(vals) // 2]
+    assert s["median_output_share_all_heads"] == pytest.approx(vals[(len(vals) - 1) // 2], rel=1e-12)
+    sink = heads[heads["has_sink"]]
+    if len(sink):
+        v = sorted(sink["attention_share"].tolist())
+        assert s["median_attention_share_sink_heads"] == pytest.approx(v[(len(v) - 1) // 2], rel=1e-12)
+
+
+def test_intervene_plot_marks_drop_firsts_position_0_and_reaches_a_late_sink(monkeypatch):
+    """The middle panel's positions are the full window's: drop-first has no window position 0 (its sequence's
+    position 0 is the window's 1), so its "Sink at position 0" bar is n/a, not the rate at position 1; the mass
+    panel reaches the sink and the top positions after the change when they lie past the first 16 positions (an
+    audit found a sink at 21 left out)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from sinklab.analyze.intervene import _plot
+
+    table = pd.DataFrame({
+        "intervention": ["baseline", "remove-sink", "drop-first"], "loss": [3.0, 3.2, 3.1],
+        "sink_rate_pos0": [10.0, 5.0, 80.0], "sink_rate_sink": [90.0, 0.0, 85.0],
+        "top_sink_position_after": [21, 24, 20], "top_sink_rate_after": [90.0, 40.0, 85.0]})
+    mass = pd.DataFrame([{"intervention": v, "position": j + (v == "drop-first"), "attention_mass": 0.01, "sink_rate": 0.0}
+                         for v in table["intervention"] for j in range(30 - (v == "drop-first"))])
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    _plot("unused.png", table=table, mass_table=mass, lm=True, pos=21, swap_to=4, learned=False, T=30)
+    rate_ax, mass_ax = figures[0].axes[1], figures[0].axes[2]
+    pos0 = {c.get_label(): c for c in rate_ax.containers}["Sink at position 0"]
+    assert [b.get_height() for b in pos0] == [10.0, 5.0]  # baseline and remove-sink only
+    assert sum(t.get_text() == "n/a" for t in rate_ax.texts) == 1
+    reach = [max(line.get_xdata()) for line in mass_ax.get_lines()]
+    assert min(reach) >= 24  # past the sink (21) and remove-sink's new top position (24)

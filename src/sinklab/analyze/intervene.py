@@ -355,8 +355,11 @@ def _plot(path, *, table, mass_table, lm: bool, pos: int, swap_to: int, learned:
     width = 0.8 / len(bars)
     for b, (col, label) in enumerate(bars):
         xs = [i + (b - (len(bars) - 1) / 2) * width for i in x]
-        have = table[col].notna().tolist()  # a variant without this value (NaN) gets no bar, and "n/a" where it would be
-        drawn = ax.bar([u for u, h in zip(xs, have) if h], table[col][have], width, label=label)
+        vals = table[col]
+        if col == "sink_rate_pos0":  # drop-first's position 0 is the window's position 1: the window's own is gone
+            vals = vals.where(table["intervention"] != "drop-first")
+        have = vals.notna().tolist()  # a variant without this value (NaN) gets no bar, and "n/a" where it would be
+        drawn = ax.bar([u for u, h in zip(xs, have) if h], vals[have], width, label=label)
         for u, h in zip(xs, have):
             if not h:
                 ax.text(u, 1, "n/a", rotation=90, ha="center", va="bottom", fontsize=6, color="gray")
@@ -370,7 +373,9 @@ def _plot(path, *, table, mass_table, lm: bool, pos: int, swap_to: int, learned:
     ax.set_title("pK = 0-based top sink position after the change (in the full window)", fontsize=8)
     ax.legend(fontsize=7)
     ax = axes[0, n - 1]
-    shown = min(T, 16)
+    # the first 16 positions, and as far as the sink and every top position after a change, so that the plot shows
+    # where the mass was and where it went (positions of the full window)
+    shown = min(T, max(16, pos + 2, int(table["top_sink_position_after"].max()) + 3))
     for name, g in mass_table.groupby("intervention", sort=False):
         g = g[g["position"] < shown]
         ax.plot(g["position"], g["attention_mass"], marker="o", ms=3,

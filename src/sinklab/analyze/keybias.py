@@ -239,20 +239,27 @@ def _head_table(st: dict[str, Tensor], stats, pos: int, eps: float, blocks: list
     return pd.DataFrame(rows)
 
 
+def _median(x) -> float:
+    """The lower median of a pandas Series (NaN skipped, as pandas does), as every median in sinklab
+    (``torch.nanmedian``; pandas' own ``median`` averages the two middle values of an even count)."""
+    return float(torch.nanmedian(torch.as_tensor(x.to_numpy(dtype="float64"))))
+
+
 def _summary(heads, pos: int, rate: float, det: list[dict], sizes: dict) -> dict:
-    """The headline medians over the heads with a sink (None without any), the detection rows and ``sizes``."""
+    """The headline medians (lower medians) over the heads with a sink (None without any), the detection rows
+    and ``sizes``."""
     s = heads[heads["has_sink"]]
     summary = {
         "sink_position": pos, "sink_rate": rate, "heads": int(len(heads)), "heads_with_sink": int(len(s)),
-        "median_attention_share_sink_heads": float(s["attention_share"].median()) if len(s) else None,
-        "median_output_share_sink_heads": float(s["output_share"].median()) if len(s) else None,
-        "median_cos_sink_sink_heads": float(s["cos_sink"].median()) if len(s) else None,
-        "median_cos_other_sink_heads": float(s["cos_other"].median()) if len(s) else None,
-        "median_value_norm_share_sink_heads": float(s["value_norm_share"].median()) if len(s) else None,
-        "median_output_share_all_heads": float(heads["output_share"].median()),
+        "median_attention_share_sink_heads": _median(s["attention_share"]) if len(s) else None,
+        "median_output_share_sink_heads": _median(s["output_share"]) if len(s) else None,
+        "median_cos_sink_sink_heads": _median(s["cos_sink"]) if len(s) else None,
+        "median_cos_other_sink_heads": _median(s["cos_other"]) if len(s) else None,
+        "median_value_norm_share_sink_heads": _median(s["value_norm_share"]) if len(s) else None,
+        "median_output_share_all_heads": _median(heads["output_share"]),
         # the hypothesis "stores attention, contributes little" predicts output share << attention share
         "median_output_over_attention_share_sink_heads":
-            float((s["output_share"] / s["attention_share"]).median()) if len(s) else None,
+            _median((s["output_share"] / s["attention_share"])) if len(s) else None,
         "share_of_sink_heads_output_below_attention": float((s["output_share"] < s["attention_share"]).mean()) if len(s) else None,
         "share_of_sink_heads_output_below_half_attention":
             float((s["output_share"] < 0.5 * s["attention_share"]).mean()) if len(s) else None,
@@ -262,8 +269,8 @@ def _summary(heads, pos: int, rate: float, det: list[dict], sizes: dict) -> dict
         **sizes,
     }
     if "key_norm_sink" in heads:
-        summary["median_key_norm_ratio_sink_heads"] = float((s["key_norm_sink"] / s["key_norm_others"]).median()) if len(s) else None
-        summary["median_value_norm_ratio_sink_heads"] = float((s["value_norm_sink"] / s["value_norm_others"]).median()) if len(s) else None
+        summary["median_key_norm_ratio_sink_heads"] = _median((s["key_norm_sink"] / s["key_norm_others"])) if len(s) else None
+        summary["median_value_norm_ratio_sink_heads"] = _median((s["value_norm_sink"] / s["value_norm_others"])) if len(s) else None
     return summary
 
 

@@ -173,10 +173,11 @@ def repeat(
     token's block output and position 0's (:func:`cosine_to_first`), and for the last repeated token;
     per n: Sink^eps at position 0, and the largest sink rate among the repeated positions (those seen
     by at least 10% of the queries), and the control ``sink_rate_pos0_natural_same_len``: Sink^eps at
-    position 0 of natural windows of the same total length ``prompt_len + n`` (prefixes of the probe
-    windows, which begin with the same prompt; when ``prompt_len + max(counts)`` exceeds T, prefixes of
-    new natural windows of that length from the corpus; without a corpus, NaN past T), so the effect of
-    repetition can be told from that of length. ``prompt_len = 0`` is the fully repeated sequence (the paper's
+    position 0 of natural windows of the same total length ``prompt_len + n``, paired: the prompt of each
+    repeated sequence is the first ``prompt_len`` tokens of its control window (the probe windows; when
+    ``prompt_len + max(counts)`` exceeds T, new natural windows of that length from the corpus, whose first
+    ``prompt_len`` tokens are then the prompt; without a corpus, the probe windows and NaN past T), so the
+    effect of repetition can be told from that of length. ``prompt_len = 0`` is the fully repeated sequence (the paper's
     repeated-token probe; position 0 then holds the repeated token too).
 
     Args:
@@ -210,7 +211,9 @@ def repeat(
     toks = _repeated_tokens(subj, token)
     longest = prompt_len + max(counts)  # control: natural text of the same total lengths
     control = subj.windows(N, longest) if longest > T and subj.documents is not None else ids
-    cos_df, sink_df = _repeats(m, ids, toks, counts, prompt_len, control, eps, batch_size)
+    # paired: each repeated sequence's prompt is the first prompt_len tokens of its control window, so that at
+    # every n the two arms differ only in what follows the prompt (repeats or the window's own text)
+    cos_df, sink_df = _repeats(m, toks, counts, prompt_len, control, eps, batch_size)
     mech_df = _mechanism_table(mech, base.stats.block_ids, H)
     first = inject_layers[0]
     if first not in base.stats.block_ids:
@@ -292,18 +295,18 @@ def _repeated_tokens(subj: Subject, token: int | None) -> Tensor:
     return pool[torch.randint(0, len(pool), (N,), generator=g)]
 
 
-def _repeats(m, ids: Tensor, toks: Tensor, counts: list[int], prompt_len: int, control: Tensor, eps: float,
-             batch_size: int):
-    """Prompt (``ids[:, :prompt_len]``) + ``toks`` repeated n times for n in ``counts``: the ``cosine`` table
-    (per n and layer, :func:`cosine_to_first` over the repeated positions and for the last one) and the
-    ``sink_rate`` table (per n: Sink^eps at 0, the largest among the repeated positions, and at 0 of the
-    natural ``control`` windows cut to the same length, NaN past their length)."""
+def _repeats(m, toks: Tensor, counts: list[int], prompt_len: int, control: Tensor, eps: float, batch_size: int):
+    """Prompt (``control[:, :prompt_len]``, control (N, T') natural windows) + ``toks`` (N,) repeated n times for n
+    in ``counts``: the ``cosine`` table (per n and layer, :func:`cosine_to_first` over the repeated positions and
+    for the last one) and the ``sink_rate`` table (per n: Sink^eps at 0, the largest among the repeated positions,
+    and at 0 of the same ``control`` windows cut to the same length, NaN past their length: the paired control,
+    which shares the prompt)."""
     import pandas as pd
 
-    N = ids.shape[0]
+    N = control.shape[0]
     rows, sink_rows = [], []
     for n in counts:
-        seq = torch.cat([ids[:, :prompt_len], toks[:, None].expand(N, n)], dim=1)
+        seq = torch.cat([control[:, :prompt_len], toks[:, None].expand(N, n)], dim=1)
         start = max(1, prompt_len)
         res = run_model(m, seq, hidden=True, batch_size=batch_size)
         cos = cosine_to_first(res.hidden, start)  # (N, L, n or n - 1)
