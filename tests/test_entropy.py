@@ -208,3 +208,29 @@ def test_uniform_entropy_counts_the_keys_each_query_sees_under_any_mask():
                     (MaskSpec(prefix_len=3), [3, 3, 3, 4, 5, 6]), (MaskSpec(), [1, 2, 3, 4, 5, 6]),
                     (MaskSpec(causal=False), [6] * 6)):
         assert uniform_attention_entropy(6, mask) == pytest.approx(sum(map(math.log, n)) / 6, abs=1e-12), mask
+
+
+def test_measure_summary_gives_each_layer_of_a_mixed_window_model_its_own_uniform_entropy():
+    """Gemma 2 mixes sliding (window 8) and full layers: measure's summary gave the whole model the windowed
+    layers' uniform entropy, below the full layers' measured entropy (an audit found 1.891 beside full layers at
+    2.525). Each layer now has its own, computed by hand; the single value is None when they differ."""
+    import transformers
+
+    from sinklab.metrics.summary import summarize
+
+    torch.manual_seed(0)
+    cfg = transformers.Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
+                                    layer_types=["sliding_attention", "full_attention"])
+    m = transformers.Gemma2ForCausalLM(cfg).eval()
+    T = 16
+    x = torch.randint(3, 128, (2, T), generator=torch.Generator().manual_seed(0))
+    s = summarize(collect(m, x, collector="blockwise", entropy=True), n_boot=10)
+    want = [sum(math.log(min(i + 1, 8)) for i in range(T)) / T, sum(math.log(i + 1) for i in range(T)) / T]
+    assert s["attention_entropy_uniform_per_layer"] == pytest.approx(want, abs=1e-4)
+    assert s["attention_entropy_uniform"] is None
+    assert s["attention_entropy_per_layer"][1] <= want[1] + 1e-4  # no layer above its own uniform entropy
+    plain = summarize(collect(tiny_llama(), x % 50, collector="blockwise", entropy=True), n_boot=10)
+    assert plain["attention_entropy_uniform"] == pytest.approx(sum(math.log(i + 1) for i in range(T)) / T, abs=1e-4)
+    assert plain["attention_entropy_uniform_per_layer"] == [plain["attention_entropy_uniform"]] * len(
+        plain["attention_entropy_per_layer"])

@@ -93,9 +93,10 @@ def summarize(
         -- so the mask-aware values differ from the plain ones),
         ``attention_entropy`` (L, H) nats: the mean over
         samples and query positions of each head's attention entropy, with ``attention_entropy_per_layer``
-        (L,) its mean over heads and ``attention_entropy_uniform`` the value of evenly spread attention
-        under the probe's mask (:func:`~sinklab.metrics.entropy.uniform_attention_entropy`; a model that mixes
-        sliding-window and global layers gets its windowed layers' value), when the
+        (L,) its mean over heads and ``attention_entropy_uniform_per_layer`` (L,) the value of evenly spread
+        attention under each layer's own mask (:func:`~sinklab.metrics.entropy.uniform_attention_entropy`),
+        ``attention_entropy_uniform`` that value when every layer has it (None for a model that mixes
+        sliding-window and global layers), when the
         capture recorded entropies, for models whose heads are gated after attention (DESIGN "gate-weighted
         attention", ``stats.gated_mass``) ``sink_rate_gated`` (K,) percent with ``sink_rate_gated_ci``,
         ``sink_rate_gated_per_layer`` (L, K), ``sink_rate_gated_per_head`` (L, H, K), ``attention_mass_gated``
@@ -213,8 +214,13 @@ def _add_captured_extras(out: dict[str, Any], stats: _ProbeStats, eps: float, K:
         m = out["mask"]
         out["attention_entropy"] = _r(ent, 4)
         out["attention_entropy_per_layer"] = _r(ent.mean(dim=1), 4)
-        out["attention_entropy_uniform"] = round(uniform_attention_entropy(
-            stats.seq_len, MaskSpec.from_dict(m, causal=stats.causal)), 4)
+        # each layer's own mask (Gemma 2 / 3 mix windowed and global layers): one uniform value per layer, the
+        # scalar only when every layer has the same (else None: read attention_entropy_uniform_per_layer)
+        own = getattr(stats, "layer_masks", None) or [m] * ent.shape[0]
+        uniforms = [round(uniform_attention_entropy(stats.seq_len, MaskSpec.from_dict(x, causal=stats.causal)), 4)
+                    for x in own]
+        out["attention_entropy_uniform"] = uniforms[0] if len(set(uniforms)) == 1 else None
+        out["attention_entropy_uniform_per_layer"] = uniforms
     if stats.extra_mass is not None:
         out["extra_mass"] = _r(stats.extra_mass.mean(dim=0))
         out["sink_rate_virtual"] = round(sink_rate_virtual(stats.extra_mass, eps), 4)
