@@ -525,3 +525,45 @@ def test_the_tokens_the_packing_inserts_are_never_masked_or_scored(packing, kept
             assert masked == 0.0 and (targets[:, p] == IGNORE_INDEX).all() and (w[:, p] == 0).all()
         else:
             assert masked > 0.3  # t ~ U(eps, 1): about half the rows mask a text position
+
+
+def test_the_unigram_baseline_of_a_diffusion_run_is_its_masked_diffusion_loss():
+    """summary.json's ``unigram_loss`` (the sweep's ``degenerate`` line) was the next-token cross-entropy of the unigram
+    distribution, while a diffusion run's val_loss is the masked diffusion loss on the tracker's fixed masks: two
+    different quantities (an audit found 4.176 beside a val_loss whose own unigram value was 3.977). The baseline is now
+    the validation loss, through the model's own loss function, of a 'model' whose logits are the unigram
+    log-probabilities at every position; for the causal objective it stays the plain unigram cross-entropy."""
+    import types
+
+    import numpy as np
+
+    from sinklab.data.baseline import unigram_logprobs, unigram_loss
+    from sinklab.nn.loss import linear_cross_entropy
+    from sinklab.runs.config import TrackConfig
+    from sinklab.train.objective import CausalObjective
+    from sinklab.train.tracker import SinkTracker
+
+    V = MASK + 1
+    g = torch.Generator().manual_seed(0)
+    stream = np.random.default_rng(0).integers(0, MASK, 5000)
+    x = torch.randint(0, MASK, (10, 12), generator=g)
+    x[:, 0] = BOS
+    y = torch.roll(x, -1, dims=1)
+    y[:, -1] = -100
+    logp = unigram_logprobs(stream, V)
+
+    class Unigram(torch.nn.Module):  # logits = logp at every position, through the model's loss function
+        def forward(self, xt, targets=None, target_weights=None, **kw):
+            h = torch.ones(*xt.shape, 1)
+            w = torch.as_tensor(logp, dtype=torch.float32)[:, None]  # (V, 1): logits h w^T = logp
+            loss = None if targets is None else linear_cross_entropy(h, w, targets, weights=target_weights)
+            return types.SimpleNamespace(loss=loss, logits=(h @ w.T))
+
+    obj = MaskedDiffusionObjective(mask_id=MASK, eps=1e-3, seed=0, eval_seed=5, keep_ids=(BOS,))
+    tr = SinkTracker(x[:2], x, y, TrackConfig(batch_size=4), objective=obj)
+    want = tr.validation_loss(Unigram(), torch.device("cpu"))
+    assert tr.baseline_loss(logp) == pytest.approx(want, rel=1e-5)
+    causal = SinkTracker(x[:2], x, y, TrackConfig(batch_size=4), objective=CausalObjective())
+    assert causal.baseline_loss(logp) == pytest.approx(unigram_loss(stream, y, V), rel=1e-12)
+    assert causal.baseline_loss(logp) == pytest.approx(causal.validation_loss(Unigram(), torch.device("cpu")), rel=1e-5)
+    assert abs(tr.baseline_loss(logp) - unigram_loss(stream, y, V)) > 0.1  # not the same quantity

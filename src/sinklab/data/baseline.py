@@ -8,6 +8,21 @@ import torch
 from sinklab.data.packing import IGNORE_INDEX
 
 
+def unigram_logprobs(train_stream: np.ndarray, vocab_size: int, *, smoothing: float = 0.5) -> np.ndarray:
+    """(V,) float64 natural-log probabilities of the smoothed training unigram distribution
+    ``p(v) = (count_train(v) + s) / (n_train + s V)`` (see :func:`unigram_loss`).
+
+    Raises:
+        ValueError: ``smoothing <= 0`` or an id outside [0, V).
+    """
+    if smoothing <= 0:
+        raise ValueError(f"smoothing must be > 0, got {smoothing}")
+    counts = np.bincount(np.asarray(train_stream, dtype=np.int64), minlength=vocab_size).astype(np.float64)
+    if counts.shape[0] > vocab_size:
+        raise ValueError(f"training ids reach {counts.shape[0] - 1}, outside the vocabulary of {vocab_size}")
+    return np.log(counts + smoothing) - np.log(counts.sum() + smoothing * vocab_size)
+
+
 def unigram_loss(train_stream: np.ndarray, targets: torch.Tensor, vocab_size: int, *, smoothing: float = 0.5) -> float:
     """Cross-entropy (nats/token) of predicting every target from the training unigram distribution.
 
@@ -21,8 +36,11 @@ def unigram_loss(train_stream: np.ndarray, targets: torch.Tensor, vocab_size: in
     target only where a window crosses from one document into the next (it follows the EOS: 1.5% of the targets
     with 64-token documents and T = 128); where every window is one whole document (``emergence-cpu``) no target
     is a BOS, the distribution gives the targets a little less probability than their own frequencies, and the
-    baseline is higher by about ``-log(1 - share of BOS in the stream)`` (0.015 nats for 64-token documents). In the committed studies every row's mean validation loss lies at least
-    0.23 nats from its baseline (``results/*/summary.csv``), so no ``degenerate`` flag there depends on it.
+    baseline is higher by about ``-log(1 - share of BOS in the stream)`` (0.015 nats for 64-token documents).
+
+    This is the causal objective's baseline. A training run records the baseline under its own objective and
+    validation (:meth:`sinklab.train.tracker.SinkTracker.baseline_loss`: for masked diffusion, the masked diffusion
+    loss of these log-probabilities on the tracker's fixed masks), which for the causal objective equals this.
 
     Args:
         train_stream: (n,) training token ids the model was trained on (after any cap).
@@ -36,12 +54,7 @@ def unigram_loss(train_stream: np.ndarray, targets: torch.Tensor, vocab_size: in
     Raises:
         ValueError: ``smoothing <= 0`` or an id outside [0, V).
     """
-    if smoothing <= 0:
-        raise ValueError(f"smoothing must be > 0, got {smoothing}")
-    counts = np.bincount(np.asarray(train_stream, dtype=np.int64), minlength=vocab_size).astype(np.float64)
-    if counts.shape[0] > vocab_size:
-        raise ValueError(f"training ids reach {counts.shape[0] - 1}, outside the vocabulary of {vocab_size}")
-    logp = np.log(counts + smoothing) - np.log(counts.sum() + smoothing * vocab_size)
+    logp = unigram_logprobs(train_stream, vocab_size, smoothing=smoothing)
     y = targets[targets != IGNORE_INDEX].numpy()
     if y.size == 0:
         return float("nan")

@@ -767,7 +767,7 @@ class _Trainer:
 
     def summary(self, final_model: torch.nn.Module) -> dict[str, Any]:
         """The contents of ``summary.json`` for the finished run (see the module docstring)."""
-        from sinklab.data.baseline import unigram_loss
+        from sinklab.data.baseline import unigram_logprobs
         from sinklab.provenance import code_version
         from sinklab.train.fingerprint import environment
 
@@ -792,7 +792,9 @@ class _Trainer:
             "device": str(self.device),
             "processes": self.dd.world,  # the last start's; every start's in processes_starts
             "processes_starts": self.processes_starts,
-            "unigram_loss": round(unigram_loss(train_data.stream, self.data.val_y, cfg.model.vocab_size), 6),
+            # the unigram predictor under the run's own objective and validation (masked diffusion: its loss on the
+            # tracker's fixed masks), so that ``degenerate`` compares like with like
+            "unigram_loss": round(tracker.baseline_loss(unigram_logprobs(train_data.stream, cfg.model.vocab_size)), 6),
             "seed": t_cfg.seed,
             "objective": t_cfg.objective,
             "mask_token_id": getattr(self.data.objective, "mask_id", None),

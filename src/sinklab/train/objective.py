@@ -60,6 +60,12 @@ class CausalObjective:
         total = float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
         return total, float((y != IGNORE_INDEX).sum())
 
+    def baseline_sums(self, logp: Tensor, x: Tensor, y: Tensor, first_sample: int) -> tuple[float, float]:
+        """:meth:`eval_sums` of a predictor that gives every target the log-probabilities ``logp`` (V,) float64
+        whatever the input (the unigram baseline, :func:`sinklab.data.baseline.unigram_logprobs`)."""
+        ok = y != IGNORE_INDEX
+        return float(-logp[y[ok]].sum()), float(ok.sum())
+
 
 @dataclass
 class MaskedDiffusionObjective:
@@ -116,6 +122,16 @@ class MaskedDiffusionObjective:
         with autocast():
             loss = model(xt, targets=targets, target_weights=w).loss
         return float(loss) * x.numel(), float(x.numel())
+
+    def baseline_sums(self, logp: Tensor, x: Tensor, y: Tensor, first_sample: int) -> tuple[float, float]:
+        """:meth:`eval_sums` of a predictor that gives every masked position the log-probabilities ``logp`` (V,)
+        float64 (the unigram baseline): the same fixed validation masks and 1/t weights, ``sum w_i (-logp[x_i]) / n``
+        per batch as :func:`sinklab.nn.loss.linear_cross_entropy` weighs them, times B T."""
+        _, targets, w = self.batch(x, first_sample, self.eval_seed)
+        ok = targets != IGNORE_INDEX
+        n = max(int(ok.sum()), 1)
+        part = float((w[ok].to(torch.float64) * -logp[targets[ok]]).sum()) / n
+        return part * x.numel(), float(x.numel())
 
 
 def make_objective(cfg, tc, packer) -> CausalObjective | MaskedDiffusionObjective:

@@ -55,6 +55,20 @@ class SinkTracker:
             count += n
         return total / max(count, 1)
 
+    def baseline_loss(self, logp) -> float:
+        """The validation loss (:meth:`validation_loss`, the same windows, batches and fixed masks) of a predictor
+        that gives every target the log-probabilities ``logp`` (V,) whatever the input: the unigram baseline of
+        :func:`sinklab.data.baseline.unigram_logprobs` under the run's own objective (for masked diffusion the
+        masked diffusion loss, not the next-token cross-entropy). nan without any counted target."""
+        logp = torch.as_tensor(logp, dtype=torch.float64)
+        total, count = 0.0, 0.0
+        bs = self.cfg.batch_size
+        for s in range(0, len(self.val_inputs), bs):
+            part, n = self.objective.baseline_sums(logp, self.val_inputs[s : s + bs], self.val_targets[s : s + bs], s)
+            total += part
+            count += n
+        return total / count if count else float("nan")
+
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, step: int, device: torch.device, autocast=contextlib.nullcontext) -> dict[str, Any]:
         """Metrics at ``step``: ``val_loss``, ``sink_rate`` (K percentages, position 1 first),
