@@ -76,7 +76,9 @@ def test_a_loaded_comparison_equals_the_saved_one(tmp_path):
     c = _results(tmp_path / "c", "gamma", kind="natural", corpus="sotu")
     cmp = sinklab.compare([a, b, c])
     assert comparison_warnings(cmp.models) == [
-        "different probe kinds (alpha natural, beta random, gamma natural): the bars are not measured alike"]
+        "different probe kinds (alpha natural, beta random, gamma natural): the bars are not measured alike",
+        "fewer than 20 samples for alpha (N = 4), beta (N = 4), gamma (N = 4): their 95% intervals cover less than "
+        "95% (a percentile bootstrap over few samples; docs/concepts.md)"]
     cmp.save(tmp_path / "cmp")
     loaded = Result.load(tmp_path / "cmp")
     assert isinstance(loaded, CompareResult)

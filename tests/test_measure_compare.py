@@ -178,9 +178,13 @@ def test_compare_warns_when_corpus_dtype_or_first_token_differ_and_refuses_a_fol
                  "different dtypes (auto float32, always float32, shak bfloat16): the bars are not measured alike",
                  "a token before the text (BOS / CLS / a run's fixed first token) starts the windows of always but not of "
                  "the others (bos settings: auto "
-                 "auto, always always, shak auto): Sink_1 is the mass on a different kind of first token"]
+                 "auto, always always, shak auto): Sink_1 is the mass on a different kind of first token",
+                 "fewer than 20 samples for auto (N = 6), always (N = 6), shak (N = 6): their 95% intervals cover less "
+                 "than 95% (a percentile bootstrap over few samples; docs/concepts.md)"]
     assert comparison_warnings(comparison_tables([a, write("a2", corpus="sotu", bos="auto", prefix=[],
-                                                             dtype="float32")])[0]) == []
+                                                             dtype="float32")])[0]) == [
+        "fewer than 20 samples for auto (N = 6), a2 (N = 6): their 95% intervals cover less than 95% (a percentile "
+        "bootstrap over few samples; docs/concepts.md)"]
     with pytest.raises(InputError, match="given twice"):
         comparison_tables([a, tmp_path / "auto" / ".." / "auto"])
     code, _, err = run_cli_captured(["compare", str(a), str(a)], capsys)

@@ -329,3 +329,17 @@ def test_rate_figure_of_a_window_model_draws_its_mask_aware_rate():
     assert bars["mask-aware Sink_k"] == [95.0, 6.0] and bars["Sink_k (paper's formula)"] == [0.0, 5.0]
     plain = sink_rate_figure({**s, "mask_aware_differs": False})
     assert [c.get_label() for c in plain.axes[0].containers if hasattr(c, "patches")] == ["Sink_k"]
+
+
+def test_few_samples_get_a_note_that_the_interval_undercovers():
+    """2 <= N < 20: the percentile bootstrap interval covers less than its 95% (benchmarks/results/ci_coverage.json) and
+    is [x, x] when every sample has the same rate; the console says so, from N = 20 on it does not."""
+    from sinklab.measure.report import SMALL_N
+
+    mass = torch.zeros(1, 2, 2, 6, dtype=torch.float64)
+    mass[0, 0, :, 0] = 0.9
+    s, out = _printed(_stats(mass.expand(2, -1, -1, -1).clone()))
+    assert s["sink_rate_ci"][0] == [50.0, 50.0]
+    assert f"note: N = 2 < {SMALL_N}: the percentile bootstrap interval covers less than its 95%" in out
+    _, out20 = _printed(_stats(mass.expand(SMALL_N, -1, -1, -1).clone()))
+    assert "percentile bootstrap interval covers less" not in out20

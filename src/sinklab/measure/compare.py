@@ -191,6 +191,13 @@ def comparison_warnings(models) -> list[str]:
     none = [m for m, lo in zip(models["model"], models["ci_low"]) if lo is None or lo != lo]
     if none:
         out.append(f"no confidence interval for {', '.join(none)} (N = 1, or none in the file)")
+    from sinklab.measure.report import SMALL_N
+
+    few = [f"{m} (N = {n})" for m, n, lo in zip(models["model"], models["num_samples"], models["ci_low"])
+           if 1 < n < SMALL_N and not (lo is None or lo != lo)]
+    if few:
+        out.append(f"fewer than {SMALL_N} samples for {', '.join(few)}: their 95% intervals cover less than 95% "
+                   "(a percentile bootstrap over few samples; docs/concepts.md)")
     masked = [] if "mask" not in models else [  # (a table written before the mask columns has none)
         f"{m} ({mask}: mask-aware Sink_1 {v:.1f}%)" for m, mask, v in
         zip(models["model"], models["mask"], models["sink_rate_visible_1"]) if isinstance(mask, str) and mask]
