@@ -59,7 +59,7 @@ def test_every_result_kind_has_its_own_short_repr(tmp_path):
         ("AnalysisResult: keybias of tiny", {"sink_share": "0.1235", ".tables[name]": "heads (10000 rows), layers (3 rows)"}),
         ("CompareResult: 2 measured models", {"models": "a, b", ".layers": "DataFrame per (model, layer) (4 rows)",
                                                 "warnings": "different sample sizes N (a 4, b 8): the bars are not "
-                                                            "measured alike"}),
+                                                            "measured alike; fewer than 20 samples for a (…"}),
         ("StreamResult", {"tokens": "4096", "configs": "3: c0, c1, c2"}),
     ]
     classes, todo = [], [Result]
