@@ -58,6 +58,18 @@ def tiny_llama(vocab_size: int = 80, **kw):
     return LlamaForCausalLM(cfg).eval()
 
 
+def tiny_gemma2_mixed(sliding_window: int = 8):
+    """A random 2-layer Gemma 2 (vocabulary 128, hidden 32, 4 query / 2 kv heads of 8) whose layer 0 is a sliding
+    window of ``sliding_window`` and layer 1 full attention: a model that mixes windowed and global layers."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=sliding_window,
+                                    layer_types=["sliding_attention", "full_attention"])
+    return transformers.Gemma2ForCausalLM(cfg).eval()
+
+
 def tiny_gpt2(vocab_size: int = 80):
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -329,15 +329,10 @@ def test_attention_takes_each_layers_own_mask_on_a_model_mixing_windows():
     layer's table holds every causal pair."""
     import math
 
-    import transformers
-
+    from helpers import tiny_gemma2_mixed
     from sinklab.analyze import Subject, attention
 
-    torch.manual_seed(0)
-    cfg = transformers.Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
-                                    layer_types=["sliding_attention", "full_attention"])
-    m = transformers.Gemma2ForCausalLM(cfg).eval()
+    m = tiny_gemma2_mixed()
     T = 16
     x = torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(0))
     res = attention(Subject(m, x, model_info={"name": "gemma2"}), num_samples=1, layers=[0, 1], heads=[0])

@@ -214,15 +214,10 @@ def test_measure_summary_gives_each_layer_of_a_mixed_window_model_its_own_unifor
     """Gemma 2 mixes sliding (window 8) and full layers: measure's summary gave the whole model the windowed
     layers' uniform entropy, below the full layers' measured entropy (an audit found 1.891 beside full layers at
     2.525). Each layer now has its own, computed by hand; the single value is None when they differ."""
-    import transformers
-
+    from helpers import tiny_gemma2_mixed
     from sinklab.metrics.summary import summarize
 
-    torch.manual_seed(0)
-    cfg = transformers.Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
-                                    layer_types=["sliding_attention", "full_attention"])
-    m = transformers.Gemma2ForCausalLM(cfg).eval()
+    m = tiny_gemma2_mixed()
     T = 16
     x = torch.randint(3, 128, (2, T), generator=torch.Generator().manual_seed(0))
     s = summarize(collect(m, x, collector="blockwise", entropy=True), n_boot=10)

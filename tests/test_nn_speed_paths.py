@@ -66,8 +66,9 @@ def test_attention_options_are_per_model_and_explicit():
         other.set_attention_options(no_such_switch=True)
 
 
-@pytest.mark.parametrize("attention", ["softmax", "softmax_off_by_one", "kv_bias"])
-def test_cpu_bf16_training_runs_sdpa_in_float32(attention, monkeypatch):
+
+def _spy_sdpa_dtypes(monkeypatch) -> list:
+    """The dtype of the queries of every ``F.scaled_dot_product_attention`` call from now on (a list that fills)."""
     seen = []
     sdpa = F.scaled_dot_product_attention
 
@@ -76,6 +77,11 @@ def test_cpu_bf16_training_runs_sdpa_in_float32(attention, monkeypatch):
         return sdpa(q, *a, **k)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return seen
+
+@pytest.mark.parametrize("attention", ["softmax", "softmax_off_by_one", "kv_bias"])
+def test_cpu_bf16_training_runs_sdpa_in_float32(attention, monkeypatch):
+    seen = _spy_sdpa_dtypes(monkeypatch)
     model = _model(attention=attention)
     x = torch.randint(0, 64, (2, 16))
     l_ref, g_ref = _loss_and_grads(model, x)  # float32 throughout
@@ -133,14 +139,7 @@ def test_cpu_bf16_training_keeps_sdpa_in_bf16_past_the_upcast_length(monkeypatch
     """Past ``cpu_fp32_sdpa_max_keys`` keys the bf16-autocast training step calls SDPA in bfloat16 (PyTorch's bf16 CPU
     kernel is the faster one at long sequences: benchmarks/results/sdpa_dtype_cpu.json), up to it in float32; both agree
     with the float32 model within bf16 rounding."""
-    seen = []
-    sdpa = F.scaled_dot_product_attention
-
-    def spy(q, *a, **k):
-        seen.append(q.dtype)
-        return sdpa(q, *a, **k)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    seen = _spy_sdpa_dtypes(monkeypatch)
     model = _model()
     x = torch.randint(0, 64, (2, 16))
     l_ref, g_ref = _loss_and_grads(model, x)
