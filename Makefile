@@ -1,4 +1,4 @@
-# Entry points: `make demo` and `make test` for a new user, `make check` (the unit lane, under a minute) while
+# Entry points: `make demo` and `make test` for a new user, `make check` (the unit lane, about a minute) while
 # changing code.
 PY ?= python3
 VENV ?= .venv
@@ -47,7 +47,7 @@ test: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # The unit lane: no subprocess CLI, torchrun, sweep, nested pytest, torch.compile, network or slow test (the markers in
-# pyproject.toml); under a minute on two cores.
+# pyproject.toml); about a minute on two cores (benchmarks/results/test_times.md).
 check: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not integration and not compile and not network and not slow and not cuda" --durations=10
 
