@@ -720,7 +720,8 @@ class Differential(AttentionOp):
     @classmethod
     def matched_heads(cls, n_heads: int) -> int:
         """Half of ``n_heads`` (and of ``n_kv_heads`` under grouped-query attention): Ye et al. (2024, Sec. 2.1;
-        their code's ``num_heads``, "half of Transformer's #heads") give a differential model ``h = d_model / 2d``
+        and their code's README on "the impact of halving heads": "Diff Transformer with more than 8 heads ... the same number
+        of parameters as Transformer with 16 heads") give a differential model ``h = d_model / 2d``
         heads, d the softmax model's head width. Each of its heads then has two maps of query/key width d and a
         value of width 2d: as many attention maps per layer as the softmax model, each as wide in q.k. The
         projections are the same d_model x d_model matrices at any head count; only the lambda vectors and the
