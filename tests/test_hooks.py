@@ -303,18 +303,25 @@ def test_the_docs_own_intervention_runs_and_changes_the_loss_as_by_hand():
     same edit written by hand as a plain attn.weights hook."""
     code = re.search(r"```python\n(.*?)```", _hooks_section(), re.S).group(1)
     assert len(code.strip().splitlines()) <= 14
-    scope = {"model": tiny_llama(num_hidden_layers=5), "ids": IDS}
-    exec(compile(code, "docs/api.md", "exec"), scope)
-    assert scope["edited"] != scope["base"]
+    from sinklab.nn import ModelConfig, SinkLM
 
-    def by_hand(w, ctx):
-        w = w.clone()
-        w[..., 0] *= 0.5
-        return w / w.sum(-1, keepdim=True)
+    torch.manual_seed(1)
+    sinklm = SinkLM(ModelConfig(vocab_size=80, d_model=32, n_layers=5, n_heads=4, n_kv_heads=2, d_ff=64,
+                                max_seq_len=64)).eval()
+    for model in (tiny_llama(num_hidden_layers=5), sinklm):  # a transformers model and a SinkLM, as the docs say
+        scope = {"model": model, "ids": IDS}
+        exec(compile(code, "docs/api.md", "exec"), scope)
+        assert scope["edited"] != scope["base"]
 
-    with hooked(scope["model"], Hook("attn.weights", by_hand, layers=[2, 3, 4])), torch.no_grad():
-        want = scope["model"](IDS, labels=IDS).loss.item()
-    assert scope["edited"] == want
+        def by_hand(w, ctx):
+            w = w.clone()
+            w[..., 0] *= 0.5
+            return w / w.sum(-1, keepdim=True)
+
+        with hooked(model, Hook("attn.weights", by_hand, layers=[2, 3, 4])), torch.no_grad():
+            logits = model(IDS).logits[:, :-1].flatten(0, 1).float()
+            want = F.cross_entropy(logits, IDS[:, 1:].flatten()).item()
+        assert scope["edited"] == pytest.approx(want, rel=1e-6)
 
 
 def test_a_hybrid_models_attention_sites_fire_on_its_attention_blocks_only():
@@ -428,3 +435,47 @@ def test_layers_not_hooked_at_the_weights_keep_sink_logits_and_softcapping(kind)
     torch.testing.assert_close(read, base, rtol=0, atol=1e-5)
     torch.testing.assert_close(one, one_ref, rtol=0, atol=1e-5)
     assert (one - base).abs().max() > 1e-3  # the edit itself changes the output
+
+
+@pytest.mark.parametrize("kind", ["hf", "sinklm"])
+def test_the_same_hook_object_attached_in_a_nested_block_stays_for_the_outer_one(kind):
+    """One Hook object attached in an outer and again in an inner block: inside the inner block it applies twice, and
+    when the inner block exits the outer block's registration stays (an audit found the inner exit removing both,
+    the outer block then running the plain model)."""
+    model = _model(kind)
+    add = Hook("block.out", lambda x, ctx: x + 1.0, layers=0)
+    base = _logits(model, IDS)
+    with hooked(model, add):
+        once = _logits(model, IDS)
+        with hooked(model, add):
+            twice = _logits(model, IDS)
+        after = _logits(model, IDS)
+    with hooked(model, Hook("block.out", lambda x, ctx: x + 2.0, layers=0)):
+        want_twice = _logits(model, IDS)
+    assert torch.equal(after, once) and not torch.equal(once, base)
+    assert torch.allclose(twice, want_twice, atol=1e-6)
+    assert torch.equal(_logits(model, IDS), base)
+
+
+def test_an_attention_weights_edit_on_a_sinklm_keeps_the_gradient_of_queries_and_keys():
+    """An attn.weights edit on a SinkLM gave the right loss but no gradient to the queries and keys (the weights reached
+    the hook detached; an audit found q_proj's gradient 0.0 where the same edit by hand gives 4.81). The gradients of
+    a SinkLM and of its transformers twin (same weights, float64) under the same edit now agree."""
+    model = _sinklm()
+    twin = _twin(model)
+
+    def halve0(w, ctx):
+        w = w.clone()
+        w[..., 0] *= 0.5
+        return w / w.sum(-1, keepdim=True)
+
+    for m in (model, twin):
+        with hooked(m, Hook("attn.weights", halve0, layers=[0, 1, 2])):
+            m(IDS).logits.float().sum().backward()
+    for i in range(3):
+        got = model.layers[i].attn.q_proj.weight.grad.double()
+        want = twin.model.layers[i].self_attn.q_proj.weight.grad
+        assert got.abs().sum() > 0
+        assert torch.allclose(got, want, atol=1e-4 * want.abs().max().item()), i
+        gk = model.layers[i].attn.k_proj.weight.grad.double()
+        assert torch.allclose(gk, twin.model.layers[i].self_attn.k_proj.weight.grad, atol=1e-4 * gk.abs().max().item())

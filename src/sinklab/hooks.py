@@ -25,6 +25,7 @@ attn.value      (B, H_kv, T_k, D) values                                      HF
 attn.weights    (B, H, T_q, T_k) float32 weights after the softmax            yes (output recomputed)
 attn.gate       (B, H, T_q, G) output gate of a gated layer (G = 1 or D)      SinkLM yes, HF read
 attn.out        (B, T, d) attention sublayer output, before the residual add  yes
+                (BERT-style encoders: after their add and LayerNorm)
 block.out       (B, T, d) output of block l                                   yes
 ==============  ============================================================  =====================
 

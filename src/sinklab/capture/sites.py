@@ -171,9 +171,13 @@ class HookSet:
         return new
 
     def remove(self, hooks: list[Hook]) -> None:
-        """Remove these hook objects (by identity)."""
-        ids = {id(h) for h in hooks}
-        self.hooks = [h for h in self.hooks if id(h) not in ids]
+        """Remove one registration of each of these hook objects (by identity), the latest one: a hook object
+        attached again in a nested block stays attached for the outer block when the inner one exits."""
+        for h in hooks:
+            for i in range(len(self.hooks) - 1, -1, -1):
+                if self.hooks[i] is h:
+                    del self.hooks[i]
+                    break
         self._index()
 
     def at(self, site: str, layer: int) -> list[Hook]:

@@ -744,7 +744,9 @@ class Attention(nn.Module):
         more = {"query": q.detach()} if getattr(observer, "wants_query", False) else {}
         if getattr(observer, "wants_mask", False):  # (T_q, T_k), or (B, 1, T_q, T_k) with documents
             more["mask"] = build_mask(q.shape[2], k.shape[2], ctx.mask, device=q.device, documents=ctx.documents)
-        edited = observer(self.layer_idx, w.detach(), renormalised=renorm,
+        # the weights keep their graph (as on the transformers seam): an observer that edits them gives an output
+        # whose gradient reaches the queries and keys; a read-only one detaches what it keeps
+        edited = observer(self.layer_idx, w, renormalised=renorm,
                           extra=None if w_extra is None else w_extra.squeeze(-1).detach(),
                           key=k.detach(), value=v.detach(), **more)
         if edited is not None:
