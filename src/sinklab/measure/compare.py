@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Sequence
 
 from sinklab.errors import InputError, param
 from sinklab.fileio import atomic_write_text, read_json
+from sinklab.measure.report import SMALL_N
 from sinklab.result import Result, versions
 
 
@@ -191,8 +192,6 @@ def comparison_warnings(models) -> list[str]:
     none = [m for m, lo in zip(models["model"], models["ci_low"]) if lo is None or lo != lo]
     if none:
         out.append(f"no confidence interval for {', '.join(none)} (N = 1, or none in the file)")
-    from sinklab.measure.report import SMALL_N
-
     few = [f"{m} (N = {n})" for m, n, lo in zip(models["model"], models["num_samples"], models["ci_low"])
            if 1 < n < SMALL_N and not (lo is None or lo != lo)]
     if few:

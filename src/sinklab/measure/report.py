@@ -15,11 +15,10 @@ from sinklab.fileio import atomic_write_text
 #: a :class:`sinklab.measure.run.MeasureResult` (not imported here: run.py imports this module)
 _Result = Any
 
-
-
 #: below this many samples the console and ``sinklab compare`` say that the bootstrap interval undercovers
-#: (``benchmarks/ci_coverage.py``: 84-95% coverage at N = 20, 37-91% at N = 2-8)
+#: (``benchmarks/results/ci_coverage.json``: 84-94.5% coverage at N = 20, 37-91% at N = 2-8)
 SMALL_N = 20
+
 
 def write_outputs(result: _Result, out: Path) -> Path:
     """Write ``results.json``, ``attention.csv``, ``sink_rate.csv`` and the PNG plots into ``out``.
