@@ -17,6 +17,10 @@ document ids, query ``i`` of row ``b`` additionally sees key ``j`` only if
 When there are fewer queries than keys (``t_q < t_k``), the queries are the *last* ``t_q``
 positions: query row ``q`` is position ``q + offset`` with ``offset = t_k - t_q``.
 
+Blocked attention: :func:`query_blocks` walks the query blocks with the key ranges a mask lets them see, and
+:func:`reduce_tiles` hands each tile to a :class:`TileReducer` (several at once with :class:`Reducers`), the one
+driver of every tiled attention loop of sinklab.
+
 Depends on torch and :mod:`sinklab.errors` only, so every layer of sinklab may import it.
 """
 
@@ -31,8 +35,8 @@ from torch import Tensor
 
 from sinklab.errors import InputError
 
-__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "query_blocks", "repeat_kv", "same_document", "document_ids",
-           "document_positions"]
+__all__ = ["MaskSpec", "CAUSAL", "visible", "build_mask", "key_range", "query_blocks", "TileReducer", "Reducers",
+           "reduce_tiles", "repeat_kv", "same_document", "document_ids", "document_positions"]
 
 
 @dataclass(frozen=True)
@@ -205,12 +209,15 @@ def query_blocks(t_q: int, block: int, mask: MaskSpec = CAUSAL, *, t_k: int | No
     """The blocked-attention iterator: query blocks ``[q0, q1)`` of at most ``block`` rows (0-based rows,
     end exclusive, in order) with the key range ``[k0, k1)`` they may see, as ``(q0, q1, k0, k1)``.
 
-    Every tiled attention loop of sinklab walks its queries through this (the model's chunked and tile paths,
-    :mod:`sinklab.nn.attention`; the blockwise capture, :mod:`sinklab.capture.blockwise`; the streaming
-    sink + window attention, :mod:`sinklab.streaming.parallel`); what each does with a tile (its output,
-    log-sum-exp, column sums or gradient) is the caller's reducer. Key ranges are :func:`key_range` of
-    ``mask`` (``t_k`` keys, default ``t_q``; query row ``q`` at position ``q + offset``), or ``keys(q0, q1)``
-    when given (e.g. read off a mask tensor). A range may be empty (``k0 >= k1``): callers skip or zero it.
+    Every tiled attention loop of sinklab walks its queries through this, by way of :func:`reduce_tiles`:
+    what a loop does with a tile is its :class:`TileReducer` (the model's tile path: its output and its
+    gradient, plain or with compiled per-tile functions, and its chunked path's output,
+    :mod:`sinklab.nn.attention`; the blockwise capture's column sums, row entropies and output rows, from a
+    softmax in the tile or from a log-sum-exp, :mod:`sinklab.capture.blockwise`; the streaming sink + window
+    attention's output, :mod:`sinklab.streaming.parallel`). Key ranges are :func:`key_range` of ``mask``
+    (``t_k`` keys, default ``t_q``; query row ``q`` at position ``q + offset``), or ``keys(q0, q1)`` when
+    given (e.g. read off a mask tensor). A range may be empty (``k0 >= k1``): :func:`reduce_tiles` hands it
+    to :meth:`TileReducer.empty`.
 
     Raises:
         InputError: ``block`` < 1.
@@ -222,6 +229,72 @@ def query_blocks(t_q: int, block: int, mask: MaskSpec = CAUSAL, *, t_k: int | No
         q1 = min(t_q, q0 + block)
         k0, k1 = keys(q0, q1) if keys is not None else key_range(q0, q1, t_k, mask, offset=offset)
         yield q0, q1, k0, k1
+
+
+class TileReducer:
+    """What a blocked-attention loop does with each tile of :func:`reduce_tiles`: one per-tile reducer (an
+    output, a log-sum-exp, column sums, a gradient, ...), the loop itself being the driver's.
+
+    Subclasses override :meth:`tile`, and :meth:`empty` and :meth:`result` where they need to. Positions are
+    0-based rows of the queries and columns of the keys the reducer was built for; ranges are end exclusive.
+    """
+
+    def tile(self, q0: int, q1: int, k0: int, k1: int) -> None:
+        """One non-empty tile: query rows ``[q0, q1)`` against keys ``[k0, k1)`` (``q0 < q1``, ``k0 < k1``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not reduce tiles")
+
+    def empty(self, q0: int, q1: int) -> None:
+        """A query block ``[q0, q1)`` that sees no key (its key range is empty). Default: nothing."""
+
+    def result(self) -> Any:
+        """What :func:`reduce_tiles` returns once every tile was reduced. Default: None."""
+        return None
+
+
+class Reducers(TileReducer):
+    """Several reducers over one walk: each tile (and each empty block) goes to ``reducers`` in the order
+    given; :meth:`result` is the tuple of their results, in that order. Reducers that share a tile's work
+    (e.g. its probabilities) share it through an object of their own, not through this one."""
+
+    def __init__(self, *reducers: TileReducer) -> None:
+        self.reducers = reducers
+
+    def tile(self, q0: int, q1: int, k0: int, k1: int) -> None:
+        for r in self.reducers:
+            r.tile(q0, q1, k0, k1)
+
+    def empty(self, q0: int, q1: int) -> None:
+        for r in self.reducers:
+            r.empty(q0, q1)
+
+    def result(self) -> tuple:
+        return tuple(r.result() for r in self.reducers)
+
+
+def reduce_tiles(reducer: TileReducer | tuple | list, t_q: int, block: int, mask: MaskSpec = CAUSAL, *,
+                 t_k: int | None = None, offset: int = 0, keys=None) -> Any:
+    """The blocked-attention driver: walk :func:`query_blocks` (same arguments, same order) and hand each
+    block to ``reducer``: :meth:`TileReducer.tile` ``(q0, q1, k0, k1)`` when its key range is non-empty,
+    :meth:`TileReducer.empty` ``(q0, q1)`` when it is (``k0 >= k1``).
+
+    Args:
+        reducer: a :class:`TileReducer`, or a tuple / list of them (run as :class:`Reducers`, in order).
+        t_q, block, mask, t_k, offset, keys: as :func:`query_blocks`.
+
+    Returns:
+        ``reducer.result()`` (a tuple of the results for a tuple / list of reducers).
+
+    Raises:
+        InputError: ``block`` < 1.
+    """
+    if isinstance(reducer, (tuple, list)):
+        reducer = Reducers(*reducer)
+    for q0, q1, k0, k1 in query_blocks(t_q, block, mask, t_k=t_k, offset=offset, keys=keys):
+        if k1 > k0:
+            reducer.tile(q0, q1, k0, k1)
+        else:
+            reducer.empty(q0, q1)
+    return reducer.result()
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:

@@ -25,8 +25,12 @@ that takes the pass (:meth:`Attention.path` names it; tests check the paths agre
   ``chunk_elems`` logits, only the key range a chunk can see, each chunk under activation checkpointing
   when gradients are needed.
 
-The tile and chunked paths walk their queries with :func:`sinklab.attention_masks.query_blocks`, the one
-blocked-attention iterator (also used by the blockwise capture and the streaming sink + window attention).
+The tile and chunked paths are loops of :func:`sinklab.attention_masks.reduce_tiles`, the one blocked-attention
+driver (mask -> key ranges of :func:`~sinklab.attention_masks.query_blocks` -> tiles; also that of the blockwise
+capture and the streaming sink + window attention), each with its per-tile reducer: the tile path's output
+(:class:`_TileOutput`) and gradient (:class:`_TileGradient`), with plain or compiled per-tile functions, and the
+chunked path's checkpointed output (:class:`_ChunkOutput`); :class:`_MaskedTiles` gives a tile reducer its
+tile's mask and bias.
 
 Masks (0-based positions, :class:`sinklab.attention_masks.MaskSpec`, shared with the capture code):
 query i sees key j iff ``(j <= i or j < prefix_len)`` and, with a sliding window w, ``|i - j| < w``.
@@ -47,7 +51,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sinklab.attention_masks import CAUSAL, MaskSpec, build_mask, query_blocks, repeat_kv, same_document, visible
+from sinklab.attention_masks import (CAUSAL, MaskSpec, TileReducer, build_mask, reduce_tiles, repeat_kv, same_document,
+                                     visible)
 from sinklab.errors import ConfigError
 from sinklab.nn.backend import check_backend, resolve as resolve_backend
 from sinklab.nn.norm import NORM
@@ -368,24 +373,25 @@ class _TileAttention(torch.autograd.Function):
     q, k, v are kept. Backward: per chunk, the logits and weights are recomputed (one
     GEMM), ``dW = dO V^T``, ``dV += W^T dO``, ``dS = op.tile_grad(...)``,
     ``dQ = scale dS K``, ``dK += scale dS^T Q``. Memory: one (B, H, C, Tk) tile (plus a
-    few of the operation's temporaries) at a time, nothing T x T kept. The per-tile work is
-    :func:`tile_forward` / :func:`tile_backward`; with ``compiled`` their ``torch.compile``d
-    versions (:mod:`sinklab.nn.compiled`), the loop over tiles staying in Python.
+    few of the operation's temporaries) at a time, nothing T x T kept. The loop over tiles is
+    :func:`~sinklab.attention_masks.reduce_tiles` with the reducers :class:`_TileOutput` (forward) and
+    :class:`_TileGradient` (backward); the per-tile work is :func:`tile_forward` / :func:`tile_backward`,
+    with ``compiled`` their ``torch.compile``d versions (:mod:`sinklab.nn.compiled`), the loop staying in
+    Python.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, op, scale, chunk, spec, positional, compiled=False, documents=None):
         # q (B, H, T, d_h) after phi; k, v (B, H, T, d_h) after phi (k) and kv-head repetition
-        B, H, T, dh = q.shape
+        T = q.shape[2]
         fwd = tile_forward
         if compiled:
             from sinklab.nn.compiled import compiled_tile_functions
 
             fwd = compiled_tile_functions(tile_forward, tile_backward)[0]
-        out = torch.empty(B, H, T, v.shape[-1], dtype=v.dtype, device=v.device)
+        tiles = _TileOutput(fwd, q, k, v, op, scale, spec, positional, documents)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            for i0, i1, j0, j1, mask, bias in _tiles(T, chunk, spec, positional, q.device, documents):
-                out[:, :, i0:i1] = fwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], mask, bias, op, scale)
+            out = reduce_tiles(tiles, T, chunk, spec)
         ctx.save_for_backward(q, k, v)
         ctx.op, ctx.scale, ctx.chunk, ctx.spec, ctx.positional = op, scale, chunk, spec, positional
         ctx.compiled, ctx.documents = compiled, documents
@@ -395,22 +401,15 @@ class _TileAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v = ctx.saved_tensors
         op, scale = ctx.op, ctx.scale
-        B, H, T, dh = q.shape
+        T = q.shape[2]
         bwd = tile_backward
         if ctx.compiled:
             from sinklab.nn.compiled import compiled_tile_functions
 
             bwd = compiled_tile_functions(tile_forward, tile_backward)[1]
-        f32 = torch.float32
-        dq = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
-        dk = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
-        dv = torch.zeros(B, H, T, v.shape[-1], dtype=f32, device=q.device)
+        tiles = _TileGradient(bwd, q, k, v, dout, op, scale, ctx.spec, ctx.positional, ctx.documents)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            for i0, i1, j0, j1, mask, bias in _tiles(T, ctx.chunk, ctx.spec, ctx.positional, q.device, ctx.documents):
-                dq_t, dk_t, dv_t = bwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], dout[:, :, i0:i1], mask, bias, op, scale)
-                dq[:, :, i0:i1] = dq_t
-                dk[:, :, j0:j1] += dk_t
-                dv[:, :, j0:j1] += dv_t
+            dq, dk, dv = reduce_tiles(tiles, T, ctx.chunk, ctx.spec)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
 
 
@@ -427,11 +426,103 @@ def _tile_mask_bias(i0: int, i1: int, j0: int, j1: int, mask: MaskSpec, position
     return m, positional.logit_bias(qpos, kpos)
 
 
-def _tiles(T: int, chunk: int, mask: MaskSpec, positional: Positional, device, documents: Tensor | None = None):
-    """Query chunks [i0, i1) (0-based) of :func:`~sinklab.attention_masks.query_blocks` with their key ranges
-    [j0, j1), masks and biases (:func:`_tile_mask_bias`)."""
-    for i0, i1, j0, j1 in query_blocks(T, chunk, mask):
-        yield (i0, i1, j0, j1, *_tile_mask_bias(i0, i1, j0, j1, mask, positional, device, documents))
+class _MaskedTiles(TileReducer):
+    """A reducer of the tile path (:func:`~sinklab.attention_masks.reduce_tiles` over the query chunks): each
+    tile of query rows [i0, i1) and keys [j0, j1) (0-based) comes with its mask and bias
+    (:func:`_tile_mask_bias` of ``spec``, ``positional`` and ``documents`` (B, T) or None) to :meth:`masked`."""
+
+    def __init__(self, spec: MaskSpec, positional: Positional, device, documents: Tensor | None) -> None:
+        self.spec, self.positional, self.device, self.documents = spec, positional, device, documents
+
+    def tile(self, i0: int, i1: int, j0: int, j1: int) -> None:
+        self.masked(i0, i1, j0, j1, *_tile_mask_bias(i0, i1, j0, j1, self.spec, self.positional, self.device,
+                                                      self.documents))
+
+    def masked(self, i0: int, i1: int, j0: int, j1: int, mask: Tensor, bias: Tensor | None) -> None:
+        raise NotImplementedError
+
+
+class _TileOutput(_MaskedTiles):
+    """The tile path's output reducer: rows [i0, i1) of the (B, H, T, d_v) output (v's dtype) are
+    ``fwd(q, k, v, mask, bias, op, scale)`` of their tile (:func:`tile_forward` or its compiled version);
+    a chunk that sees no key gets zeros. q (B, H, T, d_h) after phi; k, v (B, H, T, d_h | d_v)."""
+
+    def __init__(self, fwd: Callable, q: Tensor, k: Tensor, v: Tensor, op: AttentionOp, scale: float, spec: MaskSpec,
+                 positional: Positional, documents: Tensor | None) -> None:
+        super().__init__(spec, positional, q.device, documents)
+        self.fwd, self.q, self.k, self.v, self.op, self.scale = fwd, q, k, v, op, scale
+        B, H, T, _ = q.shape
+        self.out = torch.empty(B, H, T, v.shape[-1], dtype=v.dtype, device=v.device)
+
+    def masked(self, i0: int, i1: int, j0: int, j1: int, mask: Tensor, bias: Tensor | None) -> None:
+        q, k, v = self.q, self.k, self.v
+        self.out[:, :, i0:i1] = self.fwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], mask, bias, self.op, self.scale)
+
+    def empty(self, i0: int, i1: int) -> None:
+        self.out[:, :, i0:i1] = 0
+
+    def result(self) -> Tensor:
+        return self.out
+
+
+class _TileGradient(_MaskedTiles):
+    """The tile path's gradient reducer: ``bwd(q, k, v, dout, mask, bias, op, scale)`` of each tile
+    (:func:`tile_backward` or its compiled version) gives the tile's dq rows and its contributions to dk and dv
+    over its key range, accumulated in float32. Result: (dq, dk, dv) float32 of q's, k's and v's shapes (zero
+    rows for queries that see no key, and keys no query sees). Shapes as :class:`_TileOutput`, dout (B, H, T, d_v)."""
+
+    def __init__(self, bwd: Callable, q: Tensor, k: Tensor, v: Tensor, dout: Tensor, op: AttentionOp, scale: float,
+                 spec: MaskSpec, positional: Positional, documents: Tensor | None) -> None:
+        super().__init__(spec, positional, q.device, documents)
+        self.bwd, self.q, self.k, self.v, self.dout, self.op, self.scale = bwd, q, k, v, dout, op, scale
+        B, H, T, dh = q.shape
+        f32 = torch.float32
+        self.dq = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
+        self.dk = torch.zeros(B, H, T, dh, dtype=f32, device=q.device)
+        self.dv = torch.zeros(B, H, T, v.shape[-1], dtype=f32, device=q.device)
+
+    def masked(self, i0: int, i1: int, j0: int, j1: int, mask: Tensor, bias: Tensor | None) -> None:
+        q, k, v = self.q, self.k, self.v
+        dq_t, dk_t, dv_t = self.bwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], self.dout[:, :, i0:i1], mask, bias,
+                                    self.op, self.scale)
+        self.dq[:, :, i0:i1] = dq_t
+        self.dk[:, :, j0:j1] += dk_t
+        self.dv[:, :, j0:j1] += dv_t
+
+    def result(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.dq, self.dk, self.dv
+
+
+class _ChunkOutput(TileReducer):
+    """The chunked path's output reducer: each chunk of query rows [i0, i1) against keys [j0, j1) (0-based) is
+    :func:`attend_block` with the tile's mask and bias (:func:`_tile_mask_bias`, built inside the chunk so that
+    checkpointing recomputes them) and the layer's virtual key, under activation checkpointing when ``use_ckpt``.
+    q (B, H, T, d_h); k, v (B, H, T, d_h) (kv heads repeated); vk, vv (1, H, 1, d_h) or None; vlogit (H,) or
+    None. Result: the (B, H, T, d_h) output, the chunks concatenated in order. A chunk that sees no real key
+    attends an empty key range (its virtual key only, if any)."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, op: AttentionOp, scale: float, spec: MaskSpec,
+                 positional: Positional, documents: Tensor | None, vk, vv, vlogit, use_ckpt: bool) -> None:
+        self.q, self.k, self.v, self.op, self.scale = q, k, v, op, scale
+        self.spec, self.positional, self.documents = spec, positional, documents
+        self.vk, self.vv, self.vlogit, self.use_ckpt = vk, vv, vlogit, use_ckpt
+        self.outs: list[Tensor] = []
+
+    def _block(self, qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
+        mask, bias = _tile_mask_bias(i0, i0 + qc.shape[2], j0, j0 + kc.shape[2], self.spec, self.positional,
+                                     qc.device, self.documents)  # (C, Tk) or (B, 1, C, Tk); (H, C, Tk) or None
+        return attend_block(self.op, qc, kc, vc, mask, self.scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
+
+    def tile(self, i0: int, i1: int, j0: int, j1: int) -> None:
+        q, k, v = self.q, self.k, self.v
+        args = (q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], i0, j0, self.vk, self.vv, self.vlogit)
+        self.outs.append(checkpoint(self._block, *args, use_reentrant=False) if self.use_ckpt else self._block(*args))
+
+    def empty(self, i0: int, i1: int) -> None:
+        self.tile(i0, i1, 0, 0)
+
+    def result(self) -> Tensor:
+        return torch.cat(self.outs, dim=2)  # (B, H, T, d_h)
 
 
 # ============================================================ the module
@@ -676,8 +767,9 @@ class Attention(nn.Module):
         return self._tile(q, k, v, ctx, compiled=True)
 
     def _chunked(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> Tensor:
-        """Memory-frugal path: query chunks of at most ``options.chunk_elems`` logits, each under
-        checkpointing when gradients are on. Shapes as in :meth:`_fast`. Serves every operation."""
+        """Memory-frugal path: query chunks of at most ``options.chunk_elems`` logits (the reducer
+        :class:`_ChunkOutput` on :func:`~sinklab.attention_masks.reduce_tiles`), each under checkpointing when
+        gradients are on. Shapes as in :meth:`_fast`. Serves every operation."""
         B, H, T, dh = q.shape
         k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])  # (B, H, T, d_h)
         vk, vv, vlogit = self.virtual(q.dtype)
@@ -686,19 +778,9 @@ class Attention(nn.Module):
             vv = repeat_kv(vv[None, :, None, :], H // vv.shape[0])
         C = max(1, min(T, self.options.chunk_elems // max(1, B * H * T)))
         use_ckpt = self.options.checkpoint_chunks and torch.is_grad_enabled()
-        op, scale, positional = self.op, self.scale, ctx.positional
-        spec, documents = ctx.mask, ctx.documents
-
-        def block(qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
-            mask, bias = _tile_mask_bias(i0, i0 + qc.shape[2], j0, j0 + kc.shape[2], spec, positional, qc.device,
-                                         documents)  # (C, Tk) or (B, 1, C, Tk); (H, C, Tk) or None
-            return attend_block(op, qc, kc, vc, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
-
-        outs = []
-        for i0, i1, j0, j1 in query_blocks(T, C, spec):
-            args = (q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], i0, j0, vk, vv, vlogit)
-            outs.append(checkpoint(block, *args, use_reentrant=False) if use_ckpt else block(*args))
-        return torch.cat(outs, dim=2)  # (B, H, T, d_h)
+        chunks = _ChunkOutput(q, k, v, self.op, self.scale, ctx.mask, ctx.positional, ctx.documents, vk, vv, vlogit,
+                              use_ckpt)
+        return reduce_tiles(chunks, T, C, ctx.mask)  # (B, H, T, d_h)
 
     def _reference(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext, observer: Observer) -> Tensor:
         """Full matmul-mask-normalise path; reports this layer's weights to the observer.
