@@ -32,6 +32,12 @@ Where the attention output comes from (``output``, see :func:`blockwise_attentio
   ``F.scaled_dot_product_attention`` exactly as ``transformers`` calls it, and the
   LSE of each tile computed in the tile (max, exp, sum).
 
+The block loop (``tiles`` and ``sdpa``, and ``fused`` with a mask) is
+:func:`sinklab.attention_masks.reduce_tiles` over the query blocks, with one reducer per statistic on the
+same score tiles (``_ScoreTiles``: each block's probabilities, from a softmax in the tile or from the output
+kernel's log-sum-exp, computed once per block): ``_ColumnSums``, ``_RowEntropies`` and, with ``tiles``,
+``_OutputRows``.
+
 The block size is chosen from a memory budget (:data:`DEFAULT_BUDGET_BYTES` for the
 score tile, 64 MiB), on CPU at most :data:`MAX_BLOCK` queries, and can be fixed with
 :func:`blockwise_options` or the ``SINKLAB_BLOCK_SIZE`` environment variable.
@@ -51,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sinklab.attention_masks import MaskSpec, key_range, query_blocks, repeat_kv, visible
+from sinklab.attention_masks import MaskSpec, TileReducer, key_range, reduce_tiles, repeat_kv, visible
 from sinklab.capture.collectors import COLLECTORS
 from sinklab.errors import InputError
 
@@ -402,10 +408,16 @@ def blockwise_attention(
             return out.transpose(1, 2).contiguous(), *col
         return out.transpose(1, 2).contiguous(), col
     out, lse = _output_and_lse(query, key, value, s, is_causal)
-    tiles = _Tiles(query, key, value, s, out=out, lse=lse, is_causal=is_causal, softcap=softcap, sinks=sinks,
-                   entropy=entropy)
-    col, ent = tiles.run()
-    more = (ent,) if ent is not None else ()
+    # the block loop: each block's score tile (its probabilities, from a softmax in the tile or from the
+    # kernel's log-sum-exp) reduced to column sums, row entropies and, with output "tiles", output rows
+    scores = _ScoreTiles(query, key, s, lse=lse, is_causal=is_causal, softcap=softcap, sinks=sinks)
+    reducers = [_ColumnSums(scores)]
+    if entropy:
+        reducers.append(_RowEntropies(scores))
+    if s.output == "tiles":
+        reducers.append(_OutputRows(scores, value, out))
+    results = reduce_tiles(reducers, query.shape[2], s.block_size, keys=scores.keys)
+    col, more = results[0], results[1:2] if entropy else ()
     if s.output == "tiles":
         return out.to(value.dtype), col, *more
     return out.transpose(1, 2).contiguous(), col, *more
@@ -497,24 +509,37 @@ def _output_and_lse(query: Tensor, key: Tensor, value: Tensor, s: _Plan, is_caus
     return out, lse
 
 
-class _Tiles:
-    """The block loop of :func:`blockwise_attention`: each block of queries' score tile gives its
-    column sums (and row entropies), and with ``output = "tiles"`` its rows of the output."""
+@dataclass
+class _Block:
+    """One block's probabilities (:meth:`_ScoreTiles.block`), valid until the next block is computed (they live
+    in the shared score buffer). ``n`` queries, ``span`` keys."""
 
-    def __init__(self, query: Tensor, key: Tensor, value: Tensor, s: _Plan, *, out: Tensor, lse: Tensor | None,
-                 is_causal: bool, softcap: float | None, sinks: Tensor | None, entropy: bool) -> None:
+    tile: Tensor  # (B*H_kv, n_rep*n, span): the probabilities in the score buffer, each KV group's heads stacked
+    probs: Tensor  # (B*H_q, n, span): the same, per query head
+    weights: Tensor  # (B*H_q, 1, n): each row's normaliser (1 / denominator; all 1 from a log-sum-exp)
+    inv: Tensor | None  # (B, H_q, n, 1) 1 / denominator (in-tile softmax), None from a log-sum-exp
+    denom: Tensor | None  # (B, H_q, n, 1) the softmax denominator (sink included), None from a log-sum-exp
+    u_sink: Tensor | None  # (B, H_q, n, 1) the sink logit's unnormalised weight, or None
+
+
+class _ScoreTiles:
+    """The score tiles of :func:`blockwise_attention`: each block of queries' probabilities over the keys it sees,
+    computed once per block and shared by the reducers of the walk (:class:`_ColumnSums`, :class:`_RowEntropies`,
+    :class:`_OutputRows`). From the output kernel's log-sum-exp ``lse`` (B, H_q, T_q) when given (``fused``
+    with a mask), else by a softmax in the tile (max, exp, sum; soft-capping and sink logits included). Query
+    (B, H_q, T_q, D), key (B, H_kv, T_k, D); 0-based positions, end-exclusive ranges."""
+
+    def __init__(self, query: Tensor, key: Tensor, s: _Plan, *, lse: Tensor | None, is_causal: bool,
+                 softcap: float | None, sinks: Tensor | None) -> None:
         B, Hq, Tq, D = query.shape
         Hkv, Tk = key.shape[1], key.shape[2]
-        self.s, self.out, self.lse, self.is_causal, self.softcap = s, out, lse, is_causal, softcap
+        self.s, self.lse, self.softcap = s, lse, softcap
         self.shape, self.device = (B, Hq, Hkv, Tq, Tk, D), query.device
         # scores in base 2 (exp2 is several times faster than exp on CPU) with the scale folded into
         # the queries; soft-capping needs natural units, so it keeps base e
         self.base = base = _LOG2E if softcap is None else 1.0
         self.qf = query.float() * (s.scale * base)
         self.kT = key.float().reshape(B * Hkv, Tk, D).transpose(1, 2)  # (B*H_kv, D, T_k)
-        self.vf = value.float().reshape(B * Hkv, Tk, -1) if s.output == "tiles" else None
-        self.col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=query.device)
-        self.ent = torch.zeros(B, Hq, Tq, dtype=torch.float64, device=query.device) if entropy else None
         self.sink_logits = None if sinks is None else sinks.float().reshape(1, Hq, 1, 1) * base
         self.exp_ = Tensor.exp2_ if base != 1.0 else Tensor.exp_  # in place
         # one score buffer for every block: a fresh multi-MB tile per block costs an mmap and page faults
@@ -524,40 +549,39 @@ class _Tiles:
         self.triangle = s.mask is None and is_causal and s.window is None
         self.upper = torch.ones(n_max, n_max, dtype=torch.bool, device=query.device).triu_(1) if self.triangle else None
         self.spec = MaskSpec(causal=is_causal, window=s.window)  # the mask when no mask tensor is given
+        self._at: tuple[int, int, int, int] | None = None
+        self._block: _Block | None = None
 
-    def run(self) -> tuple[Tensor, Tensor | None]:
-        """Every block; returns the column sums (B, H_q, T_k) float64 and the row entropies (B, H_q, T_q)
-        float64 or None."""
+    def keys(self, q0: int, q1: int) -> tuple[int, int]:
+        """The key range [k0, k1) of the query rows [q0, q1) (:func:`_block_keys`; the driver's ``keys``)."""
+        s = self.s
+        return _block_keys(s.mask, q0, q1, self.shape[4], s.offset, self.spec)
+
+    def block(self, q0: int, q1: int, k0: int, k1: int) -> _Block:
+        """The probabilities of query rows [q0, q1) over keys [k0, k1) (a non-empty range), computed at the first
+        call for this tile (one Q K^T GEMM), the same object for the other reducers of the tile."""
+        if self._at == (q0, q1, k0, k1):
+            return self._block
         s = self.s
         B, Hq, Hkv, Tq, Tk, D = self.shape
-        blocks = query_blocks(Tq, s.block_size, keys=lambda a, b: _block_keys(s.mask, a, b, Tk, s.offset, self.spec))
-        for q0, q1, k0, k1 in blocks:
-            n = q1 - q0
-            if k1 <= k0:
-                if s.output == "tiles":
-                    self.out[:, q0:q1] = 0.0
-                continue  # no visible key: column sums and entropies stay 0
-            span = k1 - k0
-            # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
-            qb = self.qf[:, :, q0:q1].reshape(B * Hkv, s.n_rep * n, D)
-            tile = self.buf[: B * Hq * n * span].view(B * Hkv, s.n_rep * n, span)
-            diagonal = self.triangle and k0 == 0 and q0 + s.offset >= 0 and k1 == q1 + s.offset
-            bias = None if diagonal else _tile_bias(s.mask, q0, q1, k0, k1, s.offset, self.spec, self.device)
-            if bias is not None and self.base != 1.0:
-                bias = bias * self.base  # additive float masks in base-2 units (0 and -inf stay)
-            if self.lse is not None:
-                probs, weights = self._from_lse(qb, tile, bias, q0, q1, k0, k1)
-            else:
-                probs, weights = self._softmax(qb, tile, bias, diagonal, q0, q1, k0, k1)
-            # column sums of the (normalised) tile: weights^T @ probs, (B*H_q, 1, span)
-            self.col[:, :, k0:k1] += torch.bmm(weights, probs).view(B, Hq, span)
-        return self.col, self.ent
+        n, span = q1 - q0, k1 - k0
+        # query block with each KV group's n_rep heads stacked: (B*H_kv, n_rep*n, D)
+        qb = self.qf[:, :, q0:q1].reshape(B * Hkv, s.n_rep * n, D)
+        tile = self.buf[: B * Hq * n * span].view(B * Hkv, s.n_rep * n, span)
+        diagonal = self.triangle and k0 == 0 and q0 + s.offset >= 0 and k1 == q1 + s.offset
+        bias = None if diagonal else _tile_bias(s.mask, q0, q1, k0, k1, s.offset, self.spec, self.device)
+        if bias is not None and self.base != 1.0:
+            bias = bias * self.base  # additive float masks in base-2 units (0 and -inf stay)
+        if self.lse is not None:
+            b = self._from_lse(qb, tile, bias, q0, q1, k0, k1)
+        else:
+            b = self._softmax(qb, tile, bias, diagonal, q0, q1, k0, k1)
+        self._at, self._block = (q0, q1, k0, k1), b
+        return b
 
-    def _from_lse(self, qb: Tensor, tile: Tensor, bias: Tensor | None, q0: int, q1: int, k0: int,
-                  k1: int) -> tuple[Tensor, Tensor]:
+    def _from_lse(self, qb: Tensor, tile: Tensor, bias: Tensor | None, q0: int, q1: int, k0: int, k1: int) -> _Block:
         """A block's probabilities from the output kernel's log-sum-exp: ``exp(scores + bias - LSE)``
-        (base 2 here), ``(bias - LSE)`` as the GEMM's accumulator. Returns ``(probs (B*H_q, n, span),
-        weights (B*H_q, 1, n))``, the weights all 1 (the rows are normalised already)."""
+        (base 2 here), ``(bias - LSE)`` as the GEMM's accumulator; normalised already (weights all 1)."""
         B, Hq = self.shape[:2]
         n, span = q1 - q0, k1 - k0
         scores = tile.view(B, Hq, n, span)
@@ -569,15 +593,12 @@ class _Tiles:
             torch.sub(bias, lse_b, out=scores)
         probs = self.exp_(tile.baddbmm_(qb, self.kT[:, :, k0:k1])).view(B * Hq, n, span)
         weights = torch.ones(B * Hq, 1, n, device=self.device)
-        if self.ent is not None:  # normalised probabilities: -sum p log p
-            self.ent[:, :, q0:q1] = -torch.special.xlogy(probs, probs).sum(dim=-1).view(B, Hq, n)
-        return probs, weights
+        return _Block(tile, probs, weights, None, None, None)
 
     def _softmax(self, qb: Tensor, tile: Tensor, bias: Tensor | None, diagonal: bool, q0: int, q1: int, k0: int,
-                 k1: int) -> tuple[Tensor, Tensor]:
-        """A block's softmax in the tile (max, exp, sum; soft-capping and sink logits included), its
-        entropies, and with ``output = "tiles"`` its output rows. Returns ``(probs (B*H_q, n, span)
-        unnormalised, weights (B*H_q, 1, n): each row's 1 / denominator)``."""
+                 k1: int) -> _Block:
+        """A block's softmax in the tile (max, exp, sum; soft-capping and sink logits included): the
+        probabilities unnormalised, each row's 1 / denominator as its weight."""
         B, Hq = self.shape[:2]
         n, span, offset, softcap, sink_logits, exp_ = q1 - q0, k1 - k0, self.s.offset, self.softcap, self.sink_logits, self.exp_
         scores = tile.view(B, Hq, n, span)
@@ -599,18 +620,77 @@ class _Tiles:
         if u_sink is not None:
             denom = denom + u_sink
         inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))  # (B, H_q, n, 1)
-        if self.ent is not None:  # H = log Z - sum_j u_j log u_j / Z (natural log of the unnormalised u)
-            ulogu = torch.special.xlogy(probs, probs).sum(dim=-1, keepdim=True)
-            if u_sink is not None:
-                ulogu = ulogu + torch.special.xlogy(u_sink, u_sink)
-            h = torch.where(denom > 0, torch.log(denom.clamp_min(1e-38)) - ulogu * inv, torch.zeros_like(denom))
-            self.ent[:, :, q0:q1] = h.squeeze(-1)
-        probs = probs.view(B * Hq, n, span)
-        weights = inv.view(B * Hq, 1, n)
-        if self.s.output == "tiles":
-            o = torch.bmm(tile, self.vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v), unnormalised
-            self.out[:, q0:q1] = (o.view(B, Hq, n, -1) * inv).transpose(1, 2)
-        return probs, weights
+        return _Block(tile, probs.view(B * Hq, n, span), inv.view(B * Hq, 1, n), inv, denom, u_sink)
+
+
+class _ColumnSums(TileReducer):
+    """Column sums of the score tiles: each block adds its (normalised) probabilities summed over its queries,
+    ``weights^T @ probs``, to keys [k0, k1). Result: (B, H_q, T_k) float64; a block that sees no key adds nothing."""
+
+    def __init__(self, scores: _ScoreTiles) -> None:
+        B, Hq, _, _, Tk, _ = scores.shape
+        self.scores = scores
+        self.col = torch.zeros(B, Hq, Tk, dtype=torch.float64, device=scores.device)
+
+    def tile(self, q0: int, q1: int, k0: int, k1: int) -> None:
+        B, Hq = self.scores.shape[:2]
+        b = self.scores.block(q0, q1, k0, k1)
+        self.col[:, :, k0:k1] += torch.bmm(b.weights, b.probs).view(B, Hq, k1 - k0)  # (B*H_q, 1, span) summed rows
+
+    def result(self) -> Tensor:
+        return self.col
+
+
+class _RowEntropies(TileReducer):
+    """Each query's attention entropy in nats from its block's probabilities: ``-sum_j p_j log p_j`` from a
+    log-sum-exp; from an in-tile softmax ``H = log Z - sum_j u_j log u_j / Z`` (``u`` the unnormalised weights,
+    the sink's included in ``Z``). Result: (B, H_q, T_q) float64, 0 for queries that see no key."""
+
+    def __init__(self, scores: _ScoreTiles) -> None:
+        B, Hq, _, Tq, _, _ = scores.shape
+        self.scores = scores
+        self.ent = torch.zeros(B, Hq, Tq, dtype=torch.float64, device=scores.device)
+
+    def tile(self, q0: int, q1: int, k0: int, k1: int) -> None:
+        B, Hq = self.scores.shape[:2]
+        n = q1 - q0
+        b = self.scores.block(q0, q1, k0, k1)
+        if b.denom is None:  # normalised probabilities: -sum p log p
+            self.ent[:, :, q0:q1] = -torch.special.xlogy(b.probs, b.probs).sum(dim=-1).view(B, Hq, n)
+            return
+        u = b.probs.view(B, Hq, n, k1 - k0)  # unnormalised
+        ulogu = torch.special.xlogy(u, u).sum(dim=-1, keepdim=True)
+        if b.u_sink is not None:
+            ulogu = ulogu + torch.special.xlogy(b.u_sink, b.u_sink)
+        denom = b.denom
+        h = torch.where(denom > 0, torch.log(denom.clamp_min(1e-38)) - ulogu * b.inv, torch.zeros_like(denom))
+        self.ent[:, :, q0:q1] = h.squeeze(-1)
+
+    def result(self) -> Tensor:
+        return self.ent
+
+
+class _OutputRows(TileReducer):
+    """The attention output from the score tiles (``output = "tiles"``, in-tile softmax only): the rows [q0, q1)
+    of ``out`` (B, T_q, H_q, D_v) float32 are ``softmax(tile) @ V`` (one P V GEMM per block, the normaliser
+    applied after it); a block that sees no key gets zeros. value (B, H_kv, T_k, D_v). Result: ``out``."""
+
+    def __init__(self, scores: _ScoreTiles, value: Tensor, out: Tensor) -> None:
+        B, _, Hkv, _, Tk, _ = scores.shape
+        self.scores, self.out = scores, out
+        self.vf = value.float().reshape(B * Hkv, Tk, -1)
+
+    def tile(self, q0: int, q1: int, k0: int, k1: int) -> None:
+        B, Hq = self.scores.shape[:2]
+        b = self.scores.block(q0, q1, k0, k1)
+        o = torch.bmm(b.tile, self.vf[:, k0:k1])  # (B*H_kv, n_rep*n, D_v), unnormalised
+        self.out[:, q0:q1] = (o.view(B, Hq, q1 - q0, -1) * b.inv).transpose(1, 2)
+
+    def empty(self, q0: int, q1: int) -> None:
+        self.out[:, q0:q1] = 0.0
+
+    def result(self) -> Tensor:
+        return self.out
 
 
 @COLLECTORS.register(
