@@ -19,7 +19,9 @@ the token-by-token cache); decode latency is measured with the real cache.
 
 The attention function plugs into ``transformers``' ``AttentionInterface`` (see
 ``shared/notes/hf-attention-interface.md``); it computes query blocks of ``block`` rows, each
-against at most ``n_sink + window + block`` keys, so memory is O(T (n_sink + window)) per layer.
+against at most ``n_sink + window + block`` keys, so memory is O(T (n_sink + window)) per layer: the
+output reducer ``_SinkWindowOutput`` on :func:`sinklab.attention_masks.reduce_tiles`, the blocked-attention
+driver.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sinklab.attention_masks import MaskSpec, query_blocks
+from sinklab.attention_masks import MaskSpec, TileReducer, reduce_tiles
 from sinklab.errors import InputError
 from sinklab.streaming.cache import own_window
 from sinklab.streaming.rope import KeyRotation
@@ -87,10 +89,29 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
         if bool((delta != 0).any()):
             qs = rotation.rotate(q, delta)
     acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 at least
-    out = torch.empty_like(q)
     # query block [a, b) sees the window keys [max(s, a - W), b) (key j with i - W <= j <= i: a window of W + 1)
     # and the sinks [0, s)
-    for a, b, k0, k1 in query_blocks(T, block, MaskSpec(causal=True, window=W + 1)):
+    rows = _SinkWindowOutput(q, qs, k, v, s=s, window=W, scaling=scaling, acc=acc, sink_logits=sink_logits)
+    return reduce_tiles(rows, T, block, MaskSpec(causal=True, window=W + 1))
+
+
+class _SinkWindowOutput(TileReducer):
+    """The output reducer of :func:`sink_window_attention`: query rows [a, b) (0-based stream positions) attend the
+    window keys [max(s, k0), k1) of their causal window of ``window + 1`` keys and the ``s`` sinks [0, s) (queries
+    ``qs``, rotated to their cache positions), in one softmax in ``acc`` (with ``sink_logits`` (H,) in its
+    denominator when given). q, qs (B, H, T, d); k, v (B, H, T, d) (kv heads repeated). Result: the (B, H, T, d)
+    output in v's dtype. Never empty: every query sees itself."""
+
+    def __init__(self, q: Tensor, qs: Tensor, k: Tensor, v: Tensor, *, s: int, window: int, scaling: float,
+                 acc: torch.dtype, sink_logits: Tensor | None) -> None:
+        self.q, self.qs, self.k, self.v, self.s, self.W = q, qs, k, v, s, window
+        self.scaling, self.acc, self.sink_logits = scaling, acc, sink_logits
+        self.pos = torch.arange(q.shape[2], device=q.device)
+        self.out = torch.empty_like(q)
+
+    def tile(self, a: int, b: int, k0: int, k1: int) -> None:
+        q, k, v, s, W, scaling, acc, pos = self.q, self.k, self.v, self.s, self.W, self.scaling, self.acc, self.pos
+        B, H = q.shape[:2]
         lo = max(s, k0)
         j = pos[a:b, None]  # (bq, 1)
         i = pos[None, lo:k1]  # (1, nk)
@@ -98,17 +119,19 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
         sc = sc.masked_fill(~((i <= j) & (i >= j - W)), float("-inf"))
         vv = v[:, :, lo:k1]
         if s:
-            ss = (qs[:, :, a:b].to(acc) @ k[:, :, :s].to(acc).transpose(-1, -2)) * scaling  # (B, H, bq, s)
+            ss = (self.qs[:, :, a:b].to(acc) @ k[:, :, :s].to(acc).transpose(-1, -2)) * scaling  # (B, H, bq, s)
             ss = ss.masked_fill(~(pos[None, :s] <= j), float("-inf"))
             sc = torch.cat((ss, sc), dim=-1)
             vv = torch.cat((v[:, :, :s], vv), dim=-2)
-        if sink_logits is not None:  # the virtual key's logit joins the denominator, its weight is dropped
-            sl = sink_logits.to(device=sc.device, dtype=acc).reshape(1, H, 1, 1).expand(B, H, b - a, 1)
+        if self.sink_logits is not None:  # the virtual key's logit joins the denominator, its weight is dropped
+            sl = self.sink_logits.to(device=sc.device, dtype=acc).reshape(1, H, 1, 1).expand(B, H, b - a, 1)
             p = torch.softmax(torch.cat((sc, sl), dim=-1), dim=-1)[..., :-1]
         else:
             p = torch.softmax(sc, dim=-1)
-        out[:, :, a:b] = (p @ vv.to(acc)).to(v.dtype)
-    return out
+        self.out[:, :, a:b] = (p @ vv.to(acc)).to(v.dtype)
+
+    def result(self) -> Tensor:
+        return self.out
 
 
 def _attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **kwargs):
