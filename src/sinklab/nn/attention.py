@@ -456,7 +456,8 @@ class _TileOutput(_MaskedTiles):
 
     def masked(self, i0: int, i1: int, j0: int, j1: int, mask: Tensor, bias: Tensor | None) -> None:
         q, k, v = self.q, self.k, self.v
-        self.out[:, :, i0:i1] = self.fwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], mask, bias, self.op, self.scale)
+        self.out[:, :, i0:i1] = self.fwd(q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], mask, bias, self.op,
+                                         self.scale)
 
     def empty(self, i0: int, i1: int) -> None:
         self.out[:, :, i0:i1] = 0

@@ -8,8 +8,9 @@ the linear-attention kernels elu1* / linear*, softpick, softmax_pnorm: every ope
 ``op.tile_weights``, ``W V``) and :func:`sinklab.nn.attention.tile_backward` (scores and weights
 recomputed, ``op.tile_grad``, the three GEMMs of dq, dk, dv). The analytic backward is itself a
 compiled function (run under ``no_grad``), so the same code compiles on CPU and on CUDA; the loop
-over tiles stays in Python and the result equals the eager tile path up to float32 rounding (fused
-element-wise kernels may reorder sums).
+over tiles stays in Python (:func:`sinklab.attention_masks.reduce_tiles` with the tile path's output and
+gradient reducers, the same as the eager tile path's) and the result equals the eager tile path up to
+float32 rounding (fused element-wise kernels may reorder sums).
 
 Compilation: once per operation class and option values, and per tile shape (after the first shape
 change dynamo marks the sizes dynamic); tens of seconds per graph on a busy 2-core CPU. Up to
