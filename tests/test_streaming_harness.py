@@ -100,6 +100,24 @@ def test_evaluate_stream_window_larger_than_stream_equals_full():
     assert res["sinks_2"].cache_bytes == 2 * 2 * (2 * 50 * 8) * 4  # layers x (k, v) x (H_kv T d) x fp32
 
 
+def test_ppl_matched_is_over_all_of_recomputes_positions_or_none():
+    # a 40-token stream past the full cache's 24-token context: full scores positions 0..22 only, so its
+    # ppl_matched would rest on a subset of recompute's positions (0, 5, .., 35): it is None; every other
+    # configuration's is the mean over all eight of them, read off its per-position (chunk 1) NLLs
+    m = llama(layers=2).float()
+    ids = torch.randint(0, 80, (40,), generator=torch.Generator().manual_seed(6))
+    res = {r.name: r for r in evaluate_stream(m, ids, cache_specs(window=8, sinks=[0, 2]), chunk=1, recompute_every=5,
+                                              max_context=24, latency_steps=0, progress=False)}
+    assert res["full"].positions == [0, 22] and res["full"].ppl_matched is None
+    matched = list(range(0, 39, 5))
+    assert res["recompute"].evaluated == len(matched)
+    for name in ("window", "sinks_2", "recompute"):
+        nll = res[name].nll_by_chunk
+        want = math.exp(sum(nll[t] for t in matched) / len(matched))
+        assert res[name].ppl_matched == pytest.approx(want, rel=1e-12), name
+    assert res["recompute"].ppl_matched == pytest.approx(res["recompute"].ppl, rel=1e-12)
+
+
 def test_token_stream_joins_documents_in_order(tokenizer):
     docs = ["", "sink", "the token . w1 w2", "a a a"]
     ids = token_stream(tokenizer, docs, 8)

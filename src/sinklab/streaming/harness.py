@@ -103,7 +103,9 @@ class StreamConfigResult:
     window's forward).
     evaluated: number of predictions scored; positions: first and last scored position.
     ppl_matched: perplexity over the positions ``recompute`` scores (the same predictions for
-    every configuration: compare these with recompute's ``ppl``).
+    every configuration: compare these with recompute's ``ppl``); None for a configuration that does not
+    score every one of them (the full cache, which stops at the model's context, on a longer stream), so
+    that no value rests on a subset of recompute's positions.
     count_by_chunk: predictions scored in each chunk (what each ``ppl_by_chunk`` entry rests on:
     ``chunk`` for the caches, about ``chunk / recompute_every`` for ``recompute``; empty in a
     ``stream.json`` written before it was recorded).
@@ -277,7 +279,8 @@ def _result(spec: CacheSpec, scores: "Scores", n: int, chunk: int, latency_s: fl
     mean_or_none = lambda xs: float(np.mean(xs))  # noqa: E731  (float64 means)
     agreed = bool(scores.kl)
     by_chunk_nll = _chunked(nll, n, chunk, lambda xs: float(np.mean(xs)))
-    common = [nll[t] for t in matched if t in nll]
+    # every one of recompute's positions, or none: a subset would not be comparable with recompute's ppl
+    common = [nll[t] for t in matched] if all(t in nll for t in matched) else []
     on_reference = [nll[t] for t in scores.kl if t in nll]  # the positions with a full-cache reference
     return StreamConfigResult(
         name=spec.name, n_sink=spec.n_sink, window=spec.window, ppl=math.exp(mean),
