@@ -187,6 +187,9 @@ def test_inserted_positions_are_exactly_the_tokens_not_from_the_stream(name, pos
     ("first_token/random first token", ["data.packing='random_first'"], False),
     ("no_bos/random first token, T 256", ["data.packing='random_first'", "data.seq_len=256", "model.max_seq_len=256"],
      False),
+    # the control row: documents of 254 tokens, a 255-token period that 64 does not divide
+    ("first_token/random first token, windows across documents", ["data.packing='random_first'",
+                                                                  "data.synthetic.doc_len=254"], True),
 ])
 def test_which_study_rows_train_on_windows_that_span_documents(label, sets, spans):
     """The studies' rows with synthetic documents of 255 tokens + EOS (a period of 256 stream tokens): a packing that
@@ -198,7 +201,7 @@ def test_which_study_rows_train_on_windows_that_span_documents(label, sets, span
     from sinklab.runs.config import load_config
     from sinklab.runs.run import Run
 
-    cfg = load_config("emergence-cpu", [*sets, "data.synthetic.doc_len=255", "data.synthetic.n_train_docs=64"])
+    cfg = load_config("emergence-cpu", ["data.synthetic.doc_len=255", *sets, "data.synthetic.n_train_docs=64"])
     run = Run(cfg, "unused")
     data = PackedData(run.corpus.train, run.packer(), cfg.data.seq_len, seed=0)
     x, _ = data.samples(0, data.n_windows)
