@@ -181,30 +181,39 @@ def test_inserted_positions_are_exactly_the_tokens_not_from_the_stream(name, pos
         assert kept == data.stream[w * data.chunk : w * data.chunk + len(kept)].tolist()
 
 
-@pytest.mark.parametrize("label,sets,spans", [
-    ("no_bos/concat, T 64", ["data.packing='concat'"], True),
-    ("first_token/random x1 and x2", ["data.packing='random_first2'"], True),
-    ("first_token/random first token", ["data.packing='random_first'"], False),
-    ("no_bos/random first token, T 256", ["data.packing='random_first'", "data.seq_len=256", "model.max_seq_len=256"],
-     False),
-    # the control row: documents of 254 tokens, a 255-token period that 64 does not divide
-    ("first_token/random first token, windows across documents", ["data.packing='random_first'",
-                                                                  "data.synthetic.doc_len=254"], True),
+
+@pytest.mark.parametrize("study,label,spans", [
+    ("no_bos", "concat, T 64 (emergence-cpu shape)", True),
+    ("first_token", "random x1 and x2", True),
+    ("first_token", "random first token", False),
+    ("no_bos", "random first token, T 64", False),
+    ("no_bos", "random first token, T 256", False),
+    ("no_bos_confirm", "random first token, T 64", False),
+    ("first_token", "random first token, windows across documents", True),
+    ("no_bos", "random first token, T 64, windows across documents", True),
 ])
-def test_which_study_rows_train_on_windows_that_span_documents(label, sets, spans):
-    """The studies' rows with synthetic documents of 255 tokens + EOS (a period of 256 stream tokens): a packing that
-    reads 65 (concat) or 63 (random_first2) stream tokens per window of T 64 cuts windows across documents; a random
-    first token reads T stream tokens per window, and T = 64 or 256 divides 256, so every window lies inside one
-    document (at T 256: the random token, one whole document, its EOS as the last target). results/NOTES.md cites this
-    for the random-first-token rows of first_token, no_bos and no_bos_confirm."""
-    from sinklab.data.packing import PackedData
+def test_which_study_rows_train_on_windows_that_span_documents(study, label, spans):
+    """The studies' rows, read from experiments/*.toml, with synthetic documents of 255 tokens + EOS (a period of 256
+    stream tokens): a packing that reads 65 (concat) or 63 (random_first2) stream tokens per window of T 64 cuts
+    windows across documents; a random first token reads T stream tokens per window, and T = 64 or 256 divides 256, so
+    every window lies inside one document (at T 256: the random token, one whole document, its EOS as the last
+    target); the controls' documents of 254 tokens (a period of 255) cut them across again. results/NOTES.md cites
+    this for the random-first-token rows of first_token, no_bos and no_bos_confirm."""
+    from pathlib import Path
+
     from sinklab.runs.config import load_config
     from sinklab.runs.run import Run
+    from sinklab.sweep.spec import load_study
 
-    cfg = load_config("emergence-cpu", ["data.synthetic.doc_len=255", *sets, "data.synthetic.n_train_docs=64"])
+    s = load_study(Path(__file__).resolve().parent.parent / "experiments" / f"{study}.toml")
+    point = next(p for p in s.points if p.label == label)
+    cfg = load_config(s.base, [*point.set_args(100), "data.synthetic.n_train_docs=64"])  # a small corpus suffices
     run = Run(cfg, "unused")
     data = PackedData(run.corpus.train, run.packer(), cfg.data.seq_len, seed=0)
     x, _ = data.samples(0, data.n_windows)
     with_eos = (x == run.corpus.eos_id).any(dim=1).float().mean().item()  # an EOS as an input: two documents
-    assert data.chunk == {"concat": 65, "random_first2": 63, "random_first": cfg.data.seq_len}[cfg.data.packing]
+    period = cfg.data.synthetic["doc_len"] + 1
+    per_window = {"concat": cfg.data.seq_len + 1, "random_first2": cfg.data.seq_len - 1,
+                  "random_first": cfg.data.seq_len}[cfg.data.packing]
+    assert data.chunk == per_window and (period % per_window != 0) == spans
     assert (with_eos > 0.2) if spans else (with_eos == 0.0), (label, with_eos)

@@ -177,3 +177,35 @@ def test_a_chunk_that_sees_no_key_attends_its_virtual_key_only():
     tiles = _TileOutput(tile_forward, q, k, v, sig, dh ** -0.5, MaskSpec(), NoPE(None), None)
     assert torch.equal(reduce_tiles(tiles, T, 2, keys=lambda a, b: (0, 0) if a == 0 else (0, b))[:, :, :2],
                        torch.zeros(B, H, 2, dh))
+
+
+def test_the_chunked_paths_reducer_is_freed_after_a_forward_without_backward(monkeypatch):
+    """A grad-enabled forward on the chunked path (checkpointed chunks) that is thrown away without a backward
+    frees its reducer and the chunks' outputs: the checkpointed function holds the layer's settings, not the reducer
+    (a bound method kept it, and every chunk's output, alive for good)."""
+    import gc
+    import weakref
+
+    from sinklab.nn import ModelConfig, SinkLM
+    from sinklab.nn import attention as A
+    from sinklab.nn.attention import paths_taken
+
+    refs = []
+    init = A._ChunkOutput.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        refs.append(weakref.ref(self))
+
+    monkeypatch.setattr(A._ChunkOutput, "__init__", spy)
+    torch.manual_seed(0)
+    model = SinkLM(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=16,
+                               positional="t5"))  # a learned bias trains on the chunked path
+    x = torch.randint(0, 64, (2, 16))
+    with torch.enable_grad():
+        assert paths_taken(model, x) == ["chunked", "chunked"]
+        logits = model(x).logits
+    assert len(refs) == 2 and logits.requires_grad
+    del logits
+    gc.collect()
+    assert all(r() is None for r in refs)

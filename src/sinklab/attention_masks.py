@@ -18,8 +18,9 @@ When there are fewer queries than keys (``t_q < t_k``), the queries are the *las
 positions: query row ``q`` is position ``q + offset`` with ``offset = t_k - t_q``.
 
 Blocked attention: :func:`query_blocks` walks the query blocks with the key ranges a mask lets them see, and
-:func:`reduce_tiles` hands each tile to a :class:`TileReducer` (several at once with :class:`Reducers`), the one
-driver of every tiled attention loop of sinklab.
+:func:`reduce_tiles` hands each tile to a :class:`TileReducer` (several at once with :class:`Reducers`), the
+driver of sinklab's tiled attention loops over query blocks (all but the mask-free fused capture's column sums,
+:func:`sinklab.capture.blockwise.column_sums_from_lse`, which walks key blocks first).
 
 Depends on torch and :mod:`sinklab.errors` only, so every layer of sinklab may import it.
 """
@@ -209,7 +210,8 @@ def query_blocks(t_q: int, block: int, mask: MaskSpec = CAUSAL, *, t_k: int | No
     """The blocked-attention iterator: query blocks ``[q0, q1)`` of at most ``block`` rows (0-based rows,
     end exclusive, in order) with the key range ``[k0, k1)`` they may see, as ``(q0, q1, k0, k1)``.
 
-    Every tiled attention loop of sinklab walks its queries through this, by way of :func:`reduce_tiles`:
+    Every tiled attention loop of sinklab over query blocks walks them through this, by way of :func:`reduce_tiles`
+    (the one loop with key blocks outer, :func:`sinklab.capture.blockwise.column_sums_from_lse`, does not):
     what a loop does with a tile is its :class:`TileReducer` (the model's tile path: its output and its
     gradient, plain or with compiled per-tile functions, and its chunked path's output,
     :mod:`sinklab.nn.attention`; the blockwise capture's column sums, row entropies and output rows, from a
@@ -260,14 +262,17 @@ class Reducers(TileReducer):
         self.reducers = reducers
 
     def tile(self, q0: int, q1: int, k0: int, k1: int) -> None:
+        """The tile (0-based, end exclusive) to every reducer, in order."""
         for r in self.reducers:
             r.tile(q0, q1, k0, k1)
 
     def empty(self, q0: int, q1: int) -> None:
+        """The query block without a key to every reducer, in order."""
         for r in self.reducers:
             r.empty(q0, q1)
 
     def result(self) -> tuple:
+        """The reducers' results, in their order."""
         return tuple(r.result() for r in self.reducers)
 
 

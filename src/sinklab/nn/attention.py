@@ -42,6 +42,7 @@ masking, every path); masks are then (B, 1, C, Tk) per window instead of (C, Tk)
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -494,6 +495,18 @@ class _TileGradient(_MaskedTiles):
         return self.dq, self.dk, self.dv
 
 
+def _attend_chunk(op: AttentionOp, scale: float, spec: MaskSpec, positional: Positional, documents: Tensor | None,
+                  qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
+    """One chunk of the chunked path: query rows [i0, i0 + C) of qc (B, H, C, d_h) against keys [j0, j0 + Tk) of kc,
+    vc (B, H, Tk, d_h) (0-based), :func:`attend_block` with the tile's mask and bias (:func:`_tile_mask_bias`, built
+    here so that checkpointing recomputes them) -> (B, H, C, d_h). A module function, not a method of
+    :class:`_ChunkOutput`: checkpointing keeps it in the autograd graph, and a bound method would keep the reducer,
+    and with it every chunk's output, alive until a backward (for ever without one)."""
+    mask, bias = _tile_mask_bias(i0, i0 + qc.shape[2], j0, j0 + kc.shape[2], spec, positional, qc.device,
+                                 documents)  # (C, Tk) or (B, 1, C, Tk); (H, C, Tk) or None
+    return attend_block(op, qc, kc, vc, mask, scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
+
+
 class _ChunkOutput(TileReducer):
     """The chunked path's output reducer: each chunk of query rows [i0, i1) against keys [j0, j1) (0-based) is
     :func:`attend_block` with the tile's mask and bias (:func:`_tile_mask_bias`, built inside the chunk so that
@@ -504,15 +517,11 @@ class _ChunkOutput(TileReducer):
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, op: AttentionOp, scale: float, spec: MaskSpec,
                  positional: Positional, documents: Tensor | None, vk, vv, vlogit, use_ckpt: bool) -> None:
-        self.q, self.k, self.v, self.op, self.scale = q, k, v, op, scale
-        self.spec, self.positional, self.documents = spec, positional, documents
+        self.q, self.k, self.v = q, k, v
         self.vk, self.vv, self.vlogit, self.use_ckpt = vk, vv, vlogit, use_ckpt
         self.outs: list[Tensor] = []
-
-    def _block(self, qc: Tensor, kc: Tensor, vc: Tensor, i0: int, j0: int, vk, vv, vlogit) -> Tensor:
-        mask, bias = _tile_mask_bias(i0, i0 + qc.shape[2], j0, j0 + kc.shape[2], self.spec, self.positional,
-                                     qc.device, self.documents)  # (C, Tk) or (B, 1, C, Tk); (H, C, Tk) or None
-        return attend_block(self.op, qc, kc, vc, mask, self.scale, bias=bias, vk=vk, vv=vv, vlogit=vlogit)[0]
+        # what checkpointing keeps in the graph: the chunk function and the layer's settings, not this reducer
+        self._block = functools.partial(_attend_chunk, op, scale, spec, positional, documents)
 
     def tile(self, i0: int, i1: int, j0: int, j1: int) -> None:
         q, k, v = self.q, self.k, self.v

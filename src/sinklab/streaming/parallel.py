@@ -72,7 +72,7 @@ def sink_window_attention(q: Tensor, k: Tensor, v: Tensor, *, n_sink: int, windo
             (gpt-oss's ``sinks``, passed as ``s_aux``), not scaled; None: none.
 
     Returns:
-        (B, H, T, d) attention outputs in ``v``'s dtype; scores, softmax and the weighted sum computed in
+        (B, H, T, d) attention outputs in ``q``'s dtype (a model's q, k, v share one); scores, softmax and the weighted sum computed in
         float32 whatever the dtype (float64 for a float64 model), as SDPA accumulates a bfloat16 /
         float16 model's attention in float32, one block of ``block`` queries at a time.
     """
@@ -100,7 +100,7 @@ class _SinkWindowOutput(TileReducer):
     window keys [max(s, k0), k1) of their causal window of ``window + 1`` keys and the ``s`` sinks [0, s) (queries
     ``qs``, rotated to their cache positions), in one softmax in ``acc`` (with ``sink_logits`` (H,) in its
     denominator when given). q, qs (B, H, T, d); k, v (B, H, T, d) (kv heads repeated). Result: the (B, H, T, d)
-    output in v's dtype. Never empty: every query sees itself."""
+    output in q's dtype. Never empty: every query sees itself."""
 
     def __init__(self, q: Tensor, qs: Tensor, k: Tensor, v: Tensor, *, s: int, window: int, scaling: float,
                  acc: torch.dtype, sink_logits: Tensor | None) -> None:
