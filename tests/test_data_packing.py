@@ -191,6 +191,7 @@ def test_inserted_positions_are_exactly_the_tokens_not_from_the_stream(name, pos
     ("no_bos_confirm", "random first token, T 64", False),
     ("first_token", "random first token, windows across documents", True),
     ("no_bos", "random first token, T 64, windows across documents", True),
+    ("no_bos_confirm", "random first token, T 64, windows across documents", True),
 ])
 def test_which_study_rows_train_on_windows_that_span_documents(study, label, spans):
     """The studies' rows, read from experiments/*.toml, with synthetic documents of 255 tokens + EOS (a period of 256
