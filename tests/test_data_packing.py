@@ -218,3 +218,29 @@ def test_which_study_rows_train_on_windows_that_span_documents(study, label, spa
                   "random_first": cfg.data.seq_len}[cfg.data.packing]
     assert data.chunk == per_window and (period % per_window != 0) == spans
     assert (with_eos > 0.2) if spans else (with_eos == 0.0), (label, with_eos)
+
+
+@pytest.mark.parametrize("sets,warns", [
+    (["data.packing='random_first'", "data.synthetic.doc_len=255"], True),  # 64 divides 256: windows inside documents
+    (["data.packing='random_first'", "data.synthetic.doc_len=254"], False),  # 64 does not divide 255
+    (["data.packing='concat'", "data.synthetic.doc_len=255"], False),  # 65 stream tokens per window
+    (["data.packing='concat'", "data.synthetic.doc_len=129"], True),  # 65 divides 130
+    (["data.packing='bos'"], False),  # a BOS packing: windows = documents by design, not warned
+])
+def test_sinklab_train_warns_when_no_window_crosses_a_document_boundary(sets, warns):
+    """boundary_share counts the windows with an EOS among their inputs (by hand: a window of C stream tokens holds
+    a boundary when an EOS sits at offset 0..C-2); the training warning fires for a mid-document packing when it is 0."""
+    from sinklab.runs.config import load_config
+    from sinklab.runs.run import Run
+    from sinklab.train.loop import alignment_warning
+
+    cfg = load_config("emergence-cpu", [*sets, "data.synthetic.n_train_docs=64"])
+    run = Run(cfg, "unused")
+    data = PackedData(run.corpus.train, run.packer(), cfg.data.seq_len, seed=0)
+    eos, C = run.corpus.eos_id, data.chunk
+    by_hand = np.mean([(data.stream[w * C : w * C + C - 1] == eos).any() for w in range(data.n_windows)])
+    assert data.boundary_share(eos) == pytest.approx(by_hand, abs=1e-12)
+    msg = alignment_warning(cfg, data, eos)
+    assert bool(msg) == warns, (sets, data.boundary_share(eos), msg)
+    if warns:
+        assert data.boundary_share(eos) == 0.0 and f"windows of {C} stream tokens" in msg and "doc_len" in msg

@@ -270,6 +270,14 @@ class PackedData:
         """Stream tokens used (after any cap) that fall into whole windows."""
         return self.n_windows * self.chunk
 
+    def boundary_share(self, eos_id: int) -> float:
+        """Share (0..1) of the windows that hold a document boundary among their inputs: an ``eos_id`` at stream
+        offset 0 .. chunk - 2 of the window (its last stream token is only a target). 0 when every window lies
+        inside one document (e.g. equal documents whose period, length + 1, is a multiple of :attr:`chunk`)."""
+        pos = np.flatnonzero(self.stream[: self.n_tokens] == eos_id)
+        inside = pos[pos % self.chunk < self.chunk - 1]
+        return len(np.unique(inside // self.chunk)) / self.n_windows
+
     def window(self, w: int, index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Window ``w`` (0-based, in stream order): (ids (T+1,), target_mask (T,))."""
         c = self.stream[w * self.chunk : (w + 1) * self.chunk]

@@ -491,7 +491,8 @@ def _setup_data(cfg: RunConfig, out: Path, dd: distributed.Dist, *, notify: Call
         )
     distributed.check_batch(dd, B)
     check_epochs(cfg, train_data.n_windows, train_data.n_tokens)
-    for warn in (warmup_warning(cfg), epochs_warning(cfg, train_data.n_windows, train_data.n_tokens)):
+    for warn in (warmup_warning(cfg), epochs_warning(cfg, train_data.n_windows, train_data.n_tokens),
+                 alignment_warning(cfg, train_data, tc.eos_id)):
         if warn and dd.is_main and not canonical:  # the fingerprint's canonical training would repeat it
             (notify or _warn)(warn)
     try:
@@ -917,6 +918,27 @@ def epochs_warning(cfg: RunConfig, n_windows: int, train_tokens: int) -> str:
     return (f"warning: {cfg.train.steps} steps x {windows_per_step(cfg):,} windows pass over the {n_windows:,} distinct "
             f"training windows ({train_tokens:,} tokens) {epochs:.1f} times (more than {EPOCHS_WARN:g}): the model will memorise them; use a larger "
             "corpus (a JSON-lines, Parquet or Arrow dataset, see docs/scaling.md, 'Large corpora') or fewer steps")
+
+
+#: the packings whose windows are meant to be cut from concatenated documents wherever they fall (no BOS)
+MID_DOCUMENT_PACKINGS = ("concat", "random_first", "random_first2")
+
+
+def alignment_warning(cfg: RunConfig, data: PackedData, eos_id: int) -> str:
+    """The one-line warning for a packing of :data:`MID_DOCUMENT_PACKINGS` whose training windows never hold a
+    document boundary among their inputs ("" otherwise, and for a stream of fewer than two documents): every window
+    then lies inside one document (:meth:`sinklab.data.packing.PackedData.boundary_share` is 0), as with synthetic
+    documents of equal length whose period (``doc_len + 1`` with its EOS) is a multiple of the window's stream tokens
+    (a random first token at T 64 or 256 with ``doc_len`` 255: 64 divides 256), so the windows do not fall across
+    documents as concatenated text does, and a comparison with a packing whose windows do changes two things."""
+    if cfg.data.packing not in MID_DOCUMENT_PACKINGS or data.n_windows < 2:
+        return ""
+    if int((data.stream[: data.n_tokens] == eos_id).sum()) < 2 or data.boundary_share(eos_id) > 0:
+        return ""
+    return (f"warning: no training window holds a document boundary among its inputs (packing {cfg.data.packing!r}, "
+            f"windows of {data.chunk} stream tokens): every window lies inside one document, unlike windows cut from "
+            f"concatenated text; with synthetic documents of equal length choose data.synthetic.doc_len so that "
+            f"doc_len + 1 is not a multiple of {data.chunk}")
 
 
 def warmup_warning(cfg: RunConfig) -> str:
