@@ -933,8 +933,8 @@ def alignment_warning(cfg: RunConfig, data: PackedData, eos_id: int) -> str:
     documents as concatenated text does, and a comparison with a packing whose windows do changes two things."""
     if cfg.data.packing not in MID_DOCUMENT_PACKINGS or data.n_windows < 2:
         return ""
-    if int((data.stream[: data.n_tokens] == eos_id).sum()) < 2 or data.boundary_share(eos_id) > 0:
-        return ""
+    if data.boundary_share(eos_id) > 0 or int((data.stream[: data.n_tokens] == eos_id).sum()) < 2:
+        return ""  # (the usual case returns after one pass over the stream)
     return (f"warning: no training window holds a document boundary among its inputs (packing {cfg.data.packing!r}, "
             f"windows of {data.chunk} stream tokens): every window lies inside one document, unlike windows cut from "
             f"concatenated text; with synthetic documents of equal length choose data.synthetic.doc_len so that "
