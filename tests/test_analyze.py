@@ -936,3 +936,42 @@ def test_intervene_plot_marks_drop_firsts_position_0_and_reaches_a_late_sink(mon
     assert sum(t.get_text() == "n/a" for t in rate_ax.texts) == 1
     reach = [max(line.get_xdata()) for line in mass_ax.get_lines()]
     assert min(reach) >= 24  # past the sink (21) and remove-sink's new top position (24)
+
+
+def test_an_identity_edit_keeps_a_negative_virtual_weight_of_a_non_normalised_custom_operation():
+    """A custom non-normalised operation (identity similarity q.k / sqrt(d_h), no normaliser) with a learned
+    virtual key and value: its virtual weight q.k* / sqrt(d_h) is negative for some queries. The observer sees
+    the paper's proxy scores |w| / sum |w|; an edit that returns them unchanged must give back the output the
+    model computes without a seam, the virtual value's share with its sign (it came back positive: the edit
+    path rebuilt the virtual weight from its absolute value)."""
+    from torch import nn
+
+    from sinklab.nn.ops import ATTENTION, AttentionOp, register
+
+    class SignedVirtual(AttentionOp):
+        """identity similarity with a virtual key, no normalisation (test operation)"""
+
+        sdpa = False
+        normalised = False
+
+        def __init__(self, ctx, *, gate=None):
+            super().__init__(ctx, gate=gate)
+            g = torch.Generator().manual_seed(1)
+            self.k_star = nn.Parameter(torch.randn(ctx.n_kv_heads, ctx.head_dim, generator=g))
+            self.v_star = nn.Parameter(torch.randn(ctx.n_kv_heads, ctx.head_dim, generator=g))
+
+        def virtual_kv(self, attn):
+            return self.k_star, self.v_star
+
+        def normalise(self, logits, mask, extra):
+            return logits.masked_fill(~mask, 0.0), extra  # (B, H, C, Tk), (B, H, C, 1): signed
+
+    register("test_signed_virtual")(SignedVirtual)
+    try:
+        m = _sinklm(attention="test_signed_virtual", n_layers=1, positional="nope")
+        ids = _ids(2, 8)
+        a = run_model(m, ids, hidden=True, nll=True)
+        b = run_model(m, ids, hidden=True, nll=True, edit=lambda layer, w, **_: w)
+        assert torch.allclose(a.hidden, b.hidden, atol=1e-5) and torch.allclose(a.nll, b.nll, atol=1e-5)
+    finally:
+        ATTENTION.remove("test_signed_virtual")

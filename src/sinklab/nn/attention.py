@@ -828,6 +828,7 @@ class Attention(nn.Module):
             w = w.abs()
             total = w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
             if w_extra is not None:
+                extra_sign = torch.where(w_extra < 0, -1.0, 1.0).to(w_extra.dtype)  # (B, H, T, 1)
                 w_extra = w_extra.abs()
                 total = total + w_extra
             total = torch.where(total > 0, total, torch.ones_like(total))
@@ -848,7 +849,7 @@ class Attention(nn.Module):
             vr = repeat_kv(v, self.n_heads // v.shape[1])  # (B, H, T, d_h)
             out = torch.matmul(w_new.to(vr.dtype), vr)  # (B, H, T, d_h)
             if w_extra is not None and vv is not None:
-                w_x = w_extra * total if renorm else w_extra  # (B, H, T, 1)
+                w_x = w_extra * total * extra_sign if renorm else w_extra  # (B, H, T, 1), its sign restored
                 out = out + w_x.to(vr.dtype) * repeat_kv(vv[None, :, None, :], self.n_heads // vv.shape[0])
         return self.op.normalise_heads(out) if self.op.differential else out
 
