@@ -700,3 +700,31 @@ def test_matched_heads_give_differential_attention_the_softmax_models_maps(monke
     assert all(ATTENTION.get(n).matched_heads(6) == 6 for n in OPS if n != "diff")
     with pytest.raises(ConfigError, match="even number of heads"):
         ATTENTION.get("diff").matched_heads(3)
+
+
+def test_the_in_place_similarity_gradients_equal_their_formulas_bit_for_bit():
+    """``similarity_grad`` works in place in ``g`` (and softpick's ``tile_grad`` takes the sign of its ``d`` in place);
+    each equals its formula computed out of place, bit for bit, on tiles with zeros (masked entries) and values
+    on both sides of each function's kink: ReLU's [g > 0] as 0.0 / 1.0, sigmoid's g - g g (as ``addcmul``: the plain
+    ``g - g * g`` rounds differently), elu+1's min(g, 1)."""
+    from sinklab.nn.ops import ATTENTION, OpContext
+
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(4, 8, 16, generator=g) * 3
+    s[:, :, -3:] = float("-inf")  # masked logits (mask as bias)
+    mask = torch.ones(8, 16, dtype=torch.bool)
+    ctx = OpContext(n_heads=2, n_kv_heads=2, head_dim=4, d_model=8, max_seq_len=16)
+    formulas = {
+        "relu": lambda w: (w > 0).to(w.dtype),
+        "relu_norm": lambda w: (w > 0).to(w.dtype),
+        "sigmoid": lambda w: torch.addcmul(w, w, w, value=-1.0),
+        "sigmoid_norm": lambda w: torch.addcmul(w, w, w, value=-1.0),
+        "elu1_sim": lambda w: w.clamp(max=1.0),
+    }
+    for name, formula in formulas.items():
+        op = ATTENTION.get(name)(ctx)
+        w = op.similarity_(s.clone())  # g = sim(s), 0 where masked
+        want = formula(w.clone())
+        got = op.similarity_grad(w, mask)
+        assert torch.equal(got, want), name
+        assert got.data_ptr() == w.data_ptr(), name  # in place: no (N, C, Tk) tile allocated

@@ -414,7 +414,9 @@ class _Elementwise(AttentionOp):
         raise NotImplementedError
 
     def similarity_grad(self, g: Tensor, mask: Tensor) -> Tensor:
-        """d sim / d s (N, C, Tk) from g = sim(s) (0 where masked), a new tensor; 0 where masked."""
+        """d sim / d s (N, C, Tk) from g = sim(s) (0 where masked); 0 where masked. May overwrite ``g`` (and
+        return it): :meth:`tile_grad` no longer needs it, and a pass in place costs about half of one that
+        allocates its result (``benchmarks/tile_ops.py``)."""
         raise NotImplementedError
 
     def tile_weights(self, scores, mask):
@@ -542,7 +544,7 @@ class ReLU(_Elementwise):
         return scores.relu_()
 
     def similarity_grad(self, g, mask):
-        return (g > 0).to(g.dtype)  # g = relu(s) > 0 iff s > 0
+        return torch.gt(g, 0.0, out=g)  # g = relu(s) > 0 iff s > 0: 1.0 or 0.0, in place (no bool tile)
 
 
 @register("relu_norm")
@@ -558,7 +560,7 @@ class ReLUNorm(_Elementwise):
         return scores.relu_()
 
     def similarity_grad(self, g, mask):
-        return (g > 0).to(g.dtype)  # g = relu(s) > 0 iff s > 0
+        return torch.gt(g, 0.0, out=g)  # g = relu(s) > 0 iff s > 0: 1.0 or 0.0, in place (no bool tile)
 
 
 @register("elu1_sim")
@@ -577,7 +579,7 @@ class Elu1Sim(_Elementwise):
         return F.elu(scores, inplace=True).add_(1.0)  # elu(-inf) + 1 = 0 on masked logits
 
     def similarity_grad(self, g, mask):
-        return g.clamp(max=1.0)  # d/ds = 1 for s > 0 (g > 1), exp(s) = g for s <= 0; 0 where masked
+        return g.clamp_(max=1.0)  # d/ds = 1 for s > 0 (g > 1), exp(s) = g for s <= 0; 0 where masked
 
 
 # ===================================================== feature-map kernels
@@ -666,14 +668,14 @@ class Softpick(AttentionOp):
         # computed as (relu(sign u_j) dw_j - r) sign(u_j) exp(s_j) / Q (the same for u_j > 0, < 0 and = 0)
         d, e, a = aux
         r = _row_dot(dw, w)  # (N, C, 1)
-        sgn = torch.sign(d)  # (N, C, Tk) in {-1, 0, 1}: d is 0 where masked
+        sgn = d.sign_()  # (N, C, Tk) in {-1, 0, 1}: d is 0 where masked (in place: d is not needed after)
         g = dw.mul_(torch.relu(sgn)).sub_(r)
         return g.mul_(sgn.mul_(e).div_(a))
 
 
 def _sigmoid_grad(g: Tensor) -> Tensor:
-    """sigma'(s) = g (1 - g) from g = sigma(s) (0 where masked: g = 0 there)."""
-    return torch.addcmul(g, g, g, value=-1.0)
+    """sigma'(s) = g (1 - g) = g - g g from g = sigma(s) (0 where masked: g = 0 there), in place in ``g``."""
+    return g.addcmul_(g, g, value=-1.0)
 
 
 def _positive(name: str, v: Any) -> float:
