@@ -975,3 +975,19 @@ def test_an_identity_edit_keeps_a_negative_virtual_weight_of_a_non_normalised_cu
         assert torch.allclose(a.hidden, b.hidden, atol=1e-5) and torch.allclose(a.nll, b.nll, atol=1e-5)
     finally:
         ATTENTION.remove("test_signed_virtual")
+
+
+def test_keybias_lower_median_skips_nan_and_warns_nothing():
+    """The headline medians of keybias are lower medians with NaN skipped (hand-worked: [3, nan, 1, 4, 2] -> 2,
+    where pandas' median gives 2.5), computed without torch's warning about pandas' read-only NumPy view."""
+    import warnings
+
+    import pandas as pd
+
+    from sinklab.analyze.keybias import _median
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        column = pd.DataFrame({"m": [3.0, float("nan"), 1.0, 4.0, 2.0]})["m"]  # a column: pandas hands a read-only view
+        assert _median(column) == 2.0
+        assert pd.Series([3.0, 1.0, 4.0, 2.0]).median() == 2.5

@@ -71,6 +71,55 @@ def test_threads_are_restored_after_train(tiny, tmp_path):
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["threads"] == 3
 
 
+def test_the_global_random_states_are_restored_after_train(tiny, tmp_path):
+    """train seeds torch's, NumPy's and Python's global generators for its model and data; a caller's own stream
+    goes on after the call as if train had not run (the next draws equal those of an untouched generator)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    def draws():
+        return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+
+    def seed():
+        torch.manual_seed(123)
+        np.random.seed(5)
+        random.seed(7)
+
+    seed()
+    draws()
+    want = draws()
+    seed()
+    draws()
+    loop.train(load_config(tiny), tmp_path / "r", progress=False)
+    assert draws() == want
+    seed()
+    draws()
+    with pytest.raises(Exception):  # a refused run restores them too (its out folder is a file)
+        (tmp_path / "file").write_text("x")
+        loop.train(load_config(tiny), tmp_path / "file" / "r", progress=False)
+    assert draws() == want
+
+
+def test_train_takes_a_preset_name_or_a_toml_path_and_refuses_anything_else(tiny, tmp_path):
+    """train(cfg) as `sinklab train NAME`: a TOML path (str or Path) loads as load_config would (the same config
+    in the run folder); an unknown preset is a ConfigError that lists the presets; another type an InputError
+    naming cfg; neither refusal leaves a folder behind."""
+    import sinklab
+    from sinklab.errors import ConfigError, InputError
+    from sinklab.runs.config import to_toml
+
+    r = sinklab.train(str(tiny), tmp_path / "a", progress=False)
+    assert (tmp_path / "a" / "config.toml").read_text() == to_toml(load_config(tiny))
+    assert r.losses == loop.train(load_config(tiny), tmp_path / "b", progress=False).losses
+    with pytest.raises(ConfigError, match="unknown preset 'nope-preset'; presets: .*emergence-cpu"):
+        sinklab.train("nope-preset", tmp_path / "c")
+    with pytest.raises(InputError, match="cfg must be a RunConfig, a preset name or a TOML file, got int"):
+        sinklab.train(42, tmp_path / "d")
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
 def test_fingerprint_ignores_seed_and_equivalent_refactors(tiny, monkeypatch):
     base = loop.code_fingerprint(load_config(tiny))
     assert loop.code_fingerprint(load_config(tiny)) == base  # deterministic

@@ -242,7 +242,7 @@ def _head_table(st: dict[str, Tensor], stats, pos: int, eps: float, blocks: list
 def _median(x) -> float:
     """The lower median of a pandas Series (NaN skipped, as pandas does), as every median in sinklab
     (``torch.nanmedian``; pandas' own ``median`` averages the two middle values of an even count)."""
-    return float(torch.nanmedian(torch.as_tensor(x.to_numpy(dtype="float64"))))
+    return float(torch.nanmedian(torch.tensor(x.to_numpy(dtype="float64", copy=True))))  # a copy: pandas' view is read-only
 
 
 def _summary(heads, pos: int, rate: float, det: list[dict], sizes: dict) -> dict:

@@ -37,7 +37,7 @@ from sinklab.errors import ConfigError, InputError, SinklabError, param, render,
 from sinklab.fileio import atomic_write_text, check_writable, publish, read_json, read_jsonl
 from sinklab.progress import progress as show_progress
 from sinklab.result import Result
-from sinklab.runs.config import RunConfig, diff_keys, flatten, to_toml
+from sinklab.runs.config import RunConfig, diff_keys, flatten, load_config, to_toml
 from sinklab.runs.run import Run
 from sinklab.train import distributed
 from sinklab.train.checkpoint import (CHECKPOINT_NAME, load_checkpoint, load_run_checkpoint, rng_state, save_checkpoint,
@@ -249,7 +249,7 @@ def _save_final(model: torch.nn.Module, tc: TokenizedCorpus, out: Path, *, mask_
 
 
 def train(
-    cfg: RunConfig,
+    cfg: RunConfig | str | Path,
     out: str | Path,
     *,
     resume: bool = False,
@@ -262,7 +262,9 @@ def train(
     """Pre-train a :class:`~sinklab.nn.SinkLM` as configured and track its sinks.
 
     Args:
-        cfg: the resolved run config.
+        cfg: the resolved run config (:class:`~sinklab.runs.config.RunConfig`), or a preset name
+            (``"emergence-cpu"``) or TOML file, loaded as ``sinklab train NAME`` does
+            (:func:`~sinklab.runs.config.load_config`, no overrides).
         out: run folder DIR (created).
         resume: continue from ``DIR/checkpoint.pt``; its config must equal ``cfg`` except the keys in
             :data:`RESUME_MAY_DIFFER` (``train.steps`` only with a constant schedule).
@@ -278,7 +280,8 @@ def train(
 
     ``train.threads`` (when set) is applied with ``torch.set_num_threads`` before any work and the
     previous setting restored on return, so the environment's ``OMP_NUM_THREADS`` cannot change
-    the losses. ``summary.json`` records the environment (threads, torch version, CPU model) and the
+    the losses. The run seeds the global torch, NumPy and Python generators (``train.seed``); their states
+    are restored on return (and on an error), so a caller's own random streams go on unchanged. ``summary.json`` records the environment (threads, torch version, CPU model) and the
     code of every start (``code``: the last start's :func:`sinklab.provenance.code_version`, commit,
     dirty flag and source digest; ``code_starts``: every start's, in order). The training-code
     fingerprint is not computed here: the study tool computes it once per config shape and code
@@ -296,9 +299,9 @@ def train(
 
     Raises:
         InputError: corpus too small for one batch, DIR already holds a run without ``resume``,
-            no checkpoint to resume.
-        ConfigError: resume with a differing config (names the keys); a global batch that does not
-            split over the processes.
+            no checkpoint to resume; ``cfg`` neither a RunConfig nor a name or path.
+        ConfigError: ``cfg`` an unknown preset or a file that does not load; resume with a differing config
+            (names the keys); a global batch that does not split over the processes.
         TrainingDiverged: non-finite loss or gradient (names the step; the last checkpoint is kept).
         CheckpointError: a checkpoint write failed (the previous one is intact), or ``checkpoint.pt``
             is corrupt or not a sinklab checkpoint.
@@ -309,16 +312,24 @@ def train(
     finished run).
     """
     t_start = time.perf_counter()
-    out = Path(out)
-    check_writable(out, param("out"))
-    created = _missing_folders(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if isinstance(cfg, (str, Path)):
+        cfg = load_config(cfg)  # ConfigError for an unknown preset or a missing file (with the presets it knows)
+    elif not isinstance(cfg, RunConfig):
+        raise InputError(f"cfg must be a RunConfig, a preset name or a TOML file, got {type(cfg).__name__}")
+    caller_rng = rng_state()  # the run seeds the global generators; the caller's streams are given back on return
     try:
-        return _train_in_folder(cfg, out, resume=resume, progress=progress, stop_after=stop_after, notify=notify,
-                                canonical=_canonical, t_start=t_start, command=command)
-    except BaseException:
-        _remove_empty(created)  # a run refused before it wrote anything leaves no empty folder behind
-        raise
+        out = Path(out)
+        check_writable(out, param("out"))
+        created = _missing_folders(out)
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            return _train_in_folder(cfg, out, resume=resume, progress=progress, stop_after=stop_after, notify=notify,
+                                    canonical=_canonical, t_start=t_start, command=command)
+        except BaseException:
+            _remove_empty(created)  # a run refused before it wrote anything leaves no empty folder behind
+            raise
+    finally:
+        set_rng_state(caller_rng)
 
 
 def _missing_folders(path: Path) -> list[Path]:
