@@ -8,7 +8,7 @@ Every figure is read from the committed ``results/<study>/summary.csv`` (Sink_1 
 the last 20% of training, or the row's own metric; the effect is the difference from the study's reference row in
 percentage points with its Welch 95% interval; ``p_holm`` is the row's permutation p-value (exact, or Monte Carlo
 where the summary's ``p_method`` says so), Holm-adjusted over the study; a row measured at another position than the
-first (``sink_position``) is labelled with its Sink_k; the verdict rules are in docs/studies.md). The paper values and their sources are
+first (``sink_token``, the 1-based token k) is labelled with its Sink_k; the verdict rules are in docs/studies.md). The paper values and their sources are
 ``experiments/paper_values.toml`` (the summary's ``paper`` and ``table`` columns). A *headline* row is one the
 power calculation names (``experiments/power.py``); ``seeds_asked`` is its seed count for 80% power against the
 paper's effect in points at the Holm level (``results/power.csv``), read from that file.
@@ -56,7 +56,7 @@ def rows() -> list[dict]:
                 mean, sd = _num(r.get(f"{key}_mean", "")), _num(r.get(f"{key}_std", ""))
                 out.append({
                     "study": study, "label": r["label"], "expect": r["expect"], "expect_by": r.get("expect_by", ""),
-                    "metric": key, "sink_position": r.get("sink_position", ""), "n_seeds": r["n_seeds"], "cpu_model": r.get("cpu_model", ""),
+                    "metric": key, "sink_token": r.get("sink_token", ""), "n_seeds": r["n_seeds"], "cpu_model": r.get("cpu_model", ""),
                     "ours_mean": mean, "ours_std": sd, "ci_lo": _num(r.get("ci_lo", "")), "ci_hi": _num(r.get("ci_hi", "")),
                     "effect": _num(r.get("effect", "")), "effect_lo": _num(r.get("effect_lo", "")),
                     "effect_hi": _num(r.get("effect_hi", "")), "paper": paper, "source": r.get("table", ""),
@@ -83,7 +83,7 @@ def markdown(table: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
-        pos = r.get("sink_position") or "1"
+        pos = r.get("sink_token") or "1"
         label = r["label"] if pos in ("1", "") else f"{r['label']} (Sink_{pos})"  # the row's own position
         label = f"**{label}**" if r["headline"] else label
         ours = f"{_fmt(r['ours_mean'])} ± {_fmt(r['ours_std'])} [{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}]"

@@ -23,9 +23,9 @@ def test_sweep_plot_marks_the_rows_that_rate_another_position(monkeypatch, tmp_p
     """first_token's rows "fixed token at 2 / 3" plot the sink rate at position 2 / 3 (``sink1_mean`` of a row is
     its Sink_k): the axis said "Sink_1 (%)" for all of them (outside audit, 2026-12-07). The points equal the rows'
     means; the ticks name Sink_k where k != 1 and the axis says the rate is the row's position's."""
-    pts = [{"label": "bos", "position": 1}, {"label": "fixed token at 2", "position": 2},
-           {"label": "fixed token at 3", "position": 3}]
-    rows = [{"label": p["label"], "sink_position": p["position"], "sink1_mean": m, "sink1_std": 1.0,
+    pts = [{"label": "bos", "token": 1}, {"label": "fixed token at 2", "token": 2},
+           {"label": "fixed token at 3", "token": 3}]
+    rows = [{"label": p["label"], "sink_token": p["token"], "sink1_mean": m, "sink1_std": 1.0,
              "sink1_seeds": f"{m - 1};{m + 1}", "paper": None} for p, m in zip(pts, (80.0, 60.0, 40.0))]
     figs = _figures(monkeypatch)
     plot_sweep({"name": "first_token", "points": pts, "sweep_keys": []}, rows, tmp_path / "s.png", 10.0)

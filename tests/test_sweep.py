@@ -343,7 +343,7 @@ def test_study_dynamics_table_follows_the_tracker(local_two_points, tmp_path):
 
     from sinklab.sweep.dynamics import study_dynamics, tracker_records
 
-    p = _study(tmp_path, 'seeds = 2\n[[points]]\nlabel = "a"\nposition = 2\nset = { "optim.weight_decay" = 0.0 }\n')
+    p = _study(tmp_path, 'seeds = 2\n[[points]]\nlabel = "a"\ntoken = 2\nset = { "optim.weight_decay" = 0.0 }\n')
     s = load_study(p)
     out = tmp_path / "sw"
     _sibling(local_two_points, tmp_path)
@@ -724,3 +724,26 @@ def test_the_table_shows_every_status_but_a_plain_done():
         r.update(expect="sink", metric="sink1")
     head = "\n".join(_headline([("study", r) for r in rows]))
     assert "| study | a (3 of 5 seeds) |" in head and "| study | b |" in head  # the headline table too
+
+
+def test_a_study_row_names_its_1_based_token_and_older_records_read_the_same(tmp_path):
+    """A study row that reports Sink_k says `token = k` (1-based, as the paper); `position`, which every other
+    sinklab name counts from 0, is refused with the rename (no silent shift by one). A study.json written before the
+    rename (its points' `position`) and a final_ci.json cache with `top_sink_position` (the same 1-based numbers)
+    are read under the new names; the summary's columns are `sink_token` and `top_sink_token`."""
+    from sinklab.sweep.spec import point_token
+    from sinklab.sweep.summary import final_ci
+
+    s = load_study(_study(tmp_path, '[[points]]\nlabel = "a"\ntoken = 3\n'))
+    assert s.points[0].token == 3
+    with pytest.raises(ConfigError, match=r"'position' is now 'token'.*write token = 2 for the same row"):
+        load_study(_study(tmp_path, '[[points]]\nlabel = "a"\nposition = 2\n'))
+    assert [point_token(p) for p in ({"token": 3}, {"position": 2}, {})] == [3, 2, 1]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"steps": 10}))
+    (run / "final_ci.json").write_text(json.dumps({"top_sink_position": 2, "top_sink_rate": 5.0, "run_steps": 10}))
+    ci = final_ci(run)  # the cache, not a re-measure (the run has no final model)
+    assert ci["top_sink_token"] == 2 and "top_sink_position" not in ci
+    assert "sink_token" in COLUMNS and "top_sink_token" in COLUMNS
+    assert not any("position" in c for c in COLUMNS)

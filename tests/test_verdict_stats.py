@@ -272,16 +272,16 @@ def test_a_mask_aware_study_table_shows_the_interval_with_its_own_mean():
 def test_a_tie_of_top_sink_positions_goes_to_the_seeds_with_the_sink():
     """first_token's "random first token": two seeds had their top sink at 2 (rates under 1%) and two at 1 (6.2% and
     8.4%, the only real sinks); the row printed 2 because a seed at 2 came first (outside audit, 2026-12-07)."""
-    from sinklab.sweep.summary import modal_top_position
+    from sinklab.sweep.summary import modal_top_token
 
-    cis = [{"top_sink_position": 2, "top_sink_rate": 0.5}, {"top_sink_position": 1, "top_sink_rate": 6.2},
-           {"top_sink_position": 2, "top_sink_rate": 0.3}, {"top_sink_position": 1, "top_sink_rate": 8.4}]
-    assert modal_top_position(cis) == 1
-    assert modal_top_position([*cis, {"top_sink_position": 2, "top_sink_rate": 0.1}]) == 2  # the majority stays
-    assert modal_top_position([{"top_sink_position": None, "top_sink_rate": None}] * 3
-                              + [{"top_sink_position": 4, "top_sink_rate": 2.0}]) is None
-    assert modal_top_position([{"top_sink_position": 3, "top_sink_rate": 1.0},
-                               {"top_sink_position": 5, "top_sink_rate": 1.0}]) == 3  # equal weights: the lower
+    cis = [{"top_sink_token": 2, "top_sink_rate": 0.5}, {"top_sink_token": 1, "top_sink_rate": 6.2},
+           {"top_sink_token": 2, "top_sink_rate": 0.3}, {"top_sink_token": 1, "top_sink_rate": 8.4}]
+    assert modal_top_token(cis) == 1
+    assert modal_top_token([*cis, {"top_sink_token": 2, "top_sink_rate": 0.1}]) == 2  # the majority stays
+    assert modal_top_token([{"top_sink_token": None, "top_sink_rate": None}] * 3
+                              + [{"top_sink_token": 4, "top_sink_rate": 2.0}]) is None
+    assert modal_top_token([{"top_sink_token": 3, "top_sink_rate": 1.0},
+                               {"top_sink_token": 5, "top_sink_rate": 1.0}]) == 3  # equal weights: the lower
 
 
 def test_a_mask_aware_study_takes_its_top_position_and_sink_heads_from_the_mask_aware_rates(tmp_path):
@@ -304,7 +304,7 @@ def test_a_mask_aware_study_takes_its_top_position_and_sink_heads_from_the_mask_
     run(tmp_path / "8" / "seed0", 0, [0.0, 0.0, 0.0, 2.0], [75.0, 0.0, 0.0, 0.0])
     run(tmp_path / "8" / "seed1", 1, [0.0, 0.0, 0.0, 1.0], [100.0, 25.0, 0.0, 0.0])
     vis = point_row(tmp_path / "8", point, "visible")
-    assert vis["top_sink_position"] == 1
+    assert vis["top_sink_token"] == 1
     assert vis["sink_heads_seeds"] == "3;4"  # 75% and 100% of 2 x 2 heads
     assert vis["sink1_mean"] == 0.0 and vis["sink1_visible_mean"] == 87.5
     plain = point_row(tmp_path / "8", point, "paper")

@@ -1,7 +1,7 @@
 """Training dynamics plot: Sink_1, attention mass on token 1 and validation loss against step.
 
 Reads the tracker lines of one or more runs' ``metrics.jsonl`` (keys ``step``, ``sink_rate``,
-``attention_mass_first``, ``val_loss``; positions 1-based as in the paper).
+``attention_mass_first``, ``val_loss``; a row's Sink_k names its 1-based token k, as the paper does).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sinklab.errors import InputError
 from sinklab.fileio import output_file, read_jsonl
+from sinklab.sweep.spec import point_token
 from sinklab.sweep.store import runs_dir
 
 #: line styles of the rows past tab20's 20 colours (row i: colour i mod 20, style i // 20)
@@ -166,7 +167,7 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
     on token 1, ``val_loss``; both the mask-aware ones for a study whose verdicts use them,
     ``study["metric"] == "visible"``) and ``out/dynamics.png`` (three panels against step: the seed mean of
     the sink rate with its min-max band over seeds, the mean mass on token 1, the mean validation
-    loss; one line per row). Positions are 1-based. Returns the PNG's path, or None when no row has
+    loss; one line per row). A row's sink rate is at its ``token`` k (1-based), position k - 1. Returns the PNG's path, or None when no row has
     a tracker line yet.
     """
     import csv
@@ -184,7 +185,7 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
                           else ("sink_rate", "attention_mass_first"))
     rows: list[dict] = []
     for p in study["points"]:
-        k = int(p.get("position") or 1) - 1
+        k = point_token(p) - 1  # the row's sink position (0-based)
         for run in seed_runs(runs_dir(out) / p["slug"]):
             try:
                 recs = tracker_records(run)
@@ -210,7 +211,7 @@ def study_dynamics(out: str | Path, study: dict, level: float = 10.0) -> Path | 
         style = row_style(i, plt)
         color = style["color"]
         sink = [[r["sink"] for r in by[s]] for s in steps]
-        pos = int(p.get("position") or 1)
+        pos = point_token(p)
         name = p["label"] + (f" (Sink_{pos})" if pos != 1 else "") + f", {n_seeds} seeds"
         axes[0].plot(steps, [sum(v) / len(v) for v in sink], **style, lw=1.3, label=name)
         axes[0].fill_between(steps, [min(v) for v in sink], [max(v) for v in sink], color=color, alpha=0.12, lw=0)

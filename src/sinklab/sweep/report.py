@@ -182,7 +182,7 @@ def _headline(headline: list[tuple[str, dict[str, Any]]]) -> list[str]:
                  ", ".join(f"{v:g}" for v in seed_values(r, "sink_heads")) + f" (of {r['heads_total']})")
         ci = "" if r.get("ci_lo") in (None, "") else f" [{float(r['ci_lo']):.1f}, {float(r['ci_hi']):.1f}]"
         ours = mean_std(r, key) + ci + (" ¹" if key == "sink1_visible" else "")
-        sp = r.get("sink_position")
+        sp = r.get("sink_token")
         label = r["label"] + (f" (Sink_{sp})" if sp not in (None, "", 1, "1") else "")
         if str(r.get("status", "done")) != "done":  # a caveat (unfinished seeds, no final re-measure...), as in the study tables
             label += f" ({table_status(r.get('status'))})"
@@ -258,12 +258,14 @@ def refresh_study_json(sw: Path) -> dict[str, Any]:
         if p["slug"] in by_slug:
             q = by_slug[p["slug"]]
             p["paper"], p["expect"], p["table"], p["by"], p["label"] = q.paper, q.expect, q.table, q.by, q.label
+            p.pop("position", None)  # the 1-based number's name before it was renamed token
+            p["token"] = q.token
     known = {p["slug"] for p in study["points"]}
     for q in new.points:  # a point added to the study file after the sweep ran: a "not started" row
         if q.slug not in known:
             study["points"].append({"label": q.label, "slug": q.slug, "overrides": q.overrides, "x": q.x,
                                     "paper": q.paper, "expect": q.expect, "table": q.table, "by": q.by,
-                                    "position": q.position})
+                                    "token": q.token})
     (sw / "study.json").write_text(json.dumps(study, indent=1, default=str))
     return study
 

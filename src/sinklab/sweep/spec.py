@@ -76,7 +76,7 @@ class Point:
     expect: str = ""
     table: str = ""  # where the paper value comes from (e.g. "Table 6"; experiments/paper_values.toml)
     by: str = ""  # "paper" for a direction the paper states without a number (needs ``table``)
-    position: int = 1  # 1-based key whose sink rate the row reports and tests (a fixed token at p: p)
+    token: int = 1  # the 1-based token k whose Sink_k the row reports and tests (position k - 1; a fixed token at p: p)
 
     @property
     def expect_by(self) -> str:
@@ -204,13 +204,17 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
                 raise ConfigError(f"{where}: paper entry for {lab!r} matches no grid point (labels: {', '.join(sorted(labels))})")
     for i, pr in enumerate(raw.get("points", [])):
         for k in pr:
-            if k not in ("label", "set", "paper", "expect", "x", "table", "by", "position", "folder"):
+            if k == "position":  # renamed: a position is 0-based everywhere in sinklab, this number is 1-based
+                raise ConfigError(f"{where}: points[{i}]: 'position' is now 'token', the 1-based token k whose Sink_k "
+                                  f"the row reports: write token = {pr[k]!r} for the same row (sinklab's positions "
+                                  "are 0-based)")
+            if k not in ("label", "set", "paper", "expect", "x", "table", "by", "token", "folder"):
                 raise ConfigError(f"{where}: points[{i}] has unknown key {k!r} (valid: label, set, paper, expect, x, "
-                                  "table, by, position, folder)")
-        pos = pr.get("position", 1)
-        if isinstance(pos, bool) or not isinstance(pos, int) or pos < 1:
-            raise ConfigError(f"{where}: points[{i}]: position (1-based key whose sink rate the row tests) must be an "
-                              f"integer >= 1, got {pos!r}")
+                                  "table, by, token, folder)")
+        tok = pr.get("token", 1)
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 1:
+            raise ConfigError(f"{where}: points[{i}]: token (the 1-based token k whose Sink_k the row tests) must be an "
+                              f"integer >= 1, got {tok!r}")
         if pr.get("by", "paper") != "paper" or (pr.get("by") and not pr.get("table")):
             raise ConfigError(f"{where}: points[{i}]: by must be \"paper\" and needs the table or figure that says so")
         if "label" not in pr:
@@ -223,7 +227,7 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
                               f"got {folder!r}")
         points.append(Point(label=pr["label"], slug=folder, overrides={**common, **pr.get("set", {})},
                             x=pr.get("x"), paper=pv, expect=ex, table=tb, by=pr.get("by", ""),
-                            position=pos))
+                            token=tok))
     if not points:
         raise ConfigError(f"{where}: no [sweep] grid and no [[points]]")
     seen: dict[str, str] = {}
@@ -247,6 +251,13 @@ def parse_study(raw: dict[str, Any], path: Path | None = None) -> Study:
                  path=path, sweep_keys=sweep_keys, paper_source=raw.get("paper_source", ""), note=raw.get("note", ""),
                  x_log=bool(raw.get("x_log", False)), seeds=seeds, metric=metric,
                  first_seed=first_seed)
+
+
+
+def point_token(point: dict[str, Any]) -> int:
+    """The 1-based token k whose Sink_k a point of ``study.json`` reports (:attr:`Point.token`; a ``study.json``
+    written before the key was renamed holds the same number as ``position``); 1 when it has none."""
+    return int(point.get("token") or point.get("position") or 1)
 
 
 def load_study(path: str | Path) -> Study:

@@ -22,8 +22,9 @@ One row per point, aggregated over its training seeds (:data:`COLUMNS`). Per see
 For each quantity X the row has ``X_mean``, ``X_std`` (sample std over seeds, ddof = 1; empty with
 one seed) and ``X_seeds`` (the per-seed values, ``;``-separated, seed 0 first). Further columns:
 ``n_seeds``, ``renormalised`` and ``sink1_raw_mean`` (Sink_1 of the final models on raw,
-not renormalised weights, for operations whose rows do not sum to 1), ``top_sink_position``
-(1-based, most common over seeds), ``max_norm_ratio_mean``, ``emergence_steps`` (per seed),
+not renormalised weights, for operations whose rows do not sum to 1), ``sink_token`` (the 1-based token k whose
+Sink_k the row reports: 1 unless the point says ``token``), ``top_sink_token`` (the top sink as a 1-based token,
+most common over seeds), ``max_norm_ratio_mean``, ``emergence_steps`` (per seed),
 ``wall_s`` (all seeds; ``load_1min``: the range over seeds of the 1-minute load average at the end of
 each seed's last start, from ``sweep.json``: what the wall time was measured under), ``commits`` (the code versions that produced the seeds; ``code_mixed`` is
 True when seeds of the row trained in one environment (CPU model, torch, threads) carry different training-code fingerprints (:func:`fingerprints_mixed`), or, for rows trained before
@@ -55,6 +56,7 @@ from typing import Any
 
 from sinklab.fileio import atomic_write_text, read_json
 from sinklab.sweep.dynamics import seed_runs
+from sinklab.sweep.spec import point_token
 from sinklab.sweep.verdict import (SIMILAR_MARGIN, decide, excludes_paper, holm, hypothesis_test, min_p, p_method,
                                    paper_effects, seed_stats, t_interval, welch)
 from sinklab.sweep.verdict import EXCLUDES
@@ -63,11 +65,11 @@ from sinklab.sweep.store import runs_dir
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
 SEEDED = ["sink1", "sink1_visible", "mass1", "mass1_visible", "sink_virtual", "val_loss", "sink1_start",
           "loss_spikes", "grad_spikes", "max_grad_norm"]
-COLUMNS = (["label", "status", "n_seeds", "seeds", "sink_position"]
+COLUMNS = (["label", "status", "n_seeds", "seeds", "sink_token"]
            + [f"{q}_{k}" for q in SEEDED for k in ("mean", "std", "seeds")]
            + ["ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi",
               "heads_total", "sink_heads_seeds", "sink1_final_seeds", "sink1_move", "unigram_loss", "degenerate", "renormalised", "sink1_raw_mean",
-              "top_sink_position", "max_norm_ratio_mean", "emergence_steps", "diverged_steps", "steps", "tokens",
+              "top_sink_token", "max_norm_ratio_mean", "emergence_steps", "diverged_steps", "steps", "tokens",
               "wall_s", "load_1min", "commits", "code_mixed", "code_fingerprint", "fingerprint_current", "fingerprint_check", "torch_version", "threads", "cpu_model", "paper", "table",
               "expect", "expect_by", "metric", "p_method", "p_value", "p_holm", "p_min", "p_holm_min",
               "paper_effect", "paper_effect_scaled", "excludes_paper", "verdict"]
@@ -81,7 +83,9 @@ def final_ci(run: Path) -> dict[str, Any]:
     """Sink metrics of ``run/final`` on the run's probe set, with bootstrap CIs (cached in ``run/final_ci.json``).
 
     The probe runs under the run's training mask (prefix LM, sliding window).
-    Returns {"sink_rate": [K], "sink_rate_ci": [[lo, hi] x K], "top_sink_position": 1-based, ...}.
+    Returns {"sink_rate": [K], "sink_rate_ci": [[lo, hi] x K], "top_sink_token": the top sink as a 1-based token
+    (None without a sink), ...}. A cache written before that key was renamed (``top_sink_position``, the same
+    1-based number) is read under the new name.
     """
     cache = run / "final_ci.json"
     steps = read_json(run / "summary.json", "run summary").get("steps") if (run / "summary.json").exists() else None
@@ -89,6 +93,8 @@ def final_ci(run: Path) -> dict[str, Any]:
         cached = read_json(cache, "cached final metrics")
         # a run extended by more steps since has another final model (a cache written before run_steps: kept)
         if cached.get("run_steps", steps) == steps:
+            if "top_sink_position" in cached:  # the same 1-based number under its name before the rename
+                cached["top_sink_token"] = cached.pop("top_sink_position")
             return cached
     import torch
 
@@ -107,7 +113,7 @@ def final_ci(run: Path) -> dict[str, Any]:
     raw = summarize(raw_stats, eps=cfg.track.eps, positions=cfg.track.positions, n_boot=1000)
     has_sink = s["top_sink_rate"] > 0  # with no sink anywhere the arg-max position means nothing
     res = {"sink_rate": s["sink_rate"], "sink_rate_ci": s["sink_rate_ci"],
-           "top_sink_position": int(s["top_sink_position"]) + 1 if has_sink else None,
+           "top_sink_token": int(s["top_sink_position"]) + 1 if has_sink else None,  # position (0-based) + 1
            "top_sink_rate": s["top_sink_rate"] if has_sink else None,
            "max_norm_ratio": s["max_norm_ratio"], "renormalised": bool(s.get("renormalised")),
            "sink_rate_raw": raw["sink_rate"], "sink_rate_raw_ci": raw["sink_rate_ci"], "run_steps": steps}
@@ -115,7 +121,7 @@ def final_ci(run: Path) -> dict[str, Any]:
     return res
 
 
-def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
+def run_metrics(run: Path, token: int = 1) -> dict[str, Any] | None:
     """Per-run values of a finished run (None when ``summary.json`` is missing).
 
     Keys: ``sink1``, ``sink1_visible``, ``mass1``, ``mass1_visible``, ``sink_virtual`` (last-20% means
@@ -125,8 +131,8 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
     existed; "mixed:A+B" when its starts were trained by code with different numerics),
     ``torch_version``, ``threads``, ``sink1_start`` (the tracker's step-0 value: a fine-tuning run's
     starting model on this run's probe; None otherwise), ``loss_spikes``, ``grad_spikes``,
-    ``max_grad_norm`` (:func:`sinklab.sweep.dynamics.training_stability`). ``position`` (1-based): the key whose sink rate the ``sink1*``
-    values are (a point's ``position``; the attention mass stays on token 1).
+    ``max_grad_norm`` (:func:`sinklab.sweep.dynamics.training_stability`). ``token`` (1-based): the token k whose sink rate the
+    ``sink1*`` values are (a point's ``token``; the attention mass stays on token 1).
     """
     s_path = run / "summary.json"
     if not s_path.exists():
@@ -142,7 +148,7 @@ def run_metrics(run: Path, position: int = 1) -> dict[str, Any] | None:
         vals = [(r[key][k] if first else r[key]) for r in last if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
 
-    k = position - 1  # the row's sink position (0-based index into the tracker's sink_rate list)
+    k = token - 1  # the row's sink position (0-based index into the tracker's sink_rate list)
     sink = [r["sink_rate"][k] for r in last]
     vis = mean("sink_rate_visible", True)
     mvis = mean("attention_mass_first_visible")
@@ -224,10 +230,11 @@ def _join(vals: list[Any]) -> str:
 
 
 def _top(rates: list[float]) -> dict[str, Any]:
-    """The top sink position (1-based) of one rate list over the tracked positions and its rate; None without a sink."""
+    """The top sink as a 1-based token (``top_sink_token``) of one rate list over the tracked positions, and its rate;
+    None without a sink."""
     best = max(range(len(rates)), key=lambda j: (rates[j], -j))
     has = rates[best] > 0
-    return {"top_sink_position": best + 1 if has else None, "top_sink_rate": rates[best] if has else None}
+    return {"top_sink_token": best + 1 if has else None, "top_sink_rate": rates[best] if has else None}
 
 
 def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") -> dict[str, Any]:
@@ -252,9 +259,9 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
                 loads.append(float(sw["load_at_end"][0]))
     row["wall_s"] = round(wall, 1) if runs else None
     row["load_1min"] = f"{min(loads):.2f}-{max(loads):.2f}" if loads else None
-    position = int(point.get("position") or 1)
-    row["sink_position"] = position
-    per = [m for m in (run_metrics(r, position) for r in runs) if m is not None]
+    token = point_token(point)
+    row["sink_token"] = token
+    per = [m for m in (run_metrics(r, token) for r in runs) if m is not None]
     done_runs = [r for r in runs if (r / "summary.json").exists()]
     div_note = (f"; {len(diverged)} of {len(runs)} seeds diverged (steps {row['diverged_steps'].replace(';', ', ')})"
                 if diverged else "")
@@ -310,24 +317,24 @@ def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") 
         row["status"] += f" (no final re-measure for {len(failed)} of {len(done_runs)} runs: {failed[0]})"
     if cis:
         row["renormalised"] = any(c["renormalised"] for c in cis)
-        row["sink1_raw_mean"] = round(sum(c["sink_rate_raw"][position - 1] for c in cis) / len(cis), 4)
-        row["top_sink_position"] = modal_top_position(cis)
+        row["sink1_raw_mean"] = round(sum(c["sink_rate_raw"][token - 1] for c in cis) / len(cis), 4)
+        row["top_sink_token"] = modal_top_token(cis)
         row["max_norm_ratio_mean"] = round(sum(c["max_norm_ratio"] for c in cis) / len(cis), 4)
     if row["metric"] == "sink1_visible":  # under a window the plain arg-max lands anywhere (its rates are capped at w/T)
-        row["top_sink_position"] = modal_top_position([m["top_visible"] for m in per])
+        row["top_sink_token"] = modal_top_token([m["top_visible"] for m in per])
     return row
 
 
-def modal_top_position(cis: list[dict[str, Any]]) -> int | None:
-    """The row's top sink position (1-based; None: no sink): the position most seeds have as their top one
-    (:func:`final_ci`'s ``top_sink_position``); a tie goes to the tied position whose seeds' top sink rates sum
-    highest (then the lower position), not to whichever seed comes first."""
-    counts = Counter(c["top_sink_position"] for c in cis)
+def modal_top_token(cis: list[dict[str, Any]]) -> int | None:
+    """The row's top sink as a 1-based token (None: no sink): the token most seeds have as their top one
+    (:func:`final_ci`'s ``top_sink_token``); a tie goes to the tied token whose seeds' top sink rates sum
+    highest (then the lower token), not to whichever seed comes first."""
+    counts = Counter(c["top_sink_token"] for c in cis)
     most = max(counts.values())
     tied = [p for p, n in counts.items() if n == most]
 
     def weight(p):
-        return sum(c.get("top_sink_rate") or 0.0 for c in cis if c["top_sink_position"] == p)
+        return sum(c.get("top_sink_rate") or 0.0 for c in cis if c["top_sink_token"] == p)
     return max(tied, key=lambda p: (weight(p), -(p or 0)))
 
 
@@ -678,7 +685,7 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
         loss = f"{mean_std(r, 'val_loss', 3)} ({_f(r['unigram_loss'], 2)})"
         if r.get("degenerate") in (True, "True"):
             loss += " **degenerate**"
-        pos = r.get("top_sink_position")
+        pos = r.get("top_sink_token")
         pos_s = "–" if pos in (None, "") else (str(pos) if int(pos) == 1 else f"**{pos}**")
         # the Sink_1 column, its interval and per-seed values are the verdicts' metric: the mask-aware Sink_1 in a
         # study whose verdicts use it (the interval ci_lo / ci_hi is that metric's), else the paper's formula
@@ -691,7 +698,7 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
         eff = _interval(r, "effect", "effect_lo", "effect_hi", sign=True)
         exp = f"{r['expect']} ({r['expect_by']})" if r.get("expect") else "–"
         status = "" if str(r.get("status", "")) == "done" else f" ({table_status(r.get('status'))})"
-        sp = r.get("sink_position")
+        sp = r.get("sink_token")
         status += f" (Sink_{sp})" if sp not in (None, "", 1, "1") else ""
         mkey = "mass1_visible_mean" if r.get("metric") == "sink1_visible" else "mass1_mean"
         mass = _interval(r, mkey, "mass1_ci_lo", "mass1_ci_hi", nd=3)
@@ -722,7 +729,7 @@ def plot_sweep(study: dict, rows: list[dict[str, Any]], path: Path, level: float
     numeric = len(study.get("sweep_keys") or []) == 1 and all(
         isinstance(p.get("x"), (int, float)) and not isinstance(p.get("x"), bool) for p in pts)
     xs = [p["x"] for p in pts] if numeric else list(range(len(pts)))
-    positions = [int(r.get("sink_position") or p.get("position") or 1) for p, r in zip(pts, rows)]  # 1-based k
+    positions = [int(r.get("sink_token") or point_token(p)) for p, r in zip(pts, rows)]  # 1-based tokens k
     fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(pts) + 2), 3.8))
     have = [i for i, r in enumerate(rows) if r.get("sink1_mean") is not None]
     for i in have:
