@@ -46,6 +46,19 @@ def test_measure_eps_names_the_parameter_not_the_flag():
     assert str(e.value) == "eps must lie in (0, 1), got 2" and "--" not in str(e.value)
 
 
+def test_an_unknown_probe_input_names_the_parameter(capsys):
+    """measure(input='bogus') said "unknown probe input 'bogus'" without the parameter (outside audit); now
+    input (Python) and --input (CLI)."""
+    import sinklab
+    from helpers import run_cli_captured
+    from sinklab.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match=r"^input: unknown probe input 'bogus'; valid names: natural, random, "):
+        sinklab.measure(input="bogus")
+    code, _, err = run_cli_captured(["measure", "--input", "bogus"], capsys)
+    assert code == 2 and err.startswith("error: --input: unknown probe input 'bogus'")
+
+
 def test_python_errors_name_python_parameters():
     """A typo in a keyword raised TypeError from the config's __init__; the long-context refusal said
     'pass --allow-long-context' to a Python caller (the message scan missed strings nested in parentheses)."""

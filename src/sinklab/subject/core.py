@@ -146,7 +146,7 @@ class ProbeSpec:
             try:
                 INPUTS.get(self.input)
             except UnknownNameError as e:
-                raise UnknownNameError(f"{e}; or {' / '.join(AUTO_INPUTS)}") from None
+                raise UnknownNameError(f"{param('input')}: {e}; or {' / '.join(AUTO_INPUTS)}") from None
 
     def resolve(self, run: "Run | None", *, num_samples: int = DEFAULT_NUM_SAMPLES,
                 seq_len: int = DEFAULT_SEQ_LEN) -> "ProbeSpec":
