@@ -201,6 +201,28 @@ def test_add_verdicts_columns_holm_and_co_endpoint():
     assert by["y"]["p_method"] == "exact" and by["ref"]["p_method"] == "exact"
 
 
+def test_a_row_about_token_k_is_not_tested_on_the_mass_on_token_1():
+    """first_token's "fixed token at 2 / 3" rows report Sink_2 / Sink_3, but the tracker's mass co-endpoint is the
+    mass on token 1: their mass verdicts compared the wrong token (outside audit, 16th session). Such a row keeps
+    its mass interval, gets no mass effect, p or verdict, and leaves the mass family: the token-1 row's mass test is
+    then a family of one (its adjusted p equals its p), while both rows keep their Sink_k tests."""
+    rows = [{"label": "ref", "expect": "reference", "n_seeds": 6, "sink_token": 1,
+             "sink1_seeds": "40;42;44;41;43;45", "mass1_seeds": "0.4;0.42;0.44;0.41;0.43;0.45"},
+            {"label": "at 2", "expect": "similar", "n_seeds": 6, "sink_token": 2,
+             "sink1_seeds": "41;43;40;42;44;45", "mass1_seeds": "0.05;0.06;0.04;0.05;0.07;0.03"},
+            {"label": "y", "expect": "higher", "n_seeds": 6, "sink_token": 1,
+             "sink1_seeds": "20;22;24;21;23;25", "mass1_seeds": "0.2;0.3;0.25;0.22;0.28;0.21"}]
+    add_verdicts(rows, 10.0)
+    by = {r["label"]: r for r in rows}
+    at2 = by["at 2"]
+    assert at2["mass1_ci_lo"] is not None and at2["mass1_ci_hi"] is not None  # the interval stays
+    assert [at2["mass1_" + c] for c in ("effect", "p_value", "p_holm", "verdict")] == [None, None, None, ""]
+    assert at2["p_value"] is not None and at2["verdict"] != ""  # Sink_2 itself is tested
+    p_ref = sign_flip_p([0.4, 0.42, 0.44, 0.41, 0.43, 0.45], 0.1)
+    p_y = permutation_p([0.2, 0.3, 0.25, 0.22, 0.28, 0.21], [0.4, 0.42, 0.44, 0.41, 0.43, 0.45])
+    assert [by["ref"]["mass1_p_holm"], by["y"]["mass1_p_holm"]] == pytest.approx(holm([p_ref, p_y]), abs=1e-6)
+
+
 def test_power_matches_a_simulated_t_test_and_respects_the_exact_minimum():
     """power() against a simulation of the t-test it approximates (normal seeds, 20000 studies); 0
     where the exact test cannot reach the level; seeds_for_power is the first n reaching 80%."""

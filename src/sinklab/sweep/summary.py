@@ -52,14 +52,14 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sinklab.fileio import atomic_write_text, read_json
 from sinklab.sweep.dynamics import seed_runs
 from sinklab.sweep.spec import point_token
 from sinklab.sweep.verdict import (SIMILAR_MARGIN, decide, excludes_paper, holm, hypothesis_test, min_p, p_method,
                                    paper_effects, seed_stats, t_interval, welch)
-from sinklab.sweep.verdict import EXCLUDES
+from sinklab.sweep.verdict import EXCLUDES, NONE
 from sinklab.sweep.store import runs_dir
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
@@ -356,12 +356,16 @@ STAT_COLUMNS = ("ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi", "p_value",
 
 
 def _endpoint(rows: list[dict[str, Any]], ref: dict[str, Any] | None, key: str, prefix: str, level: float,
-              margin: float, paper: bool) -> None:
+              margin: float, paper: bool, tested: Callable[[dict[str, Any]], bool] | None = None) -> None:
     """Fill the statistics columns ``prefix + STAT_COLUMNS`` of every row for the per-seed values of
     ``key`` (:mod:`sinklab.sweep.verdict`: t-interval, Welch effect against ``ref``, the row's exact
     test, Holm over the study's tested rows, the smallest attainable p and adjusted p, the verdict);
-    with ``paper``, also ``paper_effect``, ``paper_effect_scaled`` and ``excludes_paper``."""
+    with ``paper``, also ``paper_effect``, ``paper_effect_scaled`` and ``excludes_paper``. A row for which
+    ``tested`` is False keeps its interval and gets no effect, no test and no verdict (it is not in the
+    Holm family); a ``ref`` for which it is False is no reference."""
     tests, mins, excl = [], [], []
+    if ref is not None and tested is not None and not tested(ref):
+        ref = None
     ref_vals = [] if ref is None else seed_values(ref, key)
     ref_mean = sum(ref_vals) / len(ref_vals) if ref_vals else None
     for r in rows:
@@ -372,6 +376,11 @@ def _endpoint(rows: list[dict[str, Any]], ref: dict[str, Any] | None, key: str, 
         if vals:
             _, lo, hi = t_interval(vals)
             r[prefix + "ci_lo"], r[prefix + "ci_hi"] = _r(lo), _r(hi)
+        if tested is not None and not tested(r):
+            tests.append((math.nan, None, NONE))
+            mins.append(math.nan)
+            excl.append(False)
+            continue
         if vals and ref_vals and r is not ref:
             d = welch(vals, ref_vals)
             r[prefix + "effect"], r[prefix + "effect_lo"], r[prefix + "effect_hi"] = _r(d.d), _r(d.lo), _r(d.hi)
@@ -416,13 +425,17 @@ def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any
     ``paper_effect`` / ``paper_effect_scaled`` / ``excludes_paper`` and ``verdict``; the co-endpoint
     attention mass on token 1 (``mass1``, or ``mass1_visible`` for a mask-aware study) the same columns
     prefixed ``mass1_``, tested against ``level / 100`` of the mass (the mass is a fraction) with the
-    similarity margin ``SIMILAR_MARGIN / 100``, and without paper values (the paper reports none).
+    similarity margin ``SIMILAR_MARGIN / 100``, and without paper values (the paper reports none). A row that
+    reports Sink_k for k > 1 (``sink_token``) keeps its mass interval but is not tested on the mass: the
+    tracker records the mass on token 1, not on the row's token.
     """
     ref = next((r for r in rows if r.get("expect") == "reference"), None)
     metric = next((r.get("metric") for r in rows if r.get("metric")), "sink1")
     _endpoint(rows, ref, metric, "", level, SIMILAR_MARGIN, paper=True)
+    # the mass co-endpoint is the mass on token 1 (the tracker's): it speaks to a row's claim only where the row
+    # rates token 1; a row that reports Sink_k (k > 1: a fixed token at k) is not tested on it
     _endpoint(rows, ref, "mass1_visible" if metric == "sink1_visible" else "mass1", "mass1_", level / 100.0,
-              SIMILAR_MARGIN / 100.0, paper=False)
+              SIMILAR_MARGIN / 100.0, paper=False, tested=lambda r: int(r.get("sink_token") or 1) == 1)
     counts = Counter(c for r in rows for c in (r.get("commits") or "").split(";") if c)
     main = counts.most_common(1)[0][0] if counts else None
     for r in rows:
@@ -672,7 +685,7 @@ def markdown_table(rows: list[dict[str, Any]], level: float = 10.0) -> str:
     p with the smallest attainable one, the verdict; then the same statistics for the co-endpoint
     attention mass on token 1."""
     head = ("| setting | seeds | Sink_1 (%) mean ± std [95% CI] | per seed | sink heads per seed (of L·H) "
-            "| raw Sink_1 (%) | Sink_1 visible (%) | Sink* virtual (%) | val loss (unigram) | top sink pos. "
+            "| raw Sink_1 (%) | Sink_1 visible (%) | Sink* virtual (%) | val loss (unigram) | top sink token "
             "| effect vs ref. (points) [95% CI] | paper Sink_1 (%) (table; effect, scaled) | expected (by) "
             "| p (Holm) (≥ min attainable) | verdict | mass on token 1 [95% CI] | mass effect [95% CI] "
             "| mass p (Holm) | mass verdict |")
