@@ -728,3 +728,13 @@ def test_the_in_place_similarity_gradients_equal_their_formulas_bit_for_bit():
         got = op.similarity_grad(w, mask)
         assert torch.equal(got, want), name
         assert got.data_ptr() == w.data_ptr(), name  # in place: no (N, C, Tk) tile allocated
+    # softpick's tile_grad takes the sign of its d in place: the same bits as its formula with an out-of-place sign
+    sp = ATTENTION.get("softpick")(ctx)
+    w, (d, e, a) = sp.tile_weights(s.clone(), mask)
+    dw = torch.randn(w.shape, generator=g)
+    sgn = torch.sign(d)
+    want = (dw * torch.relu(sgn)).sub_((dw * w).sum(dim=-1, keepdim=True)).mul_(sgn.mul(e).div_(a))
+    d_before = d.clone()
+    got = sp.tile_grad(w, (d, e, a), dw.clone(), mask)
+    assert torch.equal(got, want)
+    assert not torch.equal(d, d_before)  # d's storage held the sign (then sign e / a): no new tile for it
