@@ -302,7 +302,7 @@ def test_the_docs_own_intervention_runs_and_changes_the_loss_as_by_hand():
     """The code block of docs/api.md's Hooks section, executed as it is: the loss changes, and equals the
     same edit written by hand as a plain attn.weights hook."""
     code = re.search(r"```python\n(.*?)```", _hooks_section(), re.S).group(1)
-    assert len(code.strip().splitlines()) <= 14
+    assert len([ln for ln in code.splitlines() if ln.strip()]) <= 10  # the issue's "ten-line" intervention
     from sinklab.nn import ModelConfig, SinkLM
 
     torch.manual_seed(1)
