@@ -23,6 +23,9 @@ def test_the_site_names_are_public_api_and_documented():
     docs = _hooks_section()
     for name in SITES:
         assert f"`{name}`" in docs, name
+    import sinklab.hooks
+
+    assert dir(sinklab.hooks) == sorted(sinklab.hooks.__all__)  # no imported helper shows as API (nn, adapt, ...)
 
 
 # ------------------------------------------------------------------ models

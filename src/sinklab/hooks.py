@@ -84,3 +84,8 @@ def active_hooks(model: nn.Module) -> list[Hook]:
 
 
 __all__ = ["SITES", "ATTENTION_SITES", "Hook", "HookContext", "hooked", "active_hooks"]
+
+
+def __dir__() -> list[str]:
+    """The public API only (``dir(sinklab.hooks)``, tab completion): not the names this module imports."""
+    return sorted(__all__)
