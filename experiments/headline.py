@@ -20,6 +20,8 @@ import csv
 import math
 from pathlib import Path
 
+from sinklab.sweep.summary import current_names
+
 ROOT = Path(__file__).resolve().parent.parent / "results"
 
 
@@ -48,7 +50,7 @@ def rows() -> list[dict]:
         if study in ("archive",):
             continue
         with open(summary) as f:
-            for r in csv.DictReader(f):
+            for r in map(current_names, csv.DictReader(f)):  # an older file's 1-based columns under today's names
                 paper = _num(r.get("paper", ""))
                 if paper is None or r.get("expect") in ("", None):
                     continue

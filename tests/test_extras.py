@@ -108,3 +108,10 @@ def test_zoo_fetches_refuse_a_missing_extra_before_downloading(monkeypatch, tmp_
             models.fetch_model(n, accept_license=True)
     with pytest.raises(MissingExtraError, match=r"^the wikipedia-sample corpus needs mwparserfromhell, .*\[zoo\]"):
         corpora.fetch_corpus("wikipedia-sample")
+    # a stale cached GGUF model (built from another recipe) is kept when the refusal comes: nothing is deleted
+    stale = tmp_path / "models" / gguf_models[0]
+    stale.mkdir(parents=True)
+    (stale / models.SOURCE_FILE).write_text('{"recipe": "an older one"}')
+    with pytest.raises(MissingExtraError):
+        models.fetch_model(gguf_models[0], accept_license=True)
+    assert (stale / models.SOURCE_FILE).exists()

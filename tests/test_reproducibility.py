@@ -71,9 +71,10 @@ def test_threads_are_restored_after_train(tiny, tmp_path):
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["threads"] == 3
 
 
-def test_the_global_random_states_are_restored_after_train(tiny, tmp_path):
-    """train seeds torch's, NumPy's and Python's global generators for its model and data; a caller's own stream
-    goes on after the call as if train had not run (the next draws equal those of an untouched generator)."""
+def test_the_global_random_states_are_restored_after_train(tiny, tmp_path, monkeypatch):
+    """train seeds torch's and NumPy's global generators for its model and data, and a resume sets Python's too from
+    its checkpoint; a caller's own streams go on after the call as if train had not run (the next draws equal those
+    of untouched generators): after a run, after a resume, and after a run that fails once it has seeded them."""
     import random
 
     import numpy as np
@@ -92,13 +93,21 @@ def test_the_global_random_states_are_restored_after_train(tiny, tmp_path):
     want = draws()
     seed()
     draws()
-    loop.train(load_config(tiny), tmp_path / "r", progress=False)
+    loop.train(load_config(tiny), tmp_path / "r", progress=False, stop_after=4)
     assert draws() == want
     seed()
     draws()
-    with pytest.raises(Exception):  # a refused run restores them too (its out folder is a file)
-        (tmp_path / "file").write_text("x")
-        loop.train(load_config(tiny), tmp_path / "file" / "r", progress=False)
+    loop.train(load_config(tiny), tmp_path / "r", progress=False, resume=True)  # sets all three from the checkpoint
+    assert draws() == want
+
+    def fail(*a, **k):  # after the model's seeded init: the generators have been moved when this raises
+        raise RuntimeError("optimizer refused")
+
+    monkeypatch.setattr(loop, "build_optimizer", fail)
+    seed()
+    draws()
+    with pytest.raises(RuntimeError, match="optimizer refused"):
+        loop.train(load_config(tiny), tmp_path / "s", progress=False)
     assert draws() == want
 
 

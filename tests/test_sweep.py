@@ -747,3 +747,8 @@ def test_a_study_row_names_its_1_based_token_and_older_records_read_the_same(tmp
     assert ci["top_sink_token"] == 2 and "top_sink_position" not in ci
     assert "sink_token" in COLUMNS and "top_sink_token" in COLUMNS
     assert not any("position" in c for c in COLUMNS)
+    from sinklab.sweep.summary import current_names  # an older summary.csv row reads under today's names
+
+    assert current_names({"label": "a", "sink_position": "2", "top_sink_position": "3"}) == {
+        "label": "a", "sink_token": "2", "top_sink_token": "3"}
+    assert current_names({"sink_token": "2", "sink_position": "9"}) == {"sink_token": "2"}

@@ -204,7 +204,7 @@ def test_add_verdicts_columns_holm_and_co_endpoint():
 def test_a_row_about_token_k_is_not_tested_on_the_mass_on_token_1():
     """first_token's "fixed token at 2 / 3" rows report Sink_2 / Sink_3, but the tracker's mass co-endpoint is the
     mass on token 1: their mass verdicts compared the wrong token (outside audit, 16th session). Such a row keeps
-    its mass interval, gets no mass effect, p or verdict, and leaves the mass family: the token-1 row's mass test is
+    its mass interval, gets no mass effect or p, a verdict that says why, and leaves the mass family: the token-1 row's mass test is
     then a family of one (its adjusted p equals its p), while both rows keep their Sink_k tests."""
     rows = [{"label": "ref", "expect": "reference", "n_seeds": 6, "sink_token": 1,
              "sink1_seeds": "40;42;44;41;43;45", "mass1_seeds": "0.4;0.42;0.44;0.41;0.43;0.45"},
@@ -216,7 +216,8 @@ def test_a_row_about_token_k_is_not_tested_on_the_mass_on_token_1():
     by = {r["label"]: r for r in rows}
     at2 = by["at 2"]
     assert at2["mass1_ci_lo"] is not None and at2["mass1_ci_hi"] is not None  # the interval stays
-    assert [at2["mass1_" + c] for c in ("effect", "p_value", "p_holm", "verdict")] == [None, None, None, ""]
+    assert [at2["mass1_" + c] for c in ("effect", "p_value", "p_holm")] == [None, None, None]
+    assert at2["mass1_verdict"] == "not tested (mass on token 1, row on token 2)"
     assert at2["p_value"] is not None and at2["verdict"] != ""  # Sink_2 itself is tested
     p_ref = sign_flip_p([0.4, 0.42, 0.44, 0.41, 0.43, 0.45], 0.1)
     p_y = permutation_p([0.2, 0.3, 0.25, 0.22, 0.28, 0.21], [0.4, 0.42, 0.44, 0.41, 0.43, 0.45])

