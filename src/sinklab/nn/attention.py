@@ -821,6 +821,8 @@ class Attention(nn.Module):
             out = torch.matmul(w.to(v.dtype), repeat_kv(v, H // v.shape[1]))  # (B, H, T, d_h)
             q, k = _merge_differential(q), _merge_differential(k)  # the heads' own (B, H[_kv], T, d_h)
         renorm = not self.op.normalised and not wants_raw_weights(observer)
+        extra_out = w_extra  # (B, H, T, 1) or None: the virtual key's weight in the output, as computed (an edit
+        # replaces the real keys' weights only, so the output keeps this one, sign included)
         if renorm:
             # the paper's proxy scores |w_ij| / sum_j |w_ij| (equal to w / sum w for non-negative weights;
             # the identity kernel's weights can be negative)
@@ -828,7 +830,6 @@ class Attention(nn.Module):
             w = w.abs()
             total = w.sum(dim=-1, keepdim=True)  # (B, H, T, 1)
             if w_extra is not None:
-                extra_sign = torch.where(w_extra < 0, -1.0, 1.0).to(w_extra.dtype)  # (B, H, T, 1)
                 w_extra = w_extra.abs()
                 total = total + w_extra
             total = torch.where(total > 0, total, torch.ones_like(total))
@@ -848,9 +849,8 @@ class Attention(nn.Module):
             w_new = edited * total * sign if renorm else edited  # (B, H, T, T)
             vr = repeat_kv(v, self.n_heads // v.shape[1])  # (B, H, T, d_h)
             out = torch.matmul(w_new.to(vr.dtype), vr)  # (B, H, T, d_h)
-            if w_extra is not None and vv is not None:
-                w_x = w_extra * total * extra_sign if renorm else w_extra  # (B, H, T, 1), its sign restored
-                out = out + w_x.to(vr.dtype) * repeat_kv(vv[None, :, None, :], self.n_heads // vv.shape[0])
+            if extra_out is not None and vv is not None:
+                out = out + extra_out.to(vr.dtype) * repeat_kv(vv[None, :, None, :], self.n_heads // vv.shape[0])
         return self.op.normalise_heads(out) if self.op.differential else out
 
 
