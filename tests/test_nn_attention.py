@@ -603,6 +603,26 @@ def test_tile_autograd_equals_reference_forward_and_backward(name, positional):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name,opts", [("softmax_pnorm", {"p": 1.0}), ("softmax_pnorm", {"p": 0.25}),
+                                       ("softmax_pnorm", {"p": 2.0}), ("sigmoid_pnorm", {"p": 1.0}),
+                                       ("sigmoid_pnorm", {"p": 3.0}), ("sigmoid", {"bias": -1.5})])
+def test_tile_autograd_equals_reference_with_options(name, opts):
+    """The tile path's analytic gradient == the reference path's autograd with an operation's options (softmax_pnorm
+    with p = 1 once took w / Z for w^p: 27% off)."""
+    attn, pos = attn_module(config(name, attention_options=opts))
+    x0 = torch.randn(2, T, D)
+    results = []
+    for path in ("chunked", "reference"):
+        x = x0.clone().requires_grad_()
+        out = run(attn, pos, x, path=path)
+        y = out[0] if isinstance(out, tuple) else out
+        attn.zero_grad()
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        results.append([y.detach(), x.grad] + [p.grad for p in attn.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("path", ["fast", "chunked", "reference"])
 def test_k_bias_in_d_a_dims_equals_full_k_bias_zero_beyond(path):
     """Gu et al. Table 13: a key bias learned in d_a dims is the full key bias with the other dims at 0."""

@@ -17,12 +17,12 @@ import sinklab
 
 
 def source_digest() -> str:
-    """SHA-256 (64 hex digits) of the imported sinklab package's source files (``*.py``, ``*.toml``, with
+    """SHA-256 (64 hex digits) of the imported sinklab package's source files (``*.py``, ``*.toml``, ``*.cpp``, with
     their paths relative to the package): the code itself, committed or not (a commit plus its dirty
     diff, or an installed copy outside git). About 10 ms."""
     pkg = Path(sinklab.__file__).resolve().parent
     h = hashlib.sha256()
-    for f in sorted(p for p in pkg.rglob("*") if p.suffix in (".py", ".toml") and "__pycache__" not in p.parts):
+    for f in sorted(p for p in pkg.rglob("*") if p.suffix in (".py", ".toml", ".cpp") and "__pycache__" not in p.parts):
         h.update(str(f.relative_to(pkg)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()

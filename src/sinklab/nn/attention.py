@@ -20,7 +20,8 @@ that takes the pass (:meth:`Attention.path` names it; tests check the paths agre
   logit: an extra column whose logit is a constant, via one extra head dimension).
 * **tile**: operations with ``op.has_tile_grad`` (every non-SDPA operation without a virtual key) run
   in :class:`_TileAttention`, an autograd function over query tiles whose backward recomputes each
-  tile's scores and applies the operation's analytic gradient (:meth:`AttentionOp.tile_grad`).
+  tile's scores and applies the operation's analytic gradient (:meth:`AttentionOp.tile_grad`); a tile's
+  element-wise work runs in :mod:`sinklab.nn.native`'s fused kernels where they take it (bit for bit the same).
 * **chunked** (memory-frugal, takes every pass): the other operations, queries in chunks of at most
   ``chunk_elems`` logits, only the key range a chunk can see, each chunk under activation checkpointing
   when gradients are needed.
@@ -55,6 +56,7 @@ from torch.utils.checkpoint import checkpoint
 from sinklab.attention_masks import (CAUSAL, MaskSpec, TileReducer, build_mask, reduce_tiles, repeat_kv, same_document,
                                      visible)
 from sinklab.errors import ConfigError
+import sinklab.nn.native as native
 from sinklab.nn.backend import check_backend, resolve as resolve_backend
 from sinklab.nn.norm import NORM
 from sinklab.nn.ops import ATTENTION, AttentionOp
@@ -338,7 +340,9 @@ def tile_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor | N
     B, H, C, _ = q.shape
     mask = _tile_mask(mask, B, H)
     s = _tile_scores(q, k, op, mask, bias, scale)  # (B*H, C, Tk)
-    w, _ = op.tile_weights(s, mask)
+    w = native.tile_weights(op, s, mask)  # the fused kernel where it takes the tile (the same bits), else eager
+    if w is None:
+        w, _ = op.tile_weights(s, mask)
     vc = v.reshape(B * H, v.shape[2], -1)
     return torch.bmm(w.to(v.dtype), vc).view(B, H, C, -1)
 
@@ -357,10 +361,15 @@ def tile_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, mask: Tensor, b
     vc = v.reshape(B * H, Tk, -1).float()
     do = dout.reshape(B * H, C, -1).float()
     s = _tile_scores(q, k, op, mask, bias, scale)
-    w, aux = op.tile_weights(s, mask)  # (B*H, C, Tk)
-    dv = torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
     dw = torch.bmm(do, vc.transpose(1, 2))  # (B*H, C, Tk)
-    ds = op.tile_grad(w, aux, dw, mask)  # (B*H, C, Tk)
+    w = native.tile_backward(op, s, mask, dw)  # fused kernel: W into s, dS into dw (the same bits), else None
+    if w is None:
+        w, aux = op.tile_weights(s, mask)  # (B*H, C, Tk)
+        dv = torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
+        ds = op.tile_grad(w, aux, dw, mask)  # (B*H, C, Tk); may overwrite w
+    else:
+        dv = torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
+        ds = dw
     dq = torch.bmm(ds, kc).mul_(scale).view(B, H, C, dh)
     dk = torch.bmm(ds.transpose(1, 2), qc).mul_(scale).view(B, H, Tk, dh)
     return dq, dk, dv

@@ -85,6 +85,24 @@ class OpContext:
     init_std: float = 0.02
 
 
+@dataclass(frozen=True)
+class NativeTile:
+    """How the fused kernels of :mod:`sinklab.nn.native` compute an operation's tile (bit for bit its
+    :meth:`AttentionOp.tile_weights` / :meth:`AttentionOp.tile_grad`).
+
+    family: "elementwise" (:class:`_Elementwise`), "softpick" or "softmax_pnorm" (with its p). For "elementwise":
+    kind, the similarity (0 identity: a linear-attention kernel's logits, 1 relu, 2 sigmoid(s + bias),
+    3 elu(s) + 1); norm, the row normaliser (0 none, 1 sum, 2 the 2-norm); floor, the normaliser's floor in float32.
+    """
+
+    family: str
+    kind: int = 0
+    norm: int = 0
+    bias: float = 0.0
+    floor: float = 0.0
+    p: float = 1.0
+
+
 #: name -> :class:`AttentionOp` subclass.
 ATTENTION: Registry[type["AttentionOp"]] = Registry("attention operation")
 
@@ -195,6 +213,12 @@ class AttentionOp(nn.Module):
             :meth:`tile_grad` needs besides the weights (row statistics, ...).
         """
         raise NotImplementedError(f"{type(self).__name__} has no tile autograd")
+
+    def native_tile(self) -> NativeTile | None:
+        """How :mod:`sinklab.nn.native`'s fused kernels compute this operation's tile, or None (the eager tile
+        functions run). An operation that returns one must keep its tile functions' arithmetic as the kernel
+        copies it (``tests/test_native_tiles.py`` compares them bit for bit)."""
+        return None
 
     def tile_grad(self, w: Tensor, aux: Any, dw: Tensor, mask: Tensor) -> Tensor:
         """Gradient of the logits from the gradient of the weights, for one tile.
@@ -366,6 +390,9 @@ class SoftmaxPNorm(AttentionOp):
 
     has_tile_grad = True
 
+    def native_tile(self) -> NativeTile:
+        return NativeTile("softmax_pnorm", p=self.p)
+
     def tile_weights(self, scores, mask):
         # w = e / N, e = exp(s - m), N = (sum e^p)^(1/p) = Z^(1/p); exp as exp2 (faster on CPU)
         m = scores.amax(dim=-1, keepdim=True)  # (N, C, 1)
@@ -380,8 +407,10 @@ class SoftmaxPNorm(AttentionOp):
         # dL/ds_j = w_j dw_j - r w_j^p, r = sum_k dw_k w_k (m cancels; d e_j / d s_j = e_j); w^p = e^p / Z
         ep, z = aux
         r = _row_dot(dw, w)  # (N, C, 1)
-        wp = ep.div(z) if self.p == 1.0 else ep.div_(z)
-        return dw.mul_(w).sub_(wp.mul_(r))
+        # p = 1: e^p is e, which tile_weights divided in place into w = e / Z = w^p (dividing it by Z again gave the
+        # gradient of another function)
+        wp = w.mul(r) if self.p == 1.0 else ep.div_(z).mul_(r)
+        return dw.mul_(w).sub_(wp)
 
 
 # ====================================================== element-wise families
@@ -405,6 +434,16 @@ class _Elementwise(AttentionOp):
         return self.z_floor if self.z_floor is not None else torch.finfo(z.dtype).tiny
 
     has_tile_grad = True
+
+    #: the fused kernels' code for :meth:`similarity` (:class:`NativeTile`), None where they do not have it
+    native_kind: ClassVar[int | None] = None
+
+    def native_tile(self) -> NativeTile | None:
+        norm = {"none": 0, "sum": 1, "pnorm": 2 if self.p == 2.0 else None}[self.norm]
+        if self.native_kind is None or norm is None:
+            return None
+        floor = self.z_floor if self.z_floor is not None else torch.finfo(torch.float32).tiny
+        return NativeTile("elementwise", self.native_kind, norm, float(getattr(self, "bias", 0.0)), floor)
 
     def similarity(self, logits: Tensor) -> Tensor:
         raise NotImplementedError
@@ -460,6 +499,7 @@ class _BiasedSigmoid(_Elementwise):
     """sigmoid(s + b) for a fixed bias ``self.bias``, no normalisation."""
 
     bias: float = 0.0
+    native_kind = 2
 
     def similarity(self, logits):
         return torch.sigmoid(logits + self.bias)
@@ -500,6 +540,7 @@ class SigmoidNorm(_Elementwise):
 
     norm = "sum"
     z_floor = None
+    native_kind = 2
 
     def similarity(self, logits):
         return torch.sigmoid(logits)
@@ -517,6 +558,7 @@ class SigmoidPNorm(_Elementwise):
 
     norm = "pnorm"
     z_floor = None
+    native_kind = 2
 
     def __init__(self, ctx: OpContext, *, p: float = 2.0, gate: str | None = "default") -> None:
         super().__init__(ctx, gate=gate)
@@ -537,6 +579,8 @@ class SigmoidPNorm(_Elementwise):
 class ReLU(_Elementwise):
     """ReLU attention relu(s) without normalisation (Gu et al. Table 6)."""
 
+    native_kind = 1
+
     def similarity(self, logits):
         return torch.relu(logits)
 
@@ -552,6 +596,8 @@ class ReLUNorm(_Elementwise):
     """ReLU attention normalised: relu(s) / max(sum_j relu(s), 1e-6)."""
 
     norm = "sum"
+
+    native_kind = 1
 
     def similarity(self, logits):
         return torch.relu(logits)
@@ -572,6 +618,8 @@ class Elu1Sim(_Elementwise):
     reports as failing to train without normalisation. Weights are positive, rows do not sum to 1.
     """
 
+    native_kind = 3
+
     def similarity(self, logits):
         return F.elu(logits) + 1.0
 
@@ -588,6 +636,8 @@ class _Kernel(_Elementwise):
 
     accepts_logit_bias = False
     mask_as_bias = False  # sim(-inf) is not 0
+
+    native_kind = 0
 
     def similarity(self, logits):
         return logits  # logits are already phi(q).phi(k) * scale
@@ -640,6 +690,9 @@ class Softpick(AttentionOp):
 
     sdpa = False
     normalised = False
+
+    def native_tile(self) -> NativeTile:
+        return NativeTile("softpick")
 
     def normalise(self, logits, mask, extra):
         # Multiply numerator and denominator by exp(-m), m = max(0, max_j s_ij): no overflow.

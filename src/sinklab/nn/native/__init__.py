@@ -1,0 +1,189 @@
+"""Fused native tile kernels: the eager tile path's element-wise work in one C++ loop per row, bit for bit.
+
+The tile path (:class:`sinklab.nn.attention._TileAttention`) spends one full memory pass per element-wise step of an
+operation's :meth:`~sinklab.nn.ops.AttentionOp.tile_weights` / :meth:`~sinklab.nn.ops.AttentionOp.tile_grad`
+(softpick: about 27 per tile). ``tile_kernels.cpp`` does the same float32 arithmetic, in the same order, as one loop
+over each row: the forward reads the logits and writes the weights; the backward reads the logits and
+``dW = dO V^T`` and writes the weights (for ``dV``) and ``dS``. The results equal the eager tile functions' bit for
+bit at one thread (``tests/test_native_tiles.py`` checks every operation the kernels take): the exponentials are
+the Sleef functions PyTorch's own CPU kernels call, and each row sum re-implements PyTorch's cascade sum. So the
+kernels change speed only, never a number: a study trained with them has the fingerprint of one trained without.
+
+Operations (:meth:`~sinklab.nn.ops.AttentionOp.native_tile`): the element-wise family (sigmoid, sigmoid_logn,
+sigmoid_norm, sigmoid_pnorm with p = 2, relu, relu_norm, elu1_sim, and the kernels elu1, elu1_norm, linear,
+linear_relu, linear_relu_norm), softpick and softmax_pnorm (any p). Tiles: float32 on the CPU, keys a multiple of the vector width (16 with
+AVX-512, else 8) and the tile's size a multiple of 32 (elsewhere an eager pass takes a scalar path for its last elements, which the kernels do not copy);
+any other tile, operation or option, and everything under ``torch.compile``, runs the eager functions.
+
+Build: ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja``; AVX2), once per machine and source version,
+cached in PyTorch's extensions folder (``TORCH_EXTENSIONS_DIR``); ``make setup`` builds it
+(``python -m sinklab.nn.native``). Where it cannot be built the eager functions run (same numbers, slower) and one
+warning says why. ``SINKLAB_NATIVE=0`` switches the kernels off.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["available", "load", "status", "tile_backward", "tile_weights"]
+
+SOURCE = Path(__file__).resolve().parent / "tile_kernels.cpp"
+_FLAGS = ["-O3", "-ffp-contract=off", "-mavx2", "-mfma"]
+_AVX512_FLAGS = ["-DSINKLAB_AVX512", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
+_STATE: dict = {"ext": None, "tried": False, "why": None}
+_EPS = 1e-6  # softpick's epsilon (sinklab.nn.ops._EPS)
+
+
+def _why_not() -> str | None:
+    """Why the kernels cannot run in this process (None: they may)."""
+    if os.environ.get("SINKLAB_NATIVE", "1") == "0":
+        return "SINKLAB_NATIVE=0"
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in ("AVX2", "AVX512"):
+        return f"PyTorch's CPU capability is {cap}, the kernels need AVX2"
+    return None
+
+
+def _ninja_dirs() -> list[str]:
+    """The folder of the ``ninja`` package's executable where no ninja is on PATH (a virtual environment used
+    without activating it), else nothing."""
+    if shutil.which("ninja"):
+        return []
+    try:
+        import ninja
+    except ImportError:
+        return []
+    return [ninja.BIN_DIR]
+
+
+def load():
+    """The compiled extension module, or None (with one warning saying why) where it cannot be loaded; compiled
+    first where no build of this source is cached (tens of seconds, once per machine).
+
+    Raises:
+        nothing: a failed build is a warning and the eager tile functions run.
+    """
+    if _STATE["tried"]:
+        return _STATE["ext"]
+    _STATE["tried"] = True
+    why = _why_not()
+    if why is None:
+        path = os.environ.get("PATH", "")
+        try:
+            from torch.utils.cpp_extension import load as cpp_load
+
+            os.environ["PATH"] = os.pathsep.join([*_ninja_dirs(), path])  # the ninja of the `ninja` package
+
+            wide = torch.backends.cpu.get_cpu_capability() == "AVX512"  # 16 floats a vector where PyTorch uses 16
+            _STATE["ext"] = cpp_load("sinklab_tile_kernels" + ("_avx512" if wide else "_avx2"), [str(SOURCE)],
+                                     extra_cflags=_FLAGS + (_AVX512_FLAGS if wide else []), verbose=False)
+        except Exception as e:  # no compiler, no ninja, a failed build: the eager path gives the same numbers
+            why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            warnings.warn(f"sinklab: native tile kernels unavailable ({why}); the eager tile functions run "
+                          "(the same numbers, slower)", RuntimeWarning, stacklevel=2)
+        finally:
+            os.environ["PATH"] = path
+    _STATE["why"] = why
+    return _STATE["ext"]
+
+
+def available() -> bool:
+    """True when the kernels are loaded (building them first if needed)."""
+    return load() is not None
+
+
+def status() -> str:
+    """One line: whether the kernels run in this process, and why not."""
+    return "native tile kernels: loaded" if available() else f"native tile kernels: off ({_STATE['why']})"
+
+
+def _kernel(op, s: Tensor):
+    """(extension, the op's :class:`~sinklab.nn.ops.NativeTile`) where the kernels take this tile, else None."""
+    spec = op.native_tile()
+    if spec is None or s.device.type != "cpu" or s.dtype != torch.float32 or s.dim() != 3 or not s.is_contiguous():
+        return None
+    if s.numel() % 32 or torch.compiler.is_compiling():
+        return None
+    ext = load()
+    if ext is None or s.shape[2] % ext.vector_width:
+        return None
+    return ext, spec
+
+
+def _softpick_stats(s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """m = max(0, max_j s_j), exp(-m) and 1e-6 exp(-m), (N, C, 1), as :meth:`sinklab.nn.ops.Softpick.tile_weights`."""
+    m = s.amax(dim=-1, keepdim=True).clamp_min_(0.0)
+    em = torch.exp(-m)
+    return m, em, _EPS * em
+
+
+def _two_norm(ext, spec, op, s: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The 2-norm normaliser: g = sim(s) into s by the kernel, then (as :meth:`sinklab.nn.ops._Elementwise.tile_weights`)
+    z = (sum g^2)^(1/2) by PyTorch (its float32 square root is not the correctly rounded one the kernel would
+    compute), zc = max(z, floor) and z >= floor, each (N, C, 1)."""
+    z = ext.elementwise_square_sums(s, mask, spec.kind, spec.bias, op.mask_as_bias).pow_(0.5)
+    return z.clamp_min(spec.floor), z >= spec.floor
+
+
+def tile_weights(op, s: Tensor, mask: Tensor) -> Tensor | None:
+    """``op.tile_weights(s, mask)[0]`` by the kernel, computed in place in ``s``; None where the kernel does not
+    take the tile (then call ``op.tile_weights``).
+
+    Args:
+        op: the :class:`~sinklab.nn.ops.AttentionOp`.
+        s: (N, C, Tk) float32 logits of the tile (``sinklab.nn.attention._tile_scores``), -inf where masked if
+            ``op.mask_as_bias``.
+        mask: (C, Tk) or (N, C, Tk) bool, True where a query sees a key.
+    """
+    k = _kernel(op, s)
+    if k is None:
+        return None
+    ext, spec = k
+    mask = mask.contiguous()
+    if spec.family == "softpick":
+        return ext.softpick_weights(s, mask, *_softpick_stats(s))
+    if spec.family == "softmax_pnorm":
+        z = ext.pnorm_sums(s, spec.p)
+        ext.pnorm_apply(s, None, z, z.pow(1.0 / spec.p), spec.p)
+        return s
+    if spec.norm == 2:
+        zc, _ = _two_norm(ext, spec, op, s, mask)
+        return s.div_(zc)
+    return ext.elementwise_weights(s, mask, spec.kind, spec.norm, spec.bias, spec.floor, op.mask_as_bias)
+
+
+def tile_backward(op, s: Tensor, mask: Tensor, dw: Tensor) -> Tensor | None:
+    """The tile gradient by the kernel: the weights ``W`` into ``s`` (returned, for ``dV = W^T dO``) and
+    ``dS = op.tile_grad(...)`` into ``dw``; None where the kernel does not take the tile (nothing written).
+
+    Args: as :func:`tile_weights`, and dw (N, C, Tk) float32 ``dO V^T``.
+    """
+    k = _kernel(op, s)
+    if k is None or dw.shape != s.shape or dw.dtype != torch.float32 or not dw.is_contiguous():
+        return None
+    ext, spec = k
+    mask = mask.contiguous()
+    if spec.family == "softpick":
+        ext.softpick_backward(s, mask, dw, *_softpick_stats(s))
+    elif spec.family == "softmax_pnorm":
+        z = ext.pnorm_sums(s, spec.p)
+        ext.pnorm_apply(s, dw, z, z.pow(1.0 / spec.p), spec.p)
+    elif spec.norm == 2:
+        zc, active = _two_norm(ext, spec, op, s, mask)
+        ext.elementwise_backward(s, mask, dw, spec.kind, 2, spec.bias, spec.floor, op.mask_as_bias, zc, active)
+    else:
+        ext.elementwise_backward(s, mask, dw, spec.kind, spec.norm, spec.bias, spec.floor, op.mask_as_bias, None, None)
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sinklab.nn.native``: build (or find) the kernels and print :func:`status`; exit 0 either way."""
+    print(status())
+    return 0
+

@@ -1,0 +1,155 @@
+"""The fused native tile kernels (sinklab.nn.native) against the eager tile functions, bit for bit.
+
+The kernels exist for speed only: every test here compares them with the eager PyTorch arithmetic of
+``AttentionOp.tile_weights`` / ``tile_grad`` (and a whole training run with and without them) with ``torch.equal``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from sinklab.nn import ModelConfig, SinkLM, native
+from sinklab.nn.ops import ATTENTION, OpContext
+
+# the operations the kernels take (native_tile() not None with their default options)
+NATIVE_OPS = ["sigmoid", "sigmoid_logn", "sigmoid_norm", "sigmoid_pnorm", "relu", "relu_norm", "elu1_sim", "elu1",
+              "elu1_norm", "linear", "linear_relu", "linear_relu_norm", "softpick", "softmax_pnorm"]
+
+CTX = OpContext(n_heads=4, n_kv_heads=4, head_dim=16, d_model=64, max_seq_len=1024)
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler: the kernels cannot be built here (the eager tile path runs)")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("the kernels need AVX2")
+    e = native.load()
+    assert e is not None, native.status()
+    return e
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # eager passes take a scalar path at thread-chunk ends: bits are pinned at one thread
+    yield
+    torch.set_num_threads(n)
+
+
+def test_the_operations_the_kernels_take_are_the_documented_ones():
+    taken = [n for n in ATTENTION.names() if ATTENTION.get(n)(CTX).native_tile() is not None]
+    assert sorted(taken) == sorted(NATIVE_OPS)
+    for n in NATIVE_OPS:
+        assert n in native.__doc__
+    # an option the kernels do not copy (a p-norm other than 2) leaves the operation on the eager functions
+    assert ATTENTION.get("sigmoid_pnorm")(CTX, p=3.0).native_tile() is None
+    assert ATTENTION.get("sigmoid_pnorm")(CTX, p=2.0).native_tile().norm == 2
+
+
+@pytest.mark.parametrize("n", [*range(1, 70), 127, 128, 129, 255, 256, 257, 1000, 1024, 4100, 70000])
+def test_the_row_sum_is_pytorchs_sum_bit_for_bit(ext, n):
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(5, n, generator=g) * torch.logspace(-3, 3, 5)[:, None]).contiguous()
+    assert torch.equal(ext.row_sum(x), x.sum(dim=-1, keepdim=True))
+
+
+def _tile(op, N, C, Tk, document: bool, seed: int):
+    """(scores maker, mask, dW) of a causal tile of C queries ending at key Tk (a per-window random mask with
+    ``document``), logits of a few units as in training."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.arange(Tk - C, Tk)[:, None] >= torch.arange(Tk)[None, :]  # (C, Tk)
+    if document:
+        mask = mask & (torch.rand(N, C, Tk, generator=g) > 0.3)
+        mask[..., 0] = True
+    q, k = torch.randn(N, C, 16, generator=g) * 2, torch.randn(N, Tk, 16, generator=g) * 2
+    dw = torch.randn(N, C, Tk, generator=g)
+
+    def scores():
+        s = torch.bmm(q, k.transpose(1, 2)).mul_(0.25)
+        return s.masked_fill_(~mask, float("-inf")) if op.mask_as_bias else s
+
+    return scores, mask, dw
+
+
+SHAPES = [(16, 64, 1024, False), (128, 64, 64, False), (4, 16, 96, True), (8, 4, 16, False), (2, 16, 32, True)]
+
+
+@pytest.mark.parametrize("name", NATIVE_OPS)
+def test_the_kernels_equal_the_eager_tile_functions_bit_for_bit(ext, name):
+    op = ATTENTION.get(name)(CTX)
+    for i, (N, C, Tk, document) in enumerate(SHAPES):
+        scores, mask, dw0 = _tile(op, N, C, Tk, document, seed=i)
+        w, aux = op.tile_weights(scores(), mask)
+        w_eager = w.clone()
+        ds_eager = op.tile_grad(w, aux, dw0.clone(), mask)
+        s = scores()
+        w_native = native.tile_weights(op, s, mask)
+        assert w_native is not None and w_native.data_ptr() == s.data_ptr()  # in place
+        assert torch.equal(w_native, w_eager), (name, N, C, Tk)
+        s, dw = scores(), dw0.clone()
+        w_back = native.tile_backward(op, s, mask, dw)
+        assert torch.equal(w_back, w_eager), (name, N, C, Tk)
+        assert torch.equal(dw, ds_eager), (name, N, C, Tk, int((dw != ds_eager).sum()))
+
+
+def test_options_are_copied_too(ext):
+    for op in (ATTENTION.get("sigmoid")(CTX, bias=-2.5), ATTENTION.get("sigmoid_logn")(CTX, n=77),
+               *(ATTENTION.get("softmax_pnorm")(CTX, p=p) for p in (0.25, 1.0, 2.0, 0.3))):
+        scores, mask, dw0 = _tile(op, 16, 64, 256, False, seed=7)
+        w, aux = op.tile_weights(scores(), mask)
+        ds = op.tile_grad(w.clone(), aux, dw0.clone(), mask)
+        s, dw = scores(), dw0.clone()
+        assert torch.equal(native.tile_backward(op, s, mask, dw), w) and torch.equal(dw, ds)
+
+
+def test_a_tile_the_kernels_do_not_copy_is_left_to_the_eager_functions(ext):
+    op = ATTENTION.get("softpick")(CTX)
+    width = ext.vector_width
+    for N, C, Tk in [(1, 3, 8 * width + width), (3, 5, 2 * width), (16, 64, width + 4)]:  # numel % 32, Tk % width
+        scores, mask, dw = _tile(op, N, C, Tk, False, seed=1)
+        s, d = scores(), dw.clone()
+        if (N * C * Tk) % 32 == 0 and Tk % width == 0:
+            continue
+        assert native.tile_weights(op, s, mask) is None and native.tile_backward(op, s, mask, d) is None
+        assert torch.equal(s, scores()) and torch.equal(d, dw)  # nothing written
+    s = torch.zeros(16, 64, 64, dtype=torch.float64)
+    assert native.tile_weights(op, s, torch.ones(64, 64, dtype=torch.bool)) is None  # float64: eager
+
+
+@pytest.mark.parametrize("name", ["softpick", "sigmoid_norm", "elu1_norm", "relu", "softmax_pnorm"])
+def test_training_with_and_without_the_kernels_gives_the_same_model(ext, name, monkeypatch):
+    """Three AdamW steps under bf16 autocast (as the throughput benchmark) and in float32: the same parameters."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=128, attention=name)
+    x = torch.randint(0, 64, (2, 129), generator=torch.Generator().manual_seed(0))
+    on = native._kernel
+    results = []
+    for use, bf16 in [(True, False), (False, False), (True, True), (False, True)]:
+        monkeypatch.setattr(native, "_kernel", on if use else (lambda op, s: None))
+        torch.manual_seed(0)
+        m = SinkLM(cfg)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = m(x[:, :-1], targets=x[:, 1:]).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        results.append([p.detach().clone() for p in m.parameters()])
+    for a, b in (results[0:2], results[2:4]):
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert not all(torch.equal(p, q) for p, q in zip(results[0], results[2]))  # bf16 is another run
+
+
+def test_sinklab_native_0_switches_the_kernels_off(monkeypatch):
+    monkeypatch.setenv("SINKLAB_NATIVE", "0")
+    monkeypatch.setattr(native, "_STATE", {"ext": None, "tried": False, "why": None})
+    assert not native.available()
+    assert native.status() == "native tile kernels: off (SINKLAB_NATIVE=0)"
+    op = ATTENTION.get("softpick")(CTX)
+    scores, mask, dw = _tile(op, 16, 64, 64, False, seed=0)
+    assert native.tile_weights(op, scores(), mask) is None and native.tile_backward(op, scores(), mask, dw) is None
