@@ -126,10 +126,10 @@ def test_training_with_and_without_the_kernels_gives_the_same_model(ext, name, m
     """Three AdamW steps under bf16 autocast (as the throughput benchmark) and in float32: the same parameters."""
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=128, attention=name)
     x = torch.randint(0, 64, (2, 129), generator=torch.Generator().manual_seed(0))
-    on = native._kernel
+    on = native.takes
     results = []
     for use, bf16 in [(True, False), (False, False), (True, True), (False, True)]:
-        monkeypatch.setattr(native, "_kernel", on if use else (lambda op, s: None))
+        monkeypatch.setattr(native, "takes", on if use else (lambda op, device, shape: False))
         torch.manual_seed(0)
         m = SinkLM(cfg)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
@@ -153,3 +153,36 @@ def test_sinklab_native_0_switches_the_kernels_off(monkeypatch):
     op = ATTENTION.get("softpick")(CTX)
     scores, mask, dw = _tile(op, 16, 64, 64, False, seed=0)
     assert native.tile_weights(op, scores(), mask) is None and native.tile_backward(op, scores(), mask, dw) is None
+
+
+def test_the_kernel_source_is_part_of_the_code_a_run_records(tmp_path, monkeypatch):
+    """A run's ``code.source`` digest covers the C++ kernels: a changed kernel is changed code."""
+    import sinklab
+    from sinklab.provenance import source_digest
+
+    (tmp_path / "nn").mkdir()
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "nn" / "k.cpp").write_text("int a;")
+    monkeypatch.setattr(sinklab, "__file__", str(tmp_path / "__init__.py"))
+    before = source_digest()
+    (tmp_path / "nn" / "k.cpp").write_text("int b;")
+    assert source_digest() != before
+    assert native.SOURCE.suffix == ".cpp" and native.SOURCE.parent.name == "native"
+
+
+def test_a_tile_the_kernel_declines_after_all_gets_its_masked_logits_back(ext, monkeypatch):
+    """tile_forward leaves the -inf bias out for a fused tile; should the kernel decline it after all, the eager
+    functions get the masked logits (not the raw ones)."""
+    from sinklab.nn.attention import tile_backward, tile_forward
+
+    op = ATTENTION.get("sigmoid_norm")(CTX)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(2, 4, n, 16, generator=g) for n in (64, 128, 128, 64))
+    mask = torch.arange(64, 128)[:, None] >= torch.arange(128)[None, :]
+    fused = [tile_forward(q, k, v, mask, None, op, 0.25), *tile_backward(q, k, v, do, mask, None, op, 0.25)]
+    monkeypatch.setattr(native, "_kernel", lambda op, s: None)  # takes() says yes, the kernel says no
+    declined = [tile_forward(q, k, v, mask, None, op, 0.25), *tile_backward(q, k, v, do, mask, None, op, 0.25)]
+    monkeypatch.setattr(native, "takes", lambda op, device, shape: False)
+    eager = [tile_forward(q, k, v, mask, None, op, 0.25), *tile_backward(q, k, v, do, mask, None, op, 0.25)]
+    for a, b, c in zip(fused, declined, eager):
+        assert torch.equal(a, c) and torch.equal(b, c)

@@ -300,15 +300,18 @@ def reference_attention(
 
 
 # ====================================================== tile autograd
-def _tile_scores(q: Tensor, k: Tensor, op: AttentionOp, mask: Tensor, bias: Tensor | None, scale: float) -> Tensor:
-    """(B*H, C, Tk) float32 logits ``scale * q.k (+ bias)``, -inf where masked if ``op.mask_as_bias``.
+def _tile_scores(q: Tensor, k: Tensor, op: AttentionOp, mask: Tensor, bias: Tensor | None, scale: float,
+                 mask_logits: bool = True) -> Tensor:
+    """(B*H, C, Tk) float32 logits ``scale * q.k (+ bias)``, -inf where masked if ``op.mask_as_bias`` (and
+    ``mask_logits``: False leaves them out where no bias is added, for :mod:`sinklab.nn.native`'s kernels, which
+    read masked logits as -inf; the visible logits have the same bits either way).
 
     q: (B, H, C, d_h), k: (B, H, Tk, d_h), mask (C, Tk) or (B*H, C, Tk) bool (:func:`_tile_mask`),
     bias (H, C, Tk) or None.
     """
     B, H, C, dh = q.shape
     add = None
-    if op.mask_as_bias:
+    if op.mask_as_bias and (mask_logits or bias is not None):
         add = torch.zeros(mask.shape, device=q.device).masked_fill_(~mask, float("-inf"))  # (C, Tk) | (B*H, C, Tk)
     if bias is not None:
         if add is not None and add.dim() == 3:  # a per-window (document) mask: bias per head, then flattened
@@ -318,9 +321,19 @@ def _tile_scores(q: Tensor, k: Tensor, op: AttentionOp, mask: Tensor, bias: Tens
             add = add.expand(B, H, C, add.shape[-1]).reshape(B * H, C, -1)
     q3 = q.reshape(B * H, C, dh).float()
     kT = k.reshape(B * H, -1, dh).float().transpose(1, 2)  # (B*H, d_h, Tk)
+    if add is None and op.mask_as_bias:  # the logits baddbmm gives with a 0 bias, without copying one in
+        return torch.baddbmm(q3.new_zeros(()), q3, kT, beta=0.0, alpha=scale)
     if add is None:
         return torch.bmm(q3, kT).mul_(scale)
     return torch.baddbmm(add, q3, kT, alpha=scale)
+
+
+def _mask_logits(s: Tensor, op: AttentionOp, mask: Tensor, bias: Tensor | None, left_out: bool) -> Tensor:
+    """``s`` with the -inf of masked keys that :func:`_tile_scores` left out for a fused kernel (``left_out``), for
+    the eager tile functions where the kernel declined the tile after all; else ``s`` as it is."""
+    if left_out and op.mask_as_bias and bias is None:
+        s.masked_fill_(~mask, float("-inf"))
+    return s
 
 
 def _tile_mask(mask: Tensor, B: int, H: int) -> Tensor:
@@ -339,10 +352,11 @@ def tile_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor | N
     The function :mod:`sinklab.nn.compiled` compiles."""
     B, H, C, _ = q.shape
     mask = _tile_mask(mask, B, H)
-    s = _tile_scores(q, k, op, mask, bias, scale)  # (B*H, C, Tk)
-    w = native.tile_weights(op, s, mask)  # the fused kernel where it takes the tile (the same bits), else eager
+    fused = native.takes(op, q.device, (B * H, C, k.shape[2]))  # the fused kernel (the same bits) takes the tile
+    s = _tile_scores(q, k, op, mask, bias, scale, mask_logits=not fused)  # (B*H, C, Tk)
+    w = native.tile_weights(op, s, mask) if fused else None
     if w is None:
-        w, _ = op.tile_weights(s, mask)
+        w, _ = op.tile_weights(_mask_logits(s, op, mask, bias, fused), mask)
     vc = v.reshape(B * H, v.shape[2], -1)
     return torch.bmm(w.to(v.dtype), vc).view(B, H, C, -1)
 
@@ -360,11 +374,12 @@ def tile_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, mask: Tensor, b
     kc = k.reshape(B * H, Tk, dh).float()
     vc = v.reshape(B * H, Tk, -1).float()
     do = dout.reshape(B * H, C, -1).float()
-    s = _tile_scores(q, k, op, mask, bias, scale)
+    fused = native.takes(op, q.device, (B * H, C, Tk))
+    s = _tile_scores(q, k, op, mask, bias, scale, mask_logits=not fused)
     dw = torch.bmm(do, vc.transpose(1, 2))  # (B*H, C, Tk)
-    w = native.tile_backward(op, s, mask, dw)  # fused kernel: W into s, dS into dw (the same bits), else None
+    w = native.tile_backward(op, s, mask, dw) if fused else None  # fused: W into s, dS into dw (the same bits)
     if w is None:
-        w, aux = op.tile_weights(s, mask)  # (B*H, C, Tk)
+        w, aux = op.tile_weights(_mask_logits(s, op, mask, bias, fused), mask)  # (B*H, C, Tk)
         dv = torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
         ds = op.tile_grad(w, aux, dw, mask)  # (B*H, C, Tk); may overwrite w
     else:
@@ -399,7 +414,10 @@ class _TileAttention(torch.autograd.Function):
             from sinklab.nn.compiled import compiled_tile_functions
 
             fwd = compiled_tile_functions(tile_forward, tile_backward)[0]
-        tiles = _TileOutput(fwd, q, k, v, op, scale, spec, positional, documents)
+        # float32 q, k and v in (B, H, T, d) order once per layer: every tile's (B*H, C | Tk, d) operand is then a
+        # view, not a copy per tile (the projections hand over transposed views); v keeps its dtype (W V in it)
+        tiles = _TileOutput(fwd, q.float().contiguous(), k.float().contiguous(), v.contiguous(), op, scale, spec,
+                            positional, documents)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
             out = reduce_tiles(tiles, T, chunk, spec)
         ctx.save_for_backward(q, k, v)
@@ -417,7 +435,8 @@ class _TileAttention(torch.autograd.Function):
             from sinklab.nn.compiled import compiled_tile_functions
 
             bwd = compiled_tile_functions(tile_forward, tile_backward)[1]
-        tiles = _TileGradient(bwd, q, k, v, dout, op, scale, ctx.spec, ctx.positional, ctx.documents)
+        tiles = _TileGradient(bwd, q.float().contiguous(), k.float().contiguous(), v.float().contiguous(),
+                              dout.float().contiguous(), op, scale, ctx.spec, ctx.positional, ctx.documents)
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
             dq, dk, dv = reduce_tiles(tiles, T, ctx.chunk, ctx.spec)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None

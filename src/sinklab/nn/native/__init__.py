@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["available", "load", "status", "tile_backward", "tile_weights"]
+__all__ = ["available", "load", "status", "takes", "tile_backward", "tile_weights"]
 
 SOURCE = Path(__file__).resolve().parent / "tile_kernels.cpp"
 _FLAGS = ["-O3", "-ffp-contract=off", "-mavx2", "-mfma"]
@@ -103,22 +103,27 @@ def status() -> str:
     return "native tile kernels: loaded" if available() else f"native tile kernels: off ({_STATE['why']})"
 
 
+def takes(op, device: torch.device, shape: tuple[int, int, int]) -> bool:
+    """Whether the kernels take a tile of (N, C, Tk) float32 logits of ``op`` on ``device`` (then the caller may
+    leave out the -inf logit bias of masked keys: the kernels read masked logits as -inf)."""
+    if torch.compiler.is_compiling() or device.type != "cpu" or op.native_tile() is None:
+        return False  # under torch.compile the eager functions are what inductor fuses
+    N, C, Tk = shape
+    ext = load() if (N * C * Tk) % 32 == 0 else None
+    return ext is not None and Tk % ext.vector_width == 0
+
+
 def _kernel(op, s: Tensor):
     """(extension, the op's :class:`~sinklab.nn.ops.NativeTile`) where the kernels take this tile, else None."""
-    spec = op.native_tile()
-    if spec is None or s.device.type != "cpu" or s.dtype != torch.float32 or s.dim() != 3 or not s.is_contiguous():
+    if s.dtype != torch.float32 or s.dim() != 3 or not s.is_contiguous() or not takes(op, s.device, tuple(s.shape)):
         return None
-    if s.numel() % 32 or torch.compiler.is_compiling():
-        return None
-    ext = load()
-    if ext is None or s.shape[2] % ext.vector_width:
-        return None
-    return ext, spec
+    return _STATE["ext"], op.native_tile()
 
 
-def _softpick_stats(s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """m = max(0, max_j s_j), exp(-m) and 1e-6 exp(-m), (N, C, 1), as :meth:`sinklab.nn.ops.Softpick.tile_weights`."""
-    m = s.amax(dim=-1, keepdim=True).clamp_min_(0.0)
+def _softpick_stats(ext, s: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """m = max(0, max_j s_j) over the visible keys, exp(-m) and 1e-6 exp(-m), (N, C, 1), as
+    :meth:`sinklab.nn.ops.Softpick.tile_weights` (the exponential is PyTorch's: not the Sleef one the kernels call)."""
+    m = ext.masked_row_max(s, mask).clamp_min_(0.0)
     em = torch.exp(-m)
     return m, em, _EPS * em
 
@@ -137,8 +142,8 @@ def tile_weights(op, s: Tensor, mask: Tensor) -> Tensor | None:
 
     Args:
         op: the :class:`~sinklab.nn.ops.AttentionOp`.
-        s: (N, C, Tk) float32 logits of the tile (``sinklab.nn.attention._tile_scores``), -inf where masked if
-            ``op.mask_as_bias``.
+        s: (N, C, Tk) float32 logits of the tile (``sinklab.nn.attention._tile_scores``); where
+            ``op.mask_as_bias``, masked logits are read as -inf whatever they hold.
         mask: (C, Tk) or (N, C, Tk) bool, True where a query sees a key.
     """
     k = _kernel(op, s)
@@ -147,10 +152,10 @@ def tile_weights(op, s: Tensor, mask: Tensor) -> Tensor | None:
     ext, spec = k
     mask = mask.contiguous()
     if spec.family == "softpick":
-        return ext.softpick_weights(s, mask, *_softpick_stats(s))
+        return ext.softpick_weights(s, mask, *_softpick_stats(ext, s, mask))
     if spec.family == "softmax_pnorm":
-        z = ext.pnorm_sums(s, spec.p)
-        ext.pnorm_apply(s, None, z, z.pow(1.0 / spec.p), spec.p)
+        z = ext.pnorm_sums(s, mask, spec.p)
+        ext.pnorm_apply(s, mask, None, z, z.pow(1.0 / spec.p), spec.p)
         return s
     if spec.norm == 2:
         zc, _ = _two_norm(ext, spec, op, s, mask)
@@ -170,10 +175,10 @@ def tile_backward(op, s: Tensor, mask: Tensor, dw: Tensor) -> Tensor | None:
     ext, spec = k
     mask = mask.contiguous()
     if spec.family == "softpick":
-        ext.softpick_backward(s, mask, dw, *_softpick_stats(s))
+        ext.softpick_backward(s, mask, dw, *_softpick_stats(ext, s, mask))
     elif spec.family == "softmax_pnorm":
-        z = ext.pnorm_sums(s, spec.p)
-        ext.pnorm_apply(s, dw, z, z.pow(1.0 / spec.p), spec.p)
+        z = ext.pnorm_sums(s, mask, spec.p)
+        ext.pnorm_apply(s, mask, dw, z, z.pow(1.0 / spec.p), spec.p)
     elif spec.norm == 2:
         zc, active = _two_norm(ext, spec, op, s, mask)
         ext.elementwise_backward(s, mask, dw, spec.kind, 2, spec.bias, spec.floor, op.mask_as_bias, zc, active)

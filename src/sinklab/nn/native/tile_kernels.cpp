@@ -10,7 +10,8 @@
 // (sinklab/nn/native/__init__.py) calls these kernels only for tiles whose numel is a multiple of 32, where
 // every element takes the vector path.
 //
-// Layout: s, dw (N, C, Tk) float32 contiguous; mask (C, Tk) or (N, C, Tk) bool; row statistics (N, C, 1).
+// Layout: s, dw (N, C, Tk) float32 contiguous; mask (C, Tk) or (N, C, Tk) bool; row statistics (N, C, 1). The logits
+// s of an operation that masks by a -inf logit bias may come without it: the kernels read masked logits as -inf.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -132,6 +133,9 @@ inline V vmask(const bool* m) {  // mask.to(float32): 1.0 / 0.0
 inline V vkeep(V x, const bool* m) {  // masked_fill(~mask, 0)
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(vmask(m), vzero(), _CMP_NEQ_OQ), x);
 }
+inline V vlogits(V x, const bool* m) {  // masked_fill(~mask, -inf): the logits of a mask_as_bias operation
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(vmask(m), vzero(), _CMP_NEQ_OQ), v1(-INFINITY), x);
+}
 #else
 extern "C" __m256 Sleef_exp2f8_u10(__m256);
 extern "C" __m256 Sleef_expm1f8_u10(__m256);
@@ -159,6 +163,7 @@ inline V vmask(const bool* m) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
 }
 inline V vkeep(V x, const bool* m) { return _mm256_and_ps(x, _mm256_cmp_ps(vmask(m), vzero(), _CMP_NEQ_OQ)); }
+inline V vlogits(V x, const bool* m) { return _mm256_blendv_ps(v1(-INFINITY), x, _mm256_cmp_ps(vmask(m), vzero(), _CMP_NEQ_OQ)); }
 #endif
 
 inline V relu8(V x) { return vmax(vzero(), x); }                                       // clamp_min(x, 0)
@@ -198,7 +203,7 @@ struct Family {
 // g = sim(s) of one row, in place (eager: similarity_ then masked_fill_(~mask, 0) where the mask is not a bias).
 void similarity_row(const Family& f, float* x, const bool* m, int64_t Tk) {
   for (int64_t j = 0; j < Tk; j += VW) {
-    V v = vload(x + j);
+    V v = f.mask_as_bias ? vlogits(vload(x + j), m + j) : vload(x + j);  // -inf where masked (already, or here)
     if (f.kind == 1) v = relu8(v);
     else if (f.kind == 2) {
       if (f.bias != 0.0f) v = vadd(v, v1(f.bias));
@@ -347,7 +352,7 @@ torch::Tensor softpick_weights(torch::Tensor s, torch::Tensor mask, torch::Tenso
       const bool* mk = R.mask_row(r);
       const V vm = v1(M[r]), vl = v1(LOG2E), vnem = vmul(v1(-1.0f), v1(EM[r]));
       for (int64_t j = 0; j < R.Tk; j += VW) {
-        V ev = vexp2(vmul(vsub(vload(x + j), vm), vl));
+        V ev = vexp2(vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl));
         V dv = vadd(ev, vmul(vnem, vmask(mk + j)));
         vstore(d.data() + j, dv);
         vstore(ad.data() + j, vabs(dv));
@@ -375,7 +380,7 @@ void softpick_backward(torch::Tensor s, torch::Tensor mask, torch::Tensor dw, to
       const bool* mk = R.mask_row(r);
       const V vm = v1(M[r]), vl = v1(LOG2E), vnem = vmul(v1(-1.0f), v1(EM[r]));
       for (int64_t j = 0; j < R.Tk; j += VW) {
-        V ev = vexp2(vmul(vsub(vload(x + j), vm), vl));
+        V ev = vexp2(vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl));
         V dv = vadd(ev, vmul(vnem, vmask(mk + j)));
         vstore(e.data() + j, ev);
         vstore(d.data() + j, dv);
@@ -402,9 +407,9 @@ void softpick_backward(torch::Tensor s, torch::Tensor mask, torch::Tensor dw, to
 // ------------------------------------------------------------------ softmax_pnorm (sinklab.nn.ops.SoftmaxPNorm)
 // m = max_j s_j, s2 = (s - m) log2 e, e = exp2(s2), e^p = exp2(s2 p), z = sum e^p; w = e / z^(1/p) with z^(1/p) from
 // PyTorch (its pow), passed in as zp.
-inline float row_max(const float* x, int64_t Tk) {  // amax: the same at any order
+inline float row_max(const float* x, const bool* mk, int64_t Tk) {  // amax over the visible keys: the same at any order
   V acc = v1(-INFINITY);
-  for (int64_t j = 0; j < Tk; j += VW) acc = vmax(acc, vload(x + j));
+  for (int64_t j = 0; j < Tk; j += VW) acc = vmax(acc, vlogits(vload(x + j), mk + j));
   alignas(64) float part[VW];
   vstore(part, acc);
   float m = part[0];
@@ -412,10 +417,9 @@ inline float row_max(const float* x, int64_t Tk) {  // amax: the same at any ord
   return m;
 }
 
-torch::Tensor pnorm_sums(torch::Tensor s, double p) {  // z (N, C, 1); s unchanged
-  TORCH_CHECK(s.dim() == 3 && s.scalar_type() == torch::kFloat32 && s.is_contiguous(), "s: (N, C, Tk) float32 contiguous");
-  const int64_t rows = s.size(0) * s.size(1), Tk = s.size(2);
-  TORCH_CHECK(Tk % VW == 0 && s.numel() % 32 == 0, "Tk must be a multiple of the vector width and the tile's numel of 32");
+torch::Tensor pnorm_sums(torch::Tensor s, torch::Tensor mask, double p) {  // z (N, C, 1); s unchanged
+  const Rows R = rows_of(s, mask);
+  const int64_t rows = R.N * R.C, Tk = R.Tk;
   auto out = torch::empty({s.size(0), s.size(1), 1}, s.options());
   const float* S = s.data_ptr<float>();
   float* O = out.data_ptr<float>();
@@ -424,9 +428,10 @@ torch::Tensor pnorm_sums(torch::Tensor s, double p) {  // z (N, C, 1); s unchang
     std::vector<float> ep(Tk);
     for (int64_t r = r0; r < r1; ++r) {
       const float* x = S + r * Tk;
-      const V vm = v1(row_max(x, Tk)), vl = v1(LOG2E), vp = v1(pf);
+      const bool* mk = R.mask_row(r);
+      const V vm = v1(row_max(x, mk, Tk)), vl = v1(LOG2E), vp = v1(pf);
       for (int64_t j = 0; j < Tk; j += VW) {
-        V s2 = vmul(vsub(vload(x + j), vm), vl);
+        V s2 = vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl);
         vstore(ep.data() + j, vexp2(pf == 1.0f ? s2 : vmul(s2, vp)));
       }
       O[r] = torch_row_sum(ep.data(), Tk);
@@ -436,9 +441,10 @@ torch::Tensor pnorm_sums(torch::Tensor s, double p) {  // z (N, C, 1); s unchang
 }
 
 // forward (dw undefined): w = e / zp into s. Backward: also dS = dw w - (e^p / z) r, r = sum dw w, into dw.
-void pnorm_apply(torch::Tensor s, c10::optional<torch::Tensor> dw_t, torch::Tensor z_t, torch::Tensor zp_t, double p) {
-  const int64_t rows = s.size(0) * s.size(1), Tk = s.size(2);
-  TORCH_CHECK(s.dim() == 3 && s.scalar_type() == torch::kFloat32 && s.is_contiguous() && Tk % VW == 0, "s");
+void pnorm_apply(torch::Tensor s, torch::Tensor mask, c10::optional<torch::Tensor> dw_t, torch::Tensor z_t,
+                 torch::Tensor zp_t, double p) {
+  const Rows R = rows_of(s, mask);
+  const int64_t rows = R.N * R.C, Tk = R.Tk;
   float* S = s.data_ptr<float>();
   float* D = dw_t ? dw_t->data_ptr<float>() : nullptr;
   if (dw_t) TORCH_CHECK(dw_t->sizes() == s.sizes() && dw_t->is_contiguous(), "dw like s");
@@ -448,9 +454,10 @@ void pnorm_apply(torch::Tensor s, c10::optional<torch::Tensor> dw_t, torch::Tens
     std::vector<float> ep(Tk), tmp(Tk);
     for (int64_t r = r0; r < r1; ++r) {
       float* x = S + r * Tk;
-      const V vm = v1(row_max(x, Tk)), vl = v1(LOG2E), vp = v1(pf), vzp = v1(ZP[r]);
+      const bool* mk = R.mask_row(r);
+      const V vm = v1(row_max(x, mk, Tk)), vl = v1(LOG2E), vp = v1(pf), vzp = v1(ZP[r]);
       for (int64_t j = 0; j < Tk; j += VW) {
-        V s2 = vmul(vsub(vload(x + j), vm), vl);
+        V s2 = vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl);
         if (D) vstore(ep.data() + j, vexp2(pf == 1.0f ? s2 : vmul(s2, vp)));
         V w = vdiv(vexp2(s2), vzp);
         vstore(x + j, w);
@@ -463,6 +470,17 @@ void pnorm_apply(torch::Tensor s, c10::optional<torch::Tensor> dw_t, torch::Tens
         vstore(d + j, vsub(vload(tmp.data() + j), vmul(vdiv(vload(ep.data() + j), vz), vr)));
     }
   });
+}
+
+torch::Tensor masked_row_max(torch::Tensor s, torch::Tensor mask) {  // amax of the visible logits, (N, C, 1)
+  const Rows R = rows_of(s, mask);
+  auto out = torch::empty({R.N, R.C, 1}, s.options());
+  const float* S = s.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  at::parallel_for(0, R.N * R.C, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) O[r] = row_max(S + r * R.Tk, R.mask_row(r), R.Tk);
+  });
+  return out;
 }
 
 torch::Tensor row_sum_test(torch::Tensor x) {  // torch.sum(x, -1, keepdim=True) of an (R, n) tensor, re-implemented
@@ -484,4 +502,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("row_sum", &row_sum_test);
   mod.def("pnorm_sums", &pnorm_sums);
   mod.def("pnorm_apply", &pnorm_apply);
+  mod.def("masked_row_max", &masked_row_max);
 }
