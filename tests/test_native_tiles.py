@@ -186,3 +186,43 @@ def test_a_tile_the_kernel_declines_after_all_gets_its_masked_logits_back(ext, m
     eager = [tile_forward(q, k, v, mask, None, op, 0.25), *tile_backward(q, k, v, do, mask, None, op, 0.25)]
     for a, b, c in zip(fused, declined, eager):
         assert torch.equal(a, c) and torch.equal(b, c)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_chunked_cross_entropy_is_the_same_with_and_without_the_kernels(ext, bf16, monkeypatch):
+    """sinklab.nn.loss.linear_cross_entropy: loss and both gradients bit for bit, with ignored targets, row weights
+    and a last chunk shorter than the others."""
+    from sinklab.nn.loss import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(int(bf16))
+    N, d, V = 700, 48, 1024
+    h0, w0 = torch.randn(N, d, generator=g), torch.randn(V, d, generator=g) * 0.3
+    y = torch.randint(0, V, (N,), generator=g)
+    y[::7] = -100
+    rw = torch.rand(N, generator=g) + 0.5
+    out = []
+    for fused in (True, False):
+        monkeypatch.setattr(native, "takes_cross_entropy", (lambda *a: True) if fused else (lambda *a: False))
+        res = []
+        for weights in (None, rw):
+            h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = linear_cross_entropy(h, w, y, chunk_elems=256 * V, weights=weights)
+            loss.backward()
+            res += [loss.detach(), h.grad, w.grad]
+        out.append(res)
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+
+
+def test_the_bfloat16_rounding_is_pytorchs(ext):
+    x = torch.cat([torch.tensor([0.0, -0.0, 1e-40, -1e-40, 3.4e38, float("inf"), -float("inf"), 1.00390625,
+                                 1.01171875]), torch.randn(1 << 16) * 10])  # zeros, subnormals, overflow, ties
+    x = x[: (x.numel() // 16) * 16].reshape(1, -1)
+    e, out = x.clone(), torch.empty(x.shape, dtype=torch.bfloat16)
+    ext.ce_grad(e, torch.ones(1), torch.zeros(1), torch.zeros(1, dtype=torch.long), out)  # p = e * 1, p[0] -= 0
+    assert torch.equal(out, x.to(torch.bfloat16))
+    acc = torch.randn(x.shape)
+    ref = acc + out.float()
+    ext.grad_add(acc, out)
+    assert torch.equal(acc, ref)

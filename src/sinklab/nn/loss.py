@@ -11,7 +11,9 @@ cross-entropy" of Liger-Kernel (Hsu et al. 2024), written in plain PyTorch for C
 
 Precision follows autocast as the unfused ``lm_head`` + ``F.cross_entropy`` would:
 under autocast the matmuls run in the autocast dtype (bf16), the log-sum-exp and the
-softmax in float32; the weight gradient is accumulated in float32.
+softmax in float32; the weight gradient is accumulated in float32. On a CPU the element-wise
+work of a chunk runs in :mod:`sinklab.nn.native`'s fused kernels where they are built (bit for
+bit the same numbers).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch import Tensor
 
 from sinklab.errors import InputError
+from sinklab.nn import native
 
 __all__ = ["linear_cross_entropy"]
 
@@ -73,19 +76,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # (a half-precision dW is widened exactly into a reused float32 buffer before the add; float64's is added as is)
             half = cdtype in (torch.bfloat16, torch.float16)
             wbuf32 = torch.empty(V, h.shape[1], dtype=torch.float32, device=h.device) if need_w and half else None
+            fused = native.takes_cross_entropy(h.device, V, cdtype)  # the fused kernels (the same bits) take it
             for i0 in range(0, N, rows):
                 i1 = min(N, i0 + rows)
                 z = zbuf[: i1 - i0]  # (n, V) logits
-                if lowp:
-                    z.copy_(torch.mm(hc[i0:i1], wc.T, out=cbuf[: i1 - i0]))
-                else:
-                    torch.mm(hc[i0:i1], wc.T, out=z)
                 ok = valid[i0:i1]  # (n,)
                 yc = torch.where(ok, targets[i0:i1], 0)  # (n,) safe index
-                zy = z.gather(1, yc[:, None])  # (n, 1) target logit
-                m = z.amax(dim=-1, keepdim=True)  # (n, 1)
-                e = z.sub_(m).mul_(_LOG2E).exp2_()  # (n, V) exp(z - m), as exp2 (faster than exp on CPU), in place
-                s = e.sum(dim=-1, keepdim=True)  # (n, 1)
+                if lowp:
+                    zl = torch.mm(hc[i0:i1], wc.T, out=cbuf[: i1 - i0])
+                    if not fused:
+                        z.copy_(zl)
+                else:
+                    zl = torch.mm(hc[i0:i1], wc.T, out=z)
+                zy = zl.gather(1, yc[:, None]).float()  # (n, 1) target logit (a bf16 logit widens exactly)
+                if fused:  # m, e = exp(z - m) into z, s = sum e
+                    m, s = native.cross_entropy_exp(zl, z)
+                    e = z
+                else:
+                    m = z.amax(dim=-1, keepdim=True)  # (n, 1)
+                    e = z.sub_(m).mul_(_LOG2E).exp2_()  # (n, V) exp(z - m), as exp2 (faster than exp on CPU), in place
+                    s = e.sum(dim=-1, keepdim=True)  # (n, 1)
                 okf = ok.to(torch.float32)[:, None]  # (n, 1)
                 if row_weights is not None:
                     okf = okf * row_weights[i0:i1, None].to(torch.float32)  # weighted mean (diffusion loss)
@@ -93,14 +103,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if not (need_h or need_w):
                     continue
                 w = okf * inv_n  # (n, 1) weight of each row in the mean
-                p = e.mul_(w / s)  # softmax / n_valid
-                p[torch.arange(i1 - i0, device=h.device), yc] -= w[:, 0]  # - onehot / n_valid: d loss / d logits
-                pc = cbuf[: i1 - i0].copy_(p) if lowp else p
+                if fused:  # p = e (w / s), p[y] -= w, written as cdtype
+                    pc = cbuf[: i1 - i0] if lowp else e
+                    native.cross_entropy_grad(e, w / s, w, yc, pc)
+                else:
+                    p = e.mul_(w / s)  # softmax / n_valid
+                    p[torch.arange(i1 - i0, device=h.device), yc] -= w[:, 0]  # - onehot / n_valid: d loss / d logits
+                    pc = cbuf[: i1 - i0].copy_(p) if lowp else p
                 if need_h:
                     grad_h[i0:i1] = (pc @ wc).to(h.dtype)  # (n, d)
                 if need_w:
                     dw = torch.mm(pc.T, hc[i0:i1], out=wbuf)  # (V, d) in cdtype
-                    grad_w.add_(wbuf32.copy_(dw) if half else dw)  # accumulated in float32
+                    if fused and cdtype == torch.bfloat16:
+                        native.add_widened(grad_w, dw)  # grad_w += float(dw) in one pass
+                    else:
+                        grad_w.add_(wbuf32.copy_(dw) if half else dw)  # accumulated in float32
         ctx.save_for_backward(grad_h if need_h else None, grad_w if need_w else None)
         ctx.weight_dtype = weight.dtype
         loss = total / n_valid.to(torch.float32)  # nan when no target counts, as F.cross_entropy

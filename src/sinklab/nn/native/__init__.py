@@ -1,4 +1,5 @@
-"""Fused native tile kernels: the eager tile path's element-wise work in one C++ loop per row, bit for bit.
+"""Fused native kernels: the tile path's and the chunked cross-entropy's element-wise work in one C++ loop per row,
+bit for bit.
 
 The tile path (:class:`sinklab.nn.attention._TileAttention`) spends one full memory pass per element-wise step of an
 operation's :meth:`~sinklab.nn.ops.AttentionOp.tile_weights` / :meth:`~sinklab.nn.ops.AttentionOp.tile_grad`
@@ -8,6 +9,10 @@ over each row: the forward reads the logits and writes the weights; the backward
 bit at one thread (``tests/test_native_tiles.py`` checks every operation the kernels take): the exponentials are
 the Sleef functions PyTorch's own CPU kernels call, and each row sum re-implements PyTorch's cascade sum. So the
 kernels change speed only, never a number: a study trained with them has the fingerprint of one trained without.
+
+The chunked cross-entropy (:func:`sinklab.nn.loss.linear_cross_entropy`, float32 or bfloat16 logits, a vocabulary
+that is a multiple of the vector width) runs its per-chunk log-sum-exp and softmax gradient the same way
+(:func:`cross_entropy_exp`, :func:`cross_entropy_grad`, :func:`add_widened`).
 
 Operations (:meth:`~sinklab.nn.ops.AttentionOp.native_tile`): the element-wise family (sigmoid, sigmoid_logn,
 sigmoid_norm, sigmoid_pnorm with p = 2, relu, relu_norm, elu1_sim, and the kernels elu1, elu1_norm, linear,
@@ -31,7 +36,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["available", "load", "status", "takes", "tile_backward", "tile_weights"]
+__all__ = ["add_widened", "available", "cross_entropy_exp", "cross_entropy_grad", "load", "status", "takes",
+           "takes_cross_entropy", "tile_backward", "tile_weights"]
 
 SOURCE = Path(__file__).resolve().parent / "tile_kernels.cpp"
 _FLAGS = ["-O3", "-ffp-contract=off", "-mavx2", "-mfma"]
@@ -185,6 +191,44 @@ def tile_backward(op, s: Tensor, mask: Tensor, dw: Tensor) -> Tensor | None:
     else:
         ext.elementwise_backward(s, mask, dw, spec.kind, spec.norm, spec.bias, spec.floor, op.mask_as_bias, None, None)
     return s
+
+
+def takes_cross_entropy(device: torch.device, vocab: int, dtype: torch.dtype) -> bool:
+    """Whether the kernels take the chunks of :func:`sinklab.nn.loss.linear_cross_entropy` (logits in ``dtype``,
+    float32 or bfloat16, over ``vocab`` classes, on ``device``)."""
+    if torch.compiler.is_compiling() or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    ext = load()
+    return ext is not None and vocab % ext.vector_width == 0
+
+
+def cross_entropy_exp(z: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:
+    """One chunk's m = max_j z_j, e = exp(z - m) (as exp2) into ``e`` and s = sum_j e_j, as
+    :class:`sinklab.nn.loss._LinearCrossEntropy` computes them, bit for bit.
+
+    Args:
+        z: (n, V) logits, float32 or bfloat16 (read exactly as float32); may be ``e`` itself.
+        e: (n, V) float32 buffer.
+
+    Returns:
+        m, s: (n, 1) float32.
+    """
+    m, s = _STATE["ext"].ce_exp(z, e)
+    return m, s
+
+
+def cross_entropy_grad(e: Tensor, ws: Tensor, w: Tensor, y: Tensor, out: Tensor) -> None:
+    """d loss / d logits of a chunk: ``p = e * ws``, ``p[i, y_i] -= w_i``, into ``out`` (float32, may be ``e``; or
+    bfloat16, rounded as PyTorch's ``copy_``); ``e`` is overwritten with ``p``.
+
+    Args: e (n, V) float32; ws, w (n, 1) float32 (w / s and w); y (n,) int64 class ids; out (n, V).
+    """
+    _STATE["ext"].ce_grad(e, ws.contiguous(), w.contiguous(), y.contiguous(), out)
+
+
+def add_widened(acc: Tensor, x: Tensor) -> None:
+    """``acc += x.float()`` for a bfloat16 ``x`` of ``acc``'s shape (float32), in one pass, the same bits."""
+    _STATE["ext"].grad_add(acc, x)
 
 
 def main(argv: list[str] | None = None) -> int:

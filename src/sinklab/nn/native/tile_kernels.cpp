@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -483,6 +484,88 @@ torch::Tensor masked_row_max(torch::Tensor s, torch::Tensor mask) {  // amax of 
   return out;
 }
 
+// ------------------------------------------------------------------ chunked cross-entropy (sinklab.nn.loss)
+// One chunk of sinklab.nn.loss._LinearCrossEntropy: rows of logits z (n, V), float32 or bfloat16 (read exactly as
+// float32). ce_exp: m = max z, e = exp2((z - m) log2 e) into the float32 buffer e, s = sum e; returns (m, s) (n, 1).
+// ce_grad: p = e * ws (ws = w / s from PyTorch), p[y] -= w, into out (float32 in place, or bfloat16 rounded to
+// nearest even as PyTorch's copy_). grad_add: acc += float(x) of a bfloat16 x.
+inline float bf16_to_f32(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f32_to_bf16(float f) {  // c10::BFloat16's round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7FC0;
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+std::vector<torch::Tensor> ce_exp(torch::Tensor z, torch::Tensor e) {
+  TORCH_CHECK(z.dim() == 2 && z.is_contiguous() && (z.scalar_type() == torch::kFloat32 || z.scalar_type() == torch::kBFloat16), "z");
+  TORCH_CHECK(e.sizes() == z.sizes() && e.is_contiguous() && e.scalar_type() == torch::kFloat32, "e: float32 like z");
+  const int64_t n = z.size(0), nv = z.size(1);
+  TORCH_CHECK(nv % VW == 0, "the vocabulary must be a multiple of the vector width");
+  auto m = torch::empty({n, 1}, e.options()), s = torch::empty({n, 1}, e.options());
+  const bool bf = z.scalar_type() == torch::kBFloat16;
+  const uint16_t* ZB = bf ? reinterpret_cast<const uint16_t*>(z.data_ptr<at::BFloat16>()) : nullptr;
+  const float* ZF = bf ? nullptr : z.data_ptr<float>();
+  float* E = e.data_ptr<float>();
+  float *M = m.data_ptr<float>(), *S = s.data_ptr<float>();
+  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* er = E + r * nv;
+      if (bf) for (int64_t j = 0; j < nv; ++j) er[j] = bf16_to_f32(ZB[r * nv + j]);
+      else if (er != ZF + r * nv) std::memcpy(er, ZF + r * nv, nv * 4);
+      V acc = v1(-INFINITY);
+      for (int64_t j = 0; j < nv; j += VW) acc = vmax(acc, vload(er + j));
+      alignas(64) float part[VW];
+      vstore(part, acc);
+      float mx = part[0];
+      for (int64_t k = 1; k < VW; ++k) mx = part[k] > mx ? part[k] : mx;
+      const V vm = v1(mx), vl = v1(LOG2E);
+      for (int64_t j = 0; j < nv; j += VW) vstore(er + j, vexp2(vmul(vsub(vload(er + j), vm), vl)));
+      M[r] = mx;
+      S[r] = torch_row_sum(er, nv);
+    }
+  });
+  return {m, s};
+}
+
+void ce_grad(torch::Tensor e, torch::Tensor ws, torch::Tensor w, torch::Tensor y, torch::Tensor out) {
+  const int64_t n = e.size(0), nv = e.size(1);
+  TORCH_CHECK(e.scalar_type() == torch::kFloat32 && e.is_contiguous() && out.sizes() == e.sizes() && out.is_contiguous(), "e, out");
+  TORCH_CHECK(y.scalar_type() == torch::kInt64 && y.numel() == n && ws.numel() == n && w.numel() == n, "ws, w, y: (n,)");
+  const bool bf = out.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(bf || out.scalar_type() == torch::kFloat32, "out: float32 or bfloat16");
+  float* E = e.data_ptr<float>();
+  const float *WS = ws.data_ptr<float>(), *Wt = w.data_ptr<float>();
+  const int64_t* Y = y.data_ptr<int64_t>();
+  uint16_t* OB = bf ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
+  float* OF = bf ? nullptr : out.data_ptr<float>();
+  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* er = E + r * nv;
+      const V vws = v1(WS[r]);
+      for (int64_t j = 0; j < nv; j += VW) vstore(er + j, vmul(vload(er + j), vws));  // p = e * (w / s)
+      er[Y[r]] = er[Y[r]] - Wt[r];                                                     // p[y] -= w
+      if (bf) for (int64_t j = 0; j < nv; ++j) OB[r * nv + j] = f32_to_bf16(er[j]);
+      else if (OF + r * nv != er) std::memcpy(OF + r * nv, er, nv * 4);
+    }
+  });
+}
+
+void grad_add(torch::Tensor acc, torch::Tensor x) {  // acc (float32) += x (bfloat16), element-wise
+  TORCH_CHECK(acc.scalar_type() == torch::kFloat32 && x.scalar_type() == torch::kBFloat16 && acc.sizes() == x.sizes() &&
+              acc.is_contiguous() && x.is_contiguous(), "acc float32, x bfloat16, same shape, contiguous");
+  float* A = acc.data_ptr<float>();
+  const uint16_t* X = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  at::parallel_for(0, acc.numel(), 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) A[i] = A[i] + bf16_to_f32(X[i]);
+  });
+}
+
 torch::Tensor row_sum_test(torch::Tensor x) {  // torch.sum(x, -1, keepdim=True) of an (R, n) tensor, re-implemented
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: (R, n) float32");
   auto out = torch::empty({x.size(0), 1}, x.options());
@@ -503,4 +586,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("pnorm_sums", &pnorm_sums);
   mod.def("pnorm_apply", &pnorm_apply);
   mod.def("masked_row_max", &masked_row_max);
+  mod.def("ce_exp", &ce_exp);
+  mod.def("ce_grad", &ce_grad);
+  mod.def("grad_add", &grad_add);
 }
