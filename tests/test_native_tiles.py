@@ -226,3 +226,23 @@ def test_the_bfloat16_rounding_is_pytorchs(ext):
     ref = acc + out.float()
     ext.grad_add(acc, out)
     assert torch.equal(acc, ref)
+
+
+@pytest.mark.compile
+def test_the_avx2_build_equals_pytorchs_avx2_kernels_too(ext):
+    """On a CPU without AVX-512 PyTorch runs its 8-wide kernels and sinklab builds its 8-wide ones: the same bit-for-bit
+    checks, in a process where PyTorch is held to AVX2 (ATEN_CPU_CAPABILITY=avx2; builds the AVX2 kernels once)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root / "tests")])}
+    code = ("import torch; assert torch.backends.cpu.get_cpu_capability() == 'AVX2'; "
+            "from sinklab.nn import native; assert native.load().vector_width == 8, native.status()")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(Path(__file__)), "-k",
+                        "equal_the_eager or row_sum or options or cross_entropy or bfloat16 or declines"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1]

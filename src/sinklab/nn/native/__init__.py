@@ -28,6 +28,8 @@ warning says why. ``SINKLAB_NATIVE=0`` switches the kernels off.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import shutil
 import warnings
@@ -68,6 +70,28 @@ def _ninja_dirs() -> list[str]:
     return [ninja.BIN_DIR]
 
 
+def _build_name(wide: bool) -> str:
+    """The extension's module name: its vector width and a digest of its source, flags and PyTorch version, so that
+    a build of other code (another checkout, another commit) is never taken for this one."""
+    flags = _FLAGS + (_AVX512_FLAGS if wide else [])
+    h = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + torch.__version__.encode()).hexdigest()[:16]
+    return f"sinklab_native_{'avx512' if wide else 'avx2'}_{h}"
+
+
+def _import_built(name: str):
+    """The module of an earlier build of ``name`` in PyTorch's extensions folder, or None (no build yet): imported
+    directly, without the build tool's lock and up-to-date check (seconds per process when many start at once)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    so = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
+    if not so.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(name, so)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load():
     """The compiled extension module, or None (with one warning saying why) where it cannot be loaded; compiled
     first where no build of this source is cached (tens of seconds, once per machine).
@@ -84,11 +108,13 @@ def load():
         try:
             from torch.utils.cpp_extension import load as cpp_load
 
-            os.environ["PATH"] = os.pathsep.join([*_ninja_dirs(), path])  # the ninja of the `ninja` package
-
             wide = torch.backends.cpu.get_cpu_capability() == "AVX512"  # 16 floats a vector where PyTorch uses 16
-            _STATE["ext"] = cpp_load("sinklab_tile_kernels" + ("_avx512" if wide else "_avx2"), [str(SOURCE)],
-                                     extra_cflags=_FLAGS + (_AVX512_FLAGS if wide else []), verbose=False)
+            name = _build_name(wide)
+            _STATE["ext"] = _import_built(name)
+            if _STATE["ext"] is None:
+                os.environ["PATH"] = os.pathsep.join([*_ninja_dirs(), path])  # the ninja of the `ninja` package
+                _STATE["ext"] = cpp_load(name, [str(SOURCE)], extra_cflags=_FLAGS + (_AVX512_FLAGS if wide else []),
+                                         verbose=False)
         except Exception as e:  # no compiler, no ninja, a failed build: the eager path gives the same numbers
             why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
             warnings.warn(f"sinklab: native tile kernels unavailable ({why}); the eager tile functions run "
