@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from sinklab.errors import InputError
-from sinklab.nn import native
+import sinklab.nn.native as native
 
 __all__ = ["linear_cross_entropy"]
 
