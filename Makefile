@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup torch native demo test check bench clean
+.PHONY: setup torch demo test check bench clean
 
 $(BIN)/sinklab: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,15 +33,13 @@ torch:
 		$(BIN)/pip install -q "torch==$(TORCH_VERSION)"; \
 	fi
 
+# setup also builds sinklab's fused kernels (sinklab.nn.native) once per machine and source version (tens of
+# seconds; a second or two when cached), so that no test or training pays the build; without a C++ compiler it says
+# so and the eager code runs (the same numbers).
 setup: $(BIN)/sinklab
-
-# sinklab's fused tile kernels (sinklab.nn.native), built once per machine and source version (tens of seconds; a
-# second or two when cached), so that no test or training pays the build; without a C++ compiler it says so and the
-# eager tile functions run (the same numbers).
-native: setup
 	@$(BIN)/python -m sinklab.nn.native
 
-demo: native
+demo: setup
 	$(BIN)/sinklab measure --out runs/demo
 
 # Every test (CI runs this), spread over the cores (pytest-xdist); the 25 slowest are printed. TEST_WORKERS=1 runs
@@ -49,12 +47,12 @@ demo: native
 TEST_WORKERS ?= auto
 # PYTHONDONTWRITEBYTECODE= (empty: unset) lets the workers reuse compiled sources and rewritten test modules
 # between runs where the environment turns bytecode off (about 3.5 s of collection per worker here).
-test: native
+test: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # The unit lane: no subprocess CLI, torchrun, sweep, nested pytest, torch.compile, network or slow test (the markers in
 # pyproject.toml); about a minute on two cores (benchmarks/results/test_times.md).
-check: native
+check: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not integration and not compile and not network and not slow and not cuda" --durations=10
 
 clean:

@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sinklab.nn import ATTENTION, ModelConfig, SinkLM
+from sinklab.nn import ATTENTION, ModelConfig, SinkLM, native
 from sinklab.nn.attention import paths_taken
 from sinklab.nn.export import llama_config, llama_state_dict
 from sinklab.provenance import commit_label
@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"quick": args.quick, "threads": torch.get_num_threads(), "torch": torch.__version__,
                  "machine": platform.machine(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
                  "commit": commit_label(), "command": " ".join(["python", "benchmarks/train_throughput.py", *(argv or sys.argv[1:])]),
-                 "load_avg_start": os.getloadavg()}
+                 "load_avg_start": os.getloadavg(),  # 1, 5 and 15 minutes
+                 "native": native.status()}  # whether sinklab.nn.native's fused kernels ran (SINKLAB_NATIVE=0: not)
     try:
         import transformers
 

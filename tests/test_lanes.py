@@ -19,9 +19,9 @@ def test_markers_timeout_and_strictness_are_configured():
 
 def test_make_check_runs_the_unit_lane_and_make_test_everything():
     make = (REPO / "Makefile").read_text()
-    check = re.search(r"^check: native\n\t(.+)$", make, re.M).group(1)  # native: the kernels built first (setup)
-    test = re.search(r"^test: native\n\t(.+)$", make, re.M).group(1)
-    assert re.search(r"^native: setup\n\t@\$\(BIN\)/python -m sinklab.nn.native$", make, re.M)
+    check = re.search(r"^check: setup\n\t(.+)$", make, re.M).group(1)
+    test = re.search(r"^test: setup\n\t(.+)$", make, re.M).group(1)
+    assert re.search(r"^setup: \$\(BIN\)/sinklab\n\t@\$\(BIN\)/python -m sinklab.nn.native$", make, re.M)  # kernels
     assert f'-m "{" and ".join(f"not {m}" for m in LANES)}"' in check
     assert "-m \"" not in test and "-n $(TEST_WORKERS)" in test and "--durations=25" in test
     assert "make test" in (REPO / ".ci" / "run").read_text()

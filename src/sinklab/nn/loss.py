@@ -76,12 +76,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # (a half-precision dW is widened exactly into a reused float32 buffer before the add; float64's is added as is)
             half = cdtype in (torch.bfloat16, torch.float16)
             wbuf32 = torch.empty(V, h.shape[1], dtype=torch.float32, device=h.device) if need_w and half else None
-            fused = native.takes_cross_entropy(h.device, V, cdtype)  # the fused kernels (the same bits) take it
+            fuse = native.takes_cross_entropy(h.device, V, cdtype)  # the fused kernels (the same bits) take it
             for i0 in range(0, N, rows):
                 i1 = min(N, i0 + rows)
                 z = zbuf[: i1 - i0]  # (n, V) logits
                 ok = valid[i0:i1]  # (n,)
                 yc = torch.where(ok, targets[i0:i1], 0)  # (n,) safe index
+                # the kernels copy the eager passes' vector arithmetic: not a chunk whose size leaves a scalar tail
+                fused = fuse and ((i1 - i0) * V) % 32 == 0
                 if lowp:
                     zl = torch.mm(hc[i0:i1], wc.T, out=cbuf[: i1 - i0])
                     if not fused:

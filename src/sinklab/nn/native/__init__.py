@@ -22,8 +22,10 @@ any other tile, operation or option, and everything under ``torch.compile``, run
 
 Build: ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja``; AVX2), once per machine and source version,
 cached in PyTorch's extensions folder (``TORCH_EXTENSIONS_DIR``); ``make setup`` builds it
-(``python -m sinklab.nn.native``). Where it cannot be built the eager functions run (same numbers, slower) and one
-warning says why. ``SINKLAB_NATIVE=0`` switches the kernels off.
+(``python -m sinklab.nn.native``). Where it cannot be built, or PyTorch is not a version the kernels were checked
+against (:data:`VERIFIED_TORCH`; ``SINKLAB_NATIVE=1`` uses them anyway), the eager code runs (same numbers,
+slower) and one warning says why. ``SINKLAB_NATIVE=0`` switches the kernels off without a warning. A NaN comes
+out where eager gives one, but its bit pattern may differ.
 """
 
 from __future__ import annotations
@@ -48,13 +50,22 @@ _STATE: dict = {"ext": None, "tried": False, "why": None}
 _EPS = 1e-6  # softpick's epsilon (sinklab.nn.ops._EPS)
 
 
+#: PyTorch versions (major.minor) whose CPU kernels these were checked against bit for bit
+VERIFIED_TORCH = ("2.13",)
+
+
 def _why_not() -> str | None:
     """Why the kernels cannot run in this process (None: they may)."""
-    if os.environ.get("SINKLAB_NATIVE", "1") == "0":
+    setting = os.environ.get("SINKLAB_NATIVE", "")
+    if setting == "0":
         return "SINKLAB_NATIVE=0"
     cap = torch.backends.cpu.get_cpu_capability()
     if cap not in ("AVX2", "AVX512"):
         return f"PyTorch's CPU capability is {cap}, the kernels need AVX2"
+    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    if version not in VERIFIED_TORCH and setting != "1":
+        return (f"checked bit for bit against PyTorch {', '.join(VERIFIED_TORCH)} only, this is {torch.__version__}; "
+                "SINKLAB_NATIVE=1 uses them anyway")
     return None
 
 
@@ -93,11 +104,12 @@ def _import_built(name: str):
 
 
 def load():
-    """The compiled extension module, or None (with one warning saying why) where it cannot be loaded; compiled
-    first where no build of this source is cached (tens of seconds, once per machine).
+    """The compiled extension module, or None where it cannot be loaded (one warning says why, unless
+    ``SINKLAB_NATIVE=0`` asked for that); compiled first where no build of this source is cached (tens of seconds,
+    once per machine).
 
     Raises:
-        nothing: a failed build is a warning and the eager tile functions run.
+        nothing: a failed build is a warning and the eager code runs.
     """
     if _STATE["tried"]:
         return _STATE["ext"]
@@ -117,11 +129,12 @@ def load():
                                          verbose=False)
         except Exception as e:  # no compiler, no ninja, a failed build: the eager path gives the same numbers
             why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            warnings.warn(f"sinklab: native tile kernels unavailable ({why}); the eager tile functions run "
-                          "(the same numbers, slower)", RuntimeWarning, stacklevel=2)
         finally:
             os.environ["PATH"] = path
     _STATE["why"] = why
+    if why is not None and why != "SINKLAB_NATIVE=0":  # asked for: no warning
+        warnings.warn(f"sinklab: native kernels off ({why}); the eager code runs (the same numbers, slower)",
+                      RuntimeWarning, stacklevel=2)
     return _STATE["ext"]
 
 
@@ -221,7 +234,9 @@ def tile_backward(op, s: Tensor, mask: Tensor, dw: Tensor) -> Tensor | None:
 
 def takes_cross_entropy(device: torch.device, vocab: int, dtype: torch.dtype) -> bool:
     """Whether the kernels take the chunks of :func:`sinklab.nn.loss.linear_cross_entropy` (logits in ``dtype``,
-    float32 or bfloat16, over ``vocab`` classes, on ``device``)."""
+    float32 or bfloat16, over ``vocab`` classes, on ``device``); the loss then still passes them only chunks of
+    n rows with n * vocab a multiple of 32 (elsewhere an eager pass computes its last elements one at a time, with
+    the C library's exp2, which the kernels do not copy)."""
     if torch.compiler.is_compiling() or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
     ext = load()
@@ -247,9 +262,10 @@ def cross_entropy_grad(e: Tensor, ws: Tensor, w: Tensor, y: Tensor, out: Tensor)
     """d loss / d logits of a chunk: ``p = e * ws``, ``p[i, y_i] -= w_i``, into ``out`` (float32, may be ``e``; or
     bfloat16, rounded as PyTorch's ``copy_``); ``e`` is overwritten with ``p``.
 
-    Args: e (n, V) float32; ws, w (n, 1) float32 (w / s and w); y (n,) int64 class ids; out (n, V).
+    Args: e (n, V) float32; ws, w (n, 1) float32 (w / s and w); y (n,) integer class ids; out (n, V). The caller
+    passes only chunks whose n * V is a multiple of 32 (:func:`takes_cross_entropy`).
     """
-    _STATE["ext"].ce_grad(e, ws.contiguous(), w.contiguous(), y.contiguous(), out)
+    _STATE["ext"].ce_grad(e, ws.contiguous(), w.contiguous(), y.to(torch.int64).contiguous(), out)
 
 
 def add_widened(acc: Tensor, x: Tensor) -> None:

@@ -6,9 +6,9 @@
 // it replaces (no FMA contraction: built with -ffp-contract=off); exp2, expm1 and exp are the Sleef u10 functions
 // that PyTorch's own 8-wide (AVX2) CPU kernels call (exported by libtorch_cpu); each row sum is PyTorch's cascade
 // sum (aten/src/ATen/native/cpu/SumKernel.cpp: 8-wide vectors, 4 partial sums, 4 levels) re-implemented here.
-// Element-wise eager passes take a scalar path for the last numel % 16 elements of a tensor: the Python side
-// (sinklab/nn/native/__init__.py) calls these kernels only for tiles whose numel is a multiple of 32, where
-// every element takes the vector path.
+// Element-wise eager passes take a scalar path for the last numel % 16 (AVX2) or % 32 (AVX-512) elements of a
+// tensor: the Python side (sinklab/nn/native/__init__.py, sinklab/nn/loss.py) calls these kernels only for tiles and
+// chunks whose numel is a multiple of 32, where every element takes the vector path.
 //
 // Layout: s, dw (N, C, Tk) float32 contiguous; mask (C, Tk) or (N, C, Tk) bool; row statistics (N, C, 1). The logits
 // s of an operation that masks by a -inf logit bias may come without it: the kernels read masked logits as -inf.
@@ -495,10 +495,10 @@ inline float bf16_to_f32(uint16_t b) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline uint16_t f32_to_bf16(float f) {  // c10::BFloat16's round to nearest even
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN as 0xFFFF: PyTorch's vector conversion
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return 0x7FC0;
+  if (std::isnan(f)) return 0xFFFF;
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
