@@ -97,6 +97,8 @@ def test_the_kernels_equal_the_eager_tile_functions_bit_for_bit(ext, name):
         w_back = native.tile_backward(op, s, mask, dw)
         assert torch.equal(w_back, w_eager), (name, N, C, Tk)
         assert torch.equal(dw, ds_eager), (name, N, C, Tk, int((dw != ds_eager).sum()))
+        w_bf16 = native.tile_weights(op, scores(), mask, torch.bfloat16).to(torch.bfloat16)  # forward under bf16 autocast
+        assert torch.equal(w_bf16.view(torch.int16), w_eager.to(torch.bfloat16).view(torch.int16)), (name, N, C, Tk)
         if op.mask_as_bias:  # the production path: logits without the -inf bias, the kernel masks them itself
             raw = scores().nan_to_num_(neginf=0.0) + torch.where(mask, 0.0, 3.0)  # masked logits large, not -inf
             assert torch.equal(native.tile_weights(op, raw.clone(), mask), w_eager), (name, N, C, Tk)

@@ -354,7 +354,7 @@ def tile_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor | N
     mask = _tile_mask(mask, B, H)
     fused = native.takes(op, q.device, (B * H, C, k.shape[2]))  # the fused kernel (the same bits) takes the tile
     s = _tile_scores(q, k, op, mask, bias, scale, mask_logits=not fused)  # (B*H, C, Tk)
-    w = native.tile_weights(op, s, mask) if fused else None
+    w = native.tile_weights(op, s, mask, v.dtype) if fused else None  # in v's dtype where the kernel can
     if w is None:
         w, _ = op.tile_weights(_mask_logits(s, op, mask, bias, fused), mask)
     vc = v.reshape(B * H, v.shape[2], -1)

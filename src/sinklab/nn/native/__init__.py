@@ -181,9 +181,10 @@ def _two_norm(ext, spec, op, s: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return z.clamp_min(spec.floor), z >= spec.floor
 
 
-def tile_weights(op, s: Tensor, mask: Tensor) -> Tensor | None:
-    """``op.tile_weights(s, mask)[0]`` by the kernel, computed in place in ``s``; None where the kernel does not
-    take the tile (then call ``op.tile_weights``).
+def tile_weights(op, s: Tensor, mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor | None:
+    """``op.tile_weights(s, mask)[0].to(dtype)`` by the kernel (float32: in place in ``s``; bfloat16: written as
+    ``.to(torch.bfloat16)`` rounds, where the kernel can, in one pass); None where the kernel does not take the tile
+    (then call ``op.tile_weights``).
 
     Args:
         op: the :class:`~sinklab.nn.ops.AttentionOp`.
@@ -196,16 +197,20 @@ def tile_weights(op, s: Tensor, mask: Tensor) -> Tensor | None:
         return None
     ext, spec = k
     mask = mask.contiguous()
+    out = torch.empty(s.shape, dtype=torch.bfloat16) if dtype == torch.bfloat16 else None
     if spec.family == "softpick":
-        return ext.softpick_weights(s, mask, *_softpick_stats(ext, s, mask))
+        return ext.softpick_weights(s, mask, *_softpick_stats(ext, s, mask), out)
     if spec.family == "softmax_pnorm":
+        if spec.p in (0.5, 1.0):  # z^(1/p) is z * z or z: one pass
+            ext.pnorm_fused(s, mask, None, spec.p, spec.p == 0.5, out)
+            return s if out is None else out
         z = ext.pnorm_sums(s, mask, spec.p)
         ext.pnorm_apply(s, mask, None, z, z.pow(1.0 / spec.p), spec.p)
         return s
     if spec.norm == 2:
         zc, _ = _two_norm(ext, spec, op, s, mask)
         return s.div_(zc)
-    return ext.elementwise_weights(s, mask, spec.kind, spec.norm, spec.bias, spec.floor, op.mask_as_bias)
+    return ext.elementwise_weights(s, mask, spec.kind, spec.norm, spec.bias, spec.floor, op.mask_as_bias, out)
 
 
 def tile_backward(op, s: Tensor, mask: Tensor, dw: Tensor) -> Tensor | None:
@@ -221,6 +226,8 @@ def tile_backward(op, s: Tensor, mask: Tensor, dw: Tensor) -> Tensor | None:
     mask = mask.contiguous()
     if spec.family == "softpick":
         ext.softpick_backward(s, mask, dw, *_softpick_stats(ext, s, mask))
+    elif spec.family == "softmax_pnorm" and spec.p in (0.5, 1.0):
+        ext.pnorm_fused(s, mask, dw, spec.p, spec.p == 0.5, None)
     elif spec.family == "softmax_pnorm":
         z = ext.pnorm_sums(s, mask, spec.p)
         ext.pnorm_apply(s, mask, dw, z, z.pow(1.0 / spec.p), spec.p)

@@ -176,6 +176,38 @@ inline float max_ss(float floor, float z) {  // clamp_min(z, floor) as PyTorch's
   return _mm_cvtss_f32(_mm_max_ss(_mm_set_ss(floor), _mm_set_ss(z)));
 }
 
+inline float bf16_to_f32(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN as 0xFFFF: PyTorch's vector conversion
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0xFFFF;
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// the forward's weights of one row: float32 into x, or (ob not null) bfloat16 into ob as PyTorch's .to(bfloat16)
+inline void store_w(float* x, uint16_t* ob, int64_t j, V w) {
+  if (!ob) {
+    vstore(x + j, w);
+    return;
+  }
+  alignas(64) float t[VW];
+  vstore(t, w);
+  for (int64_t k = 0; k < VW; ++k) ob[j + k] = f32_to_bf16(t[k]);
+}
+
+// the bfloat16 output of a forward kernel (s's shape, contiguous), or null for the weights in s as float32
+inline uint16_t* bf16_out(const torch::Tensor& s, const c10::optional<torch::Tensor>& out) {
+  if (!out) return nullptr;
+  TORCH_CHECK(out->scalar_type() == torch::kBFloat16 && out->sizes() == s.sizes() && out->is_contiguous(),
+              "out: bfloat16 like s");
+  return reinterpret_cast<uint16_t*>(out->data_ptr<at::BFloat16>());
+}
+
 struct Rows {  // row r of an (N, C, Tk) tile and of its mask
   int64_t N, C, Tk;
   bool per_row_mask;
@@ -246,24 +278,25 @@ Family family(int64_t kind, int64_t norm, double bias, double floor, bool mask_a
 
 // forward: s -> weights in place; returns s
 torch::Tensor elementwise_weights(torch::Tensor s, torch::Tensor mask, int64_t kind, int64_t norm, double bias,
-                                  double floor, bool mask_as_bias) {
+                                  double floor, bool mask_as_bias, c10::optional<torch::Tensor> out) {
   const Family f = family(kind, norm, bias, floor, mask_as_bias);
   TORCH_CHECK(norm != 2, "norm 2: elementwise_square_sums, then the division");
   const Rows R = rows_of(s, mask);
   float* S = s.data_ptr<float>();
+  uint16_t* OB = bf16_out(s, out);
   at::parallel_for(0, R.N * R.C, 16, [&](int64_t r0, int64_t r1) {
-    std::vector<float> tmp(R.Tk);
     for (int64_t r = r0; r < r1; ++r) {
       float* x = S + r * R.Tk;
+      uint16_t* ob = OB ? OB + r * R.Tk : nullptr;
       similarity_row(f, x, R.mask_row(r), R.Tk);
-      if (f.norm == 0) continue;
-      float zc, active;
-      normaliser_row(f, x, R.Tk, zc, active);
+      float zc = 1.0f, active;
+      if (f.norm != 0) normaliser_row(f, x, R.Tk, zc, active);
       const V vz = v1(zc);
-      for (int64_t j = 0; j < R.Tk; j += VW) vstore(x + j, vdiv(vload(x + j), vz));
+      if (f.norm == 0 && !ob) continue;
+      for (int64_t j = 0; j < R.Tk; j += VW) store_w(x, ob, j, f.norm == 0 ? vload(x + j) : vdiv(vload(x + j), vz));
     }
   });
-  return s;
+  return out ? *out : s;
 }
 
 // backward: s -> weights in place (for dV = W^T dO), dw -> dS in place
@@ -342,10 +375,11 @@ torch::Tensor elementwise_square_sums(torch::Tensor s, torch::Tensor mask, int64
 constexpr float LOG2E = 1.4426950408889634f;
 
 torch::Tensor softpick_weights(torch::Tensor s, torch::Tensor mask, torch::Tensor m, torch::Tensor em,
-                               torch::Tensor eps_em) {
+                               torch::Tensor eps_em, c10::optional<torch::Tensor> out) {
   const Rows R = rows_of(s, mask);
   float* S = s.data_ptr<float>();
   const float *M = m.data_ptr<float>(), *EM = em.data_ptr<float>(), *EE = eps_em.data_ptr<float>();
+  uint16_t* OB = bf16_out(s, out);
   at::parallel_for(0, R.N * R.C, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> d(R.Tk), ad(R.Tk);
     for (int64_t r = r0; r < r1; ++r) {
@@ -359,11 +393,11 @@ torch::Tensor softpick_weights(torch::Tensor s, torch::Tensor mask, torch::Tenso
         vstore(ad.data() + j, vabs(dv));
       }
       const V va = v1(torch_row_sum(ad.data(), R.Tk) + EE[r]);
-      for (int64_t j = 0; j < R.Tk; j += VW)
-        vstore(x + j, vdiv(relu8(vload(d.data() + j)), va));
+      uint16_t* ob = OB ? OB + r * R.Tk : nullptr;
+      for (int64_t j = 0; j < R.Tk; j += VW) store_w(x, ob, j, vdiv(relu8(vload(d.data() + j)), va));
     }
   });
-  return s;
+  return out ? *out : s;
 }
 
 void softpick_backward(torch::Tensor s, torch::Tensor mask, torch::Tensor dw, torch::Tensor m, torch::Tensor em,
@@ -473,6 +507,46 @@ void pnorm_apply(torch::Tensor s, torch::Tensor mask, c10::optional<torch::Tenso
   });
 }
 
+// p = 1/2 or 1, whose z^(1/p) PyTorch computes exactly as z * z or z: one loop per row (zsq: z^(1/p) = z * z). Forward
+// (dw undefined): w into s. Backward: w into s and dS into dw, as pnorm_apply.
+void pnorm_fused(torch::Tensor s, torch::Tensor mask, c10::optional<torch::Tensor> dw_t, double p, bool zsq,
+                 c10::optional<torch::Tensor> out) {
+  const Rows R = rows_of(s, mask);
+  const int64_t rows = R.N * R.C, Tk = R.Tk;
+  float* S = s.data_ptr<float>();
+  float* D = dw_t ? dw_t->data_ptr<float>() : nullptr;
+  if (dw_t) TORCH_CHECK(dw_t->sizes() == s.sizes() && dw_t->is_contiguous(), "dw like s");
+  const float pf = static_cast<float>(p);
+  uint16_t* OB = dw_t ? nullptr : bf16_out(s, out);
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> ep(Tk), e(Tk), tmp(Tk);
+    for (int64_t r = r0; r < r1; ++r) {
+      float* x = S + r * Tk;
+      const bool* mk = R.mask_row(r);
+      const V vm = v1(row_max(x, mk, Tk)), vl = v1(LOG2E), vp = v1(pf);
+      for (int64_t j = 0; j < Tk; j += VW) {
+        V s2 = vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl);
+        V ev = vexp2(s2);
+        vstore(e.data() + j, ev);
+        vstore(ep.data() + j, pf == 1.0f ? ev : vexp2(vmul(s2, vp)));
+      }
+      const float z = torch_row_sum(ep.data(), Tk);
+      const V vzp = v1(zsq ? z * z : z), vz = v1(z);
+      uint16_t* ob = OB ? OB + r * Tk : nullptr;
+      for (int64_t j = 0; j < Tk; j += VW) {
+        V w = vdiv(vload(e.data() + j), vzp);
+        store_w(x, ob, j, w);
+        if (D) vstore(tmp.data() + j, vmul(vload(D + r * Tk + j), w));
+      }
+      if (!D) continue;
+      float* d = D + r * Tk;
+      const V vr = v1(torch_row_sum(tmp.data(), Tk));
+      for (int64_t j = 0; j < Tk; j += VW)
+        vstore(d + j, vsub(vload(tmp.data() + j), vmul(vdiv(vload(ep.data() + j), vz), vr)));
+    }
+  });
+}
+
 torch::Tensor masked_row_max(torch::Tensor s, torch::Tensor mask) {  // amax of the visible logits, (N, C, 1)
   const Rows R = rows_of(s, mask);
   auto out = torch::empty({R.N, R.C, 1}, s.options());
@@ -489,19 +563,6 @@ torch::Tensor masked_row_max(torch::Tensor s, torch::Tensor mask) {  // amax of 
 // float32). ce_exp: m = max z, e = exp2((z - m) log2 e) into the float32 buffer e, s = sum e; returns (m, s) (n, 1).
 // ce_grad: p = e * ws (ws = w / s from PyTorch), p[y] -= w, into out (float32 in place, or bfloat16 rounded to
 // nearest even as PyTorch's copy_). grad_add: acc += float(x) of a bfloat16 x.
-inline float bf16_to_f32(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN as 0xFFFF: PyTorch's vector conversion
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return 0xFFFF;
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 std::vector<torch::Tensor> ce_exp(torch::Tensor z, torch::Tensor e) {
   TORCH_CHECK(z.dim() == 2 && z.is_contiguous() && (z.scalar_type() == torch::kFloat32 || z.scalar_type() == torch::kBFloat16), "z");
   TORCH_CHECK(e.sizes() == z.sizes() && e.is_contiguous() && e.scalar_type() == torch::kFloat32, "e: float32 like z");
@@ -586,6 +647,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("pnorm_sums", &pnorm_sums);
   mod.def("pnorm_apply", &pnorm_apply);
   mod.def("masked_row_max", &masked_row_max);
+  mod.def("pnorm_fused", &pnorm_fused);
   mod.def("ce_exp", &ce_exp);
   mod.def("ce_grad", &ce_grad);
   mod.def("grad_add", &grad_add);
