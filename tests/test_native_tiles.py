@@ -240,6 +240,7 @@ def test_the_bfloat16_rounding_is_pytorchs(ext):
 
 
 @pytest.mark.compile
+@pytest.mark.integration  # a nested pytest
 def test_the_avx2_build_equals_pytorchs_avx2_kernels_too(ext):
     """On a CPU without AVX-512 PyTorch runs its 8-wide kernels and sinklab builds its 8-wide ones: the same bit-for-bit
     checks, in a process where PyTorch is held to AVX2 (ATEN_CPU_CAPABILITY=avx2; builds the AVX2 kernels once)."""
