@@ -197,31 +197,39 @@ def test_a_tile_the_kernel_declines_after_all_gets_its_masked_logits_back(ext, m
         assert torch.equal(a, c) and torch.equal(b, c)
 
 
+def _same_loss_with_and_without_the_kernels(monkeypatch, h0, w0, calls):
+    """linear_cross_entropy(h0, w0, **call) for each call, the kernels on and off: loss, h.grad and w.grad equal."""
+    from sinklab.nn.loss import linear_cross_entropy
+
+    out = []
+    for fused in (True, False):
+        monkeypatch.setattr(native, "takes_cross_entropy", (lambda *a: True) if fused else (lambda *a: False))
+        res = []
+        for call in calls:
+            call = dict(call)
+            bf16 = call.pop("bf16", False)
+            h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = linear_cross_entropy(h, w, call.pop("targets"), **call)
+            loss.backward()
+            res += [loss.detach(), h.grad, w.grad]
+        out.append(res)
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_the_chunked_cross_entropy_is_the_same_with_and_without_the_kernels(ext, bf16, monkeypatch):
     """sinklab.nn.loss.linear_cross_entropy: loss and both gradients bit for bit, with ignored targets, row weights
     and a last chunk shorter than the others."""
-    from sinklab.nn.loss import linear_cross_entropy
-
     g = torch.Generator().manual_seed(int(bf16))
     N, d, V = 700, 48, 1024
     h0, w0 = torch.randn(N, d, generator=g), torch.randn(V, d, generator=g) * 0.3
     y = torch.randint(0, V, (N,), generator=g)
     y[::7] = -100
     rw = torch.rand(N, generator=g) + 0.5
-    out = []
-    for fused in (True, False):
-        monkeypatch.setattr(native, "takes_cross_entropy", (lambda *a: True) if fused else (lambda *a: False))
-        res = []
-        for weights in (None, rw):
-            h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = linear_cross_entropy(h, w, y, chunk_elems=256 * V, weights=weights)
-            loss.backward()
-            res += [loss.detach(), h.grad, w.grad]
-        out.append(res)
-    for a, b in zip(*out):
-        assert torch.equal(a, b)
+    _same_loss_with_and_without_the_kernels(monkeypatch, h0, w0, [
+        dict(targets=y, chunk_elems=256 * V, weights=weights, bf16=bf16) for weights in (None, rw)])
 
 
 def test_the_bfloat16_rounding_is_pytorchs(ext):
@@ -264,23 +272,11 @@ def test_the_avx2_build_equals_pytorchs_avx2_kernels_too(ext):
 def test_the_cross_entropy_at_sizes_that_leave_an_eager_scalar_tail(ext, N, V, monkeypatch):
     """Chunks whose n * V is not a multiple of 32 stay eager (its last elements take the C library's exp2), the others
     take the kernels: either way the numbers of the eager loss, with int32 targets too."""
-    from sinklab.nn.loss import linear_cross_entropy
-
     g = torch.Generator().manual_seed(N * V)
     h0, w0 = torch.randn(N, 24, generator=g), torch.randn(V, 24, generator=g)
     y = torch.randint(0, V, (N,), generator=g)
-    out = []
-    for fused in (True, False):
-        monkeypatch.setattr(native, "takes_cross_entropy", (lambda *a: True) if fused else (lambda *a: False))
-        res = []
-        for targets in (y, y.to(torch.int32)):
-            h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
-            loss = linear_cross_entropy(h, w, targets, chunk_elems=16)
-            loss.backward()
-            res += [loss.detach(), h.grad, w.grad]
-        out.append(res)
-    for a, b in zip(*out):
-        assert torch.equal(a, b)
+    _same_loss_with_and_without_the_kernels(monkeypatch, h0, w0, [
+        dict(targets=t, chunk_elems=16) for t in (y, y.to(torch.int32))])
 
 
 def test_the_kernels_say_why_they_are_off(monkeypatch):

@@ -378,13 +378,11 @@ def tile_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, mask: Tensor, b
     s = _tile_scores(q, k, op, mask, bias, scale, mask_logits=not fused)
     dw = torch.bmm(do, vc.transpose(1, 2))  # (B*H, C, Tk)
     w = native.tile_backward(op, s, mask, dw) if fused else None  # fused: W into s, dS into dw (the same bits)
-    if w is None:
+    eager, aux = w is None, None
+    if eager:
         w, aux = op.tile_weights(_mask_logits(s, op, mask, bias, fused), mask)  # (B*H, C, Tk)
-        dv = torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
-        ds = op.tile_grad(w, aux, dw, mask)  # (B*H, C, Tk); may overwrite w
-    else:
-        dv = torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)
-        ds = dw
+    dv = torch.bmm(w.transpose(1, 2), do).view(B, H, Tk, -1)  # before tile_grad, which may overwrite w
+    ds = op.tile_grad(w, aux, dw, mask) if eager else dw  # (B*H, C, Tk)
     dq = torch.bmm(ds, kc).mul_(scale).view(B, H, C, dh)
     dk = torch.bmm(ds.transpose(1, 2), qc).mul_(scale).view(B, H, Tk, dh)
     return dq, dk, dv

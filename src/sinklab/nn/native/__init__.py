@@ -181,6 +181,16 @@ def _two_norm(ext, spec, op, s: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return z.clamp_min(spec.floor), z >= spec.floor
 
 
+def _pnorm_normaliser(ext, p: float, s: Tensor, mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """softmax_pnorm's z = sum e^p and z^(1/p) (N, C, 1), z^(1/p) by PyTorch's pow as
+    :meth:`sinklab.nn.ops.SoftmaxPNorm.tile_weights`; (None, None) for p = 1 and 1/2, whose z^(1/p) (z, z * z) the
+    kernel computes in the same pass."""
+    if p in (0.5, 1.0):
+        return None, None
+    z = ext.pnorm_sums(s, mask, p)
+    return z, z.pow(1.0 / p)
+
+
 def tile_weights(op, s: Tensor, mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor | None:
     """``op.tile_weights(s, mask)[0].to(dtype)`` by the kernel (float32: in place in ``s``; bfloat16: written as
     ``.to(torch.bfloat16)`` rounds, where the kernel can, in one pass); None where the kernel does not take the tile
@@ -201,12 +211,8 @@ def tile_weights(op, s: Tensor, mask: Tensor, dtype: torch.dtype = torch.float32
     if spec.family == "softpick":
         return ext.softpick_weights(s, mask, *_softpick_stats(ext, s, mask), out)
     if spec.family == "softmax_pnorm":
-        if spec.p in (0.5, 1.0):  # z^(1/p) is z * z or z: one pass
-            ext.pnorm_fused(s, mask, None, spec.p, spec.p == 0.5, out)
-            return s if out is None else out
-        z = ext.pnorm_sums(s, mask, spec.p)
-        ext.pnorm_apply(s, mask, None, z, z.pow(1.0 / spec.p), spec.p)
-        return s
+        ext.pnorm_apply(s, mask, None, *_pnorm_normaliser(ext, spec.p, s, mask), spec.p, spec.p == 0.5, out)
+        return s if out is None else out
     if spec.norm == 2:
         zc, _ = _two_norm(ext, spec, op, s, mask)
         return s.div_(zc)
@@ -226,11 +232,8 @@ def tile_backward(op, s: Tensor, mask: Tensor, dw: Tensor) -> Tensor | None:
     mask = mask.contiguous()
     if spec.family == "softpick":
         ext.softpick_backward(s, mask, dw, *_softpick_stats(ext, s, mask))
-    elif spec.family == "softmax_pnorm" and spec.p in (0.5, 1.0):
-        ext.pnorm_fused(s, mask, dw, spec.p, spec.p == 0.5, None)
     elif spec.family == "softmax_pnorm":
-        z = ext.pnorm_sums(s, mask, spec.p)
-        ext.pnorm_apply(s, mask, dw, z, z.pow(1.0 / spec.p), spec.p)
+        ext.pnorm_apply(s, mask, dw, *_pnorm_normaliser(ext, spec.p, s, mask), spec.p, spec.p == 0.5, None)
     elif spec.norm == 2:
         zc, active = _two_norm(ext, spec, op, s, mask)
         ext.elementwise_backward(s, mask, dw, spec.kind, 2, spec.bias, spec.floor, op.mask_as_bias, zc, active)

@@ -341,10 +341,9 @@ void elementwise_backward(torch::Tensor s, torch::Tensor mask, torch::Tensor dw,
       const V vr = v1(torch_row_sum(tmp.data(), R.Tk) * active);  // r = sum dW w, 0 where the floor holds
       for (int64_t j = 0; j < R.Tk; j += VW) {
         V w = vload(x + j);
-        V t = f.norm == 1 ? vsub(vload(d + j), vr)                       // dw - r
-                               : vsub(vload(d + j), vmul(w, vr));    // dw - w r
+        V t = f.norm == 1 ? vsub(vload(d + j), vr) : vsub(vload(d + j), vmul(w, vr));  // dw - r | dw - w r
         t = vdiv(t, vz);
-        V g = vmul(w, vz);                                                          // w * zc
+        V g = vmul(w, vz);  // w * zc
         vstore(d + j, vmul(t, similarity_grad8(f, g, m + j)));
       }
     }
@@ -374,6 +373,20 @@ torch::Tensor elementwise_square_sums(torch::Tensor s, torch::Tensor mask, int64
 // e = exp2((s - m) log2 e), d = e - em [visible], a = sum |d| + eps_em, w = relu(d) / a.
 constexpr float LOG2E = 1.4426950408889634f;
 
+// one row's e (optional), d and a = sum |d| + eps_em (tmp: scratch)
+inline float softpick_row(const float* x, const bool* mk, float m, float em, float eps_em, float* e, float* d,
+                          float* tmp, int64_t Tk) {
+  const V vm = v1(m), vl = v1(LOG2E), vnem = vmul(v1(-1.0f), v1(em));
+  for (int64_t j = 0; j < Tk; j += VW) {
+    V ev = vexp2(vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl));
+    V dv = vadd(ev, vmul(vnem, vmask(mk + j)));  // addcmul(e, em, mask, value=-1)
+    if (e) vstore(e + j, ev);
+    vstore(d + j, dv);
+    vstore(tmp + j, vabs(dv));
+  }
+  return torch_row_sum(tmp, Tk) + eps_em;
+}
+
 torch::Tensor softpick_weights(torch::Tensor s, torch::Tensor mask, torch::Tensor m, torch::Tensor em,
                                torch::Tensor eps_em, c10::optional<torch::Tensor> out) {
   const Rows R = rows_of(s, mask);
@@ -381,18 +394,10 @@ torch::Tensor softpick_weights(torch::Tensor s, torch::Tensor mask, torch::Tenso
   const float *M = m.data_ptr<float>(), *EM = em.data_ptr<float>(), *EE = eps_em.data_ptr<float>();
   uint16_t* OB = bf16_out(s, out);
   at::parallel_for(0, R.N * R.C, 16, [&](int64_t r0, int64_t r1) {
-    std::vector<float> d(R.Tk), ad(R.Tk);
+    std::vector<float> d(R.Tk), tmp(R.Tk);
     for (int64_t r = r0; r < r1; ++r) {
       float* x = S + r * R.Tk;
-      const bool* mk = R.mask_row(r);
-      const V vm = v1(M[r]), vl = v1(LOG2E), vnem = vmul(v1(-1.0f), v1(EM[r]));
-      for (int64_t j = 0; j < R.Tk; j += VW) {
-        V ev = vexp2(vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl));
-        V dv = vadd(ev, vmul(vnem, vmask(mk + j)));
-        vstore(d.data() + j, dv);
-        vstore(ad.data() + j, vabs(dv));
-      }
-      const V va = v1(torch_row_sum(ad.data(), R.Tk) + EE[r]);
+      const V va = v1(softpick_row(x, R.mask_row(r), M[r], EM[r], EE[r], nullptr, d.data(), tmp.data(), R.Tk));
       uint16_t* ob = OB ? OB + r * R.Tk : nullptr;
       for (int64_t j = 0; j < R.Tk; j += VW) store_w(x, ob, j, vdiv(relu8(vload(d.data() + j)), va));
     }
@@ -412,17 +417,7 @@ void softpick_backward(torch::Tensor s, torch::Tensor mask, torch::Tensor dw, to
     for (int64_t r = r0; r < r1; ++r) {
       float* x = S + r * R.Tk;
       float* g = D + r * R.Tk;
-      const bool* mk = R.mask_row(r);
-      const V vm = v1(M[r]), vl = v1(LOG2E), vnem = vmul(v1(-1.0f), v1(EM[r]));
-      for (int64_t j = 0; j < R.Tk; j += VW) {
-        V ev = vexp2(vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl));
-        V dv = vadd(ev, vmul(vnem, vmask(mk + j)));
-        vstore(e.data() + j, ev);
-        vstore(d.data() + j, dv);
-        vstore(tmp.data() + j, vabs(dv));
-      }
-      const float a = torch_row_sum(tmp.data(), R.Tk) + EE[r];
-      const V va = v1(a);
+      const V va = v1(softpick_row(x, R.mask_row(r), M[r], EM[r], EE[r], e.data(), d.data(), tmp.data(), R.Tk));
       for (int64_t j = 0; j < R.Tk; j += VW) {  // w (kept in s), dW * w for r
         V w = vdiv(relu8(vload(d.data() + j)), va);
         vstore(x + j, w);
@@ -475,49 +470,22 @@ torch::Tensor pnorm_sums(torch::Tensor s, torch::Tensor mask, double p) {  // z 
   return out;
 }
 
-// forward (dw undefined): w = e / zp into s. Backward: also dS = dw w - (e^p / z) r, r = sum dw w, into dw.
-void pnorm_apply(torch::Tensor s, torch::Tensor mask, c10::optional<torch::Tensor> dw_t, torch::Tensor z_t,
-                 torch::Tensor zp_t, double p) {
+// w = e / zp into s (or bf16 into out); with dw also dS = dw w - (e^p / z) r, r = sum dw w, into dw. z and zp
+// (N, C, 1) come from pnorm_sums and PyTorch's pow; or, where PyTorch's z^(1/p) is exact (p = 1: z; p = 1/2, zsq:
+// z * z), both are computed in the row (z_t and zp_t undefined): one pass.
+void pnorm_apply(torch::Tensor s, torch::Tensor mask, c10::optional<torch::Tensor> dw_t, c10::optional<torch::Tensor> z_t,
+                 c10::optional<torch::Tensor> zp_t, double p, bool zsq, c10::optional<torch::Tensor> out) {
   const Rows R = rows_of(s, mask);
   const int64_t rows = R.N * R.C, Tk = R.Tk;
+  TORCH_CHECK(z_t.has_value() == zp_t.has_value() && (z_t || p == 1.0 || (p == 0.5 && zsq)), "z and zp, or p 1 or 1/2");
   float* S = s.data_ptr<float>();
   float* D = dw_t ? dw_t->data_ptr<float>() : nullptr;
   if (dw_t) TORCH_CHECK(dw_t->sizes() == s.sizes() && dw_t->is_contiguous(), "dw like s");
-  const float *Z = z_t.data_ptr<float>(), *ZP = zp_t.data_ptr<float>();
-  const float pf = static_cast<float>(p);
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    std::vector<float> ep(Tk), tmp(Tk);
-    for (int64_t r = r0; r < r1; ++r) {
-      float* x = S + r * Tk;
-      const bool* mk = R.mask_row(r);
-      const V vm = v1(row_max(x, mk, Tk)), vl = v1(LOG2E), vp = v1(pf), vzp = v1(ZP[r]);
-      for (int64_t j = 0; j < Tk; j += VW) {
-        V s2 = vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl);
-        if (D) vstore(ep.data() + j, vexp2(pf == 1.0f ? s2 : vmul(s2, vp)));
-        V w = vdiv(vexp2(s2), vzp);
-        vstore(x + j, w);
-        if (D) vstore(tmp.data() + j, vmul(vload(D + r * Tk + j), w));
-      }
-      if (!D) continue;
-      float* d = D + r * Tk;
-      const V vr = v1(torch_row_sum(tmp.data(), Tk)), vz = v1(Z[r]);
-      for (int64_t j = 0; j < Tk; j += VW)
-        vstore(d + j, vsub(vload(tmp.data() + j), vmul(vdiv(vload(ep.data() + j), vz), vr)));
-    }
-  });
-}
-
-// p = 1/2 or 1, whose z^(1/p) PyTorch computes exactly as z * z or z: one loop per row (zsq: z^(1/p) = z * z). Forward
-// (dw undefined): w into s. Backward: w into s and dS into dw, as pnorm_apply.
-void pnorm_fused(torch::Tensor s, torch::Tensor mask, c10::optional<torch::Tensor> dw_t, double p, bool zsq,
-                 c10::optional<torch::Tensor> out) {
-  const Rows R = rows_of(s, mask);
-  const int64_t rows = R.N * R.C, Tk = R.Tk;
-  float* S = s.data_ptr<float>();
-  float* D = dw_t ? dw_t->data_ptr<float>() : nullptr;
-  if (dw_t) TORCH_CHECK(dw_t->sizes() == s.sizes() && dw_t->is_contiguous(), "dw like s");
+  const float* Z = z_t ? z_t->data_ptr<float>() : nullptr;
+  const float* ZP = zp_t ? zp_t->data_ptr<float>() : nullptr;
   const float pf = static_cast<float>(p);
   uint16_t* OB = dw_t ? nullptr : bf16_out(s, out);
+  const bool need_ep = D || !Z;
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> ep(Tk), e(Tk), tmp(Tk);
     for (int64_t r = r0; r < r1; ++r) {
@@ -528,10 +496,10 @@ void pnorm_fused(torch::Tensor s, torch::Tensor mask, c10::optional<torch::Tenso
         V s2 = vmul(vsub(vlogits(vload(x + j), mk + j), vm), vl);
         V ev = vexp2(s2);
         vstore(e.data() + j, ev);
-        vstore(ep.data() + j, pf == 1.0f ? ev : vexp2(vmul(s2, vp)));
+        if (need_ep) vstore(ep.data() + j, pf == 1.0f ? ev : vexp2(vmul(s2, vp)));
       }
-      const float z = torch_row_sum(ep.data(), Tk);
-      const V vzp = v1(zsq ? z * z : z), vz = v1(z);
+      const float z = Z ? Z[r] : torch_row_sum(ep.data(), Tk);
+      const V vzp = v1(ZP ? ZP[r] : (zsq ? z * z : z)), vz = v1(z);
       uint16_t* ob = OB ? OB + r * Tk : nullptr;
       for (int64_t j = 0; j < Tk; j += VW) {
         V w = vdiv(vload(e.data() + j), vzp);
@@ -647,7 +615,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("pnorm_sums", &pnorm_sums);
   mod.def("pnorm_apply", &pnorm_apply);
   mod.def("masked_row_max", &masked_row_max);
-  mod.def("pnorm_fused", &pnorm_fused);
   mod.def("ce_exp", &ce_exp);
   mod.def("ce_grad", &ce_grad);
   mod.def("grad_add", &grad_add);
